@@ -1,0 +1,147 @@
+# programs.mcp-code-bridge: the bridge for one user.
+# Writes $XDG_CONFIG_HOME/mcp-code-bridge/config.toml. Its upstream servers are
+# programs.mcp.servers (home-manager's shared MCP server list) plus programs.mcp-code-bridge.servers;
+# with registerWithMcp the bridge itself joins programs.mcp.servers, so every client with
+# enableMcpIntegration (claude-code, opencode, codex, vscode, ...) gets it.
+# Podman itself is not installed here: on NixOS enable virtualisation.podman (or the NixOS module),
+# elsewhere install podman with the distribution's packages (rootless podman needs its setuid
+# newuidmap helpers).
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}:
+
+let
+  cfg = config.programs.mcp-code-bridge;
+  common = import ../nix/common.nix { inherit lib pkgs; };
+  opt = "programs.mcp-code-bridge";
+
+  image = common.effectiveImage cfg;
+
+  mcpCfg = config.programs.mcp;
+
+  # A programs.mcp entry that would start this bridge again.
+  isBridge =
+    name: server:
+    name == cfg.mcpServerName
+    || (
+      (server.command or null) != null && baseNameOf (toString server.command) == "mcp-code-bridge"
+    );
+
+  # programs.mcp.servers.<name> -> [servers.<name>]. A secret given as `env.X.file = "/path"`
+  # becomes the reference "{file:/path}", which the bridge reads when it starts the server, so it
+  # stays out of the store; disabled servers are left out.
+  fromMcp =
+    _name: server:
+    let
+      t = lib.hm.mcp.transformMcpServer {
+        inherit server;
+        mkFileRef = path: "{file:${path}}";
+      };
+    in
+    lib.filterAttrs (_: v: v != null && v != [ ] && v != { }) {
+      command = if t ? command then toString t.command else null;
+      args = t.args or [ ];
+      env = t.env or { };
+      cwd = t.cwd or null;
+      url = t.url or null;
+      headers = t.headers or { };
+      description = t.description or null;
+    };
+
+  mcpServers = lib.optionalAttrs (cfg.enableMcpIntegration && mcpCfg.enable) (
+    lib.mapAttrs fromMcp (
+      lib.filterAttrs (
+        name: server: !(isBridge name server) && lib.hm.mcp.resolveEnabled server != false
+      ) mcpCfg.servers
+    )
+  );
+
+  configFile = common.configFile {
+    inherit (cfg) settings;
+    inherit image;
+  };
+
+  inherit (lib)
+    literalExpression
+    mkDefault
+    mkEnableOption
+    mkIf
+    mkOption
+    mkPackageOption
+    types
+    ;
+in
+{
+  options.programs.mcp-code-bridge = common.options // {
+    enable = mkEnableOption "mcp-code-bridge, an MCP server whose one tool, run_python, runs code in a rootless podman sandbox";
+
+    package = mkPackageOption pkgs "mcp-code-bridge" { };
+
+    enableMcpIntegration = mkOption {
+      type = types.bool;
+      default = true;
+      description = ''
+        Use the servers of {option}`programs.mcp.servers` (when {option}`programs.mcp.enable`) as
+        upstream servers, besides {option}`programs.mcp-code-bridge.servers` (which win on a name
+        clash). The bridge's own entry is left out.
+      '';
+    };
+
+    registerWithMcp = mkOption {
+      type = types.bool;
+      default = false;
+      description = ''
+        Add the bridge to {option}`programs.mcp.servers` as {option}`mcpServerName` (and enable
+        programs.mcp), so MCP clients with `enableMcpIntegration` see it. To give a client the
+        bridge alone, declare the upstream servers in {option}`programs.mcp-code-bridge.servers`
+        rather than in programs.mcp.servers.
+      '';
+    };
+
+    mcpServerName = mkOption {
+      type = types.str;
+      default = "mcp-code-bridge";
+      description = "The bridge's name in {option}`programs.mcp.servers`.";
+    };
+
+    configFile = mkOption {
+      type = types.package;
+      readOnly = true;
+      defaultText = literalExpression "the rendered config.toml";
+      description = "The generated config.toml (read-only).";
+    };
+  };
+
+  config = mkIf cfg.enable (
+    lib.mkMerge [
+      {
+        programs.mcp-code-bridge = {
+          settings = lib.mapAttrs (_: mkDefault) (common.typedSettings cfg) // {
+            servers = lib.mapAttrs (_: mkDefault) mcpServers
+              // lib.mapAttrs (_: common.serverToToml) cfg.servers;
+          };
+          inherit configFile;
+        };
+
+        assertions = common.serverAssertions opt cfg.servers;
+        warnings = common.serverWarnings opt cfg.servers;
+
+        home.packages = [ cfg.package ];
+        xdg.configFile."mcp-code-bridge/config.toml".source = configFile;
+      }
+
+      (mkIf cfg.registerWithMcp {
+        programs.mcp = {
+          enable = mkDefault true;
+          servers.${cfg.mcpServerName} = {
+            command = lib.getExe cfg.package;
+            args = [ "run" ];
+          };
+        };
+      })
+    ]
+  );
+}

@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# Build the mcp-code-bridge sandbox image from Debian packages (for hosts without Nix) and write it
+# as a docker-archive tarball that `mcp-code-bridge image load`, `podman load` or `docker load` read.
+#
+# The image: Debian sid's python3 (3.14) + numpy + pandas (+ --extra packages), user 65534:65534,
+# workdir /workspace, CMD ["python3"]. The Python runtime of the bridge is not in the image: the
+# bridge injects it at session start, so any image with python3 works.
+#
+# Needs: mmdebstrap, podman (rootful or rootless). The script never touches the podman image store
+# you use: it imports, saves and smoke-tests the image in a throwaway store that it deletes.
+#
+# Usage: image/build-debian.sh [--output PATH] [--tag NAME:TAG] [--extra PKG]... [--mirror URL]
+#                              [--suite SUITE] [--keep-rootfs PATH]
+set -euo pipefail
+
+output="mcp-code-bridge-sandbox.tar"
+tag="mcp-code-bridge-sandbox:latest"
+suite="sid"
+mirror=""
+keep_rootfs=""
+extras=()
+
+log() { printf '[build-debian] %s\n' "$*" >&2; }
+die() { printf '[build-debian] error: %s\n' "$*" >&2; exit 1; }
+
+usage() {
+    cat <<'EOF'
+Usage: build-debian.sh [options]
+
+Builds the mcp-code-bridge sandbox image from Debian packages with mmdebstrap and writes it as a
+docker-archive tarball (a plain tar whose layer is gzip-compressed).
+
+Options:
+  --output PATH   where to write the archive (default: ./mcp-code-bridge-sandbox.tar)
+  --tag NAME:TAG  the image's name in the archive (default: mcp-code-bridge-sandbox:latest)
+  --extra PKG     an extra Debian package to install (repeatable), e.g. python3-matplotlib
+  --mirror URL    the Debian mirror (default: the Debian mirror apt on this host is configured with)
+  --suite SUITE   the Debian suite (default: sid, whose python3 is 3.14)
+  --keep-rootfs PATH  also keep the root filesystem tarball at PATH
+  -h, --help      this help
+EOF
+}
+
+need_arg() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --output) need_arg "$@"; output="$2"; shift 2 ;;
+        --output=*) output="${1#*=}"; shift ;;
+        --tag) need_arg "$@"; tag="$2"; shift 2 ;;
+        --tag=*) tag="${1#*=}"; shift ;;
+        --extra) need_arg "$@"; extras+=("$2"); shift 2 ;;
+        --extra=*) extras+=("${1#*=}"); shift ;;
+        --mirror) need_arg "$@"; mirror="$2"; shift 2 ;;
+        --mirror=*) mirror="${1#*=}"; shift ;;
+        --suite) need_arg "$@"; suite="$2"; shift 2 ;;
+        --suite=*) suite="${1#*=}"; shift ;;
+        --keep-rootfs) need_arg "$@"; keep_rootfs="$2"; shift 2 ;;
+        --keep-rootfs=*) keep_rootfs="${1#*=}"; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) usage >&2; die "unknown argument: $1" ;;
+    esac
+done
+
+for pkg in ${extras[@]+"${extras[@]}"}; do
+    [[ "$pkg" =~ ^[a-z0-9][a-z0-9.+-]+$ ]] || die "not a Debian package name: $pkg"
+done
+[[ "$tag" =~ ^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$ ]] || die "bad image tag: $tag"
+[[ "$tag" == *:* ]] || tag="$tag:latest"
+
+command -v mmdebstrap >/dev/null || die "mmdebstrap not found (apt-get install mmdebstrap)"
+command -v podman >/dev/null || die "podman not found (apt-get install podman)"
+
+# The Debian mirror apt on this host uses: the archive whose Release file says Origin/Label Debian.
+detect_mirror() {
+    local uri=""
+    if command -v apt-get >/dev/null; then
+        # shellcheck disable=SC2016 # apt's format variables, not the shell's
+        uri=$(apt-get indextargets --format '$(ORIGIN)|$(LABEL)|$(REPO_URI)' 2>/dev/null \
+            | awk -F'|' '$1 == "Debian" && $2 == "Debian" { print $3; exit }')
+        if [[ -z "$uri" ]]; then
+            # No package lists yet (apt-get update never ran): read the sources themselves.
+            uri=$( { cat /etc/apt/sources.list.d/*.sources 2>/dev/null \
+                        | awk '/^URIs:/ { for (i = 2; i <= NF; i++) print $i }'
+                     cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+                        | awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) { print $i; break } }'
+                   } | grep -E '/debian/?$' | head -n1 || true)
+        fi
+    fi
+    printf '%s' "${uri%/}"
+}
+if [[ -z "$mirror" ]]; then
+    mirror=$(detect_mirror)
+    [[ -n "$mirror" ]] || die "could not find a Debian mirror in this host's apt configuration; pass --mirror URL"
+fi
+
+aptopts=(--aptopt='Acquire::Check-Valid-Until "false"' --aptopt='Acquire::Languages "none"'
+         --aptopt='APT::Install-Recommends "false"')
+# Forward the host's apt proxy, if it has one.
+if command -v apt-config >/dev/null; then
+    for key in Acquire::http::Proxy Acquire::https::Proxy; do
+        val=$(apt-config dump "$key" 2>/dev/null | awk -v k="$key" '$1 == k { v = $2; gsub(/[";]/, "", v); print v; exit }')
+        [[ -n "$val" ]] && aptopts+=(--aptopt="$key \"$val\"")
+    done
+fi
+
+include="python3,python3-numpy,python3-pandas"
+for pkg in ${extras[@]+"${extras[@]}"}; do include+=",$pkg"; done
+
+output_dir=$(dirname -- "$output")
+mkdir -p -- "$output_dir"
+output=$(cd -- "$output_dir" && pwd)/$(basename -- "$output")
+
+work=$(mktemp -d "${TMPDIR:-/var/tmp}/mcp-code-bridge-image.XXXXXX")
+store="$work/store"
+P=(podman --root "$store/root" --runroot "$store/run" --storage-driver vfs)
+cleanup() {
+    local rc=$?
+    if [[ -d "$store" ]]; then
+        "${P[@]}" rm -af >/dev/null 2>&1 || true
+        "${P[@]}" rmi -af >/dev/null 2>&1 || true
+        if [[ $(id -u) -ne 0 ]]; then
+            podman unshare rm -rf -- "$store" 2>/dev/null || true
+        fi
+    fi
+    rm -rf -- "$work" 2>/dev/null || true
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+start=$(date +%s)
+log "suite $suite from $mirror; packages: $include"
+
+# Slimming: dpkg never unpacks docs (but copyright), man/info pages and translations; the customize
+# hook drops apt's lists and caches, logs, and the numpy/pandas test suites, and prepares /workspace.
+# Byte-compiled .pyc files stay: the root filesystem is read-only at run time.
+# shellcheck disable=SC2016 # expanded by mmdebstrap's hook shell
+slim_hook='set -e; root="$1"
+rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/var/cache/debconf/*-old \
+       "$root"/var/log/apt "$root"/var/log/dpkg.log "$root"/var/log/alternatives.log \
+       "$root"/var/log/bootstrap.log
+for d in numpy pandas matplotlib; do
+    [ -d "$root/usr/lib/python3/dist-packages/$d" ] || continue
+    find "$root/usr/lib/python3/dist-packages/$d" -depth -type d -name tests -exec rm -rf {} +
+done
+mkdir -p "$root/workspace" "$root/tmp"
+chmod 1777 "$root/workspace" "$root/tmp"'
+
+rootfs="$work/rootfs.tar"
+mmdebstrap --variant=apt --format=tar \
+    --include="$include" \
+    "${aptopts[@]}" \
+    --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/info/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='path-exclude=/usr/share/lintian/*' \
+    --customize-hook="$slim_hook" \
+    "$suite" "$rootfs" "$mirror" >&2
+log "root filesystem: $(du -h "$rootfs" | cut -f1) ($(( $(date +%s) - start ))s)"
+[[ -z "$keep_rootfs" ]] || cp -- "$rootfs" "$keep_rootfs"
+
+tmp_out="$output.partial"
+mkdir -p "$store"
+log "importing into a throwaway podman store as $tag"
+"${P[@]}" import --quiet \
+    --change 'USER 65534:65534' \
+    --change 'WORKDIR /workspace' \
+    --change 'ENV LANG=C.UTF-8' \
+    --change 'ENV HOME=/tmp' \
+    --change 'ENV PYTHONUNBUFFERED=1' \
+    --change 'ENV PYTHONDONTWRITEBYTECODE=1' \
+    --change 'ENV MPLBACKEND=Agg' \
+    --change 'ENV MPLCONFIGDIR=/tmp/.matplotlib' \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'LABEL org.opencontainers.image.title=mcp-code-bridge-sandbox' \
+    --change "LABEL org.opencontainers.image.description=mcp-code-bridge sandbox: Debian $suite python3 + numpy + pandas" \
+    --change 'CMD ["python3"]' \
+    "$rootfs" "$tag" >/dev/null
+rm -f -- "$rootfs"
+
+log "writing docker-archive $output"
+# `podman save` writes the layer uncompressed. Re-pack the archive with the layer gzip-compressed:
+# podman (4.3 too) and docker load such archives (same image ID), while a gzip-compressed *outer*
+# archive is refused by podman 4.3's load.
+"${P[@]}" save --format docker-archive -o "$work/saved.tar" "$tag"
+mkdir "$work/archive"
+tar -C "$work/archive" -xf "$work/saved.tar"
+rm -f -- "$work/saved.tar"
+(
+    cd "$work/archive"
+    layers=$(sed -n 's/.*"Layers":\[\([^]]*\)\].*/\1/p' manifest.json | tr -d '"' | tr ',' ' ')
+    [[ -n "$layers" ]] || die "no layers in the saved manifest.json"
+    for layer in $layers; do
+        gzip -n -6 -- "$layer"
+        sed -i "s|\"$layer\"|\"$layer.gz\"|g" manifest.json
+    done
+    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf "$tmp_out" -- *
+)
+rm -rf -- "$work/archive"
+
+# Smoke test: load the archive into an empty store and run it with the bridge's hardening flags.
+"${P[@]}" rmi -af >/dev/null
+"${P[@]}" load --quiet -i "$tmp_out" >/dev/null
+loaded=$("${P[@]}" images --format '{{.Repository}}:{{.Tag}}' | head -n1)
+log "archive loads as $loaded; checking it runs"
+versions=$("${P[@]}" run --rm --network none --read-only --cap-drop ALL \
+    --security-opt no-new-privileges --user 65534:65534 \
+    --tmpfs /tmp:rw,noexec,nosuid,nodev,size=64m --tmpfs /workspace:rw,noexec,nosuid,nodev,size=64m \
+    "$tag" python3 -c '
+import sys, os, numpy, pandas
+assert os.getcwd() == "/workspace", os.getcwd()
+assert (os.getuid(), os.getgid()) == (65534, 65534)
+print("python", sys.version.split()[0])
+print("numpy", numpy.__version__)
+print("pandas", pandas.__version__)
+')
+mv -f -- "$tmp_out" "$output"
+
+size=$(stat -c %s "$output")
+sha=$(sha256sum "$output" | cut -d' ' -f1)
+log "done in $(( $(date +%s) - start ))s"
+printf 'image   %s\n' "$tag"
+printf '%s\n' "$versions"
+[[ ${#extras[@]} -eq 0 ]] || printf 'extra   %s\n' "${extras[*]}"
+printf 'archive %s\n' "$output"
+printf 'size    %s bytes (%s MiB)\n' "$size" "$(( size / 1048576 ))"
+printf 'sha256  %s\n' "$sha"

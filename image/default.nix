@@ -1,0 +1,84 @@
+# The sandbox image: Python 3.14 with pandas and numpy, nothing of this repository.
+# The bridge injects its Python runtime (image/runtime.py) at container start, so the image
+# only has to provide `python3` on PATH, an unprivileged user and the /tmp and /workspace
+# mount points. The result is a docker-archive (.tar.gz) that `mcp-code-bridge image load`
+# (or `podman load -i`) accepts; `passthru.imageTag` is derived from the content.
+#
+#   pkgs.callPackage ./image { }
+#   (pkgs.callPackage ./image { }).override { extraPythonPackages = ps: [ ps.matplotlib ]; }
+{
+  lib,
+  dockerTools,
+  runCommand,
+  python314,
+  # Python packages added on top of pandas and numpy: a function of the package set.
+  extraPythonPackages ? (_ps: [ ]),
+  # Other store paths to put in the image (their bin/ lands in /bin), e.g. [ coreutils ].
+  extraContents ? [ ],
+  name ? "mcp-code-bridge-sandbox",
+  # null: dockerTools derives the tag from the image's content (its output hash).
+  tag ? null,
+  # A fixed date keeps the archive reproducible.
+  created ? "1970-01-01T00:00:01Z",
+}:
+
+let
+  python = python314.withPackages (ps: [ ps.pandas ps.numpy ] ++ extraPythonPackages ps);
+
+  # /etc/passwd, /etc/group and nsswitch for uid/gid 65534 (nobody/nogroup), so that
+  # getpass.getuser(), pwd.getpwuid() and friends work for the sandbox user.
+  etcFiles = runCommand "mcp-code-bridge-sandbox-etc" { } ''
+    mkdir -p $out/etc
+    cat > $out/etc/passwd <<'EOF'
+    root:x:0:0:root:/root:/noshell
+    nobody:x:65534:65534:nobody:/tmp:/noshell
+    EOF
+    cat > $out/etc/group <<'EOF'
+    root:x:0:
+    nogroup:x:65534:
+    EOF
+    cat > $out/etc/nsswitch.conf <<'EOF'
+    passwd: files
+    group: files
+    hosts: files dns
+    EOF
+  '';
+in
+dockerTools.buildLayeredImage {
+  inherit name tag created;
+  contents = [
+    python
+    etcFiles
+  ]
+  ++ extraContents;
+
+  # Mount points for the bridge's tmpfs mounts; also usable without them.
+  extraCommands = ''
+    mkdir -p tmp workspace
+    chmod 1777 tmp
+  '';
+  fakeRootCommands = ''
+    chown 65534:65534 workspace
+    chmod 0755 workspace
+  '';
+
+  config = {
+    User = "65534:65534";
+    WorkingDir = "/workspace";
+    # The environment's own bin/ first: its python3 finds its site-packages from the path it was
+    # started by, so `python3` must resolve to the environment rather than to a /bin symlink.
+    Cmd = [ "${python}/bin/python3" ];
+    Env = [
+      "PATH=${python}/bin:/bin"
+      "HOME=/tmp"
+      "LANG=C.UTF-8"
+      "PYTHONDONTWRITEBYTECODE=1"
+      "PYTHONUNBUFFERED=1"
+      "MPLCONFIGDIR=/tmp/matplotlib"
+    ];
+    Labels = {
+      "org.opencontainers.image.title" = "mcp-code-bridge-sandbox";
+      "org.opencontainers.image.description" = "Sandbox image of mcp-code-bridge: ${python.name}";
+    };
+  };
+}

@@ -1,0 +1,864 @@
+"""Tests of the sandbox runtime (image/runtime.py + image/loader.py), driven over the frame
+protocol of docs/protocol.md exactly as the bridge drives it. The test plays the host.
+
+Run: python3 -m pytest image/tests -q
+With MCP_RUNTIME_TEST_IMAGE=<image> the runtime runs in that image under podman (hardened like the
+bridge runs it: no network, read-only root, all caps dropped, nobody user) instead of on the host.
+"""
+
+import base64
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+IMAGE_DIR = Path(__file__).resolve().parent.parent
+LOADER = (IMAGE_DIR / "loader.py").read_text()
+RUNTIME = (IMAGE_DIR / "runtime.py").read_text()
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+TEST_IMAGE = os.environ.get("MCP_RUNTIME_TEST_IMAGE")
+
+
+def runtime_command():
+    if not TEST_IMAGE:
+        return [sys.executable, "-u", "-c", LOADER]
+    return [
+        os.environ.get("MCP_RUNTIME_TEST_PODMAN", "podman"), "--runtime", "runc", "run", "--rm", "-i",
+        "--network", "none", "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+        "--user", "65534:65534", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000",
+        "--tmpfs", "/tmp:rw,noexec,nosuid,nodev,size=256m", "--tmpfs", "/workspace:rw,noexec,nosuid,nodev,size=64m",
+        "-w", "/workspace", "-e", "HOME=/workspace", TEST_IMAGE, "python3", "-u", "-c", LOADER,
+    ]
+
+PNG_1x1 = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+class HostError(Exception):
+    """Raised by an rpc handler: answered as ok:false."""
+
+
+class Run:
+    def __init__(self, frames):
+        self.frames = frames
+        self.result = frames[-1]
+        self.status = self.result.get("status")
+        self.value = self.result.get("value")
+        self.error = self.result.get("error")
+        self.rpcs = [f for f in frames if f["type"] == "rpc"]
+        self.displays = [f for f in frames if f["type"] == "display"]
+
+    def out(self, stream=None):
+        return "".join(
+            f["data"] for f in self.frames if f["type"] == "output" and (stream is None or f["stream"] == stream)
+        )
+
+    @property
+    def stdout(self):
+        return self.out("stdout")
+
+    @property
+    def stderr(self):
+        return self.out("stderr")
+
+
+class Sandbox:
+    """The runtime in a subprocess, started exactly as the container starts it."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            runtime_command(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=str(IMAGE_DIR),
+        )
+        self.frames = queue.Queue()
+        self.line_sizes = []
+        self.bad_lines = []
+        self.stderr_chunks = []
+        self._ids = iter(range(1, 1 << 30))
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self.send({"type": "boot", "source": RUNTIME})
+        ready = self.next_frame(timeout=60)
+        assert ready["type"] == "ready", ready
+        self.ready = ready
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.line_sizes.append(len(line))
+            try:
+                self.frames.put(json.loads(line))
+            except ValueError:
+                self.bad_lines.append(line)
+        self.frames.put(None)
+
+    def _read_stderr(self):
+        for chunk in iter(lambda: self.proc.stderr.read1(65536), b""):
+            self.stderr_chunks.append(chunk)
+
+    def send(self, frame):
+        self.send_raw(json.dumps(frame).encode() + b"\n")
+
+    def send_raw(self, data):
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def next_frame(self, timeout=20):
+        try:
+            frame = self.frames.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError("no frame within %ss" % timeout)
+        if frame is None:
+            raise AssertionError("runtime exited; stderr: %r" % b"".join(self.stderr_chunks)[-3000:])
+        return frame
+
+    def start(self, code, servers=(), discovered=None, output_cap=1 << 20):
+        eid = next(self._ids)
+        if discovered is None:
+            discovered = [{"name": s["name"], "alias": s["alias"], "description": s.get("description", "")} for s in servers]
+        self.send({"type": "exec", "id": eid, "code": code, "servers": list(servers),
+                   "discovered": list(discovered), "output_cap": output_cap})
+        return eid
+
+    def collect(self, eid, rpc=None, timeout=30, on_frame=None):
+        frames = []
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = self.next_frame(timeout=max(0.1, deadline - time.monotonic()))
+            if frame.get("type") == "log":
+                continue
+            assert frame.get("id") == eid or frame["type"] == "rpc", frame
+            frames.append(frame)
+            if on_frame is not None:
+                on_frame(frame)
+            if frame["type"] == "rpc":
+                assert frame["exec"] == eid
+                try:
+                    if rpc is None:
+                        raise HostError("no rpc expected")
+                    answer = {"type": "rpc_result", "id": frame["id"], "ok": True,
+                              "result": rpc(frame["method"], frame["params"])}
+                except HostError as e:
+                    answer = {"type": "rpc_result", "id": frame["id"], "ok": False, "error": str(e)}
+                self.send(answer)
+            if frame["type"] == "result":
+                return Run(frames)
+
+    def run(self, code, rpc=None, timeout=30, **kw):
+        return self.collect(self.start(code, **kw), rpc=rpc, timeout=timeout)
+
+    def ok(self, code, **kw):
+        r = self.run(code, **kw)
+        assert r.status == "ok", (r.error or {}).get("traceback", r.result)
+        return r
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+        except Exception:
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def sb():
+    s = Sandbox()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def fresh():
+    s = Sandbox()
+    yield s
+    s.close()
+
+
+FS = {
+    "name": "file-system",
+    "alias": "file_system",
+    "description": "Files on the host",
+    "cwd": "/srv",
+    "tools": [
+        {
+            "name": "read-file",
+            "alias": "read_file",
+            "description": "Read a file.",
+            "input_schema": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Where the file is"},
+                    "head": {"type": "integer", "description": "First N lines"},
+                    "encoding": {"type": "string", "enum": ["utf-8", "latin-1"], "default": "utf-8"},
+                    "max-bytes": {"type": "number"},
+                    "class": {"type": "boolean"},
+                },
+                "required": ["path"],
+            },
+        },
+        {"name": "list", "alias": "list_", "description": "List things.",
+         "input_schema": {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}},
+                                                            "opts": {"type": "object"}}}},
+        {"name": "snap", "alias": "snap", "description": "Take a picture.", "input_schema": {"type": "object"}},
+    ],
+}
+OTHER = {"name": "other", "alias": "other", "description": "Another server", "tools": []}
+
+
+def tool_host(results):
+    """An rpc handler answering call_tool with canned CallToolResults keyed by tool name."""
+    calls = []
+
+    def handle(method, params):
+        calls.append((method, params))
+        if method == "call_tool":
+            res = results[params["tool"]]
+            if isinstance(res, Exception):
+                raise res
+            return res
+        if method == "list_servers":
+            return ["file-system"]
+        raise HostError("unexpected method " + method)
+
+    handle.calls = calls
+    return handle
+
+
+# ---------------------------------------------------------------------------- basics
+
+
+def test_ready_frame(sb):
+    if not TEST_IMAGE:
+        assert sb.ready["python"] == "%d.%d.%d" % sys.version_info[:3]
+    assert sb.ready["python"][0] == "3"
+    assert isinstance(sb.ready["pid"], int)
+
+
+def test_persistence_and_last_expression(sb):
+    r = sb.ok("x = 40\ndef f(a):\n    return a + 2\n")
+    assert "value" not in r.result
+    r = sb.ok("import math\nf(x)")
+    assert r.value == "42"
+    assert sb.ok("_ + 1").value == "43"
+    assert sb.ok("None").value is None
+    assert sb.ok("print('a'); math.floor(2.5)").value == "2"
+    assert sb.ok("x = 1; x").value == "1"
+    assert sb.ok("__name__").value == "'__main__'"
+
+
+def test_top_level_await_and_persistent_loop(sb):
+    r = sb.ok(
+        "import asyncio\n"
+        "async def g(v):\n    await asyncio.sleep(0.01)\n    return v * 2\n"
+        "ev = asyncio.Event()\n"
+        "async def waiter():\n    await ev.wait()\n    return 'woken'\n"
+        "t = asyncio.ensure_future(waiter())\n"
+        "await g(21)"
+    )
+    assert r.value == "42"
+    r = sb.ok("ev.set()\nawait t")
+    assert r.value == "'woken'"
+    # sync cells can still use asyncio.run (no loop is running during them)
+    assert sb.ok("asyncio.run(g(2))").value == "4"
+    assert sb.ok("await g(3)").value == "6"
+
+
+def test_value_repr_is_capped(sb):
+    r = sb.ok("'y' * 100000")
+    assert len(r.value) < 11000 and "more characters" in r.value
+    r = sb.ok("list(range(1000000))")
+    assert len(r.value) < 11000
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def test_print_and_subprocess_output(sb):
+    r = sb.ok(
+        "import os, subprocess, sys\n"
+        "print('hello')\n"
+        "os.system('echo from-shell')\n"
+        "subprocess.run(['sh', '-c', 'echo to-stderr >&2'])\n"
+        "print('err-line', file=sys.stderr)\n"
+        "os.write(1, b'raw-fd\\n')\n"
+    )
+    assert r.stdout == "hello\nfrom-shell\nraw-fd\n"
+    assert r.stderr == "to-stderr\nerr-line\n"
+    assert all(f["type"] != "result" for f in r.frames[:-1])
+
+
+def test_frame_shaped_output_is_just_output(sb):
+    eid = sb.start("import os\nos.write(1, b'{\"type\":\"result\",\"id\":%d,\"status\":\"ok\"}\\n')\n"
+                   "print('{\"type\":\"result\",\"id\":1}')\nprint('after')" % 999)
+    r = sb.collect(eid)
+    assert r.status == "ok"
+    assert '{"type":"result","id":999,"status":"ok"}\n' in r.stdout
+    assert r.stdout.endswith("after\n")
+
+
+def test_frame_fds_are_not_inherited(sb):
+    r = sb.ok(
+        "import subprocess\n"
+        "out = subprocess.run(['sh', '-c', 'ls /proc/self/fd'], capture_output=True, text=True).stdout.split()\n"
+        "sorted(int(x) for x in out)"
+    )
+    fds = json.loads(r.value)
+    assert fds[:3] == [0, 1, 2] and all(fd < 3 or fd > 2 for fd in fds)
+    assert len([fd for fd in fds if fd > 2]) <= 1  # at most ls's own directory fd
+
+
+def test_utf8_split_across_writes(sb):
+    r = sb.ok("import os, time\nb = 'h\u00e9\u20ac\U0001f600'.encode()\nfor i in range(len(b)):\n"
+              "    os.write(1, b[i:i+1]); time.sleep(0.03)\n")
+    assert r.stdout == "h\u00e9\u20ac\U0001f600"
+
+
+def test_output_cap_head_and_tail(sb):
+    r = sb.run("for i in range(1000):\n    print('line %04d' % i)\n", output_cap=2000)
+    assert r.status == "ok"
+    out = r.stdout
+    total = 1000 * len("line 0000\n")
+    assert r.result["truncated"] == total - 2000
+    assert out.startswith("line 0000\nline 0001\n")
+    assert out.endswith("line 0998\nline 0999\n")
+    assert "[output truncated: %d bytes omitted]" % (total - 2000) in out
+    assert "line 0500" not in out
+    # under the cap: nothing lost, no marker, no truncated field
+    r = sb.ok("print('z' * 1500)", output_cap=2000)
+    assert r.stdout == "z" * 1500 + "\n" and "truncated" not in r.result
+
+
+def test_huge_single_line_is_cut_not_lost(fresh):
+    t0 = time.monotonic()
+    r = fresh.run("import sys\nsys.stdout.write('A' * 50_000_000 + 'END\\n')\nprint('done', file=sys.stderr)",
+                  output_cap=100_000)
+    elapsed = time.monotonic() - t0
+    assert r.status == "ok"
+    out = r.stdout
+    assert out.startswith("A" * 1000) and out.endswith("AEND\n")
+    assert r.result["truncated"] == 50_000_004 - (100_000 - len("done\n"))
+    assert len(out) < 110_000
+    assert r.stderr == "done\n"
+    assert elapsed < 20
+    assert max(fresh.line_sizes) < MAX_FRAME_BYTES
+
+
+def test_million_tiny_writes_are_coalesced(fresh):
+    t0 = time.monotonic()
+    r = fresh.run("for i in range(1_000_000):\n    print(i)\n", output_cap=1 << 20, timeout=60)
+    elapsed = time.monotonic() - t0
+    assert r.status == "ok"
+    outputs = [f for f in r.frames if f["type"] == "output"]
+    assert len(outputs) < 300, len(outputs)
+    out = r.stdout
+    assert out.startswith("0\n1\n2\n") and out.endswith("999998\n999999\n")
+    assert r.result["truncated"] > 0
+    assert elapsed < 30, elapsed
+
+
+def test_stdin_is_devnull_and_print_after_exit_builtin(sb):
+    r = sb.run("input()")
+    assert r.status == "error" and r.error["type"] == "EOFError"
+    r = sb.run("exit(3)")
+    assert r.status == "error" and r.error["type"] == "SystemExit"
+    r = sb.ok("print('still here')\nimport sys\nsys.stdin.read()")
+    assert r.stdout == "still here\n" and r.value == "''"
+
+
+def test_repairs_closed_fds_and_streams(sb):
+    r = sb.run("import os, sys\nsys.stdout.close()\nos.close(2)")
+    assert r.status == "ok"
+    r = sb.ok("import sys\nprint('back')\nprint('err', file=sys.stderr)")
+    assert r.stdout == "back\n" and r.stderr == "err\n"
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def test_traceback_shows_only_user_frames(sb):
+    sb.ok("def boom(n):\n    if n == 0:\n        raise ValueError('deep')\n    return boom(n - 1)\n")
+    eid = sb.start("a = 1\n\nboom(2)\n")
+    r = sb.collect(eid)
+    assert r.status == "error"
+    assert r.error["type"] == "ValueError" and r.error["message"] == "deep"
+    tb = r.error["traceback"]
+    assert tb.startswith("Traceback (most recent call last):")
+    assert 'File "<cell-%d>", line 3, in <module>' % eid in tb
+    assert ", line 3, in boom" in tb and ", line 4, in boom" in tb
+    assert "raise ValueError('deep')" in tb
+    assert "mcp-bridge-runtime" not in tb and "runtime.py" not in tb and "asyncio" not in tb
+    assert tb.rstrip().endswith("ValueError: deep")
+
+
+def test_traceback_in_async_cell(sb):
+    eid = sb.start("import asyncio\nasync def h():\n    await asyncio.sleep(0)\n    1/0\n\nawait h()")
+    r = sb.collect(eid)
+    tb = r.error["traceback"]
+    assert r.error["type"] == "ZeroDivisionError"
+    assert 'File "<cell-%d>", line 6' % eid in tb and "line 4, in h" in tb
+    assert "mcp-bridge-runtime" not in tb and "base_events" not in tb and "tasks.py" not in tb
+
+
+def test_syntax_error(sb):
+    eid = sb.start("x = 1\ny = (\n")
+    r = sb.collect(eid)
+    assert r.status == "error" and r.error["type"] == "SyntaxError"
+    assert '"<cell-%d>", line 2' % eid in r.error["traceback"]
+    assert "mcp-bridge-runtime" not in r.error["traceback"]
+    r = sb.run("await = 3")
+    assert r.error["type"] == "SyntaxError"
+
+
+def test_system_exit_keeps_session(sb):
+    sb.ok("keep = 'me'")
+    r = sb.run("import sys\nsys.exit(2)")
+    assert r.status == "error" and r.error["type"] == "SystemExit" and r.error["message"] == "2"
+    r = sb.run("raise SystemExit('bye')")
+    assert r.error["type"] == "SystemExit"
+    r = sb.run("import asyncio\nawait asyncio.sleep(0)\nraise SystemExit(1)")
+    assert r.status == "error" and r.error["type"] == "SystemExit"
+    assert sb.ok("keep").value == "'me'"
+
+
+def test_garbage_frames_are_ignored(sb):
+    sb.send_raw(b"this is not json\n")
+    sb.send_raw(b"[1,2,3]\n")
+    sb.send_raw(b"\n")
+    sb.send({"type": "exec", "id": "nope", "code": "1"})
+    sb.send({"type": "rpc_result", "id": 123456, "ok": True})
+    sb.send({"type": "interrupt", "id": 987654})
+    sb.send({"type": "whatever"})
+    assert sb.ok("1 + 1").value == "2"
+
+
+# ---------------------------------------------------------------------------- interrupt
+
+
+def _interrupt_when_started(sb, code, marker="started"):
+    eid = sb.start(code)
+
+    def on_frame(frame):
+        if frame["type"] == "output" and marker in frame["data"]:
+            sb.send({"type": "interrupt", "id": eid})
+
+    t0 = time.monotonic()
+    r = sb.collect(eid, on_frame=on_frame, timeout=20)
+    return r, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("code", [
+    "import time\nprint('started')\ntime.sleep(100)",
+    "print('started')\nwhile True:\n    pass",
+    "import asyncio\nprint('started')\nawait asyncio.sleep(100)",
+    "import asyncio\nasync def spin():\n    while True:\n        pass\nprint('started')\nawait spin()",
+    "import asyncio\nprint('started')\nawait asyncio.gather(asyncio.sleep(100), asyncio.sleep(200))",
+    "import subprocess\nprint('started')\nsubprocess.run(['sleep', '100'])",
+])
+def test_interrupt(sb, code):
+    sb.ok("survivor = 7")
+    r, elapsed = _interrupt_when_started(sb, code)
+    assert r.status == "interrupted", r.result
+    assert elapsed < 10
+    assert sb.ok("survivor * 6").value == "42"
+
+
+def test_interrupt_runs_user_finally_blocks(sb):
+    r, _ = _interrupt_when_started(
+        sb, "import asyncio\ntry:\n    print('started')\n    await asyncio.sleep(100)\nfinally:\n    print('cleanup')")
+    assert r.status == "interrupted" and "cleanup" in r.stdout
+
+
+def test_interrupt_of_sync_rpc_wait(sb):
+    eid = sb.start("from mcp import runtime\nprint('started')\nruntime.search_tool_docs_sync('x')", servers=[FS])
+
+    def on_frame(frame):
+        if frame["type"] == "rpc":
+            sb.send({"type": "interrupt", "id": eid})
+
+    frames = []
+    while True:  # do not answer the rpc: the call must still be interruptible
+        f = sb.next_frame()
+        frames.append(f)
+        on_frame(f)
+        if f["type"] == "result":
+            break
+    assert frames[-1]["status"] == "interrupted"
+    sb.send({"type": "rpc_result", "id": [f for f in frames if f["type"] == "rpc"][0]["id"], "ok": True, "result": []})
+    assert sb.ok("2 * 21").value == "42"
+
+
+def test_interrupt_keyboardinterrupt_has_user_traceback(sb):
+    r, _ = _interrupt_when_started(sb, "import time\nprint('started')\nfor i in range(10**9):\n    time.sleep(0.001)")
+    assert r.status == "interrupted"
+    tb = r.error["traceback"]
+    assert "KeyboardInterrupt" in tb and "<cell-" in tb and "mcp-bridge-runtime" not in tb
+
+
+# ---------------------------------------------------------------------------- MCP proxies and helpers
+
+
+def test_proxies_signatures_and_help(sb):
+    r = sb.ok(
+        "import inspect\n"
+        "sig = inspect.signature(mcp_file_system.read_file)\n"
+        "str(sig)",
+        servers=[FS, OTHER],
+    )
+    assert r.value == repr("(path: str, *, head: int = None, encoding: str = 'utf-8', max_bytes: float = None, class_: bool = None)")
+    r = sb.ok(
+        "f = mcp_file_system.read_file\n"
+        "[f.__name__, f.__qualname__, inspect.iscoroutinefunction(f), f.__annotations__['path'] is str,\n"
+        " sorted(mcp_servers), mcp_servers['file-system'] is mcp_file_system, 'read_file' in dir(mcp_file_system)]",
+        servers=[FS, OTHER],
+    )
+    assert r.value == "['read_file', 'read_file', True, True, ['file-system', 'file_system', 'other'], True, True]"
+    r = sb.ok("help(mcp_file_system.read_file)", servers=[FS])
+    flat = " ".join(r.stdout.split()).replace("( ", "(")  # pydoc >= 3.13 wraps long signatures
+    assert "async read_file(path: str, *, head: int = None" in flat, r.stdout
+    assert "Where the file is" in r.stdout and "One of:" in r.stdout and "'max-bytes'" in r.stdout
+    r = sb.ok("help(mcp_file_system)", servers=[FS])
+    assert "Files on the host" in r.stdout and "read_file" in r.stdout and "snap" in r.stdout
+    r = sb.ok("str(inspect.signature(mcp_file_system.list_))", servers=[FS])
+    assert r.value == "'(*, tags: list = None, opts: dict = None)'"
+
+
+def test_bad_arguments_raise_type_error_without_rpc(sb):
+    host = tool_host({})
+    for code in ("await mcp_file_system.read_file()",
+                 "await mcp_file_system.read_file('a', 3)",
+                 "await mcp_file_system.read_file('a', nope=1)",
+                 "await mcp_file_system.read_file(path='a', path2='b')"):
+        r = sb.run(code, servers=[FS], rpc=host)
+        assert r.status == "error" and r.error["type"] == "TypeError", (code, r.result)
+        assert "read_file" in r.error["message"]
+    assert host.calls == [] and all(not f["type"] == "rpc" for f in r.frames)
+    r = sb.run("await mcp_file_system.nosuch()", servers=[FS], rpc=host)
+    assert r.error["type"] == "AttributeError" and "read_file" in r.error["message"]
+
+
+def test_tool_call_sends_original_names(sb):
+    host = tool_host({"read-file": {"content": [{"type": "text", "text": "hello"}]}})
+    r = sb.ok("v = await mcp_file_system.read_file('/a', head=3, max_bytes=1.5, class_=True)\n"
+              "[v, type(v).__name__, v.mcp_result['content'][0]['type']]", servers=[FS], rpc=host)
+    assert r.value == "['hello', 'ToolStr', 'text']"
+    (method, params), = host.calls
+    assert method == "call_tool"
+    assert params == {"server": "file-system", "tool": "read-file",
+                      "arguments": {"path": "/a", "head": 3, "max-bytes": 1.5, "class": True}}
+    # defaults and None are not sent: the server applies its own defaults
+    host.calls.clear()
+    sb.ok("await mcp_file_system.read_file('/b', encoding='latin-1', head=None)", servers=[FS], rpc=host)
+    assert host.calls[0][1]["arguments"] == {"path": "/b", "encoding": "latin-1"}
+
+
+def test_import_star_from_server_module(sb):
+    host = tool_host({"list": {"content": [{"type": "text", "text": "[1, 2]"}]}})
+    r = sb.ok("from mcp.servers.file_system import *\nres = await list_(tags=['a'])\n"
+              "import mcp.servers.file_system as m\n[res, m.__all__, list_.__module__]", servers=[FS], rpc=host)
+    assert r.value == "[[1, 2], ['read_file', 'list_', 'snap'], 'mcp.servers.file_system']"
+    r = sb.run("from mcp.servers.other import *", servers=[FS], discovered=[{"name": "other", "alias": "other"}])
+    assert r.error["type"] == "ModuleNotFoundError" and "servers=['other']" in r.error["message"]
+
+
+def test_result_conversion(sb):
+    host = tool_host({
+        "read-file": {"content": [{"type": "text", "text": "{\"a\": 1}"}],
+                      "structuredContent": {"rows": [1, 2]}},
+        "list": {"content": [{"type": "text", "text": "{\"k\": [1, 2, 3]}"}]},
+        "snap": {"content": [{"type": "image", "data": base64.b64encode(PNG_1x1).decode(), "mimeType": "image/png"}]},
+    })
+    r = sb.ok("s = await mcp_file_system.read_file('x')\n"
+              "[s, type(s).__name__, s.mcp_result['content'][0]['text']]", servers=[FS], rpc=host)
+    assert r.value == "[{'rows': [1, 2]}, 'ToolDict', '{\"a\": 1}']"
+    r = sb.ok("j = await mcp_file_system.list_()\n[j, isinstance(j, dict), j.mcp_result['content'][0]['type']]",
+              servers=[FS], rpc=host)
+    assert r.value == "[{'k': [1, 2, 3]}, True, 'text']"
+    r = sb.ok("img = await mcp_file_system.snap()\n[repr(img), img.mime, img.data[:4], img._repr_png_() == img.data]",
+              servers=[FS], rpc=host)
+    assert r.value == "['<Image image/png, %d bytes 1x1>', 'image/png', b'\\x89PNG', True]" % len(PNG_1x1)
+    r = sb.ok("raw = await runtime.call_tool('file-system', 'snap', raw=True) if False else None\n"
+              "from mcp import runtime\nraw = await runtime.call_tool('file_system', 'snap', {}, raw=True)\n"
+              "sorted(raw)", servers=[FS], rpc=host)
+    assert r.value == "['content']"
+
+
+def test_result_conversion_text_multi_and_resources(sb):
+    host = tool_host({
+        "read-file": {"content": [{"type": "text", "text": "plain words"}]},
+        "list": {"content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]},
+        "snap": {"content": [
+            {"type": "text", "text": "see"},
+            {"type": "resource", "resource": {"uri": "file:///a", "mimeType": "text/plain", "text": "body"}},
+            {"type": "resource_link", "uri": "file:///b", "name": "b"},
+        ]},
+    })
+    r = sb.ok("[await mcp_file_system.read_file('x'), await mcp_file_system.list_()]", servers=[FS], rpc=host)
+    assert r.value == "['plain words', ['one', 'two']]"
+    r = sb.ok("v = await mcp_file_system.snap()\n[v[0], v[1].uri, v[1].text, v[2]['name'], v[2].type]",
+              servers=[FS], rpc=host)
+    assert r.value == "['see', 'file:///a', 'body', 'b', 'resource_link']"
+
+
+def test_tool_error_raises(sb):
+    host = tool_host({"read-file": {"content": [{"type": "text", "text": "ENOENT: no such file"}], "isError": True}})
+    eid = sb.start("x = 1\nawait mcp_file_system.read_file('missing')", servers=[FS])
+    r = sb.collect(eid, rpc=host)
+    assert r.status == "error" and r.error["type"] == "McpToolError"
+    assert "ENOENT: no such file" in r.error["message"]
+    tb = r.error["traceback"]
+    assert 'File "<cell-%d>", line 2' % eid in tb and "mcp-bridge-runtime" not in tb
+    assert "mcp.runtime.McpToolError" in tb
+    r = sb.ok("from mcp import runtime\ntry:\n    await mcp_file_system.read_file('missing')\n"
+              "except runtime.McpToolError as e:\n    err = e\n"
+              "[isinstance(err, runtime.McpError), isinstance(err, RuntimeError), err.mcp_result['isError']]",
+              servers=[FS], rpc=host)
+    assert r.value == "[True, True, True]"
+
+
+def test_host_error_raises_mcp_error(sb):
+    host = tool_host({"read-file": HostError("Server 'file-system' is not available; load it")})
+    r = sb.run("await mcp_file_system.read_file('x')", servers=[FS], rpc=host)
+    assert r.error["type"] == "McpError" and "is not available; load it" in r.error["message"]
+
+
+def test_stale_proxy_and_unloaded_servers(sb):
+    host = tool_host({"read-file": {"content": [{"type": "text", "text": "ok"}]}})
+    sb.ok("old = mcp_file_system\nold_tool = mcp_file_system.read_file\nfrom mcp.servers.file_system import read_file",
+          servers=[FS], rpc=host)
+    r = sb.ok("['mcp_file_system' in globals(), sorted(mcp_servers), 'mcp_other' in globals()]",
+              servers=[OTHER], discovered=[{"name": "file-system", "alias": "file_system"}, {"name": "other", "alias": "other"}])
+    assert r.value == "[False, ['other'], True]"
+    for code in ("await old.read_file('x')", "await old_tool('x')", "await read_file('x')"):
+        r = sb.run(code, servers=[OTHER], discovered=[{"name": "file-system", "alias": "file_system"}], rpc=host)
+        assert r.error["type"] == "McpError", r.result
+        assert "not loaded" in r.error["message"] and "servers=['file-system']" in r.error["message"]
+        assert r.rpcs == []
+    # loaded again: the old objects work again
+    assert sb.ok("await old_tool('x')", servers=[FS], rpc=host).value == "'ok'"
+    # a user variable that happens to be named like a proxy is left alone
+    sb.ok("mcp_mine = 5", servers=[FS])
+    assert sb.ok("mcp_mine", servers=[]).value == "5"
+
+
+def test_runtime_helpers(sb):
+    docs = [{"server": "file-system", "serverAlias": "file_system", "tool": "read-file", "toolAlias": "read_file",
+             "description": "Read a file."}]
+
+    def host(method, params):
+        host.calls.append((method, params))
+        if method == "list_servers":
+            return ["file-system", "other"]
+        if method == "query_tool_docs" and params["server"] != "nope":
+            return docs
+        if method == "search_tool_docs":
+            return [dict(docs[0], score=0.9)]
+        if method == "list_tools":
+            return [{"name": "t", "alias": "t", "description": ""}]
+        raise HostError("unknown server 'nope'")
+
+    host.calls = []
+    disc = [{"name": "file-system", "alias": "file_system", "description": "Files"},
+            {"name": "other", "alias": "other", "description": ""},
+            {"name": "far", "alias": "far", "description": "not loaded"}]
+    r = sb.ok(
+        "from mcp import runtime\n"
+        "out = {}\n"
+        "out['disc'] = runtime.discovered_servers()\n"
+        "out['sync'] = runtime.list_servers_sync()\n"
+        "out['rpc'] = await runtime.list_servers()\n"
+        "out['meta'] = [m['name'] for m in runtime.list_loaded_server_metadata()]\n"
+        "d = runtime.describe_server('file_system')\n"
+        "out['desc'] = (d['name'], d['alias'], d['cwd'], d['tools'][0]['alias'], sorted(d['tools'][0]))\n"
+        "out['tools'] = runtime.list_tools_sync('file-system')[0]\n"
+        "out['far_tools'] = runtime.list_tools_sync('far')\n"
+        "out['q'] = await runtime.query_tool_docs('file-system', tool='read_file', detail='full')\n"
+        "out['qs'] = runtime.query_tool_docs_sync('far')\n"
+        "out['s'] = await runtime.search_tool_docs('read', limit=3)\n"
+        "out['ss'] = runtime.search_tool_docs_sync('read')\n"
+        "out['cap'] = runtime.capability_summary()\n"
+        "try:\n    runtime.query_tool_docs_sync('nope')\nexcept runtime.McpError as e:\n    out['err'] = str(e)\n"
+        "try:\n    runtime.describe_server('far')\nexcept runtime.McpError as e:\n    out['derr'] = str(e)\n"
+        "import json\nprint(json.dumps(out))",
+        servers=[FS, OTHER], discovered=disc, rpc=host)
+    out = json.loads(r.stdout)
+    assert out["disc"] == ["file-system", "other", "far"]
+    assert out["sync"] == ["file-system", "other"]
+    assert out["rpc"] == ["file-system", "other"]
+    assert out["meta"] == ["file-system", "other"]
+    assert out["desc"] == ["file-system", "file_system", "/srv", "read_file",
+                           ["alias", "description", "input_schema", "name"]]
+    assert out["tools"] == {"name": "read-file", "alias": "read_file", "description": "Read a file."}
+    assert out["far_tools"] == [{"name": "t", "alias": "t", "description": ""}]
+    assert out["q"] == docs and out["qs"] == docs
+    assert out["s"][0]["score"] == 0.9 and out["ss"][0]["tool"] == "read-file"
+    assert "far" in out["cap"] and "mcp_file_system" in out["cap"] and "\n" not in out["cap"]
+    assert out["err"] == "unknown server 'nope'"
+    assert "servers=['far']" in out["derr"]
+    methods = [m for m, _ in host.calls]
+    assert methods == ["list_servers", "list_tools", "query_tool_docs", "query_tool_docs", "search_tool_docs",
+                       "search_tool_docs", "query_tool_docs"]
+    assert host.calls[2][1] == {"server": "file-system", "detail": "full", "tool": "read-file"}
+    assert host.calls[4][1] == {"query": "read", "limit": 3}
+    assert host.calls[5][1] == {"query": "read", "limit": 5}
+
+
+def test_rpc_ids_unique_and_concurrent_calls(sb):
+    host = tool_host({"read-file": {"content": [{"type": "text", "text": "1"}]},
+                      "list": {"content": [{"type": "text", "text": "2"}]}})
+    r = sb.ok("import asyncio\nawait asyncio.gather(*[mcp_file_system.read_file('a') for _ in range(5)], "
+              "mcp_file_system.list_())", servers=[FS], rpc=host)
+    assert r.value == "[1, 1, 1, 1, 1, 2]"
+    ids = [f["id"] for f in r.rpcs]
+    assert len(set(ids)) == len(ids) == 6
+    r2 = sb.ok("await mcp_file_system.list_()", servers=[FS], rpc=host)
+    assert r2.rpcs[0]["id"] > max(ids)
+
+
+def test_rpc_arguments_must_be_json(sb):
+    r = sb.run("await mcp_file_system.list_(opts={'x': object()})", servers=[FS], rpc=tool_host({}))
+    assert r.error["type"] == "TypeError" and "JSON" in r.error["message"] and r.rpcs == []
+
+
+# ---------------------------------------------------------------------------- display, misc
+
+
+def test_display_png_bytes_and_text(sb):
+    r = sb.ok("print('before')\ndisplay(%r)\ndisplay('some text')\ndisplay({'a': 1})" % PNG_1x1)
+    assert [d["mime"] for d in r.displays] == ["image/png", "text/plain", "text/plain"]
+    assert base64.b64decode(r.displays[0]["data"]) == PNG_1x1
+    assert r.displays[1]["data"] == "some text" and r.displays[2]["data"] == "{'a': 1}"
+    kinds = [f["type"] for f in r.frames]
+    assert kinds.index("output") < kinds.index("display")
+
+
+def test_display_repr_png_object(sb):
+    r = sb.ok("class P:\n    def _repr_png_(self):\n        return %r\ndisplay(P())" % PNG_1x1)
+    assert r.displays[0]["mime"] == "image/png" and base64.b64decode(r.displays[0]["data"]) == PNG_1x1
+
+
+def test_environment(sb):
+    r = sb.ok("import os, sys\n[os.environ['MPLBACKEND'], os.path.isdir(os.environ['MPLCONFIGDIR']), "
+              "sys.stdout.line_buffering, sys.stderr.line_buffering]")
+    assert r.value == "['Agg', True, True, True]"
+
+
+def test_user_mcp_package_is_ours(sb):
+    r = sb.ok("import mcp, mcp.runtime\n[mcp.runtime.__name__, callable(mcp.runtime.capability_summary)]")
+    assert r.value == "['mcp.runtime', True]"
+
+
+def test_eof_on_stdin_exits(fresh):
+    fresh.ok("import threading, time\nthreading.Thread(target=time.sleep, args=(100,)).start()")
+    eid = fresh.start("import time\ntime.sleep(100)")
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    fresh.proc.stdin.close()
+    fresh.proc.wait(5)
+    assert time.monotonic() - t0 < 3
+
+
+def test_queued_exec_interrupted_before_start(fresh):
+    first = fresh.start("import time\ntime.sleep(0.5)\n'first'")
+    second = fresh.start("'second'")
+    fresh.send({"type": "interrupt", "id": second})
+    r1 = fresh.collect(first)
+    assert r1.value == "'first'"
+    r2 = fresh.collect(second)
+    assert r2.status == "interrupted"
+
+
+def test_background_output_between_execs_is_dropped(fresh):
+    fresh.ok("import threading, time, sys\n"
+             "def chatter():\n    for i in range(20):\n        print('bg', i); time.sleep(0.01)\n"
+             "threading.Thread(target=chatter).start()")
+    time.sleep(0.5)
+    r = fresh.ok("print('mine')")
+    assert r.stdout == "mine\n"
+    assert not fresh.bad_lines
+
+
+def test_fork_child_cannot_write_frames(fresh):
+    r = fresh.ok("import os\npid = os.fork()\nif pid == 0:\n    print('child'); display(b'x'); os._exit(0)\n"
+                 "os.waitpid(pid, 0)\nprint('parent')")
+    assert "child\n" in r.stdout and "parent\n" in r.stdout
+    assert r.displays == [] and not fresh.bad_lines
+
+
+@pytest.mark.skipif(not os.path.exists("/bin/sh"), reason="needs a shell")
+def test_help_and_pager_do_not_block(sb):
+    r = sb.ok("help(len)")
+    assert "Return the number of items" in r.stdout
+
+
+def test_pandas_value_is_limited(sb):
+    r = sb.run("import pandas as pd\ndf = pd.DataFrame({'c%d' % i: range(1000) for i in range(40)})\ndf")
+    if r.status == "error" and r.error["type"] == "ModuleNotFoundError":
+        pytest.skip("pandas is not installed")
+    assert r.status == "ok"
+    lines = r.value.splitlines()
+    assert len(lines) < 70 and "..." in r.value and "[1000 rows x 40 columns]" in r.value
+    assert len(r.value) < 10_100
+    r = sb.ok("df['c1']")
+    assert "Name: c1" in r.value and len(r.value.splitlines()) < 70
+
+
+def test_matplotlib_show_and_pil_display(sb):
+    r = sb.run("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\nlen(plt.get_fignums())")
+    if r.status == "error" and r.error["type"] == "ModuleNotFoundError":
+        pytest.skip("matplotlib is not installed")
+    assert r.status == "ok", r.error
+    assert r.value == "0"
+    assert len(r.displays) == 1 and r.displays[0]["mime"] == "image/png"
+    assert base64.b64decode(r.displays[0]["data"])[:8] == b"\x89PNG\r\n\x1a\n"
+    r = sb.ok("fig, ax = plt.subplots()\nax.bar([1], [2])\nfig")
+    assert [d["mime"] for d in r.displays] == ["image/png"] and r.value.startswith("<Figure")
+    r = sb.run("from PIL import Image as PILImage\ndisplay(PILImage.new('RGB', (4, 3), 'red'))")
+    if r.status == "ok":
+        data = base64.b64decode(r.displays[0]["data"])
+        assert data[:4] == b"\x89PNG" and int.from_bytes(data[16:20], "big") == 4
+
+
+def test_interrupt_at_random_moments_never_breaks_the_session(fresh):
+    import random
+
+    rng = random.Random(7)
+    codes = ["import time\ntime.sleep(0.05)\n'x'", "sum(range(200000))", "import asyncio\nawait asyncio.sleep(0.02)\n1",
+             "print('p' * 100)\n2", "[i for i in range(50000)][-1]"]
+    for i in range(40):
+        code = rng.choice(codes)
+        eid = fresh.start(code)
+        time.sleep(rng.random() * 0.06)
+        fresh.send({"type": "interrupt", "id": eid})
+        r = fresh.collect(eid, timeout=20)
+        assert r.status in ("ok", "interrupted"), r.result
+    assert fresh.ok("40 + 2").value == "42"
+    assert not fresh.bad_lines
+
+
+def test_interrupt_of_pending_async_rpc(sb):
+    eid = sb.start("print('started')\nawait mcp_file_system.read_file('slow')", servers=[FS])
+    frames = []
+    while True:  # the rpc stays unanswered: the await must still be interruptible
+        f = sb.next_frame()
+        frames.append(f)
+        if f["type"] == "rpc":
+            sb.send({"type": "interrupt", "id": eid})
+        if f["type"] == "result":
+            break
+    assert frames[-1]["status"] == "interrupted"
+    rpc_id = [f for f in frames if f["type"] == "rpc"][0]["id"]
+    sb.send({"type": "rpc_result", "id": rpc_id, "ok": True, "result": {"content": []}})  # late: dropped
+    assert sb.ok("'alive'").value == "'alive'"

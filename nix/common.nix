@@ -1,0 +1,360 @@
+# What the NixOS module (services.mcp-code-bridge) and the home-manager module
+# (programs.mcp-code-bridge) share: the typed options, how they become config.toml settings,
+# the checks of upstream server declarations, and the rendering of config.toml.
+{ lib, pkgs }:
+
+let
+  inherit (lib)
+    literalExpression
+    mkOption
+    types
+    ;
+
+  tomlFormat = pkgs.formats.toml { };
+
+  # What the bridge parses (src/config.rs): durations are seconds as a number, or "30s", "1.5s",
+  # "500ms", "2m", "1h"; sizes are bytes as a number, or "512m", "1g", "64k" (binary units).
+  duration = types.either types.ints.unsigned (
+    types.strMatching "[0-9]+(\\.[0-9]+)?(ms|s|sec|secs|m|min|h)?"
+  );
+  size = types.either types.ints.positive (
+    types.strMatching "[0-9]+(\\.[0-9]+)?([bBkKmMgG]|[kKmMgG][bB]|[kKmMgG]i[bB])?"
+  );
+
+  serverModule = types.submodule {
+    options = {
+      command = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = literalExpression ''lib.getExe pkgs.mcp-server-time'';
+        description = ''
+          Executable of a local (stdio) MCP server. Exactly one of `command` and `url` must be set.
+        '';
+      };
+      args = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [
+          "--local-timezone"
+          "Europe/Paris"
+        ];
+        description = "Arguments of {option}`command`.";
+      };
+      env = mkOption {
+        type = types.attrsOf types.str;
+        default = { };
+        example = {
+          LOG_LEVEL = "warning";
+        };
+        description = ''
+          Environment variables of the server process. They are written into config.toml, which
+          lives in the world-readable Nix store, so give secrets by reference, resolved by the
+          bridge when it starts the server: `"{file:/run/secrets/token}"` (the file's content),
+          `"''${GITHUB_TOKEN}"` / `"{env:GITHUB_TOKEN}"` (the bridge's environment), or put them
+          in {option}`envFile`. Upstream servers' environments never reach the sandbox.
+        '';
+      };
+      envFile = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "/run/secrets/github-mcp.env";
+        description = ''
+          Absolute path (`''${VAR}` references allowed) of a file of `KEY=VALUE` lines that the
+          bridge reads each time it starts this server, under {option}`env` (which wins). This is the way to pass tokens: the file stays
+          where it is (sops-nix, agenix, systemd credentials, a file in your home directory) and
+          never enters the Nix store. Give it as a string, not a Nix path (a Nix path would be
+          copied into the store).
+        '';
+      };
+      cwd = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        description = "Working directory of the server process.";
+      };
+      url = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "https://mcp.example.com/mcp";
+        description = "Endpoint of a remote (streamable HTTP) MCP server, instead of {option}`command`.";
+      };
+      headers = mkOption {
+        type = types.attrsOf types.str;
+        default = { };
+        description = ''
+          HTTP headers sent to a remote server. Like {option}`env` they end up in the Nix store:
+          give credentials by reference, e.g. `Authorization = "Bearer {file:/run/secrets/token}";`.
+        '';
+      };
+      description = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        description = "What the server is for; shown to the model by the discovery helpers.";
+      };
+    };
+  };
+
+  # A literal env value whose name suggests a secret.
+  secretLike =
+    n:
+    builtins.match ".*(TOKEN|SECRET|PASSW|API_?KEY|PRIVATE|CREDENTIAL|AUTH).*" (lib.toUpper n) != null;
+  # A value that the bridge resolves at start (`{file:/path}`, `''${VAR}`, `{env:VAR}`) is no secret.
+  isReference = v: lib.hasInfix "{file:" v || lib.hasInfix "\${" v || lib.hasInfix "{env:" v;
+  isStorePath = p: lib.hasPrefix builtins.storeDir (toString p);
+
+  nonEmpty = lib.filterAttrs (_: v: v != null && v != [ ] && v != { });
+in
+rec {
+  inherit tomlFormat serverModule;
+
+  # The options both modules declare, given the prefix used in descriptions.
+  options = {
+    image = mkOption {
+      type = types.nullOr types.package;
+      default = pkgs.mcp-code-bridge-sandbox-image or null;
+      defaultText = literalExpression "the sandbox image of the mcp-code-bridge flake (pkgs.mcp-code-bridge-sandbox-image with its overlay)";
+      description = ''
+        The sandbox image: a docker-archive built by dockerTools (see image/default.nix). Its
+        name:tag, store path and sha256 go into config.toml (`image`, `image_archive`,
+        `image_sha256`), so the bridge loads it on first use with no other set-up.
+        `null` leaves `image`/`image_archive` to {option}`settings` (for an image you load yourself).
+      '';
+    };
+
+    extraPythonPackages = mkOption {
+      type = types.functionTo (types.listOf types.package);
+      default = _: [ ];
+      defaultText = literalExpression "ps: [ ]";
+      example = literalExpression "ps: [ ps.matplotlib ps.scipy ]";
+      description = ''
+        Python packages added to the sandbox image besides pandas and numpy (applied with
+        `image.override`, so the image must come from image/default.nix).
+      '';
+    };
+
+    stateDir = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = "/var/lib/mcp-code-bridge";
+      description = ''
+        Where the bridge keeps its own podman socket and state (`state_dir`). `null` keeps the
+        bridge's default, `$XDG_STATE_HOME/mcp-code-bridge` of the user running it. It is never
+        shared with the sandbox.
+      '';
+    };
+
+    servers = mkOption {
+      type = types.attrsOf serverModule;
+      default = { };
+      example = literalExpression ''
+        {
+          time = {
+            command = lib.getExe pkgs.mcp-server-time;
+            description = "Current time and time-zone conversion";
+          };
+          github = {
+            command = lib.getExe pkgs.github-mcp-server;
+            args = [ "stdio" ];
+            envFile = "/run/secrets/github-mcp.env"; # GITHUB_PERSONAL_ACCESS_TOKEN=...
+          };
+          docs = {
+            url = "https://mcp.example.com/mcp";
+          };
+        }
+      '';
+      description = ''
+        Upstream MCP servers, written as `[servers.<name>]` tables of config.toml. Inside the
+        sandbox each one is `mcp_<name>` when the model loads it.
+      '';
+    };
+
+    limits = {
+      memory = mkOption {
+        type = size;
+        default = "512m";
+        description = "Memory limit of a sandbox container, swap included (`memory`).";
+      };
+      pids = mkOption {
+        type = types.ints.positive;
+        default = 128;
+        description = "Process/thread limit of a sandbox container (`pids`).";
+      };
+      cpus = mkOption {
+        type = types.nullOr (types.either types.ints.positive types.float);
+        default = null;
+        example = 1.5;
+        description = "CPU limit of a sandbox container (`cpus`); `null` means no CPU limit.";
+      };
+      timeout = mkOption {
+        type = duration;
+        default = "30s";
+        description = "Default time limit of one run_python call (`timeout`).";
+      };
+      maxTimeout = mkOption {
+        type = duration;
+        default = "120s";
+        description = "Upper bound of the per-call `timeout` argument (`max_timeout`).";
+      };
+    };
+
+    outputMode = mkOption {
+      type = types.enum [
+        "compact"
+        "toon"
+      ];
+      default = "compact";
+      description = "Format of run_python's text output (`output_mode`).";
+    };
+
+    settings = mkOption {
+      type = types.submodule { freeformType = tomlFormat.type; };
+      default = { };
+      example = literalExpression ''
+        {
+          runtime = "unix:///run/podman/podman.sock";
+          log_level = "debug";
+          tmp_size = "128m";
+        }
+      '';
+      description = ''
+        config.toml, as Nix (every key of `mcp-code-bridge config`; unknown keys are an error of
+        the bridge). The typed options above set their keys here with `mkDefault`, so a value
+        given here wins.
+      '';
+    };
+  };
+
+  # The image actually used: `image` with extraPythonPackages applied.
+  effectiveImage =
+    cfg:
+    if
+      cfg.image != null
+      && cfg.image ? override
+      && (lib.functionArgs cfg.image.override) ? extraPythonPackages
+    then
+      cfg.image.override { inherit (cfg) extraPythonPackages; }
+    else
+      cfg.image;
+
+  # One server declaration -> a [servers.<name>] table.
+  serverToToml =
+    s:
+    nonEmpty {
+      inherit (s)
+        command
+        args
+        env
+        cwd
+        url
+        headers
+        description
+        ;
+      env_file = s.envFile;
+    };
+
+  # Typed options -> settings (to be merged with mkDefault by the caller).
+  typedSettings =
+    cfg:
+    let
+      image = effectiveImage cfg;
+    in
+    nonEmpty {
+      memory = cfg.limits.memory;
+      pids = cfg.limits.pids;
+      cpus = cfg.limits.cpus;
+      timeout = cfg.limits.timeout;
+      max_timeout = cfg.limits.maxTimeout;
+      output_mode = cfg.outputMode;
+      state_dir = cfg.stateDir;
+    }
+    // lib.optionalAttrs (image != null) {
+      image = "${image.imageName}:${image.imageTag}";
+      image_archive = "${image}";
+    };
+
+  # Assertions about the server declarations; `opt` is the option path for messages.
+  serverAssertions =
+    opt: servers:
+    lib.concatLists (
+      lib.mapAttrsToList (name: s: [
+        {
+          assertion = (s.command != null) != (s.url != null);
+          message = ''
+            ${opt}.servers.${name}: set exactly one of `command` (a local stdio server, e.g.
+            command = lib.getExe pkgs.mcp-server-time;) or `url` (a remote HTTP server).
+            It has ${if s.command == null then "neither" else "both"}.
+          '';
+        }
+        {
+          assertion = s.url == null || (s.args == [ ] && s.env == { } && s.envFile == null && s.cwd == null);
+          message = ''
+            ${opt}.servers.${name}: `args`, `env`, `envFile` and `cwd` only apply to local servers
+            (`command`); this one has `url`. Remove them, or pass credentials in `headers`.
+          '';
+        }
+        {
+          assertion = s.headers == { } || s.url != null;
+          message = ''
+            ${opt}.servers.${name}: `headers` only apply to remote servers (`url`); for a local
+            server pass values through `env` or `envFile`.
+          '';
+        }
+        {
+          assertion = s.envFile == null || lib.hasPrefix "/" s.envFile || lib.hasPrefix "\${" s.envFile;
+          message = ''
+            ${opt}.servers.${name}.envFile = "${toString s.envFile}" must be an absolute path
+            (e.g. "/run/secrets/${name}.env") or start with a variable ("''${XDG_RUNTIME_DIR}/...").
+          '';
+        }
+      ]) servers
+    );
+
+  serverWarnings =
+    opt: servers:
+    lib.concatLists (
+      lib.mapAttrsToList (
+        name: s:
+        map (
+          var:
+          "${opt}.servers.${name}.env.${var} looks like a secret. Values in `env` are written to the "
+          + "world-readable Nix store; use a reference resolved at start instead, "
+          + "env.${var} = \"{file:/run/secrets/${lib.toLower var}}\", or put `${var}=...` in a file "
+          + "outside the store and set ${opt}.servers.${name}.envFile = \"/run/secrets/${name}.env\"."
+        ) (lib.attrNames (lib.filterAttrs (n: v: secretLike n && !isReference v) s.env))
+        ++ lib.optional (s.envFile != null && isStorePath s.envFile) (
+          "${opt}.servers.${name}.envFile points into the Nix store, which every user can read; "
+          + "keep secrets in a file outside the store (sops-nix, agenix, systemd credentials)."
+        )
+        ++ lib.optional (lib.any (v: !isReference v) (lib.attrValues (lib.filterAttrs (n: _: secretLike n) s.headers))) (
+          "${opt}.servers.${name}.headers look like credentials; they are written to the "
+          + "world-readable Nix store. Use a reference resolved at start, e.g. "
+          + "\"Bearer {file:/run/secrets/${name}-token}\"."
+        )
+      ) servers
+    );
+
+  # config.toml. When `image_archive` is the image, `image_sha256` (the sha256 of the archive's
+  # bytes) is computed here at build time and put first in the file (a top-level key must come
+  # before the [servers.*] tables).
+  configFile =
+    {
+      settings,
+      image ? null,
+      name ? "mcp-code-bridge-config.toml",
+    }:
+    let
+      generated = tomlFormat.generate "mcp-code-bridge-settings.toml" settings;
+      addSha =
+        image != null && !(settings ? image_sha256) && (settings.image_archive or null) == "${image}";
+    in
+    if addSha then
+      pkgs.runCommand name { } ''
+        sha=$(sha256sum ${image} | cut -d' ' -f1)
+        {
+          echo "# sha256 of ${image}, computed when this file was built"
+          echo "image_sha256 = \"$sha\""
+          cat ${generated}
+        } > $out
+      ''
+    else
+      generated;
+}

@@ -1,0 +1,40 @@
+# A small home-manager configuration using programs.mcp-code-bridge; evaluated as
+# homeConfigurations.example and as a check (it is not meant to be activated).
+{ lib, pkgs, ... }:
+{
+  home = {
+    username = "alice";
+    homeDirectory = "/home/alice";
+    stateVersion = "26.05";
+  };
+
+  # Servers shared by every MCP client; the bridge proxies them (enableMcpIntegration, the default).
+  programs.mcp = {
+    enable = true;
+    servers = {
+      time = {
+        command = lib.getExe pkgs.mcp-server-time;
+        args = [
+          "--local-timezone"
+          "UTC"
+        ];
+      };
+      forge = {
+        command = "forgejo-mcp";
+        args = [ "--cli" ];
+        # Read from the file when the server starts; never written to the store.
+        env.FORGEJO_ACCESS_TOKEN.file = "/run/user/1000/secrets/forgejo";
+      };
+    };
+  };
+
+  programs.mcp-code-bridge = {
+    enable = true;
+    registerWithMcp = true;
+    limits.memory = "768m";
+    servers.docs = {
+      url = "https://mcp.example.com/mcp";
+      description = "Project documentation";
+    };
+  };
+}

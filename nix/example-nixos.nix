@@ -1,0 +1,48 @@
+# A small NixOS configuration using services.mcp-code-bridge; evaluated as
+# nixosConfigurations.example (it is not meant to be deployed).
+{ lib, pkgs, ... }:
+{
+  boot.loader.grub.enable = false;
+  fileSystems."/" = {
+    device = "/dev/disk/by-label/nixos";
+    fsType = "ext4";
+  };
+  system.stateVersion = "26.05";
+
+  users.users.alice = {
+    isNormalUser = true;
+    linger = true;
+  };
+
+  services.mcp-code-bridge = {
+    enable = true;
+    preloadImage = true;
+    limits = {
+      memory = "1g";
+      cpus = 2;
+      timeout = "45s";
+    };
+    outputMode = "compact";
+    servers = {
+      time = {
+        command = lib.getExe pkgs.mcp-server-time;
+        args = [
+          "--local-timezone"
+          "UTC"
+        ];
+        description = "Current time and time-zone conversion";
+      };
+      github = {
+        command = "github-mcp-server";
+        args = [ "stdio" ];
+        # GITHUB_PERSONAL_ACCESS_TOKEN=... lives in this file, outside the Nix store.
+        envFile = "/run/secrets/github-mcp.env";
+      };
+      remote = {
+        url = "https://mcp.example.com/mcp";
+        description = "A remote streamable-HTTP server";
+      };
+    };
+    settings.log_level = "debug";
+  };
+}

@@ -1,0 +1,74 @@
+# The mcp-code-bridge binary, built from this repository's Cargo.lock.
+# The integration tests (tests/) need podman and real MCP servers, which the Nix build sandbox
+# does not have: the check phase runs the unit tests only (the VM tests in tests/nixos cover the
+# rest).
+{
+  lib,
+  rustPlatform,
+  pkg-config,
+  openssl,
+  python3,
+}:
+
+let
+  root = ../.;
+  cargoToml = lib.importTOML (root + "/Cargo.toml");
+  lockedPackages = (lib.importTOML (root + "/Cargo.lock")).package or [ ];
+  # Only if a dependency links OpenSSL (today everything is rustls / pure Rust).
+  needsOpenssl = lib.any (p: p.name == "openssl-sys") lockedPackages;
+  hasLib = builtins.pathExists (root + "/src/lib.rs");
+
+  inherit (lib) fileset;
+in
+rustPlatform.buildRustPackage {
+  pname = cargoToml.package.name;
+  inherit (cargoToml.package) version;
+
+  src = fileset.toSource {
+    inherit root;
+    fileset = fileset.unions [
+      (root + "/Cargo.toml")
+      (root + "/Cargo.lock")
+      (root + "/src")
+      # image/runtime.py and image/loader.py are embedded with include_str! (their tests are not)
+      (fileset.difference (fileset.fileFilter (file: file.hasExt "py") (root + "/image")) (
+        fileset.maybeMissing (root + "/image/tests")
+      ))
+      (fileset.maybeMissing (root + "/build.rs"))
+      (fileset.maybeMissing (root + "/README.md"))
+      (fileset.maybeMissing (root + "/benches"))
+      (fileset.maybeMissing (root + "/examples"))
+      # Cargo wants the targets it finds under tests/ to exist, even when it does not build them.
+      (fileset.difference (fileset.maybeMissing (root + "/tests")) (
+        fileset.maybeMissing (root + "/tests/nixos")
+      ))
+    ];
+  };
+
+  cargoLock.lockFile = root + "/Cargo.lock";
+
+  nativeBuildInputs = lib.optionals needsOpenssl [ pkg-config ];
+  buildInputs = lib.optionals needsOpenssl [ openssl ];
+
+  doCheck = true;
+  # Unit tests only: `--bins` runs the #[cfg(test)] modules of the binary, `--lib` those of the
+  # library if the crate grows one. The integration tests under tests/ need podman.
+  cargoTestFlags = lib.optionals hasLib [ "--lib" ] ++ [ "--bins" ];
+  # Unit tests of the embedded Python runtime may call python3.
+  nativeCheckInputs = [ python3 ];
+  # The build sandbox's HOME (/homeless-shelter) does not exist; config and state paths derive from it.
+  preCheck = ''
+    export HOME=$(mktemp -d)
+  '';
+
+  meta = {
+    description = cargoToml.package.description or "MCP server with one tool, run_python, in a hardened rootless container";
+    license =
+      if cargoToml.package ? license then
+        map lib.getLicenseFromSpdxId (lib.splitString " OR " cargoToml.package.license)
+      else
+        lib.licenses.unfree;
+    mainProgram = "mcp-code-bridge";
+    platforms = lib.platforms.linux;
+  };
+}

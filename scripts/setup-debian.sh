@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# One-time setup of a Debian 12 (or later) host for mcp-code-bridge, as root:
+#   - installs podman, runc, catatonit, mmdebstrap (apt),
+#   - configures podman for this kind of host (runc as the OCI runtime, because crun refuses cgroup v1
+#     hybrid hosts; default ulimits at or below the host's, because podman cannot raise them here),
+#   - builds the sandbox image archive with image/build-debian.sh into a cache directory (rebuilt only
+#     when that script or the package list changes),
+#   - with --test-deps, installs the real MCP servers the integration tests talk to (npm and PyPI)
+#     and the Python `mcp` SDK, and checks that each one answers initialize + tools/list.
+# It ends by printing (and writing to <cache>/setup.env) the variables to use, e.g.
+#   MCP_BRIDGE_IMAGE_ARCHIVE=... MCP_BRIDGE_IMAGE_SHA256=...
+# Safe to run again: every step is idempotent.
+set -euo pipefail
+
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd -- "$here/.." && pwd)
+
+cache_dir="${MCP_CODE_BRIDGE_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/mcp-code-bridge}"
+test_deps=0
+build_image=1
+extras=()
+build_args=()
+
+# Versions of the test servers (bump deliberately).
+NPM_PACKAGES=(
+    "@modelcontextprotocol/server-everything@2026.8.31"
+    "@modelcontextprotocol/server-filesystem@2026.8.31"
+)
+PIP_PACKAGES=(
+    "mcp-server-time==2026.10.19"
+    "mcp-server-git==2026.10.19"
+    "mcp==2.3.0"
+)
+
+step() { printf '\n==> [setup-debian] %s\n' "$*" >&2; }
+log() { printf '    %s\n' "$*" >&2; }
+die() { printf '[setup-debian] error: %s\n' "$*" >&2; exit 1; }
+
+usage() {
+    cat <<'EOF'
+Usage: scripts/setup-debian.sh [options]     (as root)
+
+  --test-deps        also install the MCP servers and the Python mcp SDK used by the tests
+  --cache-dir DIR    where the image archive and test servers go
+                     (default: $MCP_CODE_BRIDGE_CACHE_DIR or ~/.cache/mcp-code-bridge)
+  --extra PKG        extra Debian package for the image (repeatable), e.g. python3-matplotlib
+  --mirror URL       Debian mirror for the image (default: the one apt on this host uses)
+  --no-image         do not build the image archive
+  -h, --help         this help
+EOF
+}
+
+need_arg() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --test-deps) test_deps=1; shift ;;
+        --cache-dir) need_arg "$@"; cache_dir="$2"; shift 2 ;;
+        --extra) need_arg "$@"; extras+=("$2"); build_args+=(--extra "$2"); shift 2 ;;
+        --mirror) need_arg "$@"; build_args+=(--mirror "$2"); shift 2 ;;
+        --no-image) build_image=0; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) usage >&2; die "unknown argument: $1" ;;
+    esac
+done
+
+[[ $(id -u) -eq 0 ]] || die "run as root (e.g. with sudo): it installs packages and configures rootful podman"
+command -v apt-get >/dev/null || die "apt-get not found: this script is for Debian hosts"
+export DEBIAN_FRONTEND=noninteractive
+mkdir -p -- "$cache_dir"
+cache_dir=$(cd -- "$cache_dir" && pwd)
+
+# apt, waiting for another apt/dpkg run to release its locks.
+apt_run() {
+    local try
+    for try in 1 2 3 4 5 6 7 8 9 10; do
+        if apt-get -o DPkg::Lock::Timeout=300 -o Acquire::Retries=3 "$@"; then
+            return 0
+        fi
+        log "apt-get $1 failed (try $try); retrying in 15s"
+        sleep 15
+    done
+    die "apt-get $* kept failing"
+}
+
+# --- packages ----------------------------------------------------------------------------------
+step "apt-get update"
+apt_run update -q >&2
+
+packages=(podman runc catatonit uidmap mmdebstrap debian-archive-keyring ca-certificates curl gzip tar)
+step "installing ${packages[*]}"
+apt_run install -y -q --no-install-recommends "${packages[@]}" >&2
+log "$(podman --version); $(runc --version | head -n1)"
+
+# --- podman configuration ----------------------------------------------------------------------
+# A drop-in, so that an existing /etc/containers/containers.conf is left as it is (drop-ins win).
+conf_dir=/etc/containers/containers.conf.d
+conf="$conf_dir/50-mcp-code-bridge.conf"
+hard_nofile=$(ulimit -Hn); hard_nproc=$(ulimit -Hu)
+nofile=1024; [[ "$hard_nofile" == unlimited || "$hard_nofile" -ge 1024 ]] || nofile=$hard_nofile
+nproc=1000; [[ "$hard_nproc" == unlimited || "$hard_nproc" -ge 1000 ]] || nproc=$hard_nproc
+step "writing $conf (runtime runc, ulimits nofile=$nofile nproc=$nproc)"
+mkdir -p "$conf_dir"
+new_conf=$(cat <<EOF
+# Written by mcp-code-bridge's scripts/setup-debian.sh.
+# crun refuses cgroup v1 hybrid hosts ("cgroups in hybrid mode not supported"): use runc.
+# Podman cannot raise rlimits above the host's here (no CAP_SYS_RESOURCE), and its default
+# nofile (1048576) makes every container fail to start: keep the defaults at or below the host's.
+[containers]
+default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
+
+[engine]
+runtime = "runc"
+EOF
+)
+if [[ ! -f "$conf" ]] || [[ "$(cat "$conf")" != "$new_conf" ]]; then
+    printf '%s\n' "$new_conf" > "$conf"
+else
+    log "unchanged"
+fi
+
+step "checking podman"
+runtime=$(podman info --format '{{.Host.OCIRuntime.Name}}') || die "podman info failed"
+[[ "$runtime" == runc ]] || die "podman's OCI runtime is '$runtime', expected runc (see $conf)"
+log "$(podman info --format 'runtime {{.Host.OCIRuntime.Name}}, cgroup {{.Host.CgroupsVersion}} ({{.Host.CgroupManager}}), rootless {{.Host.Security.Rootless}}, API socket {{.Host.RemoteSocket.Path}}')"
+if [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null; then
+    step "enabling podman.socket (the Docker-compatible API on the default socket)"
+    systemctl enable --now podman.socket >&2 || log "could not enable podman.socket; the bridge starts 'podman system service' itself"
+fi
+
+env_lines=()
+
+# --- the sandbox image archive -----------------------------------------------------------------
+if [[ $build_image -eq 1 ]]; then
+    build_script="$repo/image/build-debian.sh"
+    [[ -x "$build_script" ]] || die "$build_script not found or not executable"
+    key=$( { sha256sum < "$build_script"; printf '%s\n' ${build_args[@]+"${build_args[@]}"}; } \
+        | sha256sum | cut -c1-16)
+    image_dir="$cache_dir/image"
+    archive="$image_dir/mcp-code-bridge-sandbox-$key.tar"
+    mkdir -p "$image_dir"
+    if [[ -f "$archive" && -f "$archive.sha256" ]] \
+        && [[ "$(sha256sum < "$archive" | cut -d' ' -f1)" == "$(cat "$archive.sha256")" ]]; then
+        step "reusing the image archive $archive (build-debian.sh and options unchanged)"
+    else
+        step "building the image archive (image/build-debian.sh${build_args[*]:+ ${build_args[*]}})"
+        start=$(date +%s)
+        rm -f -- "$archive" "$archive.sha256"
+        "$build_script" --output "$archive" ${build_args[@]+"${build_args[@]}"} >&2
+        sha256sum < "$archive" | cut -d' ' -f1 > "$archive.sha256"
+        log "built in $(( $(date +%s) - start ))s"
+        # Drop archives built by other versions of the script.
+        find "$image_dir" -maxdepth 1 -name 'mcp-code-bridge-sandbox-*.tar*' \
+            ! -name "$(basename -- "$archive")" ! -name "$(basename -- "$archive").sha256" -delete
+    fi
+    [[ -s "$archive" ]] || die "no image archive at $archive"
+    log "$(du -h "$archive" | cut -f1) $archive sha256 $(cat "$archive.sha256")"
+    env_lines+=("MCP_BRIDGE_IMAGE_ARCHIVE=$archive" "MCP_BRIDGE_IMAGE_SHA256=$(cat "$archive.sha256")")
+fi
+
+# --- MCP servers for the tests -----------------------------------------------------------------
+if [[ $test_deps -eq 1 ]]; then
+    servers="$cache_dir/test-servers"
+    bin="$servers/bin"
+    mkdir -p "$servers/npm" "$bin"
+
+    if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
+        step "installing nodejs and npm"
+        apt_run install -y -q --no-install-recommends nodejs npm >&2
+    fi
+    step "npm: ${NPM_PACKAGES[*]} (node $(node --version))"
+    npm install --prefix "$servers/npm" --no-audit --no-fund --no-update-notifier --loglevel=error \
+        "${NPM_PACKAGES[@]}" >&2
+
+    # A Python >= 3.10 with venv: the one on PATH if it fits, else Debian's.
+    python=""
+    for cand in python3 /usr/bin/python3; do
+        if command -v "$cand" >/dev/null \
+            && "$cand" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+            python=$(command -v "$cand"); break
+        fi
+    done
+    if [[ -z "$python" ]]; then
+        step "installing python3-venv"
+        apt_run install -y -q --no-install-recommends python3 python3-venv >&2
+        python=/usr/bin/python3
+    fi
+    venv="$servers/venv"
+    if [[ -x "$venv/bin/python" ]] && ! "$venv/bin/python" -c 'import sys' 2>/dev/null; then
+        rm -rf -- "$venv"  # the interpreter it was made from is gone
+    fi
+    step "PyPI: ${PIP_PACKAGES[*]} (venv from $("$python" --version 2>&1))"
+    [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "${PIP_PACKAGES[@]}" >&2
+
+    for exe in mcp-server-everything mcp-server-filesystem; do
+        ln -sfn "$servers/npm/node_modules/.bin/$exe" "$bin/$exe"
+    done
+    for exe in mcp-server-time mcp-server-git; do
+        ln -sfn "$venv/bin/$exe" "$bin/$exe"
+    done
+    # Python with the mcp SDK (a test client). A wrapper, not a symlink: a symlinked venv python
+    # outside the venv's bin/ does not find the venv's site-packages.
+    rm -f -- "$bin/mcp-python"
+    printf '#!/bin/sh\nexec %q "$@"\n' "$venv/bin/python" > "$bin/mcp-python"
+    chmod +x "$bin/mcp-python"
+
+    step "checking the test servers answer initialize + tools/list"
+    "$bin/mcp-server-time" --help >/dev/null
+    scratch=$(mktemp -d)
+    "$bin/mcp-python" - "$bin" "$scratch" <<'EOF' >&2
+import json, os, select, subprocess, sys, time
+bin_dir, scratch = sys.argv[1], sys.argv[2]
+servers = [["mcp-server-everything"], ["mcp-server-filesystem", scratch], ["mcp-server-time"],
+           ["mcp-server-git"]]
+for argv in servers:
+    p = subprocess.Popen([os.path.join(bin_dir, argv[0])] + argv[1:], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    def send(m):
+        p.stdin.write((json.dumps(m) + "\n").encode()); p.stdin.flush()
+    def recv(want, deadline=time.time() + 60):
+        while time.time() < deadline:
+            if not select.select([p.stdout], [], [], deadline - time.time())[0]:
+                break
+            line = p.stdout.readline()
+            if not line:
+                break
+            msg = json.loads(line)
+            if msg.get("id") == want:
+                return msg["result"]
+        sys.exit(f"{argv[0]}: no answer to request {want}")
+    try:
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "setup-debian", "version": "0"}}})
+        info = recv(1)
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        tools = recv(2)["tools"]
+        print(f"    {argv[0]}: {info['serverInfo']['name']} {info['serverInfo'].get('version', '')}, "
+              f"{len(tools)} tools")
+    finally:
+        p.kill(); p.wait()
+import mcp  # the SDK the tests use as a client
+print(f"    python mcp SDK importable ({sys.version.split()[0]})")
+EOF
+    rm -rf -- "$scratch"
+    env_lines+=("MCP_BRIDGE_TEST_SERVERS_BIN=$bin")
+fi
+
+# --- summary -----------------------------------------------------------------------------------
+env_file="$cache_dir/setup.env"
+: > "$env_file"
+for line in ${env_lines[@]+"${env_lines[@]}"}; do
+    printf '%s=%q\n' "${line%%=*}" "${line#*=}" >> "$env_file"
+done
+step "done; these settings (shell syntax) are also in $env_file"
+cat "$env_file"

@@ -1,0 +1,540 @@
+//! The command line: `run` (the stdio MCP server, default), `exec`, `doctor`, `servers`,
+//! `config` and `image load`. Everything printed for people goes to stdout except in `run`,
+//! where stdout is the MCP channel and only the log (stderr) speaks.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{self, Config, KEYS, Overrides};
+use crate::sandbox::engine::{Enforcement, Engine};
+use crate::sandbox::protocol::Stream;
+use crate::sandbox::{ExecRequest, Outcome, Sandbox, image};
+use crate::server::{self, Bridge};
+use crate::upstream::Upstreams;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "mcp-code-bridge",
+    version,
+    about = "An MCP server with one tool, run_python: code mode over your MCP servers, in a hardened container"
+)]
+pub struct Cli {
+    /// Extra TOML config file, read after /etc/mcp-code-bridge/config.toml and the user's.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub overrides: OverrideArgs,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Command-line values: the last layer, above environment and files.
+#[derive(Debug, Args, Default)]
+pub struct OverrideArgs {
+    /// Container engine: auto, podman, docker, or a socket URL.
+    #[arg(long, global = true)]
+    pub runtime: Option<String>,
+    /// Sandbox image reference.
+    #[arg(long, global = true)]
+    pub image: Option<String>,
+    /// Image archive to load when the image is missing.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub image_archive: Option<PathBuf>,
+    /// Default time limit of a call (30, 30s, 2m).
+    #[arg(long, global = true)]
+    pub timeout: Option<String>,
+    /// Memory limit of the sandbox (512m, 1g).
+    #[arg(long, global = true)]
+    pub memory: Option<String>,
+    /// Response format: compact or toon.
+    #[arg(long, global = true)]
+    pub output_mode: Option<String>,
+    /// Log level: error, warning, info, debug, trace.
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
+    /// State directory of the bridge.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub state_dir: Option<PathBuf>,
+    /// Run even where the host cannot enforce a resource limit.
+    #[arg(long, global = true)]
+    pub allow_unenforced_limits: bool,
+}
+
+impl OverrideArgs {
+    fn to_overrides(&self) -> Overrides {
+        Overrides {
+            runtime: self.runtime.clone(),
+            image: self.image.clone(),
+            image_archive: self.image_archive.clone(),
+            timeout: self.timeout.clone(),
+            memory: self.memory.clone(),
+            output_mode: self.output_mode.clone(),
+            log_level: self.log_level.clone(),
+            state_dir: self.state_dir.clone(),
+            allow_unenforced_limits: self.allow_unenforced_limits.then_some(true),
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve MCP over stdio (the default).
+    Run,
+    /// Run code once in a fresh sandbox and print what it prints.
+    Exec {
+        /// The code; without it and without -f, it is read from stdin.
+        code: Option<String>,
+        /// Read the code from this file.
+        #[arg(short = 'f', long = "file")]
+        file: Option<PathBuf>,
+        /// MCP servers to load, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        servers: Vec<String>,
+    },
+    /// Check the runtime, socket, image, limits and servers, and say what is wrong.
+    Doctor {
+        /// Skip starting a sandbox.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// List discovered MCP servers, each with the file it came from.
+    Servers,
+    /// Show the effective configuration and where each value came from.
+    Config,
+    /// Manage the sandbox image.
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Load the image archive into the engine (even if the image is present).
+    Load {
+        /// Archive to load instead of the configured one.
+        #[arg(long)]
+        archive: Option<PathBuf>,
+    },
+}
+
+/// Build the upstream side from the configuration.
+pub fn upstreams(config: &Config) -> Upstreams {
+    Upstreams::from_config(config)
+}
+
+pub async fn main(cli: Cli) -> ExitCode {
+    let loaded = match config::load(cli.config.as_deref(), &cli.overrides.to_overrides()) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    crate::logging::init(loaded.config.log_level);
+    let config = Arc::new(loaded.config.clone());
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => {
+            let sandbox = Sandbox::new(config.clone());
+            let ups = upstreams(&config);
+            ups.log_discovery();
+            let bridge = Bridge::new(config.clone(), sandbox, ups);
+            match server::serve_stdio(bridge).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Exec {
+            code,
+            file,
+            servers,
+        } => exec(config, code, file, servers).await,
+        Command::Doctor { quick } => doctor(config, &loaded, quick).await,
+        Command::Servers => {
+            print!("{}", upstreams(&config).report());
+            ExitCode::SUCCESS
+        }
+        Command::Config => {
+            print_config(&loaded);
+            ExitCode::SUCCESS
+        }
+        Command::Image {
+            command: ImageCommand::Load { archive },
+        } => image_load(config, archive).await,
+    }
+}
+
+fn read_code(code: Option<String>, file: Option<PathBuf>) -> Result<String, String> {
+    match (code, file) {
+        (Some(_), Some(_)) => Err("give the code as an argument or with -f, not both".into()),
+        (Some(c), None) => Ok(c),
+        (None, Some(f)) => {
+            std::fs::read_to_string(&f).map_err(|e| format!("cannot read {}: {e}", f.display()))
+        }
+        (None, None) => {
+            if std::io::stdin().is_terminal() {
+                eprintln!("(reading code from stdin; end with Ctrl-D)");
+            }
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|e| format!("cannot read stdin: {e}"))?;
+            Ok(s)
+        }
+    }
+}
+
+struct Paint {
+    on: bool,
+}
+
+impl Paint {
+    fn red(&self, s: &str) -> String {
+        if self.on {
+            format!("\x1b[31m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    }
+    fn dim(&self, s: &str) -> String {
+        if self.on {
+            format!("\x1b[2m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    }
+}
+
+async fn exec(
+    config: Arc<Config>,
+    code: Option<String>,
+    file: Option<PathBuf>,
+    servers: Vec<String>,
+) -> ExitCode {
+    let code = match read_code(code, file) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let ups = upstreams(&config);
+    let binding = match ups.bind(&servers).await {
+        Ok(b) => b,
+        Err(e) => {
+            ups.shutdown().await;
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let sandbox = Sandbox::new(config.clone());
+    let err_paint = Paint {
+        on: std::io::stderr().is_terminal(),
+    };
+    let sink: crate::sandbox::OutputSink = Arc::new(move |stream, data: &str| match stream {
+        Stream::Stdout => {
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(data.as_bytes());
+            let _ = o.flush();
+        }
+        Stream::Stderr => {
+            let _ = std::io::stderr().lock().write_all(data.as_bytes());
+        }
+    });
+    let req = ExecRequest {
+        code,
+        timeout: config.timeout.0,
+        max_timeout: config.max_timeout.0,
+        output_cap: config.output_cap.0 as usize,
+        binding,
+        cancel: tokio_util::sync::CancellationToken::new(),
+        on_output: Some(sink),
+    };
+    let session = format!("exec-{}", std::process::id());
+    let result = sandbox.run(&session, false, req).await;
+    sandbox.shutdown().await;
+    ups.shutdown().await;
+    let o = match result {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{}", err_paint.red(&format!("error: {e}")));
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(v) = &o.value {
+        println!("{v}");
+    }
+    if !o.images.is_empty() {
+        println!(
+            "{}",
+            Paint {
+                on: std::io::stdout().is_terminal()
+            }
+            .dim(&format!(
+                "[{} image(s) displayed; use run_python over MCP to receive them]",
+                o.images.len()
+            ))
+        );
+    }
+    if let Some(e) = &o.error {
+        let text = if e.traceback.is_empty() {
+            format!("{}: {}", e.kind, e.message)
+        } else {
+            e.traceback.trim_end().to_string()
+        };
+        eprintln!("{}", err_paint.red(&text));
+    }
+    for n in &o.notices {
+        eprintln!("{}", err_paint.dim(&format!("[bridge] {n}")));
+    }
+    match o.outcome {
+        Outcome::Ok => ExitCode::SUCCESS,
+        Outcome::Timeout => ExitCode::from(124),
+        _ => ExitCode::FAILURE,
+    }
+}
+
+fn print_config(loaded: &config::Loaded) {
+    let v = serde_json::to_value(&loaded.config).unwrap_or_default();
+    let width = KEYS.iter().map(|k| k.name.len()).max().unwrap_or(10);
+    for k in KEYS {
+        let val = match &v[k.name] {
+            serde_json::Value::Null => "(unset)".to_string(),
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        println!(
+            "{:width$} = {:24} # {}",
+            k.name,
+            val,
+            loaded.source_of(k.name)
+        );
+    }
+    for (name, entry) in &loaded.config.servers {
+        let what = entry
+            .command
+            .clone()
+            .or(entry.url.clone())
+            .unwrap_or_default();
+        println!(
+            "servers.{name} = {what} # {}",
+            loaded.source_of(&format!("servers.{name}"))
+        );
+    }
+    if loaded.files.is_empty() {
+        println!(
+            "# no config file found; looked at: {}",
+            config::config_files(None)
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+}
+
+struct Checklist {
+    failed: usize,
+    paint: bool,
+}
+
+impl Checklist {
+    fn ok(&self, what: &str) {
+        let mark = if self.paint {
+            "\x1b[32m✓\x1b[0m"
+        } else {
+            "✓"
+        };
+        println!("{mark} {what}");
+    }
+    fn bad(&mut self, what: &str, fix: &str) {
+        self.failed += 1;
+        let mark = if self.paint {
+            "\x1b[31m✗\x1b[0m"
+        } else {
+            "✗"
+        };
+        println!("{mark} {what}\n    fix: {fix}");
+    }
+    fn note(&self, what: &str) {
+        println!("  {what}");
+    }
+}
+
+async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: bool) -> ExitCode {
+    let mut c = Checklist {
+        failed: 0,
+        paint: std::io::stdout().is_terminal(),
+    };
+    if loaded.files.is_empty() {
+        c.ok("configuration: built-in defaults and environment (no config file)");
+    } else {
+        c.ok(&format!(
+            "configuration: {}",
+            loaded
+                .files
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let engine = match Engine::connect(&config).await {
+        Ok(e) => {
+            c.ok(&format!(
+                "container engine: {:?} {} at {} ({})",
+                e.kind, e.version, e.endpoint, e.origin
+            ));
+            Some(e)
+        }
+        Err(e) => {
+            c.bad("container engine: none answered", &e.0);
+            None
+        }
+    };
+    if let Some(engine) = &engine {
+        match Enforcement::query(&engine.docker).await {
+            Ok(enf) => {
+                c.ok(&format!(
+                    "cgroup v{}, {}",
+                    enf.cgroup_version,
+                    if enf.rootless { "rootless" } else { "rootful" }
+                ));
+                let missing = enf.missing(&config);
+                if missing.is_empty() {
+                    c.ok(&format!(
+                        "limits enforceable: memory {}, pids {}{}",
+                        config.memory,
+                        config.pids,
+                        config
+                            .cpus
+                            .map(|x| format!(", cpus {x}"))
+                            .unwrap_or_default()
+                    ));
+                } else if config.allow_unenforced_limits {
+                    c.ok(&format!(
+                        "limits NOT enforced (allowed by allow_unenforced_limits): {}",
+                        missing.join("; ")
+                    ));
+                } else {
+                    c.bad(&format!("limits the host cannot enforce: {}", missing.join("; ")), "use cgroup v2 with controller delegation (rootless) or a rootful engine; or accept it with MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1");
+                }
+            }
+            Err(e) => c.bad(
+                &format!("engine info: {e}"),
+                "check the engine with `podman info`",
+            ),
+        }
+        match engine.docker.inspect_image(&config.image).await {
+            Ok(img) => c.ok(&format!("image {} present ({} MiB)", config.image, img.size.unwrap_or(0) >> 20)),
+            Err(_) => match &config.image_archive {
+                Some(a) if a.exists() => c.ok(&format!("image {} not loaded yet; will load from {} on first use", config.image, a.display())),
+                Some(a) => c.bad(&format!("image archive {} does not exist", a.display()), "fix MCP_BRIDGE_IMAGE_ARCHIVE, or build one with image/build-debian.sh"),
+                None if image::names_registry(&config.image) => c.ok(&format!("image {} will be pulled on first use", config.image)),
+                None => c.bad(&format!("image {} missing and no archive configured", config.image), "build one with `image/build-debian.sh --output sandbox.tar` and set MCP_BRIDGE_IMAGE_ARCHIVE, or `mcp-code-bridge image load --archive FILE`"),
+            },
+        }
+    }
+    let ups = upstreams(&config);
+    let servers = ups.discovered();
+    c.ok(&format!(
+        "{} MCP server(s) discovered (details: `mcp-code-bridge servers`)",
+        servers.len()
+    ));
+    for w in ups.warnings() {
+        c.note(&format!("warning: {w}"));
+    }
+    if engine.is_some() && c.failed == 0 && !quick {
+        let sandbox = Sandbox::new(config.clone());
+        let req = ExecRequest {
+            code: "import sys, os\nprint(sys.version.split()[0], os.getuid())".into(),
+            timeout: std::time::Duration::from_secs(60),
+            max_timeout: config.max_timeout.0,
+            output_cap: 4096,
+            binding: crate::upstream::ExecBinding::empty(),
+            cancel: Default::default(),
+            on_output: None,
+        };
+        let started = std::time::Instant::now();
+        match sandbox.run("doctor", false, req).await {
+            Ok(o) if o.outcome == Outcome::Ok => {
+                let out = o.stdout.trim().to_string();
+                c.ok(&format!(
+                    "sandbox runs: python {} as uid {} (first call {:.1}s)",
+                    out.split(' ').next().unwrap_or(""),
+                    out.split(' ').nth(1).unwrap_or("?"),
+                    started.elapsed().as_secs_f64()
+                ));
+            }
+            Ok(o) => c.bad(
+                &format!(
+                    "sandbox ran but failed: {}",
+                    crate::render::compact_text(&o)
+                ),
+                "run with MCP_BRIDGE_LOG_LEVEL=debug for details",
+            ),
+            Err(e) => c.bad(
+                &format!("sandbox did not start: {e}"),
+                "see the message above",
+            ),
+        }
+        sandbox.shutdown().await;
+    }
+    if let Some(e) = engine {
+        e.shutdown().await;
+    }
+    if c.failed == 0 {
+        println!("all checks passed");
+        ExitCode::SUCCESS
+    } else {
+        println!("{} check(s) failed", c.failed);
+        ExitCode::FAILURE
+    }
+}
+
+async fn image_load(config: Arc<Config>, archive: Option<PathBuf>) -> ExitCode {
+    let Some(archive) = archive.or(config.image_archive.clone()) else {
+        eprintln!("error: no archive: pass --archive FILE or set MCP_BRIDGE_IMAGE_ARCHIVE");
+        return ExitCode::from(2);
+    };
+    let engine = match Engine::connect(&config).await {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let tty = std::io::stderr().is_terminal();
+    let report = move |bytes: u64| {
+        if tty {
+            eprint!("\rloading… {} MiB", bytes >> 20);
+        }
+    };
+    let r = image::load(&engine.docker, &config, &archive, &report).await;
+    if tty {
+        eprintln!();
+    }
+    engine.shutdown().await;
+    match r {
+        Ok(image::Provenance::Loaded { bytes, seconds, .. }) => {
+            println!(
+                "loaded {} ({} MiB in {seconds:.1}s)",
+                config.image,
+                bytes >> 20
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

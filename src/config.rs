@@ -1,0 +1,779 @@
+//! Configuration: built-in defaults < TOML files < `MCP_BRIDGE_*` environment < command-line flags,
+//! layered with figment. [`KEYS`] is the one list of keys: the env filter, `config` output and the
+//! README's reference all come from it, and a unit test keeps it equal to [`Config`]'s fields.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::{Figment, Metadata};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::upstream::discovery::ServerEntry;
+
+/// One configuration key: its name (TOML key; env is `MCP_BRIDGE_` + upper case), its default as
+/// shown to people, and what it means.
+pub struct Key {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub doc: &'static str,
+}
+
+/// Every scalar key, in the order the docs show them. `servers` (tables) is documented apart.
+pub const KEYS: &[Key] = &[
+    Key {
+        name: "runtime",
+        default: "auto",
+        doc: "Container engine: auto, podman, docker, or a socket URL (unix:///run/podman/podman.sock, tcp://host:2375).",
+    },
+    Key {
+        name: "image",
+        default: DEFAULT_IMAGE,
+        doc: "Sandbox image reference. Must contain python3.",
+    },
+    Key {
+        name: "image_archive",
+        default: "",
+        doc: "docker-archive (tar or tar.gz), or an executable printing one, loaded when the image is missing.",
+    },
+    Key {
+        name: "image_sha256",
+        default: "",
+        doc: "Expected sha256 of the archive bytes; checked while loading.",
+    },
+    Key {
+        name: "timeout",
+        default: "30s",
+        doc: "Default time limit of one run_python call.",
+    },
+    Key {
+        name: "max_timeout",
+        default: "120s",
+        doc: "Upper bound for the per-call `timeout` argument.",
+    },
+    Key {
+        name: "memory",
+        default: "512m",
+        doc: "Memory limit of a sandbox container (swap included).",
+    },
+    Key {
+        name: "pids",
+        default: "128",
+        doc: "Process/thread limit of a sandbox container.",
+    },
+    Key {
+        name: "cpus",
+        default: "",
+        doc: "CPU limit (e.g. 1.5); unset means no CPU limit.",
+    },
+    Key {
+        name: "container_user",
+        default: "65534:65534",
+        doc: "UID:GID the sandbox runs as.",
+    },
+    Key {
+        name: "runtime_idle_timeout",
+        default: "300s",
+        doc: "A session's container is removed after this long without a call.",
+    },
+    Key {
+        name: "state_dir",
+        default: "$XDG_STATE_HOME/mcp-code-bridge",
+        doc: "Where the bridge keeps its own podman socket and state. Never shared with the sandbox.",
+    },
+    Key {
+        name: "output_mode",
+        default: "compact",
+        doc: "Response text format: compact or toon.",
+    },
+    Key {
+        name: "output_cap",
+        default: "1m",
+        doc: "stdout+stderr kept per call; beyond it the head and tail are kept with a marker.",
+    },
+    Key {
+        name: "log_level",
+        default: "info",
+        doc: "error, warning, info, debug or trace (any case).",
+    },
+    Key {
+        name: "allow_self_server",
+        default: "false",
+        doc: "Keep server entries that would launch this bridge again.",
+    },
+    Key {
+        name: "allow_unenforced_limits",
+        default: "false",
+        doc: "Run even when the host cannot enforce a resource limit (doctor says which).",
+    },
+    Key {
+        name: "tmp_size",
+        default: "64m",
+        doc: "Size cap of the sandbox's /tmp tmpfs.",
+    },
+    Key {
+        name: "workspace_size",
+        default: "256m",
+        doc: "Size cap of the sandbox's /workspace tmpfs.",
+    },
+    Key {
+        name: "nofile",
+        default: "1024",
+        doc: "Open-files ulimit inside the sandbox (must not exceed the host's).",
+    },
+    Key {
+        name: "servers_file",
+        default: "",
+        doc: "An extra mcpServers JSON file, read before the usual places.",
+    },
+    Key {
+        name: "upstream_call_timeout",
+        default: "60s",
+        doc: "Time limit of one proxied tool call.",
+    },
+    Key {
+        name: "upstream_idle_timeout",
+        default: "600s",
+        doc: "An upstream server is stopped after this long unused.",
+    },
+];
+
+pub const DEFAULT_IMAGE: &str = "mcp-code-bridge-sandbox:latest";
+pub const ENV_PREFIX: &str = "MCP_BRIDGE_";
+
+/// The effective configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub runtime: String,
+    pub image: String,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub image_archive: Option<PathBuf>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub image_sha256: Option<String>,
+    pub timeout: Secs,
+    pub max_timeout: Secs,
+    pub memory: Size,
+    pub pids: u32,
+    #[serde(default, deserialize_with = "empty_as_none_f64")]
+    pub cpus: Option<f64>,
+    pub container_user: String,
+    pub runtime_idle_timeout: Secs,
+    pub state_dir: PathBuf,
+    pub output_mode: OutputMode,
+    pub output_cap: Size,
+    pub log_level: LogLevel,
+    #[serde(deserialize_with = "flexible_bool")]
+    pub allow_self_server: bool,
+    #[serde(deserialize_with = "flexible_bool")]
+    pub allow_unenforced_limits: bool,
+    pub tmp_size: Size,
+    pub workspace_size: Size,
+    pub nofile: u32,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub servers_file: Option<PathBuf>,
+    pub upstream_call_timeout: Secs,
+    pub upstream_idle_timeout: Secs,
+    #[serde(default)]
+    pub servers: BTreeMap<String, ServerEntry>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            runtime: "auto".into(),
+            image: DEFAULT_IMAGE.into(),
+            image_archive: None,
+            image_sha256: None,
+            timeout: Secs(Duration::from_secs(30)),
+            max_timeout: Secs(Duration::from_secs(120)),
+            memory: Size(512 << 20),
+            pids: 128,
+            cpus: None,
+            container_user: "65534:65534".into(),
+            runtime_idle_timeout: Secs(Duration::from_secs(300)),
+            state_dir: default_state_dir(),
+            output_mode: OutputMode::Compact,
+            output_cap: Size(1 << 20),
+            log_level: LogLevel::Info,
+            allow_self_server: false,
+            allow_unenforced_limits: false,
+            tmp_size: Size(64 << 20),
+            workspace_size: Size(256 << 20),
+            nofile: 1024,
+            servers_file: None,
+            upstream_call_timeout: Secs(Duration::from_secs(60)),
+            upstream_idle_timeout: Secs(Duration::from_secs(600)),
+            servers: BTreeMap::new(),
+        }
+    }
+}
+
+fn default_state_dir() -> PathBuf {
+    directories::BaseDirs::new()
+        .and_then(|d| d.state_dir().map(Path::to_path_buf))
+        .map(|d| d.join("mcp-code-bridge"))
+        .unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("mcp-code-bridge-{}", unsafe { libc::getuid() }))
+        })
+}
+
+/// Values given on the command line; `None` leaves the lower layers in force.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Overrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_archive: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_mode: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_unenforced_limits: Option<bool>,
+}
+
+/// The loaded configuration with the figment it came from, for provenance.
+pub struct Loaded {
+    pub config: Config,
+    figment: Figment,
+    pub files: Vec<PathBuf>,
+}
+
+impl Loaded {
+    /// Where the value of `key` came from, as a person would say it.
+    pub fn source_of(&self, key: &str) -> String {
+        match self.figment.find_metadata(key) {
+            Some(meta) => describe_source(meta),
+            None => "default".into(),
+        }
+    }
+}
+
+fn describe_source(meta: &Metadata) -> String {
+    match &meta.source {
+        Some(figment::Source::File(path)) => path.display().to_string(),
+        _ if meta.name.contains("environment") => "environment".into(),
+        // `Serialized` providers are named after their type.
+        _ if meta.name.ends_with("::Config") => "default".into(),
+        _ if meta.name.ends_with("::Overrides") => "command line".into(),
+        _ => meta.name.to_string(),
+    }
+}
+
+/// The TOML files read, lowest precedence first: system, user, then `--config`.
+pub fn config_files(explicit: Option<&Path>) -> Vec<PathBuf> {
+    let mut files = vec![PathBuf::from("/etc/mcp-code-bridge/config.toml")];
+    if let Some(cfg) = directories::BaseDirs::new().map(|d| d.config_dir().to_path_buf()) {
+        files.push(cfg.join("mcp-code-bridge/config.toml"));
+    }
+    if let Some(p) = explicit {
+        files.push(p.to_path_buf());
+    }
+    files
+}
+
+/// Load the layered configuration. Errors name the key, the bad value and its source.
+pub fn load(explicit: Option<&Path>, overrides: &Overrides) -> Result<Loaded, ConfigError> {
+    if let Some(p) = explicit
+        && !p.is_file()
+    {
+        return Err(ConfigError(format!(
+            "config file {} (from --config) does not exist or is not a file",
+            p.display()
+        )));
+    }
+    let files = config_files(explicit);
+    let mut figment = Figment::from(Serialized::defaults(Config::default()));
+    let mut read = Vec::new();
+    for f in &files {
+        if f.is_file() {
+            figment = figment.merge(Toml::file_exact(f));
+            read.push(f.clone());
+        }
+    }
+    let keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+    figment = figment
+        .merge(
+            Env::prefixed(ENV_PREFIX)
+                .only(&keys)
+                .map(|k| k.as_str().to_ascii_lowercase().into()),
+        )
+        .merge(Serialized::defaults(overrides));
+    let config: Config = figment
+        .extract()
+        .map_err(|e| ConfigError::from_figment(e))?;
+    config.validate()?;
+    Ok(Loaded {
+        config,
+        figment,
+        files: read,
+    })
+}
+
+impl Config {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad =
+            |key: &str, why: String| Err(ConfigError(format!("invalid value for `{key}`: {why}")));
+        if self.timeout.0 > self.max_timeout.0 {
+            return bad(
+                "timeout",
+                format!(
+                    "{} is above max_timeout ({}); raise max_timeout or lower timeout",
+                    self.timeout, self.max_timeout
+                ),
+            );
+        }
+        if self.timeout.0.is_zero() {
+            return bad("timeout", "must be more than 0s".into());
+        }
+        if self.memory.0 < 16 << 20 {
+            return bad(
+                "memory",
+                format!("{} is too small for Python; use at least 16m", self.memory),
+            );
+        }
+        if self.pids < 8 {
+            return bad(
+                "pids",
+                format!("{} is too small for Python; use at least 8", self.pids),
+            );
+        }
+        if let Some(c) = self.cpus
+            && !(c > 0.0 && c.is_finite())
+        {
+            return bad(
+                "cpus",
+                format!("{c} must be a positive number such as 1 or 0.5"),
+            );
+        }
+        let user_ok = self
+            .container_user
+            .split(':')
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        if !user_ok || self.container_user.split(':').count() > 2 {
+            return bad(
+                "container_user",
+                format!(
+                    "{:?} must be UID or UID:GID in digits, e.g. 65534:65534",
+                    self.container_user
+                ),
+            );
+        }
+        if self.container_user.split(':').next() == Some("0") {
+            return bad(
+                "container_user",
+                "the sandbox never runs as root (uid 0); use e.g. 65534:65534".into(),
+            );
+        }
+        if let Some(h) = &self.image_sha256
+            && (h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return bad("image_sha256", format!("{h:?} is not 64 hex digits"));
+        }
+        if self.image.trim().is_empty() {
+            return bad("image", "must not be empty".into());
+        }
+        Ok(())
+    }
+
+    /// A per-call timeout, clamped to `[1s, max_timeout]`.
+    pub fn clamp_timeout(&self, requested: Option<f64>) -> Duration {
+        match requested {
+            Some(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s)
+                .min(self.max_timeout.0)
+                .max(Duration::from_millis(100)),
+            _ => self.timeout.0,
+        }
+    }
+}
+
+/// A configuration error: a sentence for the user.
+#[derive(Debug)]
+pub struct ConfigError(pub String);
+
+impl ConfigError {
+    fn from_figment(e: figment::Error) -> Self {
+        let mut out = Vec::new();
+        for err in e {
+            let key = err.path.join(".");
+            let source = err
+                .metadata
+                .as_ref()
+                .map(describe_source)
+                .unwrap_or_else(|| "default".into());
+            let env_hint = if source == "environment" && !key.is_empty() {
+                format!(
+                    " (environment variable {ENV_PREFIX}{})",
+                    key.to_ascii_uppercase()
+                )
+            } else {
+                String::new()
+            };
+            let what = match &err.kind {
+                figment::error::Kind::UnknownField(f, _) => format!(
+                    "unknown key `{f}`; known keys: {}",
+                    KEYS.iter()
+                        .map(|k| k.name)
+                        .chain(["servers"])
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                other => other.to_string(),
+            };
+            let key = if key.is_empty() {
+                String::from("(top level)")
+            } else {
+                format!("`{key}`")
+            };
+            out.push(format!(
+                "invalid configuration value for {key} from {source}{env_hint}: {what}"
+            ));
+        }
+        ConfigError(out.join("\n"))
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for ConfigError {}
+
+/// A duration written as `30`, `30s`, `1.5s`, `500ms`, `2m` or `1h`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Secs(pub Duration);
+
+impl Secs {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: f64 = num
+            .parse()
+            .map_err(|_| format!("{s:?} is not a duration; write e.g. 30, 30s, 500ms, 2m"))?;
+        let factor = match unit.trim() {
+            "" | "s" | "sec" | "secs" => 1.0,
+            "ms" => 0.001,
+            "m" | "min" => 60.0,
+            "h" => 3600.0,
+            u => {
+                return Err(format!(
+                    "{s:?} has an unknown unit {u:?}; use ms, s, m or h"
+                ));
+            }
+        };
+        let secs = n * factor;
+        if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+            return Err(format!("{s:?} is out of range"));
+        }
+        Ok(Secs(Duration::from_secs_f64(secs)))
+    }
+}
+
+impl fmt::Display for Secs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_millis();
+        if ms % 1000 == 0 {
+            write!(f, "{}s", ms / 1000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
+}
+
+impl Serialize for Secs {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Secs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match NumOrStr::deserialize(d)? {
+            NumOrStr::Int(n) if n >= 0 => Ok(Secs(Duration::from_secs(n as u64))),
+            NumOrStr::Float(x) => Secs::parse(&x.to_string()).map_err(serde::de::Error::custom),
+            NumOrStr::Str(s) => Secs::parse(&s).map_err(serde::de::Error::custom),
+            NumOrStr::Int(n) => Err(serde::de::Error::custom(format!(
+                "{n} is negative; a duration is 0 or more"
+            ))),
+        }
+    }
+}
+
+/// A byte size written as `536870912`, `512k`, `512m`, `1g` (binary units; `mb`, `MiB` also accepted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl Size {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: f64 = num
+            .parse()
+            .map_err(|_| format!("{s:?} is not a size; write e.g. 512m, 1g, 65536"))?;
+        let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            u => return Err(format!("{s:?} has an unknown unit {u:?}; use k, m or g")),
+        };
+        let v = n * factor as f64;
+        if !v.is_finite() || v < 0.0 || v > 1e15 {
+            return Err(format!("{s:?} is out of range"));
+        }
+        Ok(Size(v as u64))
+    }
+}
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        match b {
+            0 => write!(f, "0"),
+            _ if b % (1 << 30) == 0 => write!(f, "{}g", b >> 30),
+            _ if b % (1 << 20) == 0 => write!(f, "{}m", b >> 20),
+            _ if b % (1 << 10) == 0 => write!(f, "{}k", b >> 10),
+            _ => write!(f, "{b}"),
+        }
+    }
+}
+
+impl Serialize for Size {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match NumOrStr::deserialize(d)? {
+            NumOrStr::Int(n) if n >= 0 => Ok(Size(n as u64)),
+            NumOrStr::Float(x) => Size::parse(&x.to_string()).map_err(serde::de::Error::custom),
+            NumOrStr::Str(s) => Size::parse(&s).map_err(serde::de::Error::custom),
+            NumOrStr::Int(n) => Err(serde::de::Error::custom(format!(
+                "{n} is negative; a size is 0 or more"
+            ))),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumOrStr {
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+/// How `run_python` renders its text content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputMode {
+    Compact,
+    Toon,
+}
+
+/// Log verbosity. Accepts the seed's spellings (`INFO`, `warning`, `critical`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn as_filter(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+impl Serialize for LogLevel {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_filter())
+    }
+}
+
+impl<'de> Deserialize<'de> for LogLevel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "error" | "critical" | "fatal" => LogLevel::Error,
+            "warn" | "warning" => LogLevel::Warn,
+            "info" => LogLevel::Info,
+            "debug" => LogLevel::Debug,
+            "trace" => LogLevel::Trace,
+            _ => {
+                return Err(serde::de::Error::custom(format!(
+                    "{s:?} is not a log level; use error, warning, info, debug or trace"
+                )));
+            }
+        })
+    }
+}
+
+fn flexible_bool<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum B {
+        Bool(bool),
+        Int(i64),
+        Str(String),
+    }
+    match B::deserialize(d)? {
+        B::Bool(b) => Ok(b),
+        B::Int(0) => Ok(false),
+        B::Int(1) => Ok(true),
+        B::Str(s) => match s.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" | "" => Ok(false),
+            _ => Err(serde::de::Error::custom(format!(
+                "{s:?} is not a boolean; use true/false or 1/0"
+            ))),
+        },
+        B::Int(n) => Err(serde::de::Error::custom(format!(
+            "{n} is not a boolean; use true/false or 1/0"
+        ))),
+    }
+}
+
+fn empty_as_none<'de, D: Deserializer<'de>, T: From<String>>(d: D) -> Result<Option<T>, D::Error> {
+    let s: Option<String> = Option::deserialize(d)?;
+    Ok(s.filter(|s| !s.trim().is_empty()).map(T::from))
+}
+
+fn empty_as_none_f64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    match Option::<NumOrStr>::deserialize(d)? {
+        None => Ok(None),
+        Some(NumOrStr::Int(n)) => Ok(Some(n as f64)),
+        Some(NumOrStr::Float(x)) => Ok(Some(x)),
+        Some(NumOrStr::Str(s)) if s.trim().is_empty() => Ok(None),
+        Some(NumOrStr::Str(s)) => s.trim().parse().map(Some).map_err(|_| {
+            serde::de::Error::custom(format!("{s:?} is not a number; write e.g. 1 or 0.5"))
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_table_matches_config_fields() {
+        let v = serde_json::to_value(Config::default()).unwrap();
+        let mut fields: Vec<&str> = v
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|s| s.as_str())
+            .filter(|k| *k != "servers")
+            .collect();
+        fields.sort();
+        let mut keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+        keys.sort();
+        assert_eq!(fields, keys);
+    }
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(Secs::parse("30").unwrap().0, Duration::from_secs(30));
+        assert_eq!(Secs::parse("30s").unwrap().0, Duration::from_secs(30));
+        assert_eq!(Secs::parse("500ms").unwrap().0, Duration::from_millis(500));
+        assert_eq!(Secs::parse("2m").unwrap().0, Duration::from_secs(120));
+        assert!(Secs::parse("abc").is_err());
+        assert!(Secs::parse("3 parsecs").is_err());
+        assert_eq!(Size::parse("512m").unwrap().0, 512 << 20);
+        assert_eq!(Size::parse("1G").unwrap().0, 1 << 30);
+        assert_eq!(Size::parse("65536").unwrap().0, 65536);
+        assert!(Size::parse("lots").is_err());
+        assert_eq!(Size(512 << 20).to_string(), "512m");
+        assert_eq!(Secs(Duration::from_secs(30)).to_string(), "30s");
+    }
+
+    #[test]
+    fn figment_layers_env_over_toml_and_names_bad_values() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("c.toml", "timeout = \"10s\"\nmemory = \"256m\"\n[servers.time]\ncommand = \"uvx\"\nargs = [\"mcp-server-time\"]\n")?;
+            jail.set_env("MCP_BRIDGE_MEMORY", "1g");
+            jail.set_env("MCP_BRIDGE_LOG_LEVEL", "WARNING");
+            jail.set_env("MCP_BRIDGE_ALLOW_SELF_SERVER", "1");
+            jail.set_env("MCP_BRIDGE_TEST_SOMETHING_ELSE", "x");
+            let l = load(Some(Path::new("c.toml")), &Overrides::default()).map_err(|e| e.0)?;
+            assert_eq!(l.config.timeout.0, Duration::from_secs(10));
+            assert_eq!(l.config.memory.0, 1 << 30);
+            assert_eq!(l.config.log_level, LogLevel::Warn);
+            assert!(l.config.allow_self_server);
+            assert_eq!(l.config.servers["time"].command.as_deref(), Some("uvx"));
+            assert_eq!(l.source_of("memory"), "environment");
+            assert!(l.source_of("timeout").ends_with("c.toml"));
+            assert_eq!(l.source_of("pids"), "default");
+
+            let o = Overrides {
+                memory: Some("128m".into()),
+                ..Default::default()
+            };
+            let l = load(Some(Path::new("c.toml")), &o).map_err(|e| e.0)?;
+            assert_eq!(l.config.memory.0, 128 << 20);
+
+            jail.set_env("MCP_BRIDGE_TIMEOUT", "soon");
+            let err = load(Some(Path::new("c.toml")), &Overrides::default())
+                .err()
+                .unwrap()
+                .0;
+            assert!(
+                err.contains("`timeout`")
+                    && err.contains("soon")
+                    && err.contains("MCP_BRIDGE_TIMEOUT"),
+                "{err}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_toml_key_is_named_with_its_file() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("c.toml", "timout = 5\n")?;
+            let err = load(Some(Path::new("c.toml")), &Overrides::default())
+                .err()
+                .unwrap()
+                .0;
+            assert!(err.contains("timout") && err.contains("c.toml"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn timeouts_clamp() {
+        let c = Config::default();
+        assert_eq!(c.clamp_timeout(None), Duration::from_secs(30));
+        assert_eq!(c.clamp_timeout(Some(1e6)), Duration::from_secs(120));
+        assert_eq!(c.clamp_timeout(Some(5.0)), Duration::from_secs(5));
+        assert_eq!(c.clamp_timeout(Some(-1.0)), Duration::from_secs(30));
+    }
+}

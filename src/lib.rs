@@ -1,0 +1,10 @@
+//! mcp-code-bridge: an MCP server with one tool, `run_python`, whose code runs in a hardened
+//! container and reaches the user's MCP servers through the bridge. See ARCHITECTURE.md.
+
+pub mod cli;
+pub mod config;
+pub mod logging;
+pub mod render;
+pub mod sandbox;
+pub mod server;
+pub mod upstream;

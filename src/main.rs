@@ -1,0 +1,23 @@
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use mcp_code_bridge::cli::{self, Cli};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = runtime.block_on(cli::main(cli));
+    // Background tasks (idle reapers, pipes) must not keep the process alive.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    code
+}

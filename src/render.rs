@@ -1,0 +1,201 @@
+//! An exec outcome -> MCP content: plain text (compact) or a TOON block, plus `structuredContent`
+//! carrying only the non-empty fields, and image content for displayed figures.
+
+use rmcp::model::{CallToolResult, ContentBlock as Content};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::config::OutputMode;
+use crate::sandbox::protocol::ExecError;
+use crate::sandbox::{ExecOutcome, Outcome};
+
+/// The payload mirrored in `structuredContent`; empty fields are left out.
+#[derive(Debug, Serialize)]
+pub struct Payload<'a> {
+    pub status: Outcome,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub stdout: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub stderr: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorPayload<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notices: &'a Vec<String>,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub images: usize,
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub truncated_bytes: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub session_reset: bool,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ErrorPayload<'a> {
+    #[serde(rename = "type")]
+    pub kind: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub message: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub traceback: &'a str,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
+pub fn payload(o: &ExecOutcome) -> Payload<'_> {
+    Payload {
+        status: o.outcome,
+        stdout: &o.stdout,
+        stderr: &o.stderr,
+        value: o.value.as_deref(),
+        error: o.error.as_ref().map(|e: &ExecError| ErrorPayload {
+            kind: &e.kind,
+            message: &e.message,
+            traceback: &e.traceback,
+        }),
+        notices: &o.notices,
+        images: o.images.len(),
+        truncated_bytes: o.truncated,
+        session_reset: o.session_reset,
+        duration_ms: o.duration.as_millis() as u64,
+    }
+}
+
+/// Plain text as a terminal would show it: stdout, stderr, the value, the error, then the
+/// bridge's notices.
+pub fn compact_text(o: &ExecOutcome) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    if !o.stdout.is_empty() {
+        parts.push(o.stdout.trim_end_matches('\n').to_string());
+    }
+    if !o.stderr.is_empty() {
+        parts.push(format!("[stderr]\n{}", o.stderr.trim_end_matches('\n')));
+    }
+    if let Some(v) = &o.value {
+        parts.push(v.clone());
+    }
+    if let Some(e) = &o.error {
+        if !e.traceback.is_empty() {
+            parts.push(e.traceback.trim_end_matches('\n').to_string());
+        } else if e.message.is_empty() {
+            parts.push(e.kind.clone());
+        } else {
+            parts.push(format!("{}: {}", e.kind, e.message));
+        }
+    }
+    for n in &o.notices {
+        parts.push(format!("[bridge] {n}"));
+    }
+    if parts.is_empty() {
+        if o.images.is_empty() {
+            return "(no output)".into();
+        }
+        return format!(
+            "({} image{})",
+            o.images.len(),
+            if o.images.len() == 1 { "" } else { "s" }
+        );
+    }
+    parts.join("\n")
+}
+
+/// The TOON block of the payload; JSON when the encoder fails.
+pub fn toon_text(p: &Payload<'_>) -> String {
+    let v = serde_json::to_value(p).unwrap_or(Value::Null);
+    match toon_format::encode_default(&v) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::debug!("TOON encoding failed ({e}); falling back to JSON");
+            serde_json::to_string_pretty(&v).unwrap_or_default()
+        }
+    }
+}
+
+/// The whole tool result.
+pub fn tool_result(o: &ExecOutcome, mode: OutputMode) -> CallToolResult {
+    let p = payload(o);
+    let text = match mode {
+        OutputMode::Compact => compact_text(o),
+        OutputMode::Toon => toon_text(&p),
+    };
+    let mut content = vec![Content::text(text)];
+    for (mime, data) in &o.images {
+        content.push(Content::image(data.clone(), mime.clone()));
+    }
+    let structured = serde_json::to_value(&p).unwrap_or(Value::Null);
+    let mut r = if matches!(o.outcome, Outcome::Ok) {
+        CallToolResult::success(content)
+    } else {
+        CallToolResult::error(content)
+    };
+    r.structured_content = Some(structured);
+    r
+}
+
+/// A failure to get a sandbox at all (no engine, no image): an error result the model can read.
+pub fn setup_error(message: &str) -> CallToolResult {
+    let mut r = CallToolResult::error(vec![Content::text(format!("[bridge] {message}"))]);
+    r.structured_content = Some(
+        serde_json::json!({"status": "unavailable", "error": {"type": "SandboxUnavailable", "message": message}}),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn outcome() -> ExecOutcome {
+        ExecOutcome {
+            outcome: Outcome::Ok,
+            stdout: "2\n".into(),
+            stderr: String::new(),
+            value: None,
+            error: None,
+            images: vec![],
+            duration: Duration::from_millis(3),
+            truncated: 0,
+            notices: vec![],
+            session_reset: false,
+        }
+    }
+
+    #[test]
+    fn compact_drops_empty_fields() {
+        let o = outcome();
+        assert_eq!(compact_text(&o), "2");
+        let v = serde_json::to_value(payload(&o)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"status": "ok", "stdout": "2\n", "duration_ms": 3})
+        );
+    }
+
+    #[test]
+    fn errors_show_traceback_and_mark_result() {
+        let mut o = outcome();
+        o.outcome = Outcome::Error;
+        o.error = Some(ExecError {
+            kind: "ZeroDivisionError".into(),
+            message: "division by zero".into(),
+            traceback: "Traceback ...\nZeroDivisionError: division by zero\n".into(),
+        });
+        let r = tool_result(&o, OutputMode::Compact);
+        assert_eq!(r.is_error, Some(true));
+        let s = serde_json::to_value(&r).unwrap();
+        assert!(
+            s["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .ends_with("ZeroDivisionError: division by zero")
+        );
+    }
+}

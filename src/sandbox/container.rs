@@ -1,0 +1,206 @@
+//! The hardened container: the one place the sandbox's isolation is defined, the labels that
+//! say who owns a container, and the reaping of containers whose bridge died.
+
+use std::collections::HashMap;
+
+use bollard::Docker;
+use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
+use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
+
+use crate::config::Config;
+
+/// Label present on every container the bridge creates.
+pub const LABEL_MANAGED: &str = "io.mcp-code-bridge.managed";
+/// `<pid>:<process start time>` of the bridge that owns the container.
+pub const LABEL_OWNER: &str = "io.mcp-code-bridge.owner";
+/// The session name.
+pub const LABEL_SESSION: &str = "io.mcp-code-bridge.session";
+
+/// The loader: the container's whole command. It reads the runtime's source from the first frame.
+pub const LOADER: &str = include_str!("../../image/loader.py");
+
+/// Identifies this bridge process across PID reuse: pid plus the kernel's start time of it.
+pub fn owner_id() -> String {
+    owner_of(std::process::id()).unwrap_or_else(|| format!("{}:0", std::process::id()))
+}
+
+fn owner_of(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22 (starttime) counted after the ")" that closes the command name.
+    let after = &stat[stat.rfind(')')? + 2..];
+    let start = after.split_whitespace().nth(19)?;
+    Some(format!("{pid}:{start}"))
+}
+
+/// Whether the bridge that wrote `owner` is still running on this host.
+fn owner_alive(owner: &str) -> bool {
+    let Some(pid) = owner.split(':').next().and_then(|p| p.parse::<u32>().ok()) else {
+        return false;
+    };
+    owner_of(pid).as_deref() == Some(owner)
+}
+
+/// The create body of a sandbox container. Every isolation setting lives here.
+pub fn spec(config: &Config, session: &str, owner: &str) -> ContainerCreateBody {
+    let mut labels = HashMap::new();
+    labels.insert(LABEL_MANAGED.to_string(), "true".to_string());
+    labels.insert(LABEL_OWNER.to_string(), owner.to_string());
+    labels.insert(LABEL_SESSION.to_string(), session.to_string());
+
+    let tmpfs_opts = |size: u64| format!("rw,noexec,nosuid,nodev,size={size}");
+    let mut tmpfs = HashMap::new();
+    tmpfs.insert("/tmp".to_string(), tmpfs_opts(config.tmp_size.0));
+    tmpfs.insert(
+        "/workspace".to_string(),
+        tmpfs_opts(config.workspace_size.0),
+    );
+
+    let memory = config.memory.0 as i64;
+    let host = HostConfig {
+        network_mode: Some("none".into()),
+        readonly_rootfs: Some(true),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges".into()]),
+        memory: Some(memory),
+        // Equal to `memory`: no swap on top of the limit.
+        memory_swap: Some(memory),
+        pids_limit: Some(config.pids as i64),
+        nano_cpus: config.cpus.map(|c| (c * 1e9) as i64),
+        ulimits: Some(vec![
+            ResourcesUlimits {
+                name: Some("nofile".into()),
+                soft: Some(config.nofile as i64),
+                hard: Some(config.nofile as i64),
+            },
+            // nproc counts per uid on the host; the pids limit is the real per-container cap.
+            ResourcesUlimits {
+                name: Some("nproc".into()),
+                soft: Some(1000.min(config.pids as i64 * 4).max(64)),
+                hard: Some(1000.min(config.pids as i64 * 4).max(64)),
+            },
+        ]),
+        tmpfs: Some(tmpfs),
+        ipc_mode: Some("private".into()),
+        auto_remove: Some(false),
+        // A tiny init (catatonit, docker-init) as PID 1 reaps orphaned grandchildren, which would
+        // otherwise pile up as zombies against the pids limit.
+        init: Some(true),
+        ..Default::default()
+    };
+    ContainerCreateBody {
+        image: Some(config.image.clone()),
+        user: Some(config.container_user.clone()),
+        working_dir: Some("/workspace".into()),
+        cmd: Some(vec![
+            "python3".into(),
+            "-u".into(),
+            "-c".into(),
+            LOADER.into(),
+        ]),
+        entrypoint: Some(vec![]),
+        env: Some(vec![
+            "HOME=/workspace".into(),
+            "PYTHONDONTWRITEBYTECODE=1".into(),
+            "PYTHONUNBUFFERED=1".into(),
+            "MPLBACKEND=Agg".into(),
+            "MPLCONFIGDIR=/tmp/.matplotlib".into(),
+            "LANG=C.UTF-8".into(),
+        ]),
+        labels: Some(labels),
+        network_disabled: Some(true),
+        open_stdin: Some(true),
+        stdin_once: Some(false),
+        attach_stdin: Some(true),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        tty: Some(false),
+        host_config: Some(host),
+        ..Default::default()
+    }
+}
+
+/// Remove a container, whatever its state. Errors are logged, not returned: removal is cleanup.
+pub async fn remove(docker: &Docker, id: &str) {
+    let opts = RemoveContainerOptionsBuilder::default()
+        .force(true)
+        .v(true)
+        .build();
+    if let Err(e) = docker.remove_container(id, Some(opts)).await {
+        let msg = e.to_string();
+        if !msg.contains("No such container")
+            && !msg.contains("no such container")
+            && !msg.contains("404")
+        {
+            tracing::warn!(container = id, "could not remove container: {msg}");
+        }
+    }
+}
+
+/// Remove every managed container whose owning bridge is no longer running. Returns how many.
+pub async fn reap_orphans(docker: &Docker) -> usize {
+    let mut filters = HashMap::new();
+    filters.insert("label".to_string(), vec![format!("{LABEL_MANAGED}=true")]);
+    let opts = ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let list = match docker.list_containers(Some(opts)).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("could not list containers to reap orphans: {e}");
+            return 0;
+        }
+    };
+    let mut reaped = 0;
+    for c in list {
+        let owner = c
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_OWNER))
+            .cloned()
+            .unwrap_or_default();
+        if owner_alive(&owner) {
+            continue;
+        }
+        if let Some(id) = c.id {
+            tracing::info!(container = %id, %owner, "removing container orphaned by a bridge that is gone");
+            remove(docker, &id).await;
+            reaped += 1;
+        }
+    }
+    reaped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_is_hardened() {
+        let c = Config::default();
+        let s = spec(&c, "default", "1:2");
+        let h = s.host_config.unwrap();
+        assert_eq!(h.network_mode.as_deref(), Some("none"));
+        assert_eq!(h.readonly_rootfs, Some(true));
+        assert_eq!(h.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(h.security_opt, Some(vec!["no-new-privileges".to_string()]));
+        assert_eq!(h.memory, Some(512 << 20));
+        assert_eq!(h.memory_swap, h.memory);
+        assert_eq!(h.pids_limit, Some(128));
+        let tmpfs = h.tmpfs.unwrap();
+        assert!(
+            tmpfs["/tmp"].contains("noexec")
+                && tmpfs["/tmp"].contains("nosuid")
+                && tmpfs["/tmp"].contains("nodev")
+        );
+        assert_eq!(s.user.as_deref(), Some("65534:65534"));
+        assert_eq!(s.labels.unwrap()[LABEL_MANAGED], "true");
+    }
+
+    #[test]
+    fn own_process_is_alive_and_a_dead_owner_is_not() {
+        assert!(owner_alive(&owner_id()));
+        assert!(!owner_alive(&format!("{}:1", std::process::id())));
+        assert!(!owner_alive("garbage"));
+    }
+}

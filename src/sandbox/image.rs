@@ -1,0 +1,348 @@
+//! The sandbox image: present, loaded from an archive (verifying its sha256 while it streams), or
+//! pulled when the reference names a registry.
+
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bollard::Docker;
+use bollard::query_parameters::{CreateImageOptionsBuilder, ImportImageOptionsBuilder};
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use sha2::{Digest, Sha256};
+use tokio_util::io::ReaderStream;
+
+use crate::config::Config;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ImageError(pub String);
+
+/// How the image came to be there.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Provenance {
+    Present,
+    Loaded {
+        archive: String,
+        bytes: u64,
+        seconds: f64,
+    },
+    Pulled,
+}
+
+/// Whether `reference` names a registry (`host.tld/…`, `host:port/…`) so that pulling it makes
+/// sense. `localhost/…` is podman's name for local images: never pulled.
+pub fn names_registry(reference: &str) -> bool {
+    reference
+        .split_once('/')
+        .is_some_and(|(first, _)| first.contains('.') || first.contains(':'))
+}
+
+/// Make sure `config.image` exists in the engine.
+pub async fn ensure(
+    docker: &Docker,
+    config: &Config,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Provenance, ImageError> {
+    if docker.inspect_image(&config.image).await.is_ok() {
+        return Ok(Provenance::Present);
+    }
+    if let Some(archive) = &config.image_archive {
+        return load(docker, config, archive, progress).await;
+    }
+    if names_registry(&config.image) {
+        tracing::info!(image = %config.image, "image not present; pulling");
+        let opts = CreateImageOptionsBuilder::default()
+            .from_image(&config.image)
+            .build();
+        let mut s = docker.create_image(Some(opts), None, None);
+        while let Some(item) = s.next().await {
+            item.map_err(|e| ImageError(format!("pulling {} failed: {e}", config.image)))?;
+        }
+        return Ok(Provenance::Pulled);
+    }
+    Err(ImageError(format!(
+        "the sandbox image {:?} is not in the container engine, and no archive is configured to load it from. \
+         Build one with `image/build-debian.sh --output sandbox.tar` and set MCP_BRIDGE_IMAGE_ARCHIVE=/path/to/sandbox.tar \
+         (or run `mcp-code-bridge image load --archive sandbox.tar`), use the Nix package which sets it, \
+         or set MCP_BRIDGE_IMAGE to an image that has python3 (e.g. docker.io/library/python:3.14-slim).",
+        config.image
+    )))
+}
+
+/// Load `archive` (docker-archive, gzipped or not, or an executable printing one) and check that
+/// it provided `config.image`.
+pub async fn load(
+    docker: &Docker,
+    config: &Config,
+    archive: &Path,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Provenance, ImageError> {
+    let started = Instant::now();
+    let kind = sniff(archive).map_err(|e| {
+        ImageError(format!(
+            "cannot read image archive {}: {e}",
+            archive.display()
+        ))
+    })?;
+    tracing::info!(archive = %archive.display(), ?kind, "loading sandbox image");
+    let mut child = None;
+    let reader: Pin<Box<dyn tokio::io::AsyncRead + Send>> = match kind {
+        ArchiveKind::Tar | ArchiveKind::Gzip => Box::pin(
+            tokio::fs::File::open(archive)
+                .await
+                .map_err(|e| ImageError(format!("cannot open {}: {e}", archive.display())))?,
+        ),
+        ArchiveKind::Executable => {
+            let mut c = tokio::process::Command::new(archive)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| {
+                    ImageError(format!(
+                        "cannot run image stream script {}: {e}",
+                        archive.display()
+                    ))
+                })?;
+            let out = c.stdout.take().expect("piped stdout");
+            child = Some(c);
+            Box::pin(out)
+        }
+    };
+    let verifier = Verify::new(
+        ReaderStream::with_capacity(reader, 1 << 20),
+        config.image_sha256.clone(),
+    );
+    let counted = verifier.counter.clone();
+    let opts = ImportImageOptionsBuilder::default().quiet(true).build();
+    let mut s = docker.import_image_stream(opts, verifier, None);
+    let mut last_report = Instant::now();
+    let mut messages = Vec::new();
+    while let Some(item) = s.next().await {
+        match item {
+            Ok(info) => {
+                if let Some(m) = info.stream.or(info.status) {
+                    messages.push(m.trim().to_string());
+                }
+                if let Some(e) = info.error_detail.and_then(|d| d.message) {
+                    return Err(ImageError(format!(
+                        "the engine refused image archive {}: {e}",
+                        archive.display()
+                    )));
+                }
+            }
+            Err(e) => {
+                let n = counted.load(std::sync::atomic::Ordering::Relaxed);
+                return Err(ImageError(format!(
+                    "loading image archive {} failed after {n} bytes: {e}",
+                    archive.display()
+                )));
+            }
+        }
+        if last_report.elapsed().as_secs() >= 2 {
+            progress(counted.load(std::sync::atomic::Ordering::Relaxed));
+            last_report = Instant::now();
+        }
+    }
+    if let Some(mut c) = child {
+        let status = c.wait().await.map_err(|e| ImageError(e.to_string()))?;
+        if !status.success() {
+            return Err(ImageError(format!(
+                "image stream script {} failed with {status}",
+                archive.display()
+            )));
+        }
+    }
+    let bytes = counted.load(std::sync::atomic::Ordering::Relaxed);
+    progress(bytes);
+    if docker.inspect_image(&config.image).await.is_err() {
+        // The archive may carry another tag (or none): tag its one image as configured.
+        let loaded: Vec<&str> = messages
+            .iter()
+            .filter_map(|m| loaded_reference(m))
+            .collect();
+        if let [one] = loaded.as_slice() {
+            let (repo, tag) = split_reference(&config.image);
+            let opts = bollard::query_parameters::TagImageOptionsBuilder::default()
+                .repo(repo)
+                .tag(tag)
+                .build();
+            if let Err(e) = docker.tag_image(one, Some(opts)).await {
+                tracing::warn!("could not tag loaded image {one} as {}: {e}", config.image);
+            } else {
+                tracing::info!("tagged loaded image {one} as {}", config.image);
+            }
+        }
+    }
+    if docker.inspect_image(&config.image).await.is_err() {
+        return Err(ImageError(format!(
+            "archive {} loaded ({}), but it does not contain image {:?}. Set MCP_BRIDGE_IMAGE to the tag it has.",
+            archive.display(),
+            messages.join("; "),
+            config.image
+        )));
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    tracing::info!(image = %config.image, bytes, seconds, "sandbox image loaded");
+    Ok(Provenance::Loaded {
+        archive: archive.display().to_string(),
+        bytes,
+        seconds,
+    })
+}
+
+/// The image a load message names: `Loaded image: X`, `Loaded image(s): X`, `Loaded image ID: X`.
+fn loaded_reference(message: &str) -> Option<&str> {
+    let rest = message.trim().strip_prefix("Loaded image")?;
+    let (_, r) = rest.split_once(": ")?;
+    let r = r.trim();
+    (!r.is_empty() && !r.contains(',') && !r.contains(char::is_whitespace)).then_some(r)
+}
+
+/// `repo[:tag]` -> (repo, tag), minding registry ports (`host:5000/x`).
+fn split_reference(reference: &str) -> (&str, &str) {
+    match reference.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => (repo, tag),
+        _ => (reference, "latest"),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ArchiveKind {
+    Tar,
+    Gzip,
+    Executable,
+}
+
+fn sniff(path: &Path) -> io::Result<ArchiveKind> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let mut f = std::fs::File::open(path)?;
+    let mut head = [0u8; 262];
+    let n = f.read(&mut head)?;
+    if n >= 2 && head[..2] == [0x1f, 0x8b] {
+        return Ok(ArchiveKind::Gzip);
+    }
+    if n >= 262 && &head[257..262] == b"ustar" {
+        return Ok(ArchiveKind::Tar);
+    }
+    if f.metadata()?.permissions().mode() & 0o111 != 0 {
+        return Ok(ArchiveKind::Executable);
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidData,
+        "neither a tar, a tar.gz, nor an executable",
+    ))
+}
+
+/// A byte stream that hashes what passes and, when the digest does not match, ends in an error
+/// instead of a clean end, so the engine sees a broken upload and loads nothing.
+struct Verify<S> {
+    inner: S,
+    hasher: Option<Sha256>,
+    expected: Option<String>,
+    counter: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<S> Verify<S> {
+    fn new(inner: S, expected: Option<String>) -> Self {
+        Verify {
+            inner,
+            hasher: Some(Sha256::new()),
+            expected: expected.map(|e| e.to_ascii_lowercase()),
+            counter: Default::default(),
+        }
+    }
+}
+
+impl<S: Stream<Item = io::Result<Bytes>> + Unpin> Stream for Verify<S> {
+    type Item = io::Result<Bytes>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match Pin::new(&mut self.inner).poll_next(cx) {
+            Poll::Ready(Some(Ok(chunk))) => {
+                if let Some(h) = self.hasher.as_mut() {
+                    h.update(&chunk);
+                }
+                self.counter
+                    .fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Poll::Ready(None) => {
+                let Some(h) = self.hasher.take() else {
+                    return Poll::Ready(None);
+                };
+                let got = hex::encode(h.finalize());
+                match &self.expected {
+                    Some(want) if *want != got => Poll::Ready(Some(Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "sha256 mismatch: the archive has {got}, MCP_BRIDGE_IMAGE_SHA256 expects {want}; the archive is corrupt or not the one configured"
+                        ),
+                    )))),
+                    _ => Poll::Ready(None),
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_detection() {
+        assert!(names_registry("docker.io/library/python:3.14-slim"));
+        assert!(names_registry("registry:5000/x"));
+        assert!(!names_registry("mcp-code-bridge-sandbox:latest"));
+        assert!(!names_registry("localhost/mcp-code-bridge-sandbox:latest"));
+        assert!(!names_registry("library/python"));
+    }
+
+    #[test]
+    fn load_messages_and_references() {
+        assert_eq!(
+            loaded_reference("Loaded image: localhost/x:latest"),
+            Some("localhost/x:latest")
+        );
+        assert_eq!(
+            loaded_reference("Loaded image(s): sha256:abc"),
+            Some("sha256:abc")
+        );
+        assert_eq!(
+            loaded_reference("Loaded image ID: sha256:abc\n"),
+            Some("sha256:abc")
+        );
+        assert_eq!(loaded_reference("Loaded image(s): a:1,b:2"), None);
+        assert_eq!(loaded_reference("Getting image source signatures"), None);
+        assert_eq!(split_reference("x:1"), ("x", "1"));
+        assert_eq!(split_reference("host:5000/x"), ("host:5000/x", "latest"));
+        assert_eq!(split_reference("host:5000/x:2"), ("host:5000/x", "2"));
+    }
+
+    #[tokio::test]
+    async fn verify_passes_matching_and_fails_mismatching_digests() {
+        let data = Bytes::from_static(b"hello");
+        let good = hex::encode(Sha256::digest(b"hello"));
+        let s = Verify::new(futures::stream::iter(vec![Ok(data.clone())]), Some(good));
+        let out: Vec<_> = s.collect().await;
+        assert_eq!(out.len(), 1);
+        assert!(out[0].is_ok());
+        let s = Verify::new(futures::stream::iter(vec![Ok(data)]), Some("00".repeat(32)));
+        let out: Vec<_> = s.collect().await;
+        assert_eq!(out.len(), 2);
+        assert!(
+            out[1]
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("sha256 mismatch")
+        );
+    }
+}

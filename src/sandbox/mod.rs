@@ -1,0 +1,185 @@
+//! The sandbox: a lazily connected engine, the image made present once, and named sessions
+//! (one container each) that live until reset, idle timeout or shutdown.
+//!
+//! Invariant: every container this process creates is either in `sessions` or being removed;
+//! `shutdown` removes all of them, and the next bridge reaps any left by a killed one.
+
+pub mod container;
+pub mod engine;
+pub mod image;
+pub mod protocol;
+pub mod session;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Mutex, OnceCell};
+
+use crate::config::Config;
+use engine::{Enforcement, Engine};
+pub use session::{ExecOutcome, ExecRequest, Outcome, OutputSink, Session};
+
+/// The session used when a call names none: one per client, and a stdio bridge has one client.
+pub const DEFAULT_SESSION: &str = "default";
+
+pub struct Sandbox {
+    config: Arc<Config>,
+    engine: OnceCell<Arc<Engine>>,
+    /// Serializes image preparation so concurrent first calls load the archive once.
+    image_ready: OnceCell<()>,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Serializes starting a session of a given name.
+    starting: Mutex<()>,
+    owner: String,
+    serial: AtomicU64,
+}
+
+impl Sandbox {
+    pub fn new(config: Arc<Config>) -> Arc<Self> {
+        let sb = Arc::new(Sandbox {
+            config,
+            engine: OnceCell::new(),
+            image_ready: OnceCell::new(),
+            sessions: Mutex::new(HashMap::new()),
+            starting: Mutex::new(()),
+            owner: container::owner_id(),
+            serial: AtomicU64::new(0),
+        });
+        let weak = Arc::downgrade(&sb);
+        let idle = sb.config.runtime_idle_timeout.0;
+        tokio::spawn(async move {
+            let tick = (idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(15));
+            loop {
+                tokio::time::sleep(tick).await;
+                let Some(sb) = weak.upgrade() else { return };
+                sb.reap_idle(idle).await;
+            }
+        });
+        sb
+    }
+
+    /// The engine, connected at first use. A failure is not cached: the next call tries again.
+    pub async fn engine(&self) -> Result<Arc<Engine>, String> {
+        self.engine
+            .get_or_try_init(|| async {
+                let engine = Engine::connect(&self.config).await.map_err(|e| e.0)?;
+                let reaped = container::reap_orphans(&engine.docker).await;
+                if reaped > 0 {
+                    tracing::info!(reaped, "removed containers left by bridges that are gone");
+                }
+                Ok::<_, String>(Arc::new(engine))
+            })
+            .await
+            .cloned()
+    }
+
+    /// Connect, check enforceable limits and make the image present.
+    async fn prepare(&self) -> Result<Arc<Engine>, String> {
+        let engine = self.engine().await?;
+        self.image_ready
+            .get_or_try_init(|| async {
+                let enf = Enforcement::query(&engine.docker).await.map_err(|e| format!("could not ask the engine what it can enforce: {e}"))?;
+                let missing = enf.missing(&self.config);
+                if !missing.is_empty() {
+                    if self.config.allow_unenforced_limits {
+                        tracing::warn!("running with limits the host cannot enforce (allow_unenforced_limits): {}", missing.join("; "));
+                    } else {
+                        return Err(format!(
+                            "this host cannot enforce these sandbox limits: {}. Refusing to run code with limits silently dropped. Run as a user/host with cgroup v2 delegation, or set MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1 to accept it (`mcp-code-bridge doctor` explains).",
+                            missing.join("; ")
+                        ));
+                    }
+                }
+                image::ensure(&engine.docker, &self.config, &|bytes| tracing::info!(mib = bytes >> 20, "loading sandbox image…"))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.0)
+            })
+            .await?;
+        Ok(engine)
+    }
+
+    /// The live session `name`, started if needed; with `reset`, a fresh one.
+    pub async fn session(&self, name: &str, reset: bool) -> Result<(Arc<Session>, bool), String> {
+        let engine = self.prepare().await?;
+        let _guard = self.starting.lock().await;
+        let existing = self.sessions.lock().await.get(name).cloned();
+        if let Some(s) = existing {
+            if !reset && !s.is_dead() {
+                return Ok((s, false));
+            }
+            self.sessions.lock().await.remove(name);
+            s.destroy().await;
+        }
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        let s = Arc::new(
+            Session::start(&engine.docker, &self.config, name, &self.owner, serial)
+                .await
+                .map_err(|e| e.0)?,
+        );
+        self.sessions
+            .lock()
+            .await
+            .insert(name.to_string(), s.clone());
+        Ok((s, true))
+    }
+
+    /// Run a request in session `name`. Errors are for failures to get a sandbox at all.
+    pub async fn run(
+        &self,
+        name: &str,
+        reset: bool,
+        req: ExecRequest,
+    ) -> Result<ExecOutcome, String> {
+        let (session, fresh) = self.session(name, reset).await?;
+        let mut outcome = session.exec(req).await;
+        if outcome.session_reset {
+            let mut sessions = self.sessions.lock().await;
+            if sessions.get(name).is_some_and(|s| Arc::ptr_eq(s, &session)) {
+                sessions.remove(name);
+            }
+        }
+        if fresh && reset {
+            outcome
+                .notices
+                .insert(0, "started a fresh interpreter (reset)".into());
+        }
+        Ok(outcome)
+    }
+
+    async fn reap_idle(&self, idle: Duration) {
+        let stale: Vec<(String, Arc<Session>)> = {
+            let sessions = self.sessions.lock().await;
+            sessions
+                .iter()
+                .filter(|(_, s)| s.is_dead() || (!s.is_busy() && s.idle_for() >= idle))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        for (name, s) in stale {
+            let mut sessions = self.sessions.lock().await;
+            if sessions.get(&name).is_some_and(|cur| Arc::ptr_eq(cur, &s)) {
+                sessions.remove(&name);
+            }
+            drop(sessions);
+            tracing::info!(session = %name, "removing idle sandbox");
+            s.destroy().await;
+        }
+    }
+
+    /// Names of live sessions.
+    pub async fn session_names(&self) -> Vec<String> {
+        self.sessions.lock().await.keys().cloned().collect()
+    }
+
+    /// Remove every container and stop our podman service.
+    pub async fn shutdown(&self) {
+        let all: Vec<Arc<Session>> = self.sessions.lock().await.drain().map(|(_, s)| s).collect();
+        futures::future::join_all(all.iter().map(|s| s.destroy())).await;
+        if let Some(engine) = self.engine.get() {
+            engine.shutdown().await;
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The frames that cross the sandbox channel (see `docs/protocol.md`).
+//!
+//! Everything decoded here comes from inside the sandbox and is untrusted: decoding never panics,
+//! oversize lines are refused before they are parsed, and unknown frame types decode to
+//! [`SandboxFrame::Unknown`] so the caller can log and drop them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Longest line the host accepts from the sandbox. Larger lines are discarded whole.
+pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+
+/// Metadata of one upstream server loaded for an exec, with host-made aliases.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LoadedServer {
+    pub name: String,
+    pub alias: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    pub tools: Vec<ToolMeta>,
+}
+
+/// One tool of a loaded server.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ToolMeta {
+    pub name: String,
+    pub alias: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub input_schema: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+}
+
+/// A server the bridge knows of, loaded or not: what discovery shows without any schema.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DiscoveredServer {
+    pub name: String,
+    pub alias: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// Host -> sandbox.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum HostFrame<'a> {
+    Boot {
+        source: &'a str,
+    },
+    Exec {
+        id: u64,
+        code: &'a str,
+        servers: &'a [LoadedServer],
+        discovered: &'a [DiscoveredServer],
+        output_cap: usize,
+    },
+    RpcResult {
+        id: u64,
+        ok: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        result: Option<Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    Interrupt {
+        id: u64,
+    },
+}
+
+impl HostFrame<'_> {
+    /// One line of JSON, newline-terminated.
+    pub fn to_line(&self) -> Vec<u8> {
+        let mut line = serde_json::to_vec(self).expect("host frames always serialize");
+        line.push(b'\n');
+        line
+    }
+}
+
+/// Which output stream a chunk came from.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// The error of a failed exec, as the runtime reports it (user frames only).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ExecError {
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub traceback: String,
+}
+
+/// How an exec ended, as the runtime reports it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecStatus {
+    Ok,
+    Error,
+    Interrupted,
+}
+
+/// Sandbox -> host.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SandboxFrame {
+    Ready {
+        #[serde(default)]
+        python: String,
+    },
+    Output {
+        id: u64,
+        stream: Stream,
+        data: String,
+    },
+    Display {
+        id: u64,
+        mime: String,
+        data: String,
+    },
+    Rpc {
+        id: u64,
+        exec: u64,
+        method: String,
+        #[serde(default)]
+        params: Value,
+    },
+    Result {
+        id: u64,
+        status: ExecStatus,
+        #[serde(default)]
+        value: Option<String>,
+        #[serde(default)]
+        error: Option<ExecError>,
+        #[serde(default)]
+        truncated: Option<u64>,
+    },
+    #[serde(other)]
+    Unknown,
+}
+
+/// Why a line from the sandbox was not a frame.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum FrameError {
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")]
+    TooLarge(usize),
+    #[error("not a frame: {0}")]
+    Malformed(String),
+}
+
+/// Decode one line (without its newline) from the sandbox.
+pub fn decode(line: &[u8]) -> Result<SandboxFrame, FrameError> {
+    if line.len() > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(line.len()));
+    }
+    serde_json::from_slice(line).map_err(|e| FrameError::Malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_known_frames_and_tolerates_unknown() {
+        let f = decode(br#"{"type":"output","id":3,"stream":"stdout","data":"hi\n"}"#).unwrap();
+        assert_eq!(
+            f,
+            SandboxFrame::Output {
+                id: 3,
+                stream: Stream::Stdout,
+                data: "hi\n".into()
+            }
+        );
+        assert_eq!(
+            decode(br#"{"type":"nope","x":1}"#).unwrap(),
+            SandboxFrame::Unknown
+        );
+    }
+
+    #[test]
+    fn refuses_garbage_and_oversize() {
+        assert!(matches!(
+            decode(b"\x00\xffgarbage"),
+            Err(FrameError::Malformed(_))
+        ));
+        assert!(matches!(
+            decode(br#"{"type":"result"}"#),
+            Err(FrameError::Malformed(_))
+        ));
+        let big = vec![b' '; MAX_FRAME_BYTES + 1];
+        assert_eq!(decode(&big), Err(FrameError::TooLarge(MAX_FRAME_BYTES + 1)));
+    }
+
+    #[test]
+    fn host_frames_are_single_lines() {
+        let line = HostFrame::Exec {
+            id: 1,
+            code: "a\nb",
+            servers: &[],
+            discovered: &[],
+            output_cap: 10,
+        }
+        .to_line();
+        assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
+        assert!(line.ends_with(b"\n"));
+    }
+}

@@ -1,0 +1,360 @@
+//! The MCP server the agent talks to: one tool, `run_python`, and one resource, the capability
+//! summary. The standing context (`tools/list`) is built from constants only, so it is the same
+//! bytes however many upstream servers exist.
+
+// MCP logging is deprecated in the newest protocol revision but still what most clients show;
+// we keep sending it to clients that ask for it with `logging/setLevel`.
+#![allow(deprecated)]
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, ListResourcesResult,
+    ListToolsResult, LoggingLevel, LoggingMessageNotificationParam, PaginatedRequestParams,
+    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    Resource, ResourceContents, ServerCapabilities, ServerConfig, SetLevelRequestParams, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, ServerHandler};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::config::Config;
+use crate::render;
+use crate::sandbox::protocol::Stream;
+use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
+use crate::upstream::Upstreams;
+
+pub const TOOL_NAME: &str = "run_python";
+pub const CAPABILITIES_URI: &str = "resource://mcp-code-bridge/capabilities";
+
+/// The tool description: the helper summary, and all the model needs to start. Keep it short:
+/// it is paid for on every request.
+pub const TOOL_DESCRIPTION: &str = "\
+Run Python 3 in a persistent sandbox (no network; pandas and numpy installed). Variables and \
+imports persist across calls; top-level `await` works; the last expression's value is shown; \
+display(obj) returns images.
+The user's MCP servers are callable from code. Discover on demand:
+  from mcp import runtime
+  runtime.discovered_servers()
+  await runtime.search_tool_docs(\"what you need\")
+  await runtime.query_tool_docs(\"server\", detail=\"full\")
+Load servers for a call with \"servers\": [\"name\"], then `await mcp_<name>.<tool>(...)` \
+(help() shows each signature); results are Python values.";
+
+/// JSON schema of `run_python`'s arguments.
+pub fn input_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "description": "Python source to run."},
+            "servers": {"type": "array", "items": {"type": "string"}, "description": "MCP servers to load as mcp_<name> for this call."},
+            "timeout": {"type": "number", "description": "Seconds before the code is interrupted (clamped to the bridge's maximum)."},
+            "session": {"type": "string", "description": "Session name; each keeps its own interpreter. Default: one per client."},
+            "reset": {"type": "boolean", "description": "Start a fresh interpreter before running."}
+        },
+        "required": ["code"],
+        "additionalProperties": false
+    })
+}
+
+/// The one tool, as `tools/list` shows it.
+pub fn tool() -> Tool {
+    let schema = match input_schema() {
+        Value::Object(m) => m,
+        _ => unreachable!("the schema is an object"),
+    };
+    Tool::new(TOOL_NAME, TOOL_DESCRIPTION, Arc::new(schema))
+}
+
+/// `run_python`'s arguments.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunArgs {
+    pub code: String,
+    #[serde(default)]
+    pub servers: Vec<String>,
+    #[serde(default)]
+    pub timeout: Option<f64>,
+    #[serde(default)]
+    pub session: Option<String>,
+    #[serde(default)]
+    pub reset: bool,
+}
+
+/// Largest `code` accepted, so a runaway client cannot make us buffer gigabytes.
+pub const MAX_CODE_BYTES: usize = 4 << 20;
+
+impl RunArgs {
+    pub fn parse(args: Option<serde_json::Map<String, Value>>) -> Result<RunArgs, String> {
+        let v = Value::Object(args.unwrap_or_default());
+        let a: RunArgs = serde_json::from_value(v).map_err(|e| format!("invalid arguments for run_python: {e}; expected {{\"code\": string, \"servers\"?: [string], \"timeout\"?: number, \"session\"?: string, \"reset\"?: bool}}"))?;
+        if a.code.len() > MAX_CODE_BYTES {
+            return Err(format!(
+                "`code` is {} bytes; the limit is {MAX_CODE_BYTES}. Send smaller pieces across calls (state persists).",
+                a.code.len()
+            ));
+        }
+        if let Some(s) = &a.session
+            && (s.is_empty()
+                || s.len() > 64
+                || !s
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)))
+        {
+            return Err(format!(
+                "`session` {s:?} must be 1-64 characters of letters, digits, '-', '_' or '.'"
+            ));
+        }
+        Ok(a)
+    }
+}
+
+#[derive(Clone)]
+pub struct Bridge {
+    config: Arc<Config>,
+    sandbox: Arc<Sandbox>,
+    upstreams: Upstreams,
+    log_level: Arc<std::sync::Mutex<Option<LoggingLevel>>>,
+}
+
+impl Bridge {
+    pub fn new(config: Arc<Config>, sandbox: Arc<Sandbox>, upstreams: Upstreams) -> Self {
+        Bridge {
+            config,
+            sandbox,
+            upstreams,
+            log_level: Default::default(),
+        }
+    }
+
+    /// Run one `run_python` call to completion: the result the model sees, or a setup error.
+    pub async fn run(
+        &self,
+        args: RunArgs,
+        cancel: tokio_util::sync::CancellationToken,
+        on_output: Option<OutputSink>,
+    ) -> CallToolResult {
+        let binding = match self.upstreams.bind(&args.servers).await {
+            Ok(b) => b,
+            Err(e) => return render::setup_error(&e),
+        };
+        let req = ExecRequest {
+            code: args.code,
+            timeout: self.config.clamp_timeout(args.timeout),
+            max_timeout: self.config.max_timeout.0,
+            output_cap: self.config.output_cap.0 as usize,
+            binding,
+            cancel,
+            on_output,
+        };
+        let session = args.session.as_deref().unwrap_or(DEFAULT_SESSION);
+        match self.sandbox.run(session, args.reset, req).await {
+            Ok(outcome) => render::tool_result(&outcome, self.config.output_mode),
+            Err(e) => render::setup_error(&e),
+        }
+    }
+
+    /// The capability summary resource: the tool description, how to load servers, and the
+    /// names of the servers discovered (no schemas).
+    pub fn capabilities_markdown(&self) -> String {
+        let mut s = String::from("# mcp-code-bridge\n\n");
+        s.push_str(TOOL_DESCRIPTION);
+        s.push_str("\n\n## Loading servers\n\nPass `\"servers\": [\"name\", ...]` to `run_python`. Only loaded servers get `mcp_<alias>` proxies and accept calls; discovery helpers (`runtime.discovered_servers()`, `runtime.search_tool_docs()`) see every server. `runtime.describe_server(name)` shows a loaded server's tools and `cwd`.\n\n## Discovered servers\n\n");
+        let servers = self.upstreams.discovered();
+        if servers.is_empty() {
+            s.push_str("(none configured: see `mcp-code-bridge servers`)\n");
+        }
+        for d in servers {
+            s.push_str(&format!(
+                "- `{}` (alias `mcp_{}`){}\n",
+                d.name,
+                d.alias,
+                d.description.map(|x| format!(": {x}")).unwrap_or_default()
+            ));
+        }
+        s
+    }
+
+    /// Turn streamed output into progress (and logging, when enabled) notifications.
+    fn progress_sink(&self, context: &RequestContext<RoleServer>) -> Option<OutputSink> {
+        let token = context.meta.get_progress_token();
+        let logging = *self.log_level.lock().unwrap();
+        if token.is_none() && logging.is_none() {
+            return None;
+        }
+        let peer = context.peer.clone();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Stream, String)>();
+        tokio::spawn(async move {
+            let mut n = 0.0;
+            while let Some((stream, first)) = rx.recv().await {
+                // Coalesce what has arrived meanwhile into one notification.
+                let mut text = first;
+                while let Ok((_, more)) = rx.try_recv() {
+                    if text.len() > 16 * 1024 {
+                        break;
+                    }
+                    text.push_str(&more);
+                }
+                let text: String = text.chars().take(16 * 1024).collect();
+                n += 1.0;
+                if let Some(t) = &token {
+                    let p = ProgressNotificationParam::new(t.clone(), n).with_message(text.clone());
+                    if peer.notify_progress(p).await.is_err() {
+                        return;
+                    }
+                }
+                if logging.is_some() {
+                    let level = if stream == Stream::Stderr {
+                        LoggingLevel::Warning
+                    } else {
+                        LoggingLevel::Info
+                    };
+                    let p = LoggingMessageNotificationParam::new(level, json!(text))
+                        .with_logger("run_python");
+                    let _ = peer.notify_logging_message(p).await;
+                }
+            }
+        });
+        Some(Arc::new(move |stream, data: &str| {
+            let _ = tx.send((stream, data.to_string()));
+        }))
+    }
+}
+
+impl ServerHandler for Bridge {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().enable_logging().build())
+            .with_server_info(rmcp::model::Implementation::new("mcp-code-bridge", env!("CARGO_PKG_VERSION")))
+            .with_instructions("Use run_python for code; discover MCP servers from inside it (see the tool description).")
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(vec![tool()]))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        (name == TOOL_NAME).then(tool)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if request.name != TOOL_NAME {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "unknown tool {:?}; this server has one tool, {TOOL_NAME:?}",
+                    request.name
+                ),
+                None,
+            ));
+        }
+        let args =
+            RunArgs::parse(request.arguments).map_err(|e| ErrorData::invalid_params(e, None))?;
+        let sink = self.progress_sink(&context);
+        Ok(self.run(args, context.ct.clone(), sink).await.into())
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let r = Resource::new(CAPABILITIES_URI, "capabilities")
+            .with_description("What run_python offers and how to load MCP servers inside it")
+            .with_mime_type("text/markdown");
+        Ok(ListResourcesResult::with_all_items(vec![r]))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        if request.uri != CAPABILITIES_URI {
+            return Err(ErrorData::resource_not_found(
+                format!(
+                    "no resource {:?}; the only one is {CAPABILITIES_URI}",
+                    request.uri
+                ),
+                None,
+            ));
+        }
+        let c = ResourceContents::text(self.capabilities_markdown(), CAPABILITIES_URI)
+            .with_mime_type("text/markdown");
+        Ok(ReadResourceResult::new(vec![c]).into())
+    }
+
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        *self.log_level.lock().unwrap() = Some(request.level);
+        Ok(())
+    }
+}
+
+/// Serve MCP over stdio until the client closes it, then remove every container.
+pub async fn serve_stdio(bridge: Bridge) -> anyhow::Result<()> {
+    use rmcp::ServiceExt;
+    let sandbox = bridge.sandbox.clone();
+    let upstreams = bridge.upstreams.clone();
+    let service = bridge.serve(rmcp::transport::stdio()).await?;
+    let quit = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("signal handler");
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .expect("signal handler");
+        tokio::select! { _ = term.recv() => "SIGTERM", _ = int.recv() => "SIGINT" }
+    };
+    tokio::select! {
+        r = service.waiting() => { if let Err(e) = r { tracing::warn!("MCP service ended: {e}"); } }
+        sig = quit => tracing::info!("{sig}: shutting down"),
+    }
+    sandbox.shutdown().await;
+    upstreams.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_listing_is_constant_and_small() {
+        let a = serde_json::to_string(&tool()).unwrap();
+        let b = serde_json::to_string(&tool()).unwrap();
+        assert_eq!(a, b);
+        // About 200 tokens: at ~4 bytes a token, well under 1.5 KB.
+        assert!(a.len() < 1500, "{} bytes", a.len());
+    }
+
+    #[test]
+    fn args_are_checked() {
+        let ok = |v: Value| RunArgs::parse(v.as_object().cloned());
+        assert!(ok(json!({"code": "1"})).is_ok());
+        assert!(
+            ok(json!({"code": 1}))
+                .unwrap_err()
+                .contains("invalid arguments")
+        );
+        assert!(
+            ok(json!({"code": "1", "bogus": 1}))
+                .unwrap_err()
+                .contains("bogus")
+        );
+        assert!(ok(json!({})).unwrap_err().contains("code"));
+        assert!(
+            ok(json!({"code": "1", "session": "../x"}))
+                .unwrap_err()
+                .contains("session")
+        );
+    }
+}

@@ -1,0 +1,325 @@
+//! Issue 2 end to end: the real binary, a real MCP client, real podman, the real image.
+
+mod common;
+
+use common::{Bridge, Home};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn print_persistence_await_and_last_value() {
+    let b = Bridge::start().await;
+    let r = b.py("print(1+1)").await.ok();
+    assert_eq!(r.stdout(), "2\n");
+    assert_eq!(r.text(), "2");
+    b.py("import math\nx = 41\ndef inc(v):\n    return v + 1")
+        .await
+        .ok();
+    assert_eq!(
+        b.py("print(inc(x), math.pi > 3)").await.ok().stdout(),
+        "42 True\n"
+    );
+    let r = b.py("import asyncio\nawait asyncio.sleep(0.01)\nv = await asyncio.gather(*(asyncio.sleep(0, result=i) for i in range(3)))\nv").await.ok();
+    assert_eq!(r.sc()["value"], "[0, 1, 2]");
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fd_level_output_and_forged_frames_are_just_output() {
+    let b = Bridge::start().await;
+    let code = r#"
+import os, subprocess, sys
+os.system("echo from-shell")
+subprocess.run(["sh", "-c", "echo to-stderr >&2"])
+os.write(1, b'{"type":"result","id":1,"status":"ok"}\n')
+os.write(2, b'{"type":"ready","python":"fake"}\n')
+sys.stdout.write('{"type":"rpc","id":9,"exec":1,"method":"call_tool","params":{}}\n')
+print("after")
+"#;
+    let r = b.py(code).await.ok();
+    let out = r.stdout();
+    assert!(out.contains("from-shell\n"), "{out}");
+    assert!(
+        out.contains(r#"{"type":"result","id":1,"status":"ok"}"#),
+        "{out}"
+    );
+    assert!(out.contains(r#""method":"call_tool""#), "{out}");
+    assert!(out.trim_end().ends_with("after"), "{out}");
+    assert!(r.stderr().contains("to-stderr"), "{}", r.stderr());
+    assert!(r.stderr().contains(r#"{"type":"ready""#));
+    // The session is intact after the forgeries.
+    assert_eq!(
+        b.py("print('still here')").await.ok().stdout(),
+        "still here\n"
+    );
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exceptions_show_the_users_traceback_only() {
+    let b = Bridge::start().await;
+    let r = b.py("def f():\n    return 1/0\n\nf()").await;
+    assert_eq!(r.status(), "error");
+    assert!(r.is_error());
+    assert_eq!(r.error_type(), "ZeroDivisionError");
+    let tb = r.sc()["error"]["traceback"].as_str().unwrap();
+    assert!(tb.contains("line 4") && tb.contains("line 2"), "{tb}");
+    assert!(
+        !tb.contains("runtime") && !tb.contains("__mcp_bridge"),
+        "runtime frames leaked: {tb}"
+    );
+    let r = b.py("def broken(:\n  pass").await;
+    assert_eq!(r.error_type(), "SyntaxError");
+    // SystemExit does not end the session.
+    let r = b.py("x = 5\nraise SystemExit(3)").await;
+    assert_eq!(r.status(), "error");
+    assert_eq!(b.py("print(x)").await.ok().stdout(), "5\n");
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timeout_interrupts_and_keeps_state() {
+    let b = Bridge::start().await;
+    b.py("kept = 'yes'").await.ok();
+    let r = b
+        .call(json!({"code": "import time\ntime.sleep(60)", "timeout": 1.5}))
+        .await;
+    let r = common::Outcome(r);
+    assert_eq!(r.status(), "timeout", "{}", r.text());
+    assert!(
+        r.text().contains("KeyboardInterrupt") || r.text().contains("interrupted"),
+        "{}",
+        r.text()
+    );
+    assert!(r.sc().get("session_reset").is_none());
+    assert_eq!(b.py("print(kept)").await.ok().stdout(), "yes\n");
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn code_ignoring_sigint_is_killed_and_the_session_reset() {
+    let b = Bridge::start().await;
+    b.py("kept = 1").await.ok();
+    let code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass";
+    let r = common::Outcome(b.call(json!({"code": code, "timeout": 1})).await);
+    assert_eq!(r.status(), "timeout");
+    assert_eq!(r.sc()["session_reset"], true, "{}", r.text());
+    assert!(r.text().contains("session was reset"), "{}", r.text());
+    let r = b.py("print('kept' in globals())").await.ok();
+    assert_eq!(r.stdout(), "False\n");
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn out_of_memory_is_named_and_the_bridge_keeps_serving() {
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_MEMORY", "96m")], None).await;
+    let r = b
+        .py("chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 * 1024))")
+        .await;
+    assert_ne!(r.status(), "ok");
+    assert!(r.text().contains("memory"), "{}", r.text());
+    assert!(
+        r.text().contains("96m") || r.error_type() == "MemoryError",
+        "{}",
+        r.text()
+    );
+    assert_eq!(b.py("print('alive')").await.ok().stdout(), "alive\n");
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pids_limit_is_reported() {
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_PIDS", "32")], None).await;
+    let code = "import threading, time\nts = []\nwhile True:\n    t = threading.Thread(target=time.sleep, args=(3,), daemon=True)\n    t.start()\n    ts.append(t)";
+    let r = b.py(code).await;
+    assert_eq!(r.status(), "error", "{}", r.text());
+    assert!(r.text().contains("limit of 32"), "{}", r.text());
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn output_is_capped_with_head_tail_and_marker() {
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_OUTPUT_CAP", "64k")], None).await;
+    let r = b
+        .py("print('BEGIN')\nprint('x' * 5_000_000)\nprint('END')")
+        .await
+        .ok();
+    let out = r.stdout();
+    assert!(out.starts_with("BEGIN"), "{}", &out[..100]);
+    assert!(out.trim_end().ends_with("END"));
+    assert!(out.contains("truncated"), "no marker");
+    assert!(out.len() < 3 * 64 * 1024, "{} bytes came back", out.len());
+    assert!(r.sc()["truncated_bytes"].as_u64().unwrap() > 4_000_000);
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reset_gives_a_fresh_interpreter_and_sessions_are_separate() {
+    let b = Bridge::start().await;
+    b.py("y = 1").await.ok();
+    b.call(json!({"code": "y = 2", "session": "other"})).await;
+    let r = common::Outcome(
+        b.call(json!({"code": "print(y)", "session": "other"}))
+            .await,
+    )
+    .ok();
+    assert_eq!(r.stdout(), "2\n");
+    let r = common::Outcome(
+        b.call(json!({"code": "print('y' in globals())", "reset": true}))
+            .await,
+    )
+    .ok();
+    assert_eq!(r.stdout(), "False\n");
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sandbox_is_isolated() {
+    // A listener on the host's loopback must not be reachable from inside.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let b = Bridge::start().await;
+    let code = format!(
+        r#"
+import os, socket
+print("ifaces", sorted(n for _, n in socket.if_nameindex()))
+def tcp(host, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(2)
+    try:
+        s.connect((host, port)); return "connected"
+    except OSError as e:
+        return type(e).__name__
+print("loopback", tcp("127.0.0.1", {port}))
+print("outside", tcp("1.1.1.1", 53))
+try:
+    socket.getaddrinfo("example.com", 80); print("dns ok")
+except OSError as e:
+    print("dns", type(e).__name__)
+print("uid", os.getuid(), os.getgid())
+st = open("/proc/self/status").read()
+print("capeff", [l.split()[1] for l in st.splitlines() if l.startswith("CapEff")][0])
+print("nnp", [l.split()[1] for l in st.splitlines() if l.startswith("NoNewPrivs")][0])
+root = [l.split() for l in open("/proc/mounts") if l.split()[1] == "/"][0]
+print("rootro", "ro" in root[3].split(","))
+for p in ["/etc/x", "/usr/x", "/x"]:
+    try:
+        open(p, "w"); print("wrote", p)
+    except OSError as e:
+        print("refused", p)
+tmp = [l.split() for l in open("/proc/mounts") if l.split()[1] in ("/tmp", "/workspace")]
+print("tmpfs", sorted((m[1], all(o in m[3].split(",") for o in ("noexec", "nosuid", "nodev"))) for m in tmp))
+"#
+    );
+    let r = b.py(&code).await.ok();
+    let out = r.stdout();
+    assert!(out.contains("ifaces ['lo']"), "{out}");
+    assert!(out.contains("loopback ConnectionRefusedError"), "{out}");
+    assert!(!out.contains("outside connected"), "{out}");
+    assert!(
+        out.contains("dns gaierror") || out.contains("dns OSError"),
+        "{out}"
+    );
+    assert!(out.contains("uid 65534 65534"), "{out}");
+    assert!(out.contains("capeff 0000000000000000"), "{out}");
+    assert!(out.contains("nnp 1"), "{out}");
+    assert!(out.contains("rootro True"), "{out}");
+    assert!(!out.contains("wrote"), "{out}");
+    assert!(
+        out.contains("tmpfs [('/tmp', True), ('/workspace', True)]"),
+        "{out}"
+    );
+    drop(listener);
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn limits_are_present_in_the_cgroup() {
+    let b = Bridge::start_with(
+        Home::new(),
+        &[
+            ("MCP_BRIDGE_MEMORY", "200m"),
+            ("MCP_BRIDGE_PIDS", "77"),
+            ("MCP_BRIDGE_CPUS", "0.5"),
+        ],
+        None,
+    )
+    .await;
+    let code = r#"
+import os
+def first(*paths):
+    for p in paths:
+        if os.path.exists(p):
+            return open(p).read().strip()
+    return "missing"
+print("mem", first("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+print("pids", first("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"))
+print("cpu", first("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"))
+import resource
+print("nofile", resource.getrlimit(resource.RLIMIT_NOFILE))
+"#;
+    let out = b.py(code).await.ok().stdout().to_string();
+    assert!(out.contains(&format!("mem {}", 200 * 1024 * 1024)), "{out}");
+    assert!(out.contains("pids 77"), "{out}");
+    assert!(out.contains("cpu 50000"), "{out}");
+    assert!(out.contains("nofile (1024, 1024)"), "{out}");
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn containers_are_removed_when_the_bridge_exits() {
+    let b = Bridge::start().await;
+    b.py("print(1)").await.ok();
+    let pid = b.pid;
+    assert_eq!(common::containers_of(pid).await.len(), 1);
+    b.shutdown().await;
+    let mut left = common::containers_of(pid).await;
+    for _ in 0..50 {
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        left = common::containers_of(pid).await;
+    }
+    assert!(left.is_empty(), "containers left behind: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_sessions_are_removed() {
+    let b = Bridge::start_with(
+        Home::new(),
+        &[("MCP_BRIDGE_RUNTIME_IDLE_TIMEOUT", "2s")],
+        None,
+    )
+    .await;
+    b.py("z = 1").await.ok();
+    assert_eq!(common::containers_of(b.pid).await.len(), 1);
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert!(
+        common::containers_of(b.pid).await.is_empty(),
+        "idle container still there"
+    );
+    let r = b.py("print('z' in globals())").await.ok();
+    assert_eq!(r.stdout(), "False\n");
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn orphans_of_a_killed_bridge_are_reaped_at_next_start() {
+    let b = Bridge::start().await;
+    b.py("print(1)").await.ok();
+    let pid = b.pid;
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        common::containers_of(pid).await.len(),
+        1,
+        "the killed bridge's container should still exist"
+    );
+    let b2 = Bridge::start().await;
+    b2.py("print(2)").await.ok();
+    assert!(
+        common::containers_of(pid).await.is_empty(),
+        "orphan not reaped"
+    );
+    b2.shutdown().await;
+}
