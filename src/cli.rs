@@ -235,6 +235,10 @@ async fn exec(
         }
     };
     let sandbox = Sandbox::new(config.clone());
+    let bar = load_bar(&config);
+    if let Some((_, report)) = &bar {
+        sandbox.set_load_progress(report.clone());
+    }
     let err_paint = Paint {
         on: std::io::stderr().is_terminal(),
     };
@@ -259,6 +263,9 @@ async fn exec(
     };
     let session = format!("exec-{}", std::process::id());
     let result = sandbox.run(&session, false, req).await;
+    if let Some((bar, _)) = bar {
+        bar.finish_and_clear();
+    }
     sandbox.shutdown().await;
     ups.shutdown().await;
     let o = match result {
@@ -299,6 +306,30 @@ async fn exec(
         Outcome::Timeout => ExitCode::from(124),
         _ => ExitCode::FAILURE,
     }
+}
+
+/// A progress bar for loading the image archive, on a terminal only.
+fn load_bar(config: &Config) -> Option<(indicatif::ProgressBar, crate::sandbox::LoadProgress)> {
+    use std::os::unix::fs::PermissionsExt;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    // A stream script (executable archive) has no size to show: a spinner with bytes then.
+    let total = config
+        .image_archive
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .filter(|m| m.permissions().mode() & 0o111 == 0);
+    let style = |t: &str| indicatif::ProgressStyle::with_template(t).unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    let bar = match total {
+        Some(m) => indicatif::ProgressBar::new(m.len())
+            .with_style(style("loading sandbox image {bar:30} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")),
+        None => indicatif::ProgressBar::new_spinner()
+            .with_style(style("{spinner} loading sandbox image {bytes} ({bytes_per_sec})")),
+    };
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    let b = bar.clone();
+    Some((bar, Arc::new(move |bytes| b.set_position(bytes))))
 }
 
 fn print_config(loaded: &config::Loaded) {
@@ -511,15 +542,19 @@ async fn image_load(config: Arc<Config>, archive: Option<PathBuf>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let tty = std::io::stderr().is_terminal();
-    let report = move |bytes: u64| {
-        if tty {
-            eprint!("\rloading… {} MiB", bytes >> 20);
+    let config = Arc::new(Config {
+        image_archive: Some(archive.clone()),
+        ..(*config).clone()
+    });
+    let bar = load_bar(&config);
+    let report = |bytes: u64| {
+        if let Some((_, f)) = &bar {
+            f(bytes)
         }
     };
     let r = image::load(&engine.docker, &config, &archive, &report).await;
-    if tty {
-        eprintln!();
+    if let Some((bar, _)) = &bar {
+        bar.finish_and_clear();
     }
     engine.shutdown().await;
     match r {

@@ -179,6 +179,54 @@ mod tests {
         );
     }
 
+    fn rich() -> ExecOutcome {
+        let mut o = outcome();
+        o.outcome = Outcome::Timeout;
+        o.stdout = "step 1\nstep 2\n".into();
+        o.stderr = "warning: slow\n".into();
+        o.value = Some("   a  b\n0  1  2".into());
+        o.images = vec![("image/png".into(), "iVBORw0KGgo=".into())];
+        o.truncated = 12;
+        o.notices = vec!["the time limit of 5s expired and the code was interrupted (KeyboardInterrupt); the session and its variables are kept.".into()];
+        o
+    }
+
+    #[test]
+    fn snapshots_of_rendered_text() {
+        let mut err = outcome();
+        err.outcome = Outcome::Error;
+        err.stdout = "partial\n".into();
+        err.error = Some(ExecError {
+            kind: "KeyError".into(),
+            message: "'x'".into(),
+            traceback: "Traceback (most recent call last):\n  File \"<cell-3>\", line 1, in <module>\nKeyError: 'x'\n".into(),
+        });
+        insta::assert_snapshot!("compact_ok", compact_text(&outcome()));
+        insta::assert_snapshot!("compact_error", compact_text(&err));
+        insta::assert_snapshot!("compact_timeout_rich", compact_text(&rich()));
+        insta::assert_snapshot!("toon_error", toon_text(&payload(&err)));
+        insta::assert_snapshot!("toon_timeout_rich", toon_text(&payload(&rich())));
+    }
+
+    #[test]
+    fn toon_decodes_back_to_the_structured_payload() {
+        for o in [outcome(), rich()] {
+            let p = payload(&o);
+            let decoded: Value = toon_format::decode_default(&toon_text(&p)).unwrap();
+            assert_eq!(decoded, serde_json::to_value(&p).unwrap());
+        }
+    }
+
+    #[test]
+    fn images_become_image_content() {
+        let r = tool_result(&rich(), OutputMode::Compact);
+        assert_eq!(r.content.len(), 2);
+        let v = serde_json::to_value(&r.content[1]).unwrap();
+        assert_eq!(v["type"], "image");
+        assert_eq!(v["mimeType"], "image/png");
+        assert_eq!(r.structured_content.as_ref().unwrap()["images"], 1);
+    }
+
     #[test]
     fn errors_show_traceback_and_mark_result() {
         let mut o = outcome();

@@ -40,31 +40,55 @@ The user's MCP servers are callable from code. Discover on demand:
   await runtime.search_tool_docs(\"what you need\")
   await runtime.query_tool_docs(\"server\", detail=\"full\")
 Load servers for a call with \"servers\": [\"name\"], then `await mcp_<name>.<tool>(...)` \
-(help() shows each signature); results are Python values.";
+(help() shows each signature); results are Python values.
+Optional: timeout (seconds), session (name of an interpreter), reset (start fresh).";
 
 /// JSON schema of `run_python`'s arguments.
 pub fn input_schema() -> Value {
+    // Property meanings are in the description: repeating them here would cost tokens on every
+    // request.
     json!({
         "type": "object",
         "properties": {
-            "code": {"type": "string", "description": "Python source to run."},
-            "servers": {"type": "array", "items": {"type": "string"}, "description": "MCP servers to load as mcp_<name> for this call."},
-            "timeout": {"type": "number", "description": "Seconds before the code is interrupted (clamped to the bridge's maximum)."},
-            "session": {"type": "string", "description": "Session name; each keeps its own interpreter. Default: one per client."},
-            "reset": {"type": "boolean", "description": "Start a fresh interpreter before running."}
+            "code": {"type": "string"},
+            "servers": {"type": "array", "items": {"type": "string"}},
+            "timeout": {"type": "number"},
+            "session": {"type": "string"},
+            "reset": {"type": "boolean"}
         },
         "required": ["code"],
         "additionalProperties": false
     })
 }
 
+/// JSON schema of `structuredContent` (see `render::Payload`): the same fields in both output
+/// modes, empty ones left out.
+pub fn output_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "status": {"enum": ["ok", "error", "timeout", "cancelled", "crashed", "unavailable"]},
+            "stdout": {"type": "string"},
+            "stderr": {"type": "string"},
+            "value": {"type": "string"},
+            "error": {"type": "object"},
+            "notices": {"type": "array"},
+            "images": {"type": "integer"},
+            "truncated_bytes": {"type": "integer"},
+            "session_reset": {"type": "boolean"},
+            "duration_ms": {"type": "integer"}
+        },
+        "required": ["status"]
+    })
+}
+
 /// The one tool, as `tools/list` shows it.
 pub fn tool() -> Tool {
-    let schema = match input_schema() {
-        Value::Object(m) => m,
-        _ => unreachable!("the schema is an object"),
+    let object = |v: Value| match v {
+        Value::Object(m) => Arc::new(m),
+        _ => unreachable!("schemas are objects"),
     };
-    Tool::new(TOOL_NAME, TOOL_DESCRIPTION, Arc::new(schema))
+    Tool::new(TOOL_NAME, TOOL_DESCRIPTION, object(input_schema())).with_raw_output_schema(object(output_schema()))
 }
 
 /// `run_python`'s arguments.

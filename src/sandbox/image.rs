@@ -144,7 +144,7 @@ pub async fn load(
                 )));
             }
         }
-        if last_report.elapsed().as_secs() >= 2 {
+        if last_report.elapsed().as_millis() >= 250 {
             progress(counted.load(std::sync::atomic::Ordering::Relaxed));
             last_report = Instant::now();
         }

@@ -34,7 +34,12 @@ pub struct Sandbox {
     starting: Mutex<()>,
     owner: String,
     serial: AtomicU64,
+    /// Shows image-load progress (bytes so far); the log when unset.
+    load_progress: std::sync::OnceLock<LoadProgress>,
 }
+
+/// A reporter of image-load progress: bytes streamed so far.
+pub type LoadProgress = Arc<dyn Fn(u64) + Send + Sync>;
 
 impl Sandbox {
     pub fn new(config: Arc<Config>) -> Arc<Self> {
@@ -46,6 +51,7 @@ impl Sandbox {
             starting: Mutex::new(()),
             owner: container::owner_id(),
             serial: AtomicU64::new(0),
+            load_progress: std::sync::OnceLock::new(),
         });
         let weak = Arc::downgrade(&sb);
         let idle = sb.config.runtime_idle_timeout.0;
@@ -58,6 +64,11 @@ impl Sandbox {
             }
         });
         sb
+    }
+
+    /// Report image-load progress to `f` instead of the log (a progress bar on a terminal).
+    pub fn set_load_progress(&self, f: LoadProgress) {
+        let _ = self.load_progress.set(f);
     }
 
     /// The engine, connected at first use. A failure is not cached: the next call tries again.
@@ -92,7 +103,11 @@ impl Sandbox {
                         ));
                     }
                 }
-                image::ensure(&engine.docker, &self.config, &|bytes| tracing::info!(mib = bytes >> 20, "loading sandbox image…"))
+                let report = |bytes: u64| match self.load_progress.get() {
+                    Some(f) => f(bytes),
+                    None => tracing::info!(mib = bytes >> 20, "loading sandbox image…"),
+                };
+                image::ensure(&engine.docker, &self.config, &report)
                     .await
                     .map(|_| ())
                     .map_err(|e| e.0)

@@ -199,3 +199,18 @@ pub async fn containers_of(pid: u32) -> Vec<String> {
         .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
         .collect()
 }
+
+/// The bridge as an rmcp transport, for tests that need their own client handler.
+pub fn transport(home: &Home, env: &[(&str, &str)]) -> TokioChildProcess {
+    let log = std::fs::File::create(home.path().join("bridge.log")).unwrap();
+    let mut all = home.env();
+    all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let cwd = home.path().to_path_buf();
+    let (transport, _) = TokioChildProcess::builder(tokio::process::Command::new(BIN).configure(|c| {
+        c.arg("run").env_clear().envs(all.iter().map(|(k, v)| (k, v))).current_dir(&cwd);
+    }))
+    .stderr(Stdio::from(log))
+    .spawn()
+    .expect("spawn the bridge");
+    transport
+}
