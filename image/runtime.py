@@ -1139,11 +1139,14 @@ def _lookup_loaded(server):
 
 def _not_loaded_error(server):
     discovered = [d.get("name") for d in _state.discovered]
-    if server in discovered or any(d.get("alias") == server for d in _state.discovered):
+    name = next((d.get("name") for d in _state.discovered if server in (d.get("name"), d.get("alias"))), None)
+    if name is not None:
+        # Spelled as run_python's JSON argument (the host's message says the same), with the
+        # server's real name even when its alias was typed.
         return McpError(
-            "MCP server %r is not loaded in this run_python call: pass servers=[%r] to run_python "
+            'MCP server %r is not loaded in this run_python call: pass "servers": [%s] to run_python '
             "to use its tools (its docs are available via runtime.query_tool_docs(%r))."
-            % (server, server, server)
+            % (name, json.dumps(name), name)
         )
     return McpError(
         "MCP server %r is not loaded in this run_python call and was not discovered. "

@@ -15,8 +15,9 @@ set -euo pipefail
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd -- "$here/.." && pwd)
 
-cache_dir="${MCP_CODE_BRIDGE_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/mcp-code-bridge}"
+cache_dir="${MCP_CODE_BRIDGE_CACHE_DIR:-/var/cache/mcp-code-bridge}"
 test_deps=0
+configure=0
 build_image=1
 extras=()
 build_args=()
@@ -30,6 +31,9 @@ PIP_PACKAGES=(
     "mcp-server-time==2026.10.19"
     "mcp-server-git==2026.10.19"
     "mcp==2.3.0"
+    "pytest==8.4.2"
+    "pandas==2.3.3"
+    "matplotlib==3.10.7"
 )
 
 step() { printf '\n==> [setup-debian] %s\n' "$*" >&2; }
@@ -40,9 +44,11 @@ usage() {
     cat <<'EOF'
 Usage: scripts/setup-debian.sh [options]     (as root)
 
+  --configure        point the bridge at the image archive in /etc/mcp-code-bridge/config.toml
+                     (so `mcp-code-bridge` works with no other setting)
   --test-deps        also install the MCP servers and the Python mcp SDK used by the tests
   --cache-dir DIR    where the image archive and test servers go
-                     (default: $MCP_CODE_BRIDGE_CACHE_DIR or ~/.cache/mcp-code-bridge)
+                     (default: $MCP_CODE_BRIDGE_CACHE_DIR or /var/cache/mcp-code-bridge)
   --extra PKG        extra Debian package for the image (repeatable), e.g. python3-matplotlib
   --mirror URL       Debian mirror for the image (default: the one apt on this host uses)
   --no-image         do not build the image archive
@@ -54,6 +60,7 @@ need_arg() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --test-deps) test_deps=1; shift ;;
+        --configure) configure=1; shift ;;
         --cache-dir) need_arg "$@"; cache_dir="$2"; shift 2 ;;
         --extra) need_arg "$@"; extras+=("$2"); build_args+=(--extra "$2"); shift 2 ;;
         --mirror) need_arg "$@"; build_args+=(--mirror "$2"); shift 2 ;;
@@ -155,6 +162,22 @@ if [[ $build_image -eq 1 ]]; then
     [[ -s "$archive" ]] || die "no image archive at $archive"
     log "$(du -h "$archive" | cut -f1) $archive sha256 $(cat "$archive.sha256")"
     env_lines+=("MCP_BRIDGE_IMAGE_ARCHIVE=$archive" "MCP_BRIDGE_IMAGE_SHA256=$(cat "$archive.sha256")")
+fi
+
+# --- the bridge's system configuration ---------------------------------------------------------
+if [[ $configure -eq 1 && $build_image -eq 1 ]]; then
+    etc=/etc/mcp-code-bridge/config.toml
+    marker="# Written by mcp-code-bridge's scripts/setup-debian.sh --configure."
+    if [[ -f "$etc" ]] && ! grep -qxF "$marker" "$etc"; then
+        log "$etc exists and was not written by this script: left alone. Add to it:"
+        log "  image_archive = \"$archive\""
+        log "  image_sha256 = \"$(cat "$archive.sha256")\""
+    else
+        step "writing $etc (image archive and its sha256)"
+        mkdir -p "$(dirname -- "$etc")"
+        printf '%s\n# Edit freely; remove the line above to keep this script from rewriting it.\nimage_archive = "%s"\nimage_sha256 = "%s"\n' \
+            "$marker" "$archive" "$(cat "$archive.sha256")" > "$etc"
+    fi
 fi
 
 # --- MCP servers for the tests -----------------------------------------------------------------

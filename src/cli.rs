@@ -122,11 +122,6 @@ pub enum ImageCommand {
     },
 }
 
-/// Build the upstream side from the configuration.
-pub fn upstreams(config: &Config) -> Upstreams {
-    Upstreams::from_config(config)
-}
-
 pub async fn main(cli: Cli) -> ExitCode {
     let loaded = match config::load(cli.config.as_deref(), &cli.overrides.to_overrides()) {
         Ok(l) => l,
@@ -140,7 +135,7 @@ pub async fn main(cli: Cli) -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => {
             let sandbox = Sandbox::new(config.clone());
-            let ups = upstreams(&config);
+            let ups = Upstreams::from_loaded(&loaded);
             ups.log_discovery();
             let bridge = Bridge::new(config.clone(), sandbox, ups);
             match server::serve_stdio(bridge).await {
@@ -155,10 +150,10 @@ pub async fn main(cli: Cli) -> ExitCode {
             code,
             file,
             servers,
-        } => exec(config, code, file, servers).await,
+        } => exec(config, Upstreams::from_loaded(&loaded), code, file, servers).await,
         Command::Doctor { quick } => doctor(config, &loaded, quick).await,
         Command::Servers => {
-            print!("{}", upstreams(&config).report());
+            print!("{}", Upstreams::from_loaded(&loaded).report());
             ExitCode::SUCCESS
         }
         Command::Config => {
@@ -214,6 +209,7 @@ impl Paint {
 
 async fn exec(
     config: Arc<Config>,
+    ups: Upstreams,
     code: Option<String>,
     file: Option<PathBuf>,
     servers: Vec<String>,
@@ -225,7 +221,6 @@ async fn exec(
             return ExitCode::from(2);
         }
     };
-    let ups = upstreams(&config);
     let binding = match ups.bind(&servers).await {
         Ok(b) => b,
         Err(e) => {
@@ -320,12 +315,17 @@ fn load_bar(config: &Config) -> Option<(indicatif::ProgressBar, crate::sandbox::
         .as_ref()
         .and_then(|p| std::fs::metadata(p).ok())
         .filter(|m| m.permissions().mode() & 0o111 == 0);
-    let style = |t: &str| indicatif::ProgressStyle::with_template(t).unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    let style = |t: &str| {
+        indicatif::ProgressStyle::with_template(t)
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    };
     let bar = match total {
-        Some(m) => indicatif::ProgressBar::new(m.len())
-            .with_style(style("loading sandbox image {bar:30} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")),
-        None => indicatif::ProgressBar::new_spinner()
-            .with_style(style("{spinner} loading sandbox image {bytes} ({bytes_per_sec})")),
+        Some(m) => indicatif::ProgressBar::new(m.len()).with_style(style(
+            "loading sandbox image {bar:30} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+        )),
+        None => indicatif::ProgressBar::new_spinner().with_style(style(
+            "{spinner} loading sandbox image {bytes} ({bytes_per_sec})",
+        )),
     };
     bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     let b = bar.clone();
@@ -473,7 +473,7 @@ async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: bool) -> Ex
             },
         }
     }
-    let ups = upstreams(&config);
+    let ups = Upstreams::from_loaded(loaded);
     let servers = ups.discovered();
     c.ok(&format!(
         "{} MCP server(s) discovered (details: `mcp-code-bridge servers`)",

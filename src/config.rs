@@ -156,6 +156,7 @@ pub struct Config {
     pub timeout: Secs,
     pub max_timeout: Secs,
     pub memory: Size,
+    #[serde(deserialize_with = "flexible_u32")]
     pub pids: u32,
     #[serde(default, deserialize_with = "empty_as_none_f64")]
     pub cpus: Option<f64>,
@@ -171,6 +172,7 @@ pub struct Config {
     pub allow_unenforced_limits: bool,
     pub tmp_size: Size,
     pub workspace_size: Size,
+    #[serde(deserialize_with = "flexible_u32")]
     pub nofile: u32,
     #[serde(default, deserialize_with = "empty_as_none")]
     pub servers_file: Option<PathBuf>,
@@ -283,6 +285,27 @@ pub fn config_files(explicit: Option<&Path>) -> Vec<PathBuf> {
     files
 }
 
+/// The `MCP_BRIDGE_*` variables with their values kept as written. figment's own `Env` parses
+/// values, which is lossy for strings that look like numbers (a sha256 of digits, a uid): every
+/// field here accepts text instead.
+struct EnvStrings(Env);
+
+impl figment::Provider for EnvStrings {
+    fn metadata(&self) -> Metadata {
+        self.0.metadata()
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        let mut dict = figment::value::Dict::new();
+        for (k, v) in self.0.iter() {
+            dict.insert(k.as_str().to_string(), figment::value::Value::from(v));
+        }
+        Ok(figment::Profile::Default.collect(dict))
+    }
+}
+
 /// Load the layered configuration. Errors name the key, the bad value and its source.
 pub fn load(explicit: Option<&Path>, overrides: &Overrides) -> Result<Loaded, ConfigError> {
     if let Some(p) = explicit
@@ -304,11 +327,11 @@ pub fn load(explicit: Option<&Path>, overrides: &Overrides) -> Result<Loaded, Co
     }
     let keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
     figment = figment
-        .merge(
+        .merge(EnvStrings(
             Env::prefixed(ENV_PREFIX)
                 .only(&keys)
                 .map(|k| k.as_str().to_ascii_lowercase().into()),
-        )
+        ))
         .merge(Serialized::defaults(overrides));
     let config: Config = figment
         .extract()
@@ -662,6 +685,21 @@ fn flexible_bool<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     }
 }
 
+fn flexible_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    match NumOrStr::deserialize(d)? {
+        NumOrStr::Int(n) => u32::try_from(n).map_err(|_| {
+            serde::de::Error::custom(format!("{n} is out of range (0 to {})", u32::MAX))
+        }),
+        NumOrStr::Str(s) => s
+            .trim()
+            .parse()
+            .map_err(|_| serde::de::Error::custom(format!("{s:?} is not a whole number"))),
+        NumOrStr::Float(x) => Err(serde::de::Error::custom(format!(
+            "{x} is not a whole number"
+        ))),
+    }
+}
+
 fn empty_as_none<'de, D: Deserializer<'de>, T: From<String>>(d: D) -> Result<Option<T>, D::Error> {
     let s: Option<String> = Option::deserialize(d)?;
     Ok(s.filter(|s| !s.trim().is_empty()).map(T::from))
@@ -700,6 +738,27 @@ mod tests {
     }
 
     #[test]
+    fn readme_documents_every_key_with_its_default() {
+        let readme = include_str!("../README.md");
+        for k in KEYS {
+            let default = if k.default.is_empty() {
+                "—".to_string()
+            } else {
+                format!("`{}`", k.default)
+            };
+            let row = format!(
+                "| `{}` | `{ENV_PREFIX}{}` | {default} |",
+                k.name,
+                k.name.to_ascii_uppercase()
+            );
+            assert!(
+                readme.contains(&row),
+                "README.md lacks the row starting {row:?}"
+            );
+        }
+    }
+
+    #[test]
     fn durations_and_sizes() {
         assert_eq!(Secs::parse("30").unwrap().0, Duration::from_secs(30));
         assert_eq!(Secs::parse("30s").unwrap().0, Duration::from_secs(30));
@@ -732,6 +791,16 @@ mod tests {
             assert_eq!(l.source_of("memory"), "environment");
             assert!(l.source_of("timeout").ends_with("c.toml"));
             assert_eq!(l.source_of("pids"), "default");
+
+            // Values that look like numbers stay text where text is meant.
+            jail.set_env("MCP_BRIDGE_IMAGE_SHA256", "0".repeat(64));
+            jail.set_env("MCP_BRIDGE_PIDS", "64");
+            let l = load(Some(Path::new("c.toml")), &Overrides::default()).map_err(|e| e.0)?;
+            assert_eq!(
+                l.config.image_sha256.as_deref(),
+                Some("0".repeat(64).as_str())
+            );
+            assert_eq!(l.config.pids, 64);
 
             let o = Overrides {
                 memory: Some("128m".into()),

@@ -88,7 +88,8 @@ pub fn tool() -> Tool {
         Value::Object(m) => Arc::new(m),
         _ => unreachable!("schemas are objects"),
     };
-    Tool::new(TOOL_NAME, TOOL_DESCRIPTION, object(input_schema())).with_raw_output_schema(object(output_schema()))
+    Tool::new(TOOL_NAME, TOOL_DESCRIPTION, object(input_schema()))
+        .with_raw_output_schema(object(output_schema()))
 }
 
 /// `run_python`'s arguments.

@@ -182,3 +182,64 @@ async fn the_image_is_loaded_from_its_archive_on_first_use() {
     b.shutdown().await;
     let _ = Command::new("podman").args(["rmi", "-f", &tag]).output();
 }
+
+#[test]
+fn a_gzipped_archive_loads_and_a_wrong_sha256_loads_nothing() {
+    use sha2::Digest;
+    use std::io::Write;
+    let home = Home::new();
+    let gz = home.path().join("sandbox.tar.gz");
+    {
+        let mut enc = flate2::write::GzEncoder::new(
+            std::fs::File::create(&gz).unwrap(),
+            flate2::Compression::fast(),
+        );
+        std::io::copy(
+            &mut std::fs::File::open(common::image_archive()).unwrap(),
+            &mut enc,
+        )
+        .unwrap();
+        enc.finish().unwrap().flush().unwrap();
+    }
+    let digest = hex::encode(sha2::Sha256::digest(std::fs::read(&gz).unwrap()));
+    let tag = format!("mcp-code-bridge-sandbox:gz-{}", std::process::id());
+    let exists = || {
+        Command::new("podman")
+            .args(["image", "exists", &tag])
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(!exists());
+
+    let out = bridge_cmd(&home)
+        .env("MCP_BRIDGE_IMAGE", &tag)
+        .env("MCP_BRIDGE_IMAGE_ARCHIVE", &gz)
+        .env("MCP_BRIDGE_IMAGE_SHA256", "0".repeat(64))
+        .args(["exec", "print(1)"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sha256 mismatch") && err.contains(&digest),
+        "{err}"
+    );
+    assert!(!exists(), "a corrupt archive must load nothing");
+
+    let out = bridge_cmd(&home)
+        .env("MCP_BRIDGE_IMAGE", &tag)
+        .env("MCP_BRIDGE_IMAGE_ARCHIVE", &gz)
+        .env("MCP_BRIDGE_IMAGE_SHA256", &digest)
+        .args(["exec", "print('from gz')"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "from gz\n");
+    assert!(exists());
+    let _ = Command::new("podman").args(["rmi", "-f", &tag]).output();
+}

@@ -201,7 +201,6 @@ print(json.dumps({{"files": names, "rows": len(all_), "qty": int(all_["qty"].sum
     b.shutdown().await;
 }
 
-
 /// Every tool of server-everything is reachable from Python: listed from inside, called with
 /// real arguments, results as Python values (dicts, images, resources), `help()` shows the
 /// signature, a wrong argument is a TypeError raised before any RPC, and tools the bridge's client
@@ -315,6 +314,14 @@ print(json.dumps(out))
     );
     // Tools needing client capabilities the bridge does not offer (tasks, elicitation,
     // sampling, roots) fail with a clear McpError naming the reason: they do not hang.
+    // (`simulate-research-query` is registered after the handshake, so it may or may not be in
+    // the first listing; when it is, it requires task augmentation.)
+    if listed.contains("simulate-research-query") {
+        let e = v["failed"]["simulate-research-query"]
+            .as_str()
+            .unwrap_or("");
+        assert!(e.contains("requires task augmentation"), "{v}");
+    }
     for (tool, err) in v["failed"].as_object().unwrap() {
         let err = err.as_str().unwrap();
         assert!(err.starts_with("McpToolError: ") || err.starts_with("McpError: "));
@@ -339,7 +346,10 @@ print(json.dumps(out))
     assert_eq!(v["links"].as_array().unwrap().len(), 3, "{}", v["links"]);
     for l in v["links"].as_array().unwrap() {
         assert_eq!(l[0], "resource_link");
-        assert!(l[1].as_str().unwrap().starts_with("demo://resource/"), "{l}");
+        assert!(
+            l[1].as_str().unwrap().starts_with("demo://resource/"),
+            "{l}"
+        );
     }
     assert_eq!(v["embedded"][0], "resource");
     assert_eq!(v["embedded"][1], "demo://resource/dynamic/text/1");
@@ -363,11 +373,15 @@ print(json.dumps(out))
     );
     let te = v["type_errors"].as_array().unwrap();
     assert!(
-        te[0].as_str().unwrap().contains("unexpected keyword argument 'msg'"),
+        te[0]
+            .as_str()
+            .unwrap()
+            .contains("unexpected keyword argument 'msg'"),
         "{te:?}"
     );
     assert!(
-        te[1].as_str().unwrap().contains("missing 1 required") && te[1].as_str().unwrap().contains("'message'"),
+        te[1].as_str().unwrap().contains("missing 1 required")
+            && te[1].as_str().unwrap().contains("'message'"),
         "{te:?}"
     );
     assert!(te[2].as_str().unwrap().starts_with("TypeError"), "{te:?}");
@@ -380,12 +394,19 @@ print(json.dumps(out))
     assert_eq!(v["tool_error"][2], true);
 
     // help() shows the real signature and the parameter docs.
-    let r = py_with(&b, &["everything"], "help(mcp_everything.echo)\nhelp(mcp_everything.get_sum)")
-        .await
-        .ok();
+    let r = py_with(
+        &b,
+        &["everything"],
+        "help(mcp_everything.echo)\nhelp(mcp_everything.get_sum)",
+    )
+    .await
+    .ok();
     let out = r.stdout();
     assert!(out.contains("async echo(message: str)"), "{out}");
-    assert!(out.contains("message (str, required): Message to echo"), "{out}");
+    assert!(
+        out.contains("message (str, required): Message to echo"),
+        "{out}"
+    );
     assert!(out.contains("get_sum(a: float, b: float)"), "{out}");
 
     // display() of a tool's Image puts an MCP image into the run_python result.
@@ -415,7 +436,12 @@ async fn time_and_git_servers_through_the_bridge() {
     let (_dir, repo) = canonical_tempdir();
     let git = |args: &[&str]| {
         let ok = std::process::Command::new("git")
-            .args(["-c", "user.name=Bridge Test", "-c", "user.email=t@example.com"])
+            .args([
+                "-c",
+                "user.name=Bridge Test",
+                "-c",
+                "user.email=t@example.com",
+            ])
             .args(args)
             .current_dir(&repo)
             .status()
@@ -466,6 +492,409 @@ print(json.dumps({{"now": [type(now).__name__, now.get("timezone"), "datetime" i
         "{}",
         v["log"]
     );
-    assert!(v["diff"].as_str().unwrap().contains("+two"), "{}", v["diff"]);
+    assert!(
+        v["diff"].as_str().unwrap().contains("+two"),
+        "{}",
+        v["diff"]
+    );
     b.shutdown().await;
+}
+
+/// Discovery from inside the sandbox: every configured server is listed (loaded or not, from the
+/// TOML and from `mcpServers` JSON files), search is ranked and fuzzy, full docs carry the input
+/// schema, and a call to a server not loaded for this call says how to load it.
+#[tokio::test(flavor = "multi_thread")]
+async fn discovery_and_search_from_inside_the_sandbox() {
+    let (_dir, root) = canonical_tempdir();
+    let home = Home::new();
+    write_toml_servers(
+        &home,
+        &json!({
+            "time": stdio("mcp-server-time", &["--local-timezone", "UTC"]),
+            "everything": stdio("mcp-server-everything", &[]),
+        }),
+    );
+    // JSON discovery files in the temporary HOME and project directory.
+    let mcps = home.path().join("MCPs");
+    std::fs::create_dir_all(&mcps).unwrap();
+    std::fs::write(
+        mcps.join("files.json"),
+        json!({"mcpServers": {"file-system": stdio("mcp-server-filesystem", &[root.to_str().unwrap()])}})
+            .to_string(),
+    )
+    .unwrap();
+    let project = home.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(
+        project.join(".mcp.json"),
+        json!({"mcpServers": {"git": stdio("mcp-server-git", &[])}}).to_string(),
+    )
+    .unwrap();
+    let b = Bridge::start_with(home, &[], Some(&project)).await;
+
+    let code = r#"
+import json
+from mcp import runtime
+out = {"discovered": list(runtime.discovered_servers()), "loaded": list(runtime.list_servers_sync()),
+       "proxies": sorted(k for k in globals() if k.startswith("mcp_") and k != "mcp_servers")}
+hits = await runtime.search_tool_docs("current time in a timezone")
+out["hits"] = [[h["server"], h["tool"]] for h in hits]
+out["hit0"] = hits[0]
+out["fuzzy"] = [[h["server"], h["tool"]] for h in runtime.search_tool_docs_sync("curent tme in a timezon", limit=3)]
+out["dir"] = [[h["server"], h["tool"]] for h in await runtime.search_tool_docs("list the files of a directory", limit=2)]
+full = await runtime.query_tool_docs("time", detail="full")
+out["full"] = {d["tool"]: sorted((d.get("inputSchema") or {}).get("properties", {})) for d in full}
+summary = runtime.query_tool_docs_sync("time", tool="convert_time")
+out["summary"] = [sorted(d) for d in summary]
+out["by_alias"] = [d["tool"] for d in await runtime.query_tool_docs("file_system", tool="list_directory")]
+out["list_tools"] = sorted(t["name"] for t in runtime.list_tools_sync("time"))
+out["summary_text"] = runtime.capability_summary()
+try:
+    await runtime.call_tool("time", "get_current_time", {"timezone": "UTC"})
+    out["call"] = None
+except runtime.McpError as e:
+    out["call"] = str(e)
+try:
+    from mcp.servers.time import get_current_time
+    out["import"] = None
+except ImportError as e:
+    out["import"] = str(e)
+try:
+    runtime.describe_server("time")
+    out["describe"] = None
+except runtime.McpError as e:
+    out["describe"] = str(e)
+print(json.dumps(out))
+"#;
+    let r = py_with(&b, &[], code).await.ok();
+    let v = last_json(&r);
+    assert_eq!(
+        v["discovered"],
+        json!(["everything", "file-system", "git", "time"])
+    );
+    assert_eq!(v["loaded"], json!([]));
+    assert_eq!(v["proxies"], json!([]));
+    assert_eq!(v["hits"][0], json!(["time", "get_current_time"]), "{v}");
+    assert_eq!(v["hit0"]["serverAlias"], "time");
+    assert_eq!(v["hit0"]["toolAlias"], "get_current_time");
+    assert!(v["hit0"]["score"].as_f64().unwrap() > 0.0);
+    assert!(v["hit0"]["description"].as_str().unwrap().contains("time"));
+    assert_eq!(
+        v["fuzzy"][0],
+        json!(["time", "get_current_time"]),
+        "a misspelled query still ranks the time tool first: {}",
+        v["fuzzy"]
+    );
+    assert_eq!(
+        v["dir"][0],
+        json!(["file-system", "list_directory"]),
+        "{}",
+        v["dir"]
+    );
+    assert_eq!(v["full"]["get_current_time"], json!(["timezone"]));
+    assert_eq!(
+        v["full"]["convert_time"],
+        json!(["source_timezone", "target_timezone", "time"])
+    );
+    assert_eq!(
+        v["summary"],
+        json!([["description", "server", "serverAlias", "tool", "toolAlias"]])
+    );
+    assert_eq!(v["by_alias"], json!(["list_directory"]));
+    assert_eq!(v["list_tools"], json!(["convert_time", "get_current_time"]));
+    let summary = v["summary_text"].as_str().unwrap();
+    assert!(
+        summary.contains("4 MCP server(s) discovered: everything, file-system, git, time"),
+        "{summary}"
+    );
+    for key in ["call", "import", "describe"] {
+        let e = v[key].as_str().unwrap_or_else(|| panic!("{key}: no error"));
+        assert!(
+            e.contains("not loaded") && e.contains(r#""servers": ["time"]"#),
+            "{key}: {e}"
+        );
+    }
+
+    // Loaded: the proxy exists for this call only.
+    let r = py_with(
+        &b,
+        &["time"],
+        "from mcp import runtime\nprint(sorted(await runtime.list_servers()), (await mcp_time.get_current_time(timezone='UTC'))['timezone'])",
+    )
+    .await
+    .ok();
+    assert_eq!(r.stdout().trim(), "['time'] UTC");
+    let r = py_with(&b, &[], "print('mcp_time' in globals())")
+        .await
+        .ok();
+    assert_eq!(r.stdout().trim(), "False");
+    // The same server by its alias.
+    let r = py_with(
+        &b,
+        &["file_system"],
+        "print(type(mcp_file_system).__name__, 'list_directory' in dir(mcp_file_system))",
+    )
+    .await
+    .ok();
+    assert_eq!(r.stdout().trim(), "mcp_file_system True");
+    // An unknown server is a clear error and the bridge keeps serving.
+    let r = py_with(&b, &["nope"], "print(1)").await;
+    assert!(r.is_error());
+    let text = r.text();
+    assert!(
+        text.contains("'nope'") && text.contains("everything, file-system, git, time"),
+        "{text}"
+    );
+    let r = b.py("print(2)").await.ok();
+    assert_eq!(r.stdout().trim(), "2");
+    b.shutdown().await;
+}
+
+/// The standing context does not grow with the servers: `tools/list` is the same bytes with 0, 1
+/// and 20 servers configured, and listing starts none of them.
+#[tokio::test(flavor = "multi_thread")]
+async fn tools_list_is_identical_for_0_1_and_20_servers() {
+    let mut replies = Vec::new();
+    for n in [0usize, 1, 20] {
+        let servers: serde_json::Map<String, Value> = (0..n)
+            .map(|i| {
+                (
+                    format!("time{i:02}"),
+                    stdio("mcp-server-time", &["--local-timezone", "UTC"]),
+                )
+            })
+            .collect();
+        let b = bridge_with(Value::Object(servers)).await;
+        let tools = b.client.list_all_tools().await.expect("tools/list");
+        replies.push(serde_json::to_string(&tools).unwrap());
+        // The servers are configured (the capabilities resource names them) but none started.
+        let caps = b
+            .client
+            .read_resource(rmcp::model::ReadResourceRequestParams::new(
+                "resource://mcp-code-bridge/capabilities",
+            ))
+            .await
+            .unwrap();
+        let caps = serde_json::to_string(&caps).unwrap();
+        assert_eq!(caps.matches("(alias `mcp_time").count(), n, "{caps}");
+        assert!(
+            children_matching(b.pid, "mcp-server-time").is_empty(),
+            "tools/list started an upstream server"
+        );
+        b.shutdown().await;
+    }
+    assert!(replies[0].contains("run_python"));
+    assert_eq!(replies[0], replies[1]);
+    assert_eq!(replies[0], replies[2]);
+}
+
+/// An upstream's secrets (`env`, `env_file`) reach the upstream and nothing in the sandbox:
+/// not its environment, not the exec metadata, not /proc, not any readable file.
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_secrets_never_enter_the_sandbox() {
+    let nonce = format!("{:x}", std::process::id() as u64 * 7919 + 12345);
+    let secret = format!("s3cr3t-env-{nonce}");
+    let file_secret = format!("s3cr3t-file-{nonce}");
+    let (_dir, secrets_dir) = canonical_tempdir();
+    let env_file = secrets_dir.join("everything.env");
+    std::fs::write(&env_file, format!("FILE_TOKEN={file_secret}\n")).unwrap();
+    let mut entry = stdio("mcp-server-everything", &[]);
+    entry["env"] = json!({"SECRET_TOKEN": secret});
+    entry["env_file"] = json!(env_file);
+    entry["description"] = json!("reference server with secrets");
+    let b = bridge_with(json!({"everything": entry})).await;
+
+    // The code never spells the secrets (they are built reversed), so finding them anywhere
+    // means they leaked.
+    let rev = |s: &str| s.chars().rev().collect::<String>();
+    let code = format!(
+        r#"
+import json, os, subprocess
+from mcp import runtime
+secrets = [{a}[::-1], {b}[::-1]]
+found = []
+def check(what, text):
+    for s in secrets:
+        if s in text:
+            found.append(what)
+check("os.environ", json.dumps(dict(os.environ)))
+check("describe_server", json.dumps(runtime.describe_server("everything")))
+check("metadata", json.dumps(runtime.list_loaded_server_metadata()))
+check("docs", json.dumps(await runtime.query_tool_docs("everything", detail="full")))
+check("capability_summary", runtime.capability_summary())
+check("proxy doc", repr(mcp_everything) + (type(mcp_everything).__doc__ or ""))
+environs = 0
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                check("/proc/%s/environ" % pid, f.read().decode("utf-8", "replace"))
+            environs += 1
+        except OSError:
+            pass
+with open("/proc/self/environ", "rb") as f:
+    check("/proc/self/environ", f.read().decode("utf-8", "replace"))
+with open("/proc/self/cmdline", "rb") as f:
+    check("/proc/self/cmdline", f.read().decode("utf-8", "replace"))
+# A canary proves the grep reads the tree (and the secrets' patterns work).
+canary = "yranac-" + secrets[0][::-1][:8]
+with open("/tmp/mcb-canary.txt", "w") as f:
+    f.write(canary[::-1] + "\n")
+tops = ["/" + d for d in sorted(os.listdir("/")) if d not in ("proc", "sys")]
+args = ["grep", "-rlsF", "--devices=skip", "-e", canary[::-1]]
+for s in secrets:
+    args += ["-e", s]
+g = subprocess.run(args + tops, capture_output=True, text=True)
+hits = g.stdout.splitlines()
+found += ["file " + l for l in hits if l != "/tmp/mcb-canary.txt"]
+print(json.dumps({{"found": found, "environs": environs, "canary": "/tmp/mcb-canary.txt" in hits, "tops": tops}}))
+"#,
+        a = serde_json::to_string(&rev(&secret)).unwrap(),
+        b = serde_json::to_string(&rev(&file_secret)).unwrap(),
+    );
+    let r = py_with(&b, &["everything"], &code).await.ok();
+    let v = last_json(&r);
+    assert_eq!(v["found"], json!([]), "secrets leaked into the sandbox");
+    assert!(v["environs"].as_u64().unwrap() >= 1);
+    assert_eq!(v["canary"], true, "the grep did not scan: {}", r.text());
+    assert!(v["tops"].as_array().unwrap().contains(&json!("/usr")));
+    let all = serde_json::to_string(&r.0).unwrap();
+    assert!(!all.contains(&secret) && !all.contains(&file_secret));
+
+    // The upstream itself got both: its get-env tool reports them (a tool result is the one
+    // thing that may carry them in).
+    let r = py_with(
+        &b,
+        &["everything"],
+        "env = await mcp_everything.get_env()\nprint(env.get('SECRET_TOKEN', '')[:6], env.get('FILE_TOKEN', '')[:6], len(env.get('SECRET_TOKEN', '')))",
+    )
+    .await
+    .ok();
+    assert_eq!(r.stdout().trim(), format!("s3cr3t s3cr3t {}", secret.len()));
+    let pids = children_matching(b.pid, "server-everything");
+    assert_eq!(pids.len(), 1, "one everything child");
+    let environ = std::fs::read(format!("/proc/{}/environ", pids[0])).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(environ.contains(&format!("SECRET_TOKEN={secret}")));
+    assert!(environ.contains(&format!("FILE_TOKEN={file_secret}")));
+    b.shutdown().await;
+}
+
+/// An upstream killed between calls of a session is restarted by the next call, which succeeds;
+/// the session's interpreter state survives.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_upstream_is_restarted_by_the_next_call() {
+    let b = bridge_with(json!({"everything": stdio("mcp-server-everything", &[])})).await;
+    let r = py_with(
+        &b,
+        &["everything"],
+        "kept = 41\nprint(await mcp_everything.echo(message='one'))",
+    )
+    .await
+    .ok();
+    assert_eq!(r.stdout().trim(), "Echo: one");
+    let pids = children_matching(b.pid, "server-everything");
+    assert_eq!(pids.len(), 1, "one running upstream: {pids:?}");
+    let first = pids[0];
+    unsafe { libc::kill(first as i32, libc::SIGKILL) };
+    wait_until("the upstream to die", Duration::from_secs(10), || {
+        !alive(first)
+    })
+    .await;
+
+    let r = py_with(
+        &b,
+        &["everything"],
+        "print(await mcp_everything.echo(message='two'), kept + 1)",
+    )
+    .await
+    .ok();
+    assert_eq!(r.stdout().trim(), "Echo: two 42");
+    let pids = children_matching(b.pid, "server-everything");
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    assert_ne!(pids[0], first, "a new upstream process");
+
+    // Killed again, this time right before the call (the bridge has not noticed yet): the call
+    // is retried on a fresh server or says the server crashed; either way the next call works.
+    unsafe { libc::kill(pids[0] as i32, libc::SIGKILL) };
+    let r = py_with(
+        &b,
+        &["everything"],
+        "from mcp import runtime\ntry:\n    print(await mcp_everything.echo(message='three'))\nexcept runtime.McpError as e:\n    print('McpError', e)",
+    )
+    .await
+    .ok();
+    let out = r.stdout().trim().to_string();
+    assert!(
+        out == "Echo: three" || (out.starts_with("McpError") && out.contains("crashed")),
+        "{out}"
+    );
+    let r = py_with(
+        &b,
+        &["everything"],
+        "print(await mcp_everything.echo(message='four'))",
+    )
+    .await
+    .ok();
+    assert_eq!(r.stdout().trim(), "Echo: four");
+    b.shutdown().await;
+}
+
+/// A Streamable HTTP upstream configured by `url` (in a JSON discovery file, with a header that
+/// never reaches the sandbox).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_http_upstream_through_the_bridge() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = tokio::process::Command::new(server_bin("mcp-server-everything"))
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the HTTP server did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let home = Home::new();
+    let dir = home.path().join(".config/mcp/servers");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("remote.json"),
+        json!({"mcpServers": {"everything-http": {
+            "type": "http",
+            "url": format!("http://127.0.0.1:{port}/mcp"),
+            "headers": {"Authorization": "Bearer hdr-s3cr3t-4711"},
+        }}})
+        .to_string(),
+    )
+    .unwrap();
+    let b = Bridge::start_with(home, &[], None).await;
+    let code = r#"
+import json
+from mcp import runtime
+out = {"echo": await mcp_everything_http.echo(message="over http"),
+       "structured": dict(await mcp_everything_http.get_structured_content(location="New York")),
+       "long": str(await mcp_everything_http.trigger_long_running_operation(duration=1, steps=2)),
+       "meta": json.dumps(runtime.list_loaded_server_metadata())}
+print(json.dumps(out))
+"#;
+    let r = py_with(&b, &["everything-http"], code).await.ok();
+    let v = last_json(&r);
+    assert_eq!(v["echo"], "Echo: over http");
+    assert_eq!(v["structured"]["temperature"], 33);
+    assert!(v["long"].as_str().unwrap().contains("completed"));
+    assert!(!v["meta"].as_str().unwrap().contains("s3cr3t"));
+    assert!(!serde_json::to_string(&r.0).unwrap().contains("s3cr3t"));
+    b.shutdown().await;
+    let _ = child.kill().await;
 }

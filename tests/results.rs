@@ -20,27 +20,53 @@ struct ProgressClient {
 }
 
 impl ClientHandler for ProgressClient {
-    async fn on_progress(&self, params: rmcp::model::ProgressNotificationParam, _context: rmcp::service::NotificationContext<rmcp::RoleClient>) {
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
         self.progress.handle_notification(params).await;
     }
 }
 
 fn call(args: Value) -> ClientRequest {
-    ClientRequest::CallToolRequest(Request::new(CallToolRequestParams::new("run_python").with_arguments(args.as_object().cloned().unwrap())))
+    ClientRequest::CallToolRequest(Request::new(
+        CallToolRequestParams::new("run_python").with_arguments(args.as_object().cloned().unwrap()),
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn output_streams_as_progress_notifications_while_the_code_runs() {
     let home = Home::new();
     let handler = ProgressClient::default();
-    let client = handler.clone().serve(common::transport(&home, &[])).await.unwrap();
+    let client = handler
+        .clone()
+        .serve(common::transport(&home, &[]))
+        .await
+        .unwrap();
     // Warm the sandbox so the timed part is only the code.
-    let warm = client.send_cancellable_request(call(json!({"code": "pass"})), PeerRequestOptions::no_options()).await.unwrap();
+    let warm = client
+        .send_cancellable_request(
+            call(json!({"code": "pass"})),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
     warm.await_response().await.unwrap();
 
-    let code = "import time\nfor i in range(5):\n    print(f'tick {i}', flush=True)\n    time.sleep(1)";
-    let handle = client.send_cancellable_request(call(json!({"code": code})), PeerRequestOptions::no_options()).await.unwrap();
-    let mut progress = handler.progress.subscribe(handle.progress_token.clone()).await;
+    let code =
+        "import time\nfor i in range(5):\n    print(f'tick {i}', flush=True)\n    time.sleep(1)";
+    let handle = client
+        .send_cancellable_request(
+            call(json!({"code": code})),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    let mut progress = handler
+        .progress
+        .subscribe(handle.progress_token.clone())
+        .await;
     let started = std::time::Instant::now();
     let mut seen = Vec::new();
     let collect = async {
@@ -53,14 +79,31 @@ async fn output_streams_as_progress_notifications_while_the_code_runs() {
     };
     let _ = tokio::time::timeout(Duration::from_secs(30), collect).await;
     let response = handle.await_response().await.unwrap();
-    let ServerResult::CallToolResult(r) = response else { panic!("unexpected response {response:?}") };
-    assert_eq!(Outcome(r).ok().stdout(), "tick 0\ntick 1\ntick 2\ntick 3\ntick 4\n");
+    let ServerResult::CallToolResult(r) = response else {
+        panic!("unexpected response {response:?}")
+    };
+    assert_eq!(
+        Outcome(r).ok().stdout(),
+        "tick 0\ntick 1\ntick 2\ntick 3\ntick 4\n"
+    );
     let ticks: Vec<_> = seen.iter().filter(|(_, m)| m.contains("tick")).collect();
-    assert!(ticks.len() >= 3, "expected progress while running, got {seen:?}");
+    assert!(
+        ticks.len() >= 3,
+        "expected progress while running, got {seen:?}"
+    );
     // The first tick arrived while the code was still running, not with the result.
-    let first = ticks.iter().find(|(_, m)| m.contains("tick 0")).expect("tick 0 as progress");
-    let last = ticks.iter().find(|(_, m)| m.contains("tick 4")).expect("tick 4 as progress");
-    assert!(last.0 > first.0 + Duration::from_secs(2), "ticks came in one burst: {seen:?}");
+    let first = ticks
+        .iter()
+        .find(|(_, m)| m.contains("tick 0"))
+        .expect("tick 0 as progress");
+    let last = ticks
+        .iter()
+        .find(|(_, m)| m.contains("tick 4"))
+        .expect("tick 4 as progress");
+    assert!(
+        last.0 > first.0 + Duration::from_secs(2),
+        "ticks came in one burst: {seen:?}"
+    );
     client.cancel().await.unwrap();
 }
 
@@ -68,16 +111,39 @@ async fn output_streams_as_progress_notifications_while_the_code_runs() {
 async fn cancellation_interrupts_the_code_and_keeps_the_session() {
     let home = Home::new();
     let client = ().serve(common::transport(&home, &[])).await.unwrap();
-    let first = client.send_cancellable_request(call(json!({"code": "survivor = 'here'"})), PeerRequestOptions::no_options()).await.unwrap();
+    let first = client
+        .send_cancellable_request(
+            call(json!({"code": "survivor = 'here'"})),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
     first.await_response().await.unwrap();
     let code = "import time\nfor i in range(600):\n    time.sleep(0.1)\nfinished = True";
-    let handle = client.send_cancellable_request(call(json!({"code": code})), PeerRequestOptions::no_options()).await.unwrap();
+    let handle = client
+        .send_cancellable_request(
+            call(json!({"code": code})),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     handle.cancel(Some("test cancels".into())).await.unwrap();
     // Right after, the session answers (it was interrupted, not left running for 60 s) and kept state.
-    let next = client.send_cancellable_request(call(json!({"code": "print(survivor, 'finished' in globals())"})), PeerRequestOptions::no_options()).await.unwrap();
-    let response = tokio::time::timeout(Duration::from_secs(20), next.await_response()).await.expect("session free after cancel").unwrap();
-    let ServerResult::CallToolResult(r) = response else { panic!("unexpected response {response:?}") };
+    let next = client
+        .send_cancellable_request(
+            call(json!({"code": "print(survivor, 'finished' in globals())"})),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(20), next.await_response())
+        .await
+        .expect("session free after cancel")
+        .unwrap();
+    let ServerResult::CallToolResult(r) = response else {
+        panic!("unexpected response {response:?}")
+    };
     assert_eq!(Outcome(r).ok().stdout(), "here False\n");
     client.cancel().await.unwrap();
 }
@@ -85,9 +151,13 @@ async fn cancellation_interrupts_the_code_and_keeps_the_session() {
 #[tokio::test(flavor = "multi_thread")]
 async fn toon_mode_decodes_back_to_the_structured_payload() {
     let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_OUTPUT_MODE", "toon")], None).await;
-    for code in ["print('hello')\n{'a': 1}", "import sys\nprint('warn', file=sys.stderr)\n1/0"] {
+    for code in [
+        "print('hello')\n{'a': 1}",
+        "import sys\nprint('warn', file=sys.stderr)\n1/0",
+    ] {
         let r = b.py(code).await;
-        let decoded: Value = toon_format::decode_default(&r.text()).unwrap_or_else(|e| panic!("not TOON ({e}): {}", r.text()));
+        let decoded: Value = toon_format::decode_default(&r.text())
+            .unwrap_or_else(|e| panic!("not TOON ({e}): {}", r.text()));
         assert_eq!(&decoded, r.sc());
     }
     b.shutdown().await;
@@ -98,7 +168,10 @@ async fn the_last_expression_is_shown_like_a_notebook() {
     let b = Bridge::start().await;
     let r = b.py("import pandas as pd\ndf = pd.DataFrame({'x': [1, 2, 3, 4], 'y': [10.0, 20.0, 30.0, 40.0]})\ndf.describe()").await.ok();
     let v = r.sc()["value"].as_str().unwrap();
-    assert!(v.contains("count") && v.contains("mean") && v.contains("25.0"), "{v}");
+    assert!(
+        v.contains("count") && v.contains("mean") && v.contains("25.0"),
+        "{v}"
+    );
     assert!(r.text().contains("mean"));
     // Assignments and None show nothing.
     let r = b.py("z = 5").await.ok();
@@ -118,11 +191,19 @@ async fn a_matplotlib_figure_arrives_as_png_image_content() {
     let images: Vec<_> = r.0.content.iter().filter_map(|c| c.as_image()).collect();
     assert_eq!(images.len(), 1, "{:?}", r.0.content);
     assert_eq!(images[0].mime_type, "image/png");
-    let png = base64::engine::general_purpose::STANDARD.decode(&images[0].data).unwrap();
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(&images[0].data)
+        .unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-    let (w, h) = (u32::from_be_bytes(png[16..20].try_into().unwrap()), u32::from_be_bytes(png[20..24].try_into().unwrap()));
+    let (w, h) = (
+        u32::from_be_bytes(png[16..20].try_into().unwrap()),
+        u32::from_be_bytes(png[20..24].try_into().unwrap()),
+    );
     // 4x3 inches at 50 dpi, trimmed to its content like a notebook does (bbox_inches="tight").
-    assert!((100..=200).contains(&w) && (75..=150).contains(&h), "{w}x{h}");
+    assert!(
+        (100..=200).contains(&w) && (75..=150).contains(&h),
+        "{w}x{h}"
+    );
     // The image is not also pasted into the text as base64.
     assert!(!r.text().contains("iVBOR"));
     b.shutdown().await;

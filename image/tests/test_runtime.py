@@ -570,7 +570,7 @@ def test_import_star_from_server_module(sb):
               "import mcp.servers.file_system as m\n[res, m.__all__, list_.__module__]", servers=[FS], rpc=host)
     assert r.value == "[[1, 2], ['read_file', 'list_', 'snap'], 'mcp.servers.file_system']"
     r = sb.run("from mcp.servers.other import *", servers=[FS], discovered=[{"name": "other", "alias": "other"}])
-    assert r.error["type"] == "ModuleNotFoundError" and "servers=['other']" in r.error["message"]
+    assert r.error["type"] == "ModuleNotFoundError" and '"servers": ["other"]' in r.error["message"]
 
 
 def test_result_conversion(sb):
@@ -644,7 +644,7 @@ def test_stale_proxy_and_unloaded_servers(sb):
     for code in ("await old.read_file('x')", "await old_tool('x')", "await read_file('x')"):
         r = sb.run(code, servers=[OTHER], discovered=[{"name": "file-system", "alias": "file_system"}], rpc=host)
         assert r.error["type"] == "McpError", r.result
-        assert "not loaded" in r.error["message"] and "servers=['file-system']" in r.error["message"]
+        assert "not loaded" in r.error["message"] and '"servers": ["file-system"]' in r.error["message"]
         assert r.rpcs == []
     # loaded again: the old objects work again
     assert sb.ok("await old_tool('x')", servers=[FS], rpc=host).value == "'ok'"
@@ -706,7 +706,7 @@ def test_runtime_helpers(sb):
     assert out["s"][0]["score"] == 0.9 and out["ss"][0]["tool"] == "read-file"
     assert "far" in out["cap"] and "mcp_file_system" in out["cap"] and "\n" not in out["cap"]
     assert out["err"] == "unknown server 'nope'"
-    assert "servers=['far']" in out["derr"]
+    assert '"servers": ["far"]' in out["derr"]
     methods = [m for m, _ in host.calls]
     assert methods == ["list_servers", "list_tools", "query_tool_docs", "query_tool_docs", "search_tool_docs",
                        "search_tool_docs", "query_tool_docs"]

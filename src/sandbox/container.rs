@@ -54,6 +54,9 @@ pub fn spec(config: &Config, session: &str, owner: &str) -> ContainerCreateBody 
         "/workspace".to_string(),
         tmpfs_opts(config.workspace_size.0),
     );
+    // Podman mounts its own writable tmpfs on /var/tmp under a read-only root, without noexec
+    // and without a size: ours replaces it (tests/security.rs::filesystem_exec_from_writable_mounts_is_refused).
+    tmpfs.insert("/var/tmp".to_string(), tmpfs_opts(config.tmp_size.0));
 
     let memory = config.memory.0 as i64;
     let host = HostConfig {
@@ -193,6 +196,7 @@ mod tests {
                 && tmpfs["/tmp"].contains("nosuid")
                 && tmpfs["/tmp"].contains("nodev")
         );
+        assert!(tmpfs["/var/tmp"].contains("noexec") && tmpfs["/var/tmp"].contains("size="));
         assert_eq!(s.user.as_deref(), Some("65534:65534"));
         assert_eq!(s.labels.unwrap()[LABEL_MANAGED], "true");
     }

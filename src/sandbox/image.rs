@@ -10,8 +10,7 @@ use std::time::Instant;
 
 use bollard::Docker;
 use bollard::query_parameters::{CreateImageOptionsBuilder, ImportImageOptionsBuilder};
-use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio_util::io::ReaderStream;
 
@@ -90,7 +89,7 @@ pub async fn load(
     })?;
     tracing::info!(archive = %archive.display(), ?kind, "loading sandbox image");
     let mut child = None;
-    let reader: Pin<Box<dyn tokio::io::AsyncRead + Send>> = match kind {
+    let raw: Pin<Box<dyn tokio::io::AsyncRead + Send>> = match kind {
         ArchiveKind::Tar | ArchiveKind::Gzip => Box::pin(
             tokio::fs::File::open(archive)
                 .await
@@ -114,13 +113,29 @@ pub async fn load(
             Box::pin(out)
         }
     };
-    let verifier = Verify::new(
-        ReaderStream::with_capacity(reader, 1 << 20),
-        config.image_sha256.clone(),
-    );
+    // A file is checked before anything is sent: the engine may commit an image before it sees
+    // the end of the upload, so a late failure could leave a bad image behind. A stream script's
+    // output cannot be read twice: it is checked while it streams, and what it loaded is removed
+    // on a mismatch.
+    let stream_check = match (&config.image_sha256, kind) {
+        (Some(want), ArchiveKind::Tar | ArchiveKind::Gzip) => {
+            check_file_digest(archive, want).await?;
+            None
+        }
+        (want, _) => want.clone(),
+    };
+    // Engines load only plain tars (podman refuses a gzipped one), so gzip is undone here.
+    let verifier = Verify::new(raw, stream_check);
     let counted = verifier.counter.clone();
+    let reader: Pin<Box<dyn tokio::io::AsyncRead + Send>> = match kind {
+        ArchiveKind::Gzip => Box::pin(async_compression::tokio::bufread::GzipDecoder::new(
+            tokio::io::BufReader::with_capacity(1 << 20, verifier),
+        )),
+        _ => Box::pin(verifier),
+    };
     let opts = ImportImageOptionsBuilder::default().quiet(true).build();
-    let mut s = docker.import_image_stream(opts, verifier, None);
+    let body = ReaderStream::with_capacity(reader, 1 << 20);
+    let mut s = docker.import_image_stream(opts, body, None);
     let mut last_report = Instant::now();
     let mut messages = Vec::new();
     while let Some(item) = s.next().await {
@@ -138,6 +153,15 @@ pub async fn load(
             }
             Err(e) => {
                 let n = counted.load(std::sync::atomic::Ordering::Relaxed);
+                for loaded in messages.iter().filter_map(|m| loaded_reference(m)) {
+                    let _ = docker
+                        .remove_image(
+                            loaded,
+                            None::<bollard::query_parameters::RemoveImageOptions>,
+                            None,
+                        )
+                        .await;
+                }
                 return Err(ImageError(format!(
                     "loading image archive {} failed after {n} bytes: {e}",
                     archive.display()
@@ -196,6 +220,36 @@ pub async fn load(
     })
 }
 
+/// Hash a file and compare with `want` (hex).
+async fn check_file_digest(path: &Path, want: &str) -> Result<(), ImageError> {
+    let p = path.to_path_buf();
+    let got = tokio::task::spawn_blocking(move || -> io::Result<String> {
+        use std::io::Read;
+        let mut f = std::fs::File::open(&p)?;
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                return Ok(hex::encode(h.finalize()));
+            }
+            h.update(&buf[..n]);
+        }
+    })
+    .await
+    .map_err(|e| ImageError(e.to_string()))?
+    .map_err(|e| ImageError(format!("cannot read {}: {e}", path.display())))?;
+    if got.eq_ignore_ascii_case(want) {
+        Ok(())
+    } else {
+        Err(ImageError(format!(
+            "sha256 mismatch: image archive {} has {got}, MCP_BRIDGE_IMAGE_SHA256 expects {want}; \
+             the archive is corrupt or not the one configured. Nothing was loaded.",
+            path.display()
+        )))
+    }
+}
+
 /// The image a load message names: `Loaded image: X`, `Loaded image(s): X`, `Loaded image ID: X`.
 fn loaded_reference(message: &str) -> Option<&str> {
     let rest = message.trim().strip_prefix("Loaded image")?;
@@ -240,17 +294,17 @@ fn sniff(path: &Path) -> io::Result<ArchiveKind> {
     ))
 }
 
-/// A byte stream that hashes what passes and, when the digest does not match, ends in an error
-/// instead of a clean end, so the engine sees a broken upload and loads nothing.
-struct Verify<S> {
-    inner: S,
+/// A reader that hashes what passes and, when the digest does not match at the end, fails
+/// instead of reaching a clean end, so the engine sees a broken upload and loads nothing.
+struct Verify<R> {
+    inner: R,
     hasher: Option<Sha256>,
     expected: Option<String>,
     counter: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
-impl<S> Verify<S> {
-    fn new(inner: S, expected: Option<String>) -> Self {
+impl<R> Verify<R> {
+    fn new(inner: R, expected: Option<String>) -> Self {
         Verify {
             inner,
             hasher: Some(Sha256::new()),
@@ -260,31 +314,39 @@ impl<S> Verify<S> {
     }
 }
 
-impl<S: Stream<Item = io::Result<Bytes>> + Unpin> Stream for Verify<S> {
-    type Item = io::Result<Bytes>;
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        match Pin::new(&mut self.inner).poll_next(cx) {
-            Poll::Ready(Some(Ok(chunk))) => {
-                if let Some(h) = self.hasher.as_mut() {
-                    h.update(&chunk);
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Verify<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let new = &buf.filled()[before..];
+                if !new.is_empty() {
+                    let n = new.len() as u64;
+                    if let Some(h) = self.hasher.as_mut() {
+                        h.update(new);
+                    }
+                    self.counter
+                        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                    return Poll::Ready(Ok(()));
                 }
-                self.counter
-                    .fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                Poll::Ready(Some(Ok(chunk)))
-            }
-            Poll::Ready(None) => {
+                // End of input: check the digest, once.
                 let Some(h) = self.hasher.take() else {
-                    return Poll::Ready(None);
+                    return Poll::Ready(Ok(()));
                 };
                 let got = hex::encode(h.finalize());
                 match &self.expected {
-                    Some(want) if *want != got => Poll::Ready(Some(Err(io::Error::new(
+                    Some(want) if *want != got => Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::InvalidData,
                         format!(
-                            "sha256 mismatch: the archive has {got}, MCP_BRIDGE_IMAGE_SHA256 expects {want}; the archive is corrupt or not the one configured"
+                            "sha256 mismatch: the archive has {got}, MCP_BRIDGE_IMAGE_SHA256 expects {want}; \
+                             the archive is corrupt or not the one configured"
                         ),
-                    )))),
-                    _ => Poll::Ready(None),
+                    ))),
+                    _ => Poll::Ready(Ok(())),
                 }
             }
             other => other,
@@ -328,21 +390,18 @@ mod tests {
 
     #[tokio::test]
     async fn verify_passes_matching_and_fails_mismatching_digests() {
-        let data = Bytes::from_static(b"hello");
+        use tokio::io::AsyncReadExt;
         let good = hex::encode(Sha256::digest(b"hello"));
-        let s = Verify::new(futures::stream::iter(vec![Ok(data.clone())]), Some(good));
-        let out: Vec<_> = s.collect().await;
-        assert_eq!(out.len(), 1);
-        assert!(out[0].is_ok());
-        let s = Verify::new(futures::stream::iter(vec![Ok(data)]), Some("00".repeat(32)));
-        let out: Vec<_> = s.collect().await;
-        assert_eq!(out.len(), 2);
-        assert!(
-            out[1]
-                .as_ref()
-                .unwrap_err()
-                .to_string()
-                .contains("sha256 mismatch")
-        );
+        let mut out = Vec::new();
+        Verify::new(&b"hello"[..], Some(good))
+            .read_to_end(&mut out)
+            .await
+            .unwrap();
+        assert_eq!(out, b"hello");
+        let err = Verify::new(&b"hello"[..], Some("00".repeat(32)))
+            .read_to_end(&mut Vec::new())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("sha256 mismatch"), "{err}");
     }
 }

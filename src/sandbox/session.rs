@@ -311,9 +311,9 @@ impl Session {
                         }
                         SandboxFrame::Rpc { id: rid, exec, method, params } => {
                             if exec != id {
-                                self.reply(rid, Err("this call was made after its run_python call ended; await every tool call before the code finishes".into())).await;
+                                self.refuse(rid, "this call was made after its run_python call ended; await every tool call before the code finishes".into(), &pending);
                             } else if pending.load(Ordering::Relaxed) as usize >= MAX_PENDING_RPCS {
-                                self.reply(rid, Err(format!("too many tool calls in flight (limit {MAX_PENDING_RPCS}); await some before starting more"))).await;
+                                self.refuse(rid, format!("too many tool calls in flight (limit {MAX_PENDING_RPCS}); await some before starting more"), &pending);
                             } else {
                                 pending.fetch_add(1, Ordering::Relaxed);
                                 let rpc = req.binding.rpc.clone();
@@ -338,7 +338,7 @@ impl Session {
                 _ = tokio::time::sleep_until(wake) => {
                     match interrupted {
                         None => {
-                            let _ = self.writer.send(HostFrame::Interrupt { id }.to_line()).await;
+                            self.send_detached(HostFrame::Interrupt { id }.to_line());
                             interrupted = Some((Outcome::Timeout, tokio::time::Instant::now() + INTERRUPT_GRACE));
                         }
                         Some((why, _)) => {
@@ -360,7 +360,7 @@ impl Session {
                     }
                 }
                 _ = req.cancel.cancelled(), if interrupted.is_none() => {
-                    let _ = self.writer.send(HostFrame::Interrupt { id }.to_line()).await;
+                    self.send_detached(HostFrame::Interrupt { id }.to_line());
                     interrupted = Some((Outcome::Cancelled, tokio::time::Instant::now() + INTERRUPT_GRACE));
                 }
             }
@@ -404,8 +404,32 @@ impl Session {
         o
     }
 
-    async fn reply(&self, id: u64, answer: Result<Value, String>) {
-        let _ = self.writer.send(rpc_line(id, answer)).await;
+    /// Refuse an rpc without waiting. The exec loop is the only reader of the sandbox's frames,
+    /// and the engine's attach stream carries both directions: if the loop waited on a full
+    /// writer while the sandbox waited on its output being read, neither would move again (a
+    /// flood of rpcs did exactly that). Refusals are sent from tasks, counted with the pending
+    /// calls; past twice the pending limit (a sandbox that floods without reading) they are
+    /// dropped, and only that sandbox's own calls wait, until its timeout.
+    fn refuse(&self, id: u64, message: String, pending: &Arc<AtomicU64>) {
+        if pending.load(Ordering::Relaxed) as usize >= 2 * MAX_PENDING_RPCS {
+            tracing::debug!(session = %self.name, rpc = id, "dropping the refusal of an rpc: the sandbox floods without reading");
+            return;
+        }
+        pending.fetch_add(1, Ordering::Relaxed);
+        let pending = pending.clone();
+        let writer = self.writer.clone();
+        tokio::spawn(async move {
+            let _ = writer.send(rpc_line(id, Err(message))).await;
+            pending.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+
+    /// Send a frame without making the exec loop wait for the writer (see [`Self::refuse`]).
+    fn send_detached(&self, line: Vec<u8>) {
+        let writer = self.writer.clone();
+        tokio::spawn(async move {
+            let _ = writer.send(line).await;
+        });
     }
 
     /// The container died mid-exec: find out why and say so.

@@ -205,7 +205,8 @@ impl SourceKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Origin {
     pub kind: SourceKind,
-    /// The file, when there is one (the TOML config may be several layered files: `None`).
+    /// The file, when known (a `[servers.<name>]` table whose config file was not passed in
+    /// [`DiscoveryContext::config_files`] has `None`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// Where inside the file, when it matters (`projects["/src/app"]`).
@@ -239,6 +240,9 @@ pub struct DiscoveryContext {
     pub servers_file: Option<PathBuf>,
     /// `[servers.<name>]` from the TOML config.
     pub config_servers: BTreeMap<String, ServerEntry>,
+    /// The TOML file that defined each of `config_servers`, when known (the config is layered
+    /// from several files), so `servers` can name it.
+    pub config_files: BTreeMap<String, PathBuf>,
     /// Keep entries that would launch this bridge.
     pub allow_self_server: bool,
     /// Our own executable, for self-detection.
@@ -264,6 +268,7 @@ impl DiscoveryContext {
             cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
             servers_file,
             config_servers,
+            config_files: BTreeMap::new(),
             allow_self_server,
             self_exe: std::env::current_exe().ok(),
         }
@@ -346,10 +351,11 @@ pub fn discover(ctx: &DiscoveryContext) -> Discovery {
     };
 
     for (name, entry) in &ctx.config_servers {
+        let path = ctx.config_files.get(name).cloned();
         let origin = Origin {
             kind: SourceKind::Config,
-            path: None,
-            detail: None,
+            detail: path.as_ref().map(|_| format!("[servers.{name}]")),
+            path,
         };
         acc.offer(name, entry.clone(), origin);
     }
@@ -986,6 +992,7 @@ mod tests {
             cwd: t.project.clone(),
             servers_file: None,
             config_servers: BTreeMap::new(),
+            config_files: BTreeMap::new(),
             allow_self_server: false,
             self_exe: Some(PathBuf::from("/opt/bridge/bin/mcp-code-bridge")),
         }
@@ -1391,6 +1398,34 @@ mod tests {
         let s = strip_jsonc("{\"a\": \"q\\\"//,}\"}");
         let v: Value = serde_json::from_str(&s).unwrap();
         assert_eq!(v["a"], "q\"//,}");
+    }
+
+    #[test]
+    fn toml_servers_name_their_file_when_known() {
+        let t = tree();
+        let mut c = ctx(&t);
+        for name in ["known", "unknown"] {
+            c.config_servers.insert(
+                name.into(),
+                ServerEntry {
+                    command: Some("srv".into()),
+                    ..Default::default()
+                },
+            );
+        }
+        c.config_files.insert(
+            "known".into(),
+            PathBuf::from("/etc/mcp-code-bridge/config.toml"),
+        );
+        let d = discover(&c);
+        assert_eq!(
+            find(&d, "known").origin.to_string(),
+            "/etc/mcp-code-bridge/config.toml [servers.known]"
+        );
+        assert_eq!(
+            find(&d, "unknown").origin.to_string(),
+            "[servers.<name>] in config.toml"
+        );
     }
 
     #[test]

@@ -191,12 +191,38 @@ impl Upstreams {
             config.servers_file.clone(),
             config.allow_self_server,
         );
-        let settings = UpstreamSettings {
+        Upstreams::new(discover(&ctx), Self::settings_of(config))
+    }
+
+    /// [`Upstreams::from_config`] that also knows which TOML file defined each
+    /// `[servers.<name>]` table (the config is layered from several files), so `servers` and
+    /// the log name that file.
+    pub fn from_loaded(loaded: &crate::config::Loaded) -> Self {
+        let config = &loaded.config;
+        let mut ctx = DiscoveryContext::from_env(
+            config.servers.clone(),
+            config.servers_file.clone(),
+            config.allow_self_server,
+        );
+        ctx.config_files = config
+            .servers
+            .keys()
+            .filter_map(|name| {
+                // `source_of` names the file for values from a file ("environment", "default"
+                // or "command line" otherwise; servers come from files only).
+                let source = std::path::PathBuf::from(loaded.source_of(&format!("servers.{name}")));
+                source.is_file().then(|| (name.clone(), source))
+            })
+            .collect();
+        Upstreams::new(discover(&ctx), Self::settings_of(config))
+    }
+
+    fn settings_of(config: &crate::config::Config) -> UpstreamSettings {
+        UpstreamSettings {
             call_timeout: config.upstream_call_timeout.0,
             idle_timeout: config.upstream_idle_timeout.0,
             ..UpstreamSettings::default()
-        };
-        Upstreams::new(discover(&ctx), settings)
+        }
     }
 
     /// Discovery's warnings (unreadable or broken files).
@@ -579,6 +605,39 @@ impl RpcHandler for ExecRpc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure returns figment::Error.
+    fn toml_servers_keep_the_file_that_defined_them() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HOME", jail.directory().display().to_string());
+            jail.set_env(
+                "XDG_CONFIG_HOME",
+                jail.directory().join("xdg").display().to_string(),
+            );
+            jail.create_dir("xdg/mcp-code-bridge")?;
+            jail.create_file(
+                "xdg/mcp-code-bridge/config.toml",
+                "[servers.from_user]\ncommand = \"u\"\n",
+            )?;
+            jail.create_file("extra.toml", "[servers.from_flag]\ncommand = \"f\"\n")?;
+            let loaded = crate::config::load(
+                Some(std::path::Path::new("extra.toml")),
+                &Default::default(),
+            )
+            .unwrap();
+            let report = Upstreams::from_loaded(&loaded).report();
+            assert!(
+                report.contains("from extra.toml [servers.from_flag]"),
+                "{report}"
+            );
+            assert!(
+                report.contains("xdg/mcp-code-bridge/config.toml [servers.from_user]"),
+                "{report}"
+            );
+            Ok(())
+        });
+    }
 
     fn ups(names: &[&str]) -> Upstreams {
         let entries = names.iter().map(|n| {

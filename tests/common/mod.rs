@@ -206,11 +206,197 @@ pub fn transport(home: &Home, env: &[(&str, &str)]) -> TokioChildProcess {
     let mut all = home.env();
     all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let cwd = home.path().to_path_buf();
-    let (transport, _) = TokioChildProcess::builder(tokio::process::Command::new(BIN).configure(|c| {
-        c.arg("run").env_clear().envs(all.iter().map(|(k, v)| (k, v))).current_dir(&cwd);
-    }))
-    .stderr(Stdio::from(log))
-    .spawn()
-    .expect("spawn the bridge");
+    let (transport, _) =
+        TokioChildProcess::builder(tokio::process::Command::new(BIN).configure(|c| {
+            c.arg("run")
+                .env_clear()
+                .envs(all.iter().map(|(k, v)| (k, v)))
+                .current_dir(&cwd);
+        }))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("spawn the bridge");
     transport
+}
+
+// ---- Helpers for the security and fault suites (tests/security.rs, tests/faults*.rs) ----
+
+/// A file under `tests/fixtures/`.
+pub fn fixture(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    assert!(p.is_file(), "fixture {} is missing", p.display());
+    p
+}
+
+/// Configure upstream servers for a bridge started with `home`, as the user would: an
+/// `mcpServers` file at `$XDG_CONFIG_HOME/mcp/mcp.json`.
+pub fn write_servers(home: &Home, servers: Value) {
+    let dir = home.path().join(".config/mcp");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("mcp.json"),
+        serde_json::to_vec_pretty(&json!({ "mcpServers": servers })).unwrap(),
+    )
+    .unwrap();
+}
+
+/// An `mcpServers` entry running `tests/fixtures/misbehaving_server.py` in `mode`.
+pub fn misbehaving_server(mode: &str, extra_args: &[&str]) -> Value {
+    let mut args = vec![
+        fixture("misbehaving_server.py").display().to_string(),
+        mode.to_string(),
+    ];
+    args.extend(extra_args.iter().map(|s| s.to_string()));
+    json!({"command": "python3", "args": args})
+}
+
+/// Wait (bounded) until the bridge `pid` owns no container; returns what is left.
+pub async fn wait_no_containers(pid: u32, within: Duration) -> Vec<String> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let left = containers_of(pid).await;
+        if left.is_empty() || std::time::Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Whether a process exists and is not a zombie.
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+/// The bridge driven byte by byte over its stdin/stdout, for what rmcp's client will not send
+/// (malformed JSON, unknown methods) and for closing stdin on purpose.
+pub struct RawBridge {
+    pub child: tokio::process::Child,
+    pub stdin: Option<tokio::process::ChildStdin>,
+    lines: tokio::sync::mpsc::UnboundedReceiver<Value>,
+    pub home: Home,
+    pub pid: u32,
+}
+
+impl RawBridge {
+    /// Spawn `run` and complete the MCP handshake.
+    pub async fn start(home: Home, env: &[(&str, &str)]) -> RawBridge {
+        use tokio::io::AsyncBufReadExt;
+        let log = std::fs::File::create(home.path().join("bridge.log")).unwrap();
+        let mut all = home.env();
+        all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let mut child = tokio::process::Command::new(BIN)
+            .arg("run")
+            .env_clear()
+            .envs(all.iter().map(|(k, v)| (k, v)))
+            .current_dir(home.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the bridge");
+        let pid = child.id().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut r = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(l)) = r.next_line().await {
+                let v: Value = serde_json::from_str(&l)
+                    .unwrap_or_else(|e| panic!("the bridge wrote a non-JSON line ({e}): {l}"));
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        let mut b = RawBridge {
+            child,
+            stdin,
+            lines,
+            home,
+            pid,
+        };
+        b.send_json(
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw-test-client", "version": "0"}}}),
+        )
+        .await;
+        let init = b.response(0, Duration::from_secs(30)).await;
+        assert!(init.get("result").is_some(), "initialize failed: {init}");
+        b.send_json(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        b
+    }
+
+    /// Write one line (a newline is appended).
+    pub async fn send_line(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        let stdin = self.stdin.as_mut().expect("stdin is open");
+        stdin.write_all(bytes).await.unwrap();
+        stdin.write_all(b"\n").await.unwrap();
+        stdin.flush().await.unwrap();
+    }
+
+    pub async fn send_json(&mut self, v: Value) {
+        self.send_line(&serde_json::to_vec(&v).unwrap()).await;
+    }
+
+    /// The next message the bridge writes, or `None` when nothing comes within `wait`.
+    pub async fn next(&mut self, wait: Duration) -> Option<Value> {
+        tokio::time::timeout(wait, self.lines.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The response to request `id` (notifications in between are skipped).
+    pub async fn response(&mut self, id: i64, wait: Duration) -> Value {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next(left).await {
+                Some(v) if v.get("id") == Some(&json!(id)) => return v,
+                Some(v) if v.get("id").is_some() && v.get("method").is_none() => {
+                    panic!("a response for another request arrived while waiting for {id}: {v}")
+                }
+                Some(_) => continue,
+                None => panic!(
+                    "no response to request {id} within {wait:?}\nbridge log:\n{}",
+                    self.home.log()
+                ),
+            }
+        }
+    }
+
+    /// `tools/call run_python` with `args`, returning the whole response.
+    pub async fn run_python(&mut self, id: i64, args: Value) -> Value {
+        self.send_json(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "run_python", "arguments": args}}))
+            .await;
+        self.response(id, Duration::from_secs(240)).await
+    }
+
+    /// Close stdin (EOF for the bridge).
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// Wait for the process to exit; `None` when it is still running after `within`.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .ok()
+            .map(|r| r.unwrap())
+    }
 }

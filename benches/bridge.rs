@@ -1,0 +1,1409 @@
+//! The bridge benchmark (issue 7) and the load test (issue 6): starts the real release binary,
+//! drives it with rmcp's real client and raw JSON-RPC, against real podman and the real MCP
+//! reference servers, and prints ONE Markdown table. Every figure is a median and a p95 over the
+//! N repetitions named in its row; nothing here is asserted, the table is the product.
+//!
+//! ```text
+//! cargo build --release && cargo bench --bench bridge            # full run (~10 min on 2 cores)
+//! BENCH_QUICK=1 cargo bench --bench bridge                       # few repetitions, CI smoke (< 3 min)
+//! BENCH_ONLY=proxy,load cargo bench --bench bridge               # a subset of the sections
+//! ```
+//!
+//! Needs what the integration tests need: `MCP_BRIDGE_TEST_IMAGE_ARCHIVE` (the sandbox image
+//! archive) and `MCP_BRIDGE_TEST_SERVERS_BIN` (where `mcp-server-everything`,
+//! `mcp-server-filesystem`, `mcp-server-time` and `mcp-server-git` are), plus `podman`, `git` and
+//! `python3` on PATH. A missing prerequisite stops the bench with a message; nothing is skipped.
+//! The 50 "generated" servers are `benches/fixtures/catalog_server.py` started with 50 names.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+type Res<T> = Result<T, String>;
+
+// ---------------------------------------------------------------------------------------------
+// Options
+// ---------------------------------------------------------------------------------------------
+
+/// Repetition counts; quick mode keeps every section but runs each a few times.
+struct Opts {
+    quick: bool,
+    only: Option<Vec<String>>,
+    /// Spawns per configuration for start-up and tokens.
+    startup: usize,
+    /// Cold bridges (process start to first run_python).
+    cold: usize,
+    /// New sessions in a running bridge.
+    new_session: usize,
+    warm: usize,
+    big_output: usize,
+    pandas: usize,
+    /// Proxy loops of `proxy_calls` calls each.
+    proxy_runs: usize,
+    proxy_calls: usize,
+    warm_rss: usize,
+    image_load: usize,
+    load_runs: usize,
+    load_sessions: usize,
+    load_calls: usize,
+}
+
+impl Opts {
+    fn from_env() -> Opts {
+        let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")
+            || std::env::args().any(|a| a == "--quick");
+        let only = std::env::var("BENCH_ONLY")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| s.split(',').map(|x| x.trim().to_string()).collect());
+        if quick {
+            Opts {
+                quick,
+                only,
+                startup: 5,
+                cold: 2,
+                new_session: 3,
+                warm: 30,
+                big_output: 5,
+                pandas: 2,
+                proxy_runs: 2,
+                proxy_calls: 200,
+                warm_rss: 1,
+                image_load: 1,
+                load_runs: 1,
+                load_sessions: 8,
+                load_calls: 50,
+            }
+        } else {
+            Opts {
+                quick,
+                only,
+                startup: 20,
+                cold: 5,
+                new_session: 10,
+                warm: 200,
+                big_output: 20,
+                pandas: 5,
+                proxy_runs: 5,
+                proxy_calls: 200,
+                warm_rss: 3,
+                image_load: 3,
+                load_runs: 3,
+                load_sessions: 8,
+                load_calls: 200,
+            }
+        }
+    }
+
+    fn wants(&self, section: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|s| s == section))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics and the table
+// ---------------------------------------------------------------------------------------------
+
+/// Nearest-rank percentile of `v` (`p` in 0..=1).
+fn pct(v: &[f64], p: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    s[rank - 1]
+}
+
+struct Row {
+    metric: String,
+    n: String,
+    median: String,
+    p95: String,
+    target: String,
+    met: String,
+}
+
+/// Rows grouped by section number, printed in section order whatever order they were measured in.
+#[derive(Default)]
+struct Table {
+    cur: u32,
+    rows: Vec<(u32, Row)>,
+}
+
+/// How a figure is printed.
+#[derive(Clone, Copy)]
+enum Unit {
+    Ms,
+    Us,
+    S,
+    MiB,
+    Tokens,
+    Pct,
+    PerSec,
+    Count,
+}
+
+fn fmt(v: f64, u: Unit) -> String {
+    if v.is_nan() {
+        return "n/a".into();
+    }
+    match u {
+        Unit::Ms if v < 10.0 => format!("{v:.2} ms"),
+        Unit::Ms => format!("{v:.1} ms"),
+        Unit::Us => format!("{v:.0} µs"),
+        Unit::S => format!("{v:.2} s"),
+        Unit::MiB => format!("{v:.1} MiB"),
+        Unit::Tokens => format!("{v:.0}"),
+        Unit::Pct => format!("{v:.1} %"),
+        Unit::PerSec => format!("{v:.0}/s"),
+        Unit::Count => format!("{v:.0}"),
+    }
+}
+
+/// A target: the limit and whether lower is better.
+#[derive(Clone, Copy)]
+enum Target {
+    None,
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+impl Table {
+    /// Make `sec` the current section, adding its heading once.
+    fn section(&mut self, sec: u32, title: &str) {
+        self.cur = sec;
+        if self.rows.iter().any(|(s, r)| *s == sec && r.n.is_empty()) {
+            return;
+        }
+        self.push(Row {
+            metric: format!("**{title}**"),
+            n: String::new(),
+            median: String::new(),
+            p95: String::new(),
+            target: String::new(),
+            met: String::new(),
+        });
+    }
+
+    fn push(&mut self, r: Row) {
+        self.rows.push((self.cur, r));
+    }
+
+    /// A row from samples (median and p95 over them); the target is judged on the median.
+    fn samples(&mut self, metric: &str, v: &[f64], u: Unit, target: Target) {
+        let med = pct(v, 0.5);
+        self.row(metric, v.len().to_string(), med, pct(v, 0.95), u, target);
+    }
+
+    fn row(&mut self, metric: &str, n: String, med: f64, p95: f64, u: Unit, target: Target) {
+        let (t, met) = match target {
+            Target::None => (String::new(), String::new()),
+            Target::AtMost(x) => (
+                format!("≤ {}", fmt(x, u)),
+                if med <= x { "yes" } else { "**no**" }.into(),
+            ),
+            Target::AtLeast(x) => (
+                format!("≥ {}", fmt(x, u)),
+                if med >= x { "yes" } else { "**no**" }.into(),
+            ),
+        };
+        self.push(Row {
+            metric: metric.into(),
+            n,
+            median: fmt(med, u),
+            p95: fmt(p95, u),
+            target: t,
+            met,
+        });
+    }
+
+    /// A row whose value is a fact, not a distribution (same text in both columns).
+    fn fact(&mut self, metric: &str, n: &str, value: String, target: &str, met: &str) {
+        self.push(Row {
+            metric: metric.into(),
+            n: n.into(),
+            median: value.clone(),
+            p95: value,
+            target: target.into(),
+            met: met.into(),
+        });
+    }
+
+    fn print(&self) {
+        println!("| metric | N | median | p95 | target | met |");
+        println!("|---|---:|---:|---:|---|---|");
+        let mut rows: Vec<&(u32, Row)> = self.rows.iter().collect();
+        rows.sort_by_key(|(s, _)| *s);
+        for (_, r) in rows {
+            println!(
+                "| {} | {} | {} | {} | {} | {} |",
+                r.metric, r.n, r.median, r.p95, r.target, r.met
+            );
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prerequisites
+// ---------------------------------------------------------------------------------------------
+
+/// The release binary: cargo builds it for this bench (the bench profile inherits `release`, so
+/// this is `target/release/mcp-code-bridge`); `MCP_BRIDGE_BENCH_BIN` points elsewhere.
+fn bridge_bin() -> PathBuf {
+    std::env::var_os("MCP_BRIDGE_BENCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_mcp-code-bridge")))
+}
+
+fn image_archive() -> PathBuf {
+    let p = std::env::var_os("MCP_BRIDGE_TEST_IMAGE_ARCHIVE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            fail("MCP_BRIDGE_TEST_IMAGE_ARCHIVE is not set: build the sandbox image with `image/build-debian.sh --output FILE` and point this variable at it")
+        });
+    if !p.is_file() {
+        fail(&format!(
+            "MCP_BRIDGE_TEST_IMAGE_ARCHIVE={} does not exist",
+            p.display()
+        ));
+    }
+    p
+}
+
+fn server_bin(name: &str) -> String {
+    let mut dirs = Vec::new();
+    if let Some(v) = std::env::var_os("MCP_BRIDGE_TEST_SERVERS_BIN") {
+        dirs.extend(std::env::split_paths(&v));
+    }
+    if let Some(p) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&p));
+    }
+    for d in dirs {
+        let c = d.join(name);
+        if c.is_file() {
+            return c.to_string_lossy().into_owned();
+        }
+    }
+    fail(&format!(
+        "{name} not found in MCP_BRIDGE_TEST_SERVERS_BIN or PATH; install the test servers: \
+         npm install -g @modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem; \
+         pip install mcp-server-time mcp-server-git (and put the venv's bin/ in MCP_BRIDGE_TEST_SERVERS_BIN)"
+    ))
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("bench: {msg}");
+    std::process::exit(2)
+}
+
+fn fixture() -> String {
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/benches/fixtures/catalog_server.py"
+    )
+    .into()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Servers and homes
+// ---------------------------------------------------------------------------------------------
+
+/// Directories the real servers work on (kept for the whole run).
+struct Fixtures {
+    _dir: TempDir,
+    files: PathBuf,
+    docs: PathBuf,
+    repo: PathBuf,
+}
+
+impl Fixtures {
+    fn new() -> Fixtures {
+        let dir = tempfile::Builder::new()
+            .prefix("mcb-bench-")
+            .tempdir()
+            .unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let (files, docs, repo) = (root.join("files"), root.join("docs"), root.join("repo"));
+        for d in [&files, &docs, &repo] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(files.join("hello.txt"), "hello\n").unwrap();
+        std::fs::write(docs.join("README.md"), "# docs\n").unwrap();
+        let ok = std::process::Command::new("git")
+            .args(["init", "-q"])
+            .arg(&repo)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            fail("`git init` failed: git is needed for mcp-server-git's repository");
+        }
+        Fixtures {
+            _dir: dir,
+            files,
+            docs,
+            repo,
+        }
+    }
+
+    /// The five real servers: name -> (command, args).
+    fn real(&self) -> Vec<(String, String, Vec<String>)> {
+        let p = |x: &Path| x.to_string_lossy().into_owned();
+        vec![
+            (
+                "everything".into(),
+                server_bin("mcp-server-everything"),
+                vec![],
+            ),
+            (
+                "filesystem".into(),
+                server_bin("mcp-server-filesystem"),
+                vec![p(&self.files)],
+            ),
+            (
+                "docs".into(),
+                server_bin("mcp-server-filesystem"),
+                vec![p(&self.docs)],
+            ),
+            ("time".into(), server_bin("mcp-server-time"), vec![]),
+            (
+                "git".into(),
+                server_bin("mcp-server-git"),
+                vec!["--repository".into(), p(&self.repo)],
+            ),
+        ]
+    }
+
+    /// `count` generated servers.
+    fn generated(count: usize) -> Vec<(String, String, Vec<String>)> {
+        (0..count)
+            .map(|i| {
+                let name = format!("gen-{i:02}");
+                (
+                    name.clone(),
+                    "python3".to_string(),
+                    vec![fixture(), name, i.to_string()],
+                )
+            })
+            .collect()
+    }
+}
+
+/// A private HOME/XDG tree with an `mcpServers` file, as a user would configure servers.
+struct Home {
+    dir: TempDir,
+}
+
+impl Home {
+    fn new(servers: &[(String, String, Vec<String>)]) -> Home {
+        let dir = tempfile::Builder::new()
+            .prefix("mcb-bench-home-")
+            .tempdir()
+            .unwrap();
+        for d in [".config/mcp", ".local/state", ".cache"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        if !servers.is_empty() {
+            let map: serde_json::Map<String, Value> = servers
+                .iter()
+                .map(|(n, c, a)| (n.clone(), json!({"command": c, "args": a})))
+                .collect();
+            std::fs::write(
+                dir.path().join(".config/mcp/mcp.json"),
+                serde_json::to_string_pretty(&json!({ "mcpServers": map })).unwrap(),
+            )
+            .unwrap();
+        }
+        Home { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        let h = self.path();
+        vec![
+            ("HOME".into(), h.display().to_string()),
+            (
+                "XDG_CONFIG_HOME".into(),
+                h.join(".config").display().to_string(),
+            ),
+            (
+                "XDG_STATE_HOME".into(),
+                h.join(".local/state").display().to_string(),
+            ),
+            (
+                "XDG_CACHE_HOME".into(),
+                h.join(".cache").display().to_string(),
+            ),
+            ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+            (
+                "MCP_BRIDGE_IMAGE_ARCHIVE".into(),
+                image_archive().display().to_string(),
+            ),
+        ]
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(bridge_bin());
+        c.arg("run")
+            .env_clear()
+            .envs(self.env())
+            .current_dir(self.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(
+                std::fs::File::create(self.path().join("bridge.log")).unwrap(),
+            ))
+            .kill_on_drop(true);
+        c
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path().join("bridge.log")).unwrap_or_default()
+    }
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+// ---------------------------------------------------------------------------------------------
+// A raw JSON-RPC client over a child's stdio (exact bytes, no client library in the timing)
+// ---------------------------------------------------------------------------------------------
+
+struct Raw {
+    child: Child,
+    stdin: ChildStdin,
+    lines: tokio::io::Lines<BufReader<ChildStdout>>,
+    next: u64,
+}
+
+impl Raw {
+    fn spawn(mut cmd: Command) -> Res<Raw> {
+        let mut child = cmd.spawn().map_err(|e| format!("spawn: {e}"))?;
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Ok(Raw {
+            child,
+            stdin,
+            lines,
+            next: 1,
+        })
+    }
+
+    async fn send(&mut self, msg: Value) -> Res<()> {
+        let mut line = serde_json::to_vec(&msg).unwrap();
+        line.push(b'\n');
+        self.stdin
+            .write_all(&line)
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        self.stdin.flush().await.map_err(|e| format!("flush: {e}"))
+    }
+
+    /// Send a request and return its `result`.
+    async fn request(&mut self, method: &str, params: Value) -> Res<Value> {
+        let id = self.next;
+        self.next += 1;
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .await?;
+        let wait = async {
+            loop {
+                let line = self
+                    .lines
+                    .next_line()
+                    .await
+                    .map_err(|e| format!("read: {e}"))?
+                    .ok_or_else(|| format!("stdout closed before the reply to {method}"))?;
+                let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                if msg.get("method").is_some() {
+                    if let Some(rid) = msg.get("id") {
+                        // A request from the server (roots/list...): we offer nothing.
+                        let rid = rid.clone();
+                        self.send(json!({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "not supported"}}))
+                            .await?;
+                    }
+                    continue;
+                }
+                if msg.get("id") == Some(&json!(id)) {
+                    if let Some(e) = msg.get("error") {
+                        return Err(format!("{method} failed: {e}"));
+                    }
+                    return Ok(msg["result"].clone());
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), wait)
+            .await
+            .map_err(|_| format!("no reply to {method} within 60s"))?
+    }
+
+    async fn initialize(&mut self) -> Res<Value> {
+        let r = self
+            .request(
+                "initialize",
+                json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "mcp-code-bridge-bench", "version": "1"}}),
+            )
+            .await?;
+        self.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await?;
+        Ok(r)
+    }
+
+    /// Close stdin and wait for the process to exit (killing it after 30 s).
+    async fn close(mut self) {
+        drop(self.stdin);
+        if tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bridge driven by rmcp's client
+// ---------------------------------------------------------------------------------------------
+
+struct Live {
+    client: RunningService<RoleClient, ()>,
+    child: Child,
+    pid: u32,
+    home: Home,
+}
+
+impl Live {
+    async fn start(home: Home) -> Live {
+        let mut child = home.command().spawn().expect("spawn the bridge");
+        let pid = child.id().unwrap_or(0);
+        let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+        let client = match ().serve(io).await {
+            Ok(c) => c,
+            Err(e) => fail(&format!(
+                "MCP initialize with the bridge failed: {e}\n{}",
+                home.log()
+            )),
+        };
+        Live {
+            client,
+            child,
+            pid,
+            home,
+        }
+    }
+
+    async fn call(&self, args: Value) -> Res<CallToolResult> {
+        let params = CallToolRequestParams::new("run_python")
+            .with_arguments(args.as_object().cloned().unwrap());
+        match tokio::time::timeout(Duration::from_secs(240), self.client.call_tool(params)).await {
+            Err(_) => Err("no reply within 240 s".into()),
+            Ok(Err(e)) => Err(format!("protocol error: {e}")),
+            Ok(Ok(r)) => Ok(r),
+        }
+    }
+
+    /// Run code and insist on success; returns stdout and the wall time of the round trip.
+    async fn ok(&self, args: Value) -> (String, f64) {
+        let t = Instant::now();
+        let r = self.call(args.clone()).await;
+        let el = ms(t.elapsed());
+        match r {
+            Ok(r) if sc(&r, "status") == "ok" => (sc(&r, "stdout"), el),
+            Ok(r) => fail(&format!(
+                "run_python {args} did not succeed: {}\n{}",
+                text(&r),
+                self.home.log()
+            )),
+            Err(e) => fail(&format!(
+                "run_python {args} failed: {e}\n{}",
+                self.home.log()
+            )),
+        }
+    }
+
+    /// Close the client (stdin EOF: the bridge removes its containers) and wait for the exit.
+    async fn shutdown(self) {
+        let Live {
+            client,
+            mut child,
+            pid,
+            home,
+        } = self;
+        let _ = client.cancel().await;
+        if tokio::time::timeout(Duration::from_secs(60), child.wait())
+            .await
+            .is_err()
+        {
+            eprintln!("bench: bridge {pid} did not exit within 60 s of stdin EOF; killing it");
+            let _ = child.kill().await;
+        }
+        let left = containers_of(pid).await;
+        if !left.is_empty() {
+            eprintln!(
+                "bench: WARNING: bridge {pid} left containers behind: {left:?}\n{}",
+                home.log()
+            );
+        }
+    }
+}
+
+fn sc(r: &CallToolResult, key: &str) -> String {
+    r.structured_content
+        .as_ref()
+        .and_then(|v| v.get(key))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
+}
+
+fn text(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+async fn containers_of(pid: u32) -> Vec<String> {
+    let out = Command::new("podman")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            "label=io.mcp-code-bridge.managed=true",
+            "--format",
+            "{{.ID}} {{.Labels}}",
+        ])
+        .output()
+        .await;
+    let Ok(out) = out else { return vec![] };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("io.mcp-code-bridge.owner:{pid}:")))
+        .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
+        .collect()
+}
+
+/// Samples the bridge's RSS every 50 ms until stopped.
+fn sample_rss(pid: u32) -> (Arc<AtomicBool>, tokio::task::JoinHandle<Vec<f64>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let h = tokio::spawn(async move {
+        let mut v = Vec::new();
+        while !s.load(Ordering::Relaxed) {
+            let r = rss_mib(pid);
+            if !r.is_nan() {
+                v.push(r);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        v
+    });
+    (stop, h)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1 + 2 + idle RSS: tools/list tokens and start-up
+// ---------------------------------------------------------------------------------------------
+
+fn tokens(bpe: &tiktoken_rs::CoreBPE, v: &Value) -> usize {
+    bpe.encode_ordinary(&serde_json::to_string(v).unwrap())
+        .len()
+}
+
+/// `tools/list` result of a server started directly (what a client connected to it would get).
+async fn direct_tools_list(command: &str, args: &[String]) -> Res<Value> {
+    let mut c = Command::new(command);
+    c.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let mut raw = Raw::spawn(c)?;
+    raw.initialize().await?;
+    let r = raw.request("tools/list", json!({})).await?;
+    let _ = raw.child.start_kill();
+    Ok(r)
+}
+
+struct StartupSample {
+    init_ms: f64,
+    list_ms: f64,
+    result: Value,
+    rss_idle: Option<f64>,
+}
+
+async fn bridge_startup(home: &Home, idle_rss: bool) -> Res<StartupSample> {
+    let t0 = Instant::now();
+    let mut raw = Raw::spawn(home.command())?;
+    raw.initialize().await?;
+    let init_ms = ms(t0.elapsed());
+    let result = raw.request("tools/list", json!({})).await?;
+    let list_ms = ms(t0.elapsed());
+    let rss_idle = if idle_rss {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Some(rss_mib(raw.child.id().unwrap_or(0)))
+    } else {
+        None
+    };
+    raw.close().await;
+    Ok(StartupSample {
+        init_ms,
+        list_ms,
+        result,
+        rss_idle,
+    })
+}
+
+async fn context_and_startup(o: &Opts, fx: &Fixtures, t: &mut Table) {
+    let bpe = tiktoken_rs::cl100k_base().expect("cl100k vocabulary");
+    let real = fx.real();
+    let generated = Fixtures::generated(50);
+    let configs: [(&str, Vec<(String, String, Vec<String>)>); 3] = [
+        ("0", vec![]),
+        ("5", real.clone()),
+        ("50", generated.clone()),
+    ];
+    let mut toks: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut bodies = std::collections::BTreeSet::new();
+    let (mut init, mut list, mut idle) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..o.startup {
+        for (label, servers) in &configs {
+            let home = Home::new(servers);
+            let s = bridge_startup(&home, *label == "5")
+                .await
+                .unwrap_or_else(|e| fail(&format!("bridge start-up: {e}\n{}", home.log())));
+            toks.entry(label)
+                .or_default()
+                .push(tokens(&bpe, &s.result) as f64);
+            bodies.insert(serde_json::to_string(&s.result).unwrap());
+            if *label == "5" {
+                init.push(s.init_ms);
+                list.push(s.list_ms);
+                idle.extend(s.rss_idle);
+            }
+        }
+    }
+    // What the same servers' own tools/list replies cost a client connected to each directly.
+    let mut direct = BTreeMap::new();
+    for (label, servers) in [("5", &real), ("50", &generated)] {
+        let mut sum = 0usize;
+        for (name, cmd, args) in servers {
+            let r = direct_tools_list(cmd, args)
+                .await
+                .unwrap_or_else(|e| fail(&format!("tools/list of {name} directly: {e}")));
+            sum += tokens(&bpe, &r);
+        }
+        direct.insert(label, sum as f64);
+    }
+
+    t.section(
+        1,
+        "1. Context cost (cl100k tokens of the tools/list result)",
+    );
+    let same = if bodies.len() == 1 {
+        "identical bytes for 0/5/50"
+    } else {
+        "DIFFERENT bytes across configurations"
+    };
+    for label in ["0", "5", "50"] {
+        let v = &toks[label];
+        t.samples(
+            &format!("bridge tools/list, {label} servers configured ({same})"),
+            v,
+            Unit::Tokens,
+            Target::AtMost(250.0),
+        );
+    }
+    for (label, what) in [
+        ("5", "5 real servers (everything, filesystem ×2, time, git)"),
+        ("50", "50 generated servers (12 tools each)"),
+    ] {
+        let d = direct[label];
+        t.fact(
+            &format!("direct tools/list of {what}, summed"),
+            "1 (deterministic)",
+            fmt(d, Unit::Tokens),
+            "",
+            "",
+        );
+        let b = pct(&toks[label], 0.5);
+        let red = 100.0 * (1.0 - b / d);
+        let target = if label == "5" {
+            Target::AtLeast(95.0)
+        } else {
+            Target::None
+        };
+        t.row(
+            &format!("reduction, {label} servers"),
+            toks[label].len().to_string(),
+            red,
+            100.0 * (1.0 - pct(&toks[label], 0.95) / d),
+            Unit::Pct,
+            target,
+        );
+    }
+
+    t.section(2, "2. Start-up (5 servers configured, none started)");
+    t.samples(
+        "process start → initialize reply",
+        &init,
+        Unit::Ms,
+        Target::AtMost(50.0),
+    );
+    t.samples(
+        "process start → first tools/list reply",
+        &list,
+        Unit::Ms,
+        Target::None,
+    );
+    // Cold: a fresh bridge's first run_python (engine connect: its own podman service, orphan
+    // reaping, image check, container start, runtime injection).
+    let mut cold = Vec::new();
+    for _ in 0..o.cold {
+        let t0 = Instant::now();
+        let live = Live::start(Home::new(&[])).await;
+        let (_, _) = live.ok(json!({"code": "pass"})).await;
+        cold.push(ms(t0.elapsed()));
+        live.shutdown().await;
+    }
+    t.samples(
+        "process start → first run_python reply (cold: engine connect + container)",
+        &cold,
+        Unit::Ms,
+        Target::None,
+    );
+    t.section(5, "5. Footprint");
+    t.samples(
+        "bridge RSS idle (after initialize + tools/list, 5 servers configured)",
+        &idle,
+        Unit::MiB,
+        Target::AtMost(20.0),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3: execution
+// ---------------------------------------------------------------------------------------------
+
+async fn execution(o: &Opts, live: &Live, t: &mut Table) {
+    t.section(3, "3. Execution (round trip seen by the MCP client)");
+    let tag = std::process::id();
+    // Make sure the engine is connected and the image present before timing sessions.
+    live.ok(json!({"code": "pass"})).await;
+    let mut first = Vec::new();
+    for i in 0..o.new_session {
+        let (_, el) = live
+            .ok(json!({"code": "pass", "session": format!("new-{tag}-{i}")}))
+            .await;
+        first.push(el);
+    }
+    t.samples(
+        "first run_python of a new session (container start + runtime injection)",
+        &first,
+        Unit::Ms,
+        Target::None,
+    );
+    let warm = |code: &'static str, n: usize| async move {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            live.ok(json!({"code": code})).await;
+        }
+        for _ in 0..n {
+            v.push(live.ok(json!({"code": code})).await.1);
+        }
+        v
+    };
+    let pass = warm("pass", o.warm).await;
+    t.samples("warm `pass`", &pass, Unit::Ms, Target::None);
+    let print = warm("print('hello')", o.warm).await;
+    t.samples(
+        "warm `print('hello')`",
+        &print,
+        Unit::Ms,
+        Target::AtMost(5.0),
+    );
+    let big = warm("print('x' * 999_999)", o.big_output).await;
+    t.samples(
+        "warm 1 MB of output (`print('x' * 999_999)`)",
+        &big,
+        Unit::Ms,
+        Target::None,
+    );
+    let (mut cold_pd, mut warm_pd) = (Vec::new(), Vec::new());
+    for i in 0..o.pandas {
+        let s = format!("pandas-{tag}-{i}");
+        cold_pd.push(
+            live.ok(json!({"code": "import pandas", "session": s}))
+                .await
+                .1,
+        );
+        warm_pd.push(
+            live.ok(json!({"code": "import pandas", "session": s}))
+                .await
+                .1,
+        );
+    }
+    t.samples(
+        "`import pandas`, new session (container start + import)",
+        &cold_pd,
+        Unit::Ms,
+        Target::None,
+    );
+    t.samples(
+        "`import pandas`, existing session that imported it",
+        &warm_pd,
+        Unit::Ms,
+        Target::None,
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4: proxy overhead
+// ---------------------------------------------------------------------------------------------
+
+async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
+    let n = o.proxy_calls;
+    let code = format!(
+        "import time, json\n\
+         await mcp_everything.echo(message='warm')\n\
+         ts = []\n\
+         for i in range({n}):\n    \
+             t0 = time.perf_counter()\n    \
+             await mcp_everything.echo(message=f'm{{i}}')\n    \
+             ts.append(time.perf_counter() - t0)\n\
+         print(json.dumps(ts))"
+    );
+    let (mut rtt, mut rate) = (Vec::new(), Vec::new());
+    for _ in 0..o.proxy_runs {
+        let (out, _) = live
+            .ok(json!({"code": code, "servers": ["everything"], "session": "proxy", "timeout": 120}))
+            .await;
+        let ts: Vec<f64> = serde_json::from_str(out.trim()).unwrap_or_else(|e| {
+            fail(&format!(
+                "proxy loop output is not a JSON list ({e}): {out}"
+            ))
+        });
+        rate.push(ts.len() as f64 / ts.iter().sum::<f64>());
+        rtt.extend(ts.iter().map(|s| s * 1e3));
+    }
+    // The same calls by rmcp's client, straight to the same server.
+    let cmd = server_bin("mcp-server-everything");
+    let transport = TokioChildProcess::builder(Command::new(&cmd).configure(|_| {}))
+        .stderr(Stdio::null())
+        .spawn()
+        .map(|(t, _)| t)
+        .unwrap_or_else(|e| fail(&format!("spawn {cmd}: {e}")));
+    let client = ()
+        .serve(transport)
+        .await
+        .unwrap_or_else(|e| fail(&format!("initialize server-everything directly: {e}")));
+    let echo = |m: String| {
+        CallToolRequestParams::new("echo")
+            .with_arguments(json!({"message": m}).as_object().cloned().unwrap())
+    };
+    client.call_tool(echo("warm".into())).await.unwrap();
+    let (mut drtt, mut drate) = (Vec::new(), Vec::new());
+    for _ in 0..o.proxy_runs {
+        let mut ts = Vec::new();
+        for i in 0..n {
+            let t0 = Instant::now();
+            client
+                .call_tool(echo(format!("m{i}")))
+                .await
+                .unwrap_or_else(|e| fail(&format!("direct echo: {e}")));
+            ts.push(t0.elapsed().as_secs_f64());
+        }
+        drate.push(ts.len() as f64 / ts.iter().sum::<f64>());
+        drtt.extend(ts.iter().map(|s| s * 1e3));
+    }
+    let _ = client.cancel().await;
+
+    t.section(4, "4. Proxy (server-everything `echo`)");
+    t.samples(
+        &format!("round trip from inside the sandbox ({n} sequential calls per run)"),
+        &rtt,
+        Unit::Ms,
+        Target::None,
+    );
+    t.samples(
+        "calls/s in that loop (per run)",
+        &rate,
+        Unit::PerSec,
+        Target::None,
+    );
+    t.samples(
+        "round trip, rmcp client → server directly",
+        &drtt,
+        Unit::Ms,
+        Target::None,
+    );
+    t.samples(
+        "calls/s, rmcp client directly (per run)",
+        &drate,
+        Unit::PerSec,
+        Target::None,
+    );
+    // Overhead per call: difference of the medians (and of the p95s).
+    let over = pct(&rtt, 0.5) - pct(&drtt, 0.5);
+    let over95 = pct(&rtt, 0.95) - pct(&drtt, 0.95);
+    t.row(
+        "bridge overhead per call (sandbox − direct)",
+        format!("{}+{}", rtt.len(), drtt.len()),
+        over,
+        over95,
+        Unit::Ms,
+        Target::AtMost(0.5),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5: footprint
+// ---------------------------------------------------------------------------------------------
+
+/// Calls one tool of each of the five real servers in one run_python (all five loaded).
+fn warm_all_code(fx: &Fixtures) -> String {
+    format!(
+        "await mcp_everything.echo(message='hi')\n\
+         await mcp_filesystem.list_allowed_directories()\n\
+         await mcp_docs.list_allowed_directories()\n\
+         await mcp_time.get_current_time(timezone='UTC')\n\
+         await mcp_git.git_status(repo_path={:?})\n\
+         print('warm')",
+        fx.repo.to_string_lossy()
+    )
+}
+
+const ALL5: [&str; 5] = ["everything", "filesystem", "docs", "time", "git"];
+
+async fn warm_rss(o: &Opts, fx: &Fixtures, first: &Live) -> Vec<f64> {
+    let mut v = Vec::new();
+    let code = warm_all_code(fx);
+    first
+        .ok(json!({"code": code, "servers": ALL5, "timeout": 120}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    v.push(rss_mib(first.pid));
+    for _ in 1..o.warm_rss {
+        let live = Live::start(Home::new(&fx.real())).await;
+        live.ok(json!({"code": code, "servers": ALL5, "timeout": 120}))
+            .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        v.push(rss_mib(live.pid));
+        live.shutdown().await;
+    }
+    v
+}
+
+async fn image_figures(o: &Opts, t: &mut Table) {
+    let image = "mcp-code-bridge-sandbox:latest";
+    let out = Command::new("podman")
+        .args(["image", "inspect", "--format", "{{.Size}}", image])
+        .output()
+        .await
+        .unwrap_or_else(|e| fail(&format!("podman image inspect: {e}")));
+    let size: f64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(f64::NAN);
+    let archive = image_archive();
+    let archive_mib = std::fs::metadata(&archive)
+        .map(|m| m.len() as f64 / 1048576.0)
+        .unwrap_or(f64::NAN);
+    t.fact(
+        &format!("image size (`podman image inspect {image}`); archive {archive_mib:.0} MiB"),
+        "1 (deterministic)",
+        fmt(size / 1048576.0, Unit::MiB),
+        "",
+        "",
+    );
+    let mut load = Vec::new();
+    for i in 0..o.image_load {
+        let tag = format!(
+            "localhost/mcp-code-bridge-bench-load-{}-{i}:latest",
+            std::process::id()
+        );
+        let home = Home::new(&[]);
+        let t0 = Instant::now();
+        let out = Command::new(bridge_bin())
+            .args(["image", "load"])
+            .env_clear()
+            .envs(home.env())
+            .env("MCP_BRIDGE_IMAGE", &tag)
+            .current_dir(home.path())
+            .output()
+            .await
+            .unwrap_or_else(|e| fail(&format!("mcp-code-bridge image load: {e}")));
+        let el = t0.elapsed().as_secs_f64();
+        if !out.status.success() {
+            fail(&format!(
+                "mcp-code-bridge image load failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        load.push(el);
+        let _ = Command::new("podman").args(["rmi", &tag]).output().await;
+    }
+    t.samples(
+        "first-run image load (`mcp-code-bridge image load` under a fresh tag, process wall time)",
+        &load,
+        Unit::S,
+        Target::None,
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6: the load test
+// ---------------------------------------------------------------------------------------------
+
+struct LoadRun {
+    wall: f64,
+    latencies: Vec<f64>,
+    lost: usize,
+    mismatched: usize,
+    failed: usize,
+    rss: Vec<f64>,
+}
+
+async fn load_run(o: &Opts, live: &Live, run: usize) -> LoadRun {
+    let nonce = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let sessions: Vec<String> = (0..o.load_sessions).map(|s| format!("load-{s}")).collect();
+    // Start the sessions (not timed): the test is about calls, not container starts.
+    futures::future::join_all(
+        sessions
+            .iter()
+            .map(|s| live.ok(json!({"code": "pass", "session": s, "servers": ["everything"]}))),
+    )
+    .await;
+    let (stop, sampler) = sample_rss(live.pid);
+    let t0 = Instant::now();
+    let per_session = sessions.iter().enumerate().map(|(k, s)| {
+        let nonce = nonce.clone();
+        async move {
+            let mut v = Vec::new();
+            for i in 0..o.load_calls {
+                // Bracketed, so no token is a prefix of another.
+                let tok = format!("[tok-{nonce}-{run}-{k}-{i}]");
+                let code = format!("r = await mcp_everything.echo(message={tok:?})\nprint(r)");
+                let t = Instant::now();
+                let r = live
+                    .call(json!({"code": code, "session": s, "servers": ["everything"], "timeout": 120}))
+                    .await;
+                v.push((tok, r, ms(t.elapsed())));
+            }
+            v
+        }
+    });
+    let results = futures::future::join_all(per_session).await;
+    let wall = t0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let rss = sampler.await.unwrap_or_default();
+    let mut lr = LoadRun {
+        wall,
+        latencies: Vec::new(),
+        lost: 0,
+        mismatched: 0,
+        failed: 0,
+        rss,
+    };
+    let mut reported = 0;
+    for (tok, r, el) in results.into_iter().flatten() {
+        lr.latencies.push(el);
+        match r {
+            Err(e) => {
+                lr.lost += 1;
+                if reported < 5 {
+                    reported += 1;
+                    eprintln!("bench: load test: {tok}: lost: {e}");
+                }
+            }
+            Ok(r) => {
+                let out = sc(&r, "stdout");
+                let own = out.matches(tok.as_str()).count();
+                if out.matches("[tok-").count() > own {
+                    lr.mismatched += 1;
+                    if reported < 5 {
+                        reported += 1;
+                        eprintln!("bench: load test: {tok}: mismatched reply: {out:?}");
+                    }
+                } else if sc(&r, "status") != "ok" || own == 0 {
+                    lr.failed += 1;
+                    if reported < 5 {
+                        reported += 1;
+                        eprintln!("bench: load test: {tok}: failed: {}", text(&r));
+                    }
+                }
+            }
+        }
+    }
+    lr
+}
+
+async fn load_test(o: &Opts, live: &Live, t: &mut Table) -> Vec<f64> {
+    let mut runs = Vec::new();
+    for run in 0..o.load_runs {
+        runs.push(load_run(o, live, run).await);
+    }
+    let calls = o.load_sessions * o.load_calls;
+    t.section(
+        6,
+        &format!(
+        "6. Load test: {} concurrent sessions × {} calls, each calling server-everything `echo` with a unique token",
+            o.load_sessions, o.load_calls
+        ),
+    );
+    let rate: Vec<f64> = runs.iter().map(|r| calls as f64 / r.wall).collect();
+    t.samples("calls/s (per run)", &rate, Unit::PerSec, Target::None);
+    let lat: Vec<f64> = runs.iter().flat_map(|r| r.latencies.clone()).collect();
+    let (p50, p99) = (pct(&lat, 0.5), pct(&lat, 0.99));
+    t.fact(
+        "latency per call: p50 (median column) / p99 (p95 column)",
+        &lat.len().to_string(),
+        String::new(),
+        "",
+        "",
+    );
+    if let Some(r) = t.rows.last_mut() {
+        r.1.median = format!("p50 {}", fmt(p50, Unit::Ms));
+        r.1.p95 = format!("p99 {}", fmt(p99, Unit::Ms));
+    }
+    for (what, f) in [
+        ("lost replies (no reply / protocol error)", |r: &LoadRun| {
+            r.lost
+        }) as fn(&LoadRun) -> usize,
+        ("mismatched replies (another call's token)", |r| {
+            r.mismatched
+        }),
+        ("failed calls (error status, token missing)", |r| r.failed),
+    ] {
+        let total: usize = runs.iter().map(f).sum();
+        t.fact(
+            &format!("{what}, total over all runs"),
+            &(runs.len() * calls).to_string(),
+            total.to_string(),
+            "= 0",
+            if total == 0 { "yes" } else { "**no**" },
+        );
+    }
+    runs.iter().flat_map(|r| r.rss.clone()).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let o = Opts::from_env();
+    let started = Instant::now();
+    let bin = bridge_bin();
+    if !bin.is_file() {
+        fail(&format!(
+            "{} does not exist: run `cargo build --release`",
+            bin.display()
+        ));
+    }
+    image_archive();
+    eprintln!(
+        "bench: {} mode, binary {}",
+        if o.quick { "quick" } else { "full" },
+        bin.display()
+    );
+    let fx = Fixtures::new();
+    let mut t = Table::default();
+
+    if o.wants("tokens") || o.wants("startup") {
+        eprintln!("bench: context cost and start-up…");
+        context_and_startup(&o, &fx, &mut t).await;
+    }
+    let needs_live = ["exec", "proxy", "footprint", "load"]
+        .iter()
+        .any(|s| o.wants(s));
+    if needs_live {
+        let live = Live::start(Home::new(&fx.real())).await;
+        if o.wants("exec") {
+            eprintln!("bench: execution…");
+            execution(&o, &live, &mut t).await;
+        }
+        if o.wants("proxy") {
+            eprintln!("bench: proxy…");
+            proxy(&o, &live, &mut t).await;
+        }
+        let mut warm = Vec::new();
+        if o.wants("footprint") {
+            eprintln!("bench: footprint…");
+            warm = warm_rss(&o, &fx, &live).await;
+        }
+        let mut under_load = Vec::new();
+        if o.wants("load") {
+            eprintln!("bench: load test…");
+            under_load = load_test(&o, &live, &mut t).await;
+        }
+        if o.wants("footprint") {
+            t.section(5, "5. Footprint");
+            t.samples(
+                "bridge RSS with 5 warm upstreams (one call to each made)",
+                &warm,
+                Unit::MiB,
+                Target::None,
+            );
+            if !under_load.is_empty() {
+                t.samples(
+                    "bridge RSS under the load test (sampled every 50 ms)",
+                    &under_load,
+                    Unit::MiB,
+                    Target::None,
+                );
+            }
+            image_figures(&o, &mut t).await;
+        }
+        live.shutdown().await;
+    }
+    println!();
+    println!(
+        "mcp-code-bridge bench ({} mode; N = samples per row; bridge RSS is the bridge process only)",
+        if o.quick { "quick" } else { "full" }
+    );
+    println!();
+    t.print();
+    println!();
+    println!("total bench time: {:.0} s", started.elapsed().as_secs_f64());
+}

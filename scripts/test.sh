@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The test command: `sudo scripts/test.sh` from a checkout on a Debian 12 (or later) host.
+# Installs podman/runc/mmdebstrap and the test MCP servers (scripts/setup-debian.sh --test-deps),
+# builds (or reuses) the sandbox image archive, then runs the runtime's pytest suite and the Rust
+# test suite against real podman and real MCP servers. Nothing is skipped: a missing podman, image
+# or server is a failure. CI (.ci/run) runs exactly this.
+set -euo pipefail
+
+step() { printf '\n==> [test] %s\n' "$*" >&2; }
+die() { printf '[test] error: %s\n' "$*" >&2; exit 1; }
+
+cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.."
+repo=$(pwd)
+start=$(date +%s)
+
+export DEBIAN_FRONTEND=noninteractive
+export CI="${CI:-true}"
+# Outside the repository, reused across runs on the same machine.
+cache_dir="${MCP_CODE_BRIDGE_CACHE_DIR:-/var/cache/mcp-code-bridge}"
+if [[ -d "${HOME:-/root}/.cargo/bin" ]]; then export PATH="${HOME:-/root}/.cargo/bin:$PATH"; fi
+
+step "host: $(. /etc/os-release && echo "$PRETTY_NAME"), $(uname -r), $(nproc) cpus, user $(id -un)"
+
+step "setup: scripts/setup-debian.sh --test-deps --extra python3-matplotlib"
+bash scripts/setup-debian.sh --test-deps --extra python3-matplotlib --cache-dir "$cache_dir" < /dev/null
+# Read (not export) what setup wrote: the tests get only the MCP_BRIDGE_TEST_* variables, so that
+# config tests see no stray MCP_BRIDGE_* settings.
+MCP_BRIDGE_IMAGE_ARCHIVE="" MCP_BRIDGE_TEST_SERVERS_BIN=""
+# shellcheck disable=SC1091
+. "$cache_dir/setup.env"
+
+step "checking what the tests need"
+command -v podman >/dev/null || die "podman is not installed"
+podman info >/dev/null || die "podman does not work"
+[[ -s "${MCP_BRIDGE_IMAGE_ARCHIVE:-}" ]] || die "no image archive (MCP_BRIDGE_IMAGE_ARCHIVE)"
+[[ -d "${MCP_BRIDGE_TEST_SERVERS_BIN:-}" ]] || die "no test servers (MCP_BRIDGE_TEST_SERVERS_BIN)"
+for exe in mcp-server-everything mcp-server-filesystem mcp-server-time mcp-server-git mcp-python; do
+    [[ -x "$MCP_BRIDGE_TEST_SERVERS_BIN/$exe" ]] || die "missing test server $exe"
+done
+command -v cargo >/dev/null || die "cargo not found"
+[[ -f Cargo.toml ]] || die "no Cargo.toml in $repo"
+
+export MCP_BRIDGE_TEST_IMAGE_ARCHIVE="$MCP_BRIDGE_IMAGE_ARCHIVE"
+export MCP_BRIDGE_TEST_SERVERS_BIN
+unset MCP_BRIDGE_IMAGE_ARCHIVE MCP_BRIDGE_IMAGE_SHA256
+export PATH="$MCP_BRIDGE_TEST_SERVERS_BIN:$PATH"
+printf '    MCP_BRIDGE_TEST_IMAGE_ARCHIVE=%s\n    MCP_BRIDGE_TEST_SERVERS_BIN=%s\n    setup took %ss\n' \
+    "$MCP_BRIDGE_TEST_IMAGE_ARCHIVE" "$MCP_BRIDGE_TEST_SERVERS_BIN" "$(( $(date +%s) - start ))" >&2
+
+step "pytest image/tests (the sandbox runtime, frame by frame)"
+"$MCP_BRIDGE_TEST_SERVERS_BIN/mcp-python" -m pytest -q -p no:cacheprovider image/tests < /dev/null
+
+step "cargo test --release --locked -- --test-threads=2"
+cargo --version >&2
+cargo test --release --locked -- --test-threads=2 < /dev/null
+
+step "all done in $(( $(date +%s) - start ))s"
