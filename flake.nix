@@ -56,11 +56,20 @@
         };
     in
     {
-      overlays.default = final: _prev: {
-        mcp-code-bridge = final.callPackage ./nix/package.nix { };
-        mcp-code-bridge-sandbox-image = final.callPackage ./image { };
-        mcp-code-bridge-with-image = final.callPackage ./nix/with-image.nix { };
-      };
+      # `lib.callPackageWith final` is what nixpkgs' own `callPackage` is built on (for a native
+      # build it passes the same packages; callPackage only adds cross-compilation splicing), and
+      # it also works against the offline evaluation stub of nixpkgs (docs/nix.md), which has no
+      # `callPackage`.
+      overlays.default =
+        final: _prev:
+        let
+          callPackage = lib.callPackageWith final;
+        in
+        {
+          mcp-code-bridge = callPackage ./nix/package.nix { };
+          mcp-code-bridge-sandbox-image = callPackage ./image { };
+          mcp-code-bridge-with-image = callPackage ./nix/with-image.nix { };
+        };
 
       packages = forAllSystems (
         system:
@@ -123,7 +132,7 @@
           # Builds the binary and runs its unit tests.
           package = self.packages.${system}.mcp-code-bridge;
           with-image = self.packages.${system}.default;
-          runtime-tests = pkgs.callPackage ./nix/runtime-tests.nix { };
+          runtime-tests = lib.callPackageWith pkgs ./nix/runtime-tests.nix { };
           nixos-sandbox = import ./tests/nixos/sandbox.nix testArgs;
           nixos-mcp-client = import ./tests/nixos/mcp-client.nix testArgs;
           home-manager = (exampleHome system).activationPackage;
@@ -133,33 +142,21 @@
       nixosConfigurations.example = exampleNixos "x86_64-linux";
       homeConfigurations.example = exampleHome "x86_64-linux";
 
-      devShells = forAllSystems (
+      devShells = forAllSystems (system: {
+        default = import ./nix/dev-shell.nix { pkgs = pkgsFor.${system}; };
+      });
+
+      formatter = forAllSystems (
         system:
         let
           pkgs = pkgsFor.${system};
         in
-        {
-          default = pkgs.mkShell {
-            packages = [
-              pkgs.cargo
-              pkgs.rustc
-              pkgs.clippy
-              pkgs.rustfmt
-              pkgs.rust-analyzer
-              pkgs.podman
-              (pkgs.python3.withPackages (ps: [
-                ps.mcp
-                ps.pytest
-              ]))
-              pkgs.nodejs
-              pkgs.mcp-server-time
-              pkgs.nixfmt
-            ];
-            RUST_SRC_PATH = "${pkgs.rustPlatform.rustLibSrc}";
-          };
-        }
+        # `or`: the offline evaluation stub of nixpkgs has no nixfmt-tree (nixpkgs has, so this
+        # fallback, a script that says so, is never used there).
+        pkgs.nixfmt-tree or (pkgs.writeShellScriptBin "nixfmt-tree" ''
+          echo "nixfmt-tree is not in this nixpkgs" >&2
+          exit 1
+        '')
       );
-
-      formatter = forAllSystems (system: pkgsFor.${system}.nixfmt-tree);
     };
 }

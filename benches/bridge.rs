@@ -7,6 +7,7 @@
 //! cargo build --release && cargo bench --bench bridge            # full run (~10 min on 2 cores)
 //! BENCH_QUICK=1 cargo bench --bench bridge                       # few repetitions, CI smoke (< 3 min)
 //! BENCH_ONLY=proxy,load cargo bench --bench bridge               # a subset of the sections
+//! BENCH_PROXY_RUNS=50 BENCH_ONLY=proxy cargo bench --bench bridge # more of one (also LOAD_RUNS, LOAD_CALLS, WARM)
 //! ```
 //!
 //! Needs what the integration tests need: `MCP_BRIDGE_TEST_IMAGE_ARCHIVE` (the sandbox image
@@ -107,6 +108,27 @@ impl Opts {
         }
     }
 
+    /// `BENCH_<NAME>=count` overrides one repetition count (for profiling runs).
+    fn with_overrides(mut self) -> Opts {
+        let get = |k: &str| {
+            std::env::var(format!("BENCH_{k}"))
+                .ok()?
+                .parse::<usize>()
+                .ok()
+        };
+        for (k, f) in [
+            ("PROXY_RUNS", &mut self.proxy_runs),
+            ("LOAD_RUNS", &mut self.load_runs),
+            ("LOAD_CALLS", &mut self.load_calls),
+            ("WARM", &mut self.warm),
+        ] {
+            if let Some(v) = get(k) {
+                *f = v;
+            }
+        }
+        self
+    }
+
     fn wants(&self, section: &str) -> bool {
         self.only
             .as_ref()
@@ -149,13 +171,12 @@ struct Table {
 #[derive(Clone, Copy)]
 enum Unit {
     Ms,
-    Us,
+
     S,
     MiB,
     Tokens,
     Pct,
     PerSec,
-    Count,
 }
 
 fn fmt(v: f64, u: Unit) -> String {
@@ -165,13 +186,11 @@ fn fmt(v: f64, u: Unit) -> String {
     match u {
         Unit::Ms if v < 10.0 => format!("{v:.2} ms"),
         Unit::Ms => format!("{v:.1} ms"),
-        Unit::Us => format!("{v:.0} µs"),
         Unit::S => format!("{v:.2} s"),
         Unit::MiB => format!("{v:.1} MiB"),
         Unit::Tokens => format!("{v:.0}"),
         Unit::Pct => format!("{v:.1} %"),
         Unit::PerSec => format!("{v:.0}/s"),
-        Unit::Count => format!("{v:.0}"),
     }
 }
 
@@ -1007,19 +1026,18 @@ async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
              ts.append(time.perf_counter() - t0)\n\
          print(json.dumps(ts))"
     );
-    let (mut rtt, mut rate) = (Vec::new(), Vec::new());
-    for _ in 0..o.proxy_runs {
-        let (out, _) = live
-            .ok(json!({"code": code, "servers": ["everything"], "session": "proxy", "timeout": 120}))
-            .await;
-        let ts: Vec<f64> = serde_json::from_str(out.trim()).unwrap_or_else(|e| {
-            fail(&format!(
-                "proxy loop output is not a JSON list ({e}): {out}"
-            ))
-        });
-        rate.push(ts.len() as f64 / ts.iter().sum::<f64>());
-        rtt.extend(ts.iter().map(|s| s * 1e3));
-    }
+    // The sandbox <-> bridge channel alone: an RPC the bridge answers itself.
+    let channel_code = format!(
+        "import time, json\n\
+         from mcp import runtime\n\
+         await runtime.list_servers()\n\
+         ts = []\n\
+         for i in range({n}):\n    \
+             t0 = time.perf_counter()\n    \
+             await runtime.list_servers()\n    \
+             ts.append(time.perf_counter() - t0)\n\
+         print(json.dumps(ts))"
+    );
     // The same calls by rmcp's client, straight to the same server.
     let cmd = server_bin("mcp-server-everything");
     let transport = TokioChildProcess::builder(Command::new(&cmd).configure(|_| {}))
@@ -1036,25 +1054,50 @@ async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
             .with_arguments(json!({"message": m}).as_object().cloned().unwrap())
     };
     client.call_tool(echo("warm".into())).await.unwrap();
-    let (mut drtt, mut drate) = (Vec::new(), Vec::new());
+    // Bridge and direct loops alternate, so drift in the machine's load hits both alike; the
+    // overhead is taken per pair of runs (median of one minus median of the other).
+    let (mut rtt, mut rate, mut drtt, mut drate, mut over) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut chan = Vec::new();
     for _ in 0..o.proxy_runs {
-        let mut ts = Vec::new();
+        let (out, _) = live
+            .ok(json!({"code": channel_code, "servers": ["everything"], "session": "proxy", "timeout": 120}))
+            .await;
+        let ts: Vec<f64> = serde_json::from_str(out.trim()).unwrap_or_else(|e| {
+            fail(&format!(
+                "channel loop output is not a JSON list ({e}): {out}"
+            ))
+        });
+        chan.extend(ts.iter().map(|s| s * 1e3));
+        let (out, _) = live
+            .ok(json!({"code": code, "servers": ["everything"], "session": "proxy", "timeout": 120}))
+            .await;
+        let ts: Vec<f64> = serde_json::from_str(out.trim()).unwrap_or_else(|e| {
+            fail(&format!(
+                "proxy loop output is not a JSON list ({e}): {out}"
+            ))
+        });
+        let ts: Vec<f64> = ts.iter().map(|s| s * 1e3).collect();
+        rate.push(1e3 * ts.len() as f64 / ts.iter().sum::<f64>());
+        let mut d = Vec::new();
         for i in 0..n {
             let t0 = Instant::now();
             client
                 .call_tool(echo(format!("m{i}")))
                 .await
                 .unwrap_or_else(|e| fail(&format!("direct echo: {e}")));
-            ts.push(t0.elapsed().as_secs_f64());
+            d.push(ms(t0.elapsed()));
         }
-        drate.push(ts.len() as f64 / ts.iter().sum::<f64>());
-        drtt.extend(ts.iter().map(|s| s * 1e3));
+        drate.push(1e3 * d.len() as f64 / d.iter().sum::<f64>());
+        over.push(pct(&ts, 0.5) - pct(&d, 0.5));
+        rtt.extend(ts);
+        drtt.extend(d);
     }
     let _ = client.cancel().await;
 
     t.section(4, "4. Proxy (server-everything `echo`)");
     t.samples(
-        &format!("round trip from inside the sandbox ({n} sequential calls per run)"),
+        &format!("round trip from inside the sandbox (per call; {n} sequential calls per run)"),
         &rtt,
         Unit::Ms,
         Target::None,
@@ -1066,7 +1109,13 @@ async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
         Target::None,
     );
     t.samples(
-        "round trip, rmcp client → server directly",
+        "round trip of an RPC the bridge answers itself (`runtime.list_servers()`, per call)",
+        &chan,
+        Unit::Ms,
+        Target::None,
+    );
+    t.samples(
+        "round trip, rmcp client → server directly (per call)",
         &drtt,
         Unit::Ms,
         Target::None,
@@ -1077,14 +1126,9 @@ async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
         Unit::PerSec,
         Target::None,
     );
-    // Overhead per call: difference of the medians (and of the p95s).
-    let over = pct(&rtt, 0.5) - pct(&drtt, 0.5);
-    let over95 = pct(&rtt, 0.95) - pct(&drtt, 0.95);
-    t.row(
-        "bridge overhead per call (sandbox − direct)",
-        format!("{}+{}", rtt.len(), drtt.len()),
-        over,
-        over95,
+    t.samples(
+        "bridge overhead per call (median sandbox − median direct, per pair of runs)",
+        &over,
         Unit::Ms,
         Target::AtMost(0.5),
     );
@@ -1307,16 +1351,21 @@ async fn load_test(o: &Opts, live: &Live, t: &mut Table) -> Vec<f64> {
         r.1.median = format!("p50 {}", fmt(p50, Unit::Ms));
         r.1.p95 = format!("p99 {}", fmt(p99, Unit::Ms));
     }
-    for (what, f) in [
-        ("lost replies (no reply / protocol error)", |r: &LoadRun| {
-            r.lost
-        }) as fn(&LoadRun) -> usize,
-        ("mismatched replies (another call's token)", |r| {
-            r.mismatched
-        }),
-        ("failed calls (error status, token missing)", |r| r.failed),
-    ] {
-        let total: usize = runs.iter().map(f).sum();
+    let counts: [(&str, usize); 3] = [
+        (
+            "lost replies (no reply / protocol error)",
+            runs.iter().map(|r| r.lost).sum(),
+        ),
+        (
+            "mismatched replies (another call's token)",
+            runs.iter().map(|r| r.mismatched).sum(),
+        ),
+        (
+            "failed calls (error status, token missing)",
+            runs.iter().map(|r| r.failed).sum(),
+        ),
+    ];
+    for (what, total) in counts {
         t.fact(
             &format!("{what}, total over all runs"),
             &(runs.len() * calls).to_string(),
@@ -1332,7 +1381,7 @@ async fn load_test(o: &Opts, live: &Live, t: &mut Table) -> Vec<f64> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let o = Opts::from_env();
+    let o = Opts::from_env().with_overrides();
     let started = Instant::now();
     let bin = bridge_bin();
     if !bin.is_file() {
@@ -1359,6 +1408,7 @@ async fn main() {
         .any(|s| o.wants(s));
     if needs_live {
         let live = Live::start(Home::new(&fx.real())).await;
+        eprintln!("bench: bridge under test: pid {}", live.pid);
         if o.wants("exec") {
             eprintln!("bench: execution…");
             execution(&o, &live, &mut t).await;

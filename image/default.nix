@@ -2,10 +2,11 @@
 # The bridge injects its Python runtime (image/runtime.py) at container start, so the image
 # only has to provide `python3` on PATH, an unprivileged user and the /tmp and /workspace
 # mount points. The result is a docker-archive (.tar.gz) that `mcp-code-bridge image load`
-# (or `podman load -i`) accepts; `passthru.imageTag` is derived from the content.
+# (or `podman load -i`) accepts; its `imageName` and `imageTag` attributes give the reference it
+# loads as, the tag derived from the image's content.
 #
-#   pkgs.callPackage ./image { }
-#   (pkgs.callPackage ./image { }).override { extraPythonPackages = ps: [ ps.matplotlib ]; }
+#   lib.callPackageWith pkgs ./image { }
+#   (lib.callPackageWith pkgs ./image { }).override { extraPythonPackages = ps: [ ps.matplotlib ]; }
 {
   lib,
   dockerTools,
@@ -16,7 +17,7 @@
   # Other store paths to put in the image (their bin/ lands in /bin), e.g. [ coreutils ].
   extraContents ? [ ],
   name ? "mcp-code-bridge-sandbox",
-  # null: dockerTools derives the tag from the image's content (its output hash).
+  # null: a hash of everything the image is made of (see contentTag below).
   tag ? null,
   # A fixed date keeps the archive reproducible.
   created ? "1970-01-01T00:00:01Z",
@@ -43,42 +44,65 @@ let
     hosts: files dns
     EOF
   '';
-in
-dockerTools.buildLayeredImage {
-  inherit name tag created;
-  contents = [
-    python
-    etcFiles
-  ]
-  ++ extraContents;
 
-  # Mount points for the bridge's tmpfs mounts; also usable without them.
-  extraCommands = ''
-    mkdir -p tmp workspace
-    chmod 1777 tmp
-  '';
-  fakeRootCommands = ''
-    chown 65534:65534 workspace
-    chmod 0755 workspace
-  '';
+  imageArgs = {
+    inherit name created;
+    contents = [
+      python
+      etcFiles
+    ]
+    ++ extraContents;
 
-  config = {
-    User = "65534:65534";
-    WorkingDir = "/workspace";
-    # The environment's own bin/ first: its python3 finds its site-packages from the path it was
-    # started by, so `python3` must resolve to the environment rather than to a /bin symlink.
-    Cmd = [ "${python}/bin/python3" ];
-    Env = [
-      "PATH=${python}/bin:/bin"
-      "HOME=/tmp"
-      "LANG=C.UTF-8"
-      "PYTHONDONTWRITEBYTECODE=1"
-      "PYTHONUNBUFFERED=1"
-      "MPLCONFIGDIR=/tmp/matplotlib"
-    ];
-    Labels = {
-      "org.opencontainers.image.title" = "mcp-code-bridge-sandbox";
-      "org.opencontainers.image.description" = "Sandbox image of mcp-code-bridge: ${python.name}";
+    # Mount points for the bridge's tmpfs mounts; also usable without them.
+    extraCommands = ''
+      mkdir -p tmp workspace
+      chmod 1777 tmp
+    '';
+    fakeRootCommands = ''
+      chown 65534:65534 workspace
+      chmod 0755 workspace
+    '';
+
+    config = {
+      User = "65534:65534";
+      WorkingDir = "/workspace";
+      # The environment's own bin/ first: its python3 finds its site-packages from the path it was
+      # started by, so `python3` must resolve to the environment rather than to a /bin symlink.
+      Cmd = [ "${python}/bin/python3" ];
+      Env = [
+        "PATH=${python}/bin:/bin"
+        "HOME=/tmp"
+        "LANG=C.UTF-8"
+        "PYTHONDONTWRITEBYTECODE=1"
+        "PYTHONUNBUFFERED=1"
+        "MPLCONFIGDIR=/tmp/matplotlib"
+      ];
+      Labels = {
+        "org.opencontainers.image.title" = "mcp-code-bridge-sandbox";
+        "org.opencontainers.image.description" = "Sandbox image of mcp-code-bridge: ${python.name}";
+      };
     };
   };
-}
+
+  # The tag: a hash of all of the above. The contents are store paths, whose names already hash
+  # their whole build closure, so a different image gets a different tag and a rebuild of the same
+  # one keeps it. Computed here rather than taken from dockerTools (which would use its output
+  # path's hash) so that config.toml and the `nix run` wrapper do not depend on dockerTools'
+  # internals.
+  contentTag = builtins.substring 0 32 (
+    builtins.hashString "sha256" (builtins.unsafeDiscardStringContext (builtins.toJSON imageArgs))
+  );
+  # Image references must be lowercase (dockerTools lowercases the name, not a given tag).
+  imageTag = lib.toLower (if tag != null then tag else contentTag);
+
+  image = dockerTools.buildLayeredImage (imageArgs // { tag = imageTag; });
+in
+# The reference the archive loads as. dockerTools' own imageName/imageTag have the same values
+# (the name lowercased, the tag as given); they are spelled out here so that the modules and the
+# wrapper depend only on this file.
+lib.extendDerivation true
+  {
+    imageName = lib.toLower name;
+    inherit imageTag;
+  }
+  image

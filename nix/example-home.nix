@@ -13,7 +13,10 @@
     enable = true;
     servers = {
       time = {
-        command = lib.getExe pkgs.mcp-server-time;
+        # `if`: the offline evaluation stub of nixpkgs (docs/nix.md) has no mcp-server-time;
+        # nixpkgs has, so there this is always its store path.
+        command =
+          if pkgs ? mcp-server-time then lib.getExe pkgs.mcp-server-time else "mcp-server-time";
         args = [
           "--local-timezone"
           "UTC"

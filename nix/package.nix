@@ -5,8 +5,6 @@
 {
   lib,
   rustPlatform,
-  pkg-config,
-  openssl,
   python3,
 }:
 
@@ -14,12 +12,17 @@ let
   root = ../.;
   cargoToml = lib.importTOML (root + "/Cargo.toml");
   lockedPackages = (lib.importTOML (root + "/Cargo.lock")).package or [ ];
-  # Only if a dependency links OpenSSL (today everything is rustls / pure Rust).
-  needsOpenssl = lib.any (p: p.name == "openssl-sys") lockedPackages;
+  # Every dependency is pure Rust (TLS is rustls), so the build needs no C library. Should one
+  # start linking OpenSSL, say so here rather than fail deep inside cargo.
+  linksOpenssl = lib.any (p: p.name == "openssl-sys") lockedPackages;
   hasLib = builtins.pathExists (root + "/src/lib.rs");
 
   inherit (lib) fileset;
 in
+assert lib.assertMsg (!linksOpenssl) ''
+  mcp-code-bridge: Cargo.lock now has openssl-sys; add `pkg-config` to nativeBuildInputs and
+  `openssl` to buildInputs in nix/package.nix (or keep the dependency on rustls).
+'';
 rustPlatform.buildRustPackage {
   pname = cargoToml.package.name;
   inherit (cargoToml.package) version;
@@ -46,9 +49,6 @@ rustPlatform.buildRustPackage {
   };
 
   cargoLock.lockFile = root + "/Cargo.lock";
-
-  nativeBuildInputs = lib.optionals needsOpenssl [ pkg-config ];
-  buildInputs = lib.optionals needsOpenssl [ openssl ];
 
   doCheck = true;
   # Unit tests only: `--bins` runs the #[cfg(test)] modules of the binary, `--lib` those of the

@@ -94,7 +94,9 @@ in
       after = [ "podman.socket" ];
       # Load again when the image (hence config.toml) changes.
       restartTriggers = [ configFile ];
-      path = [ config.virtualisation.podman.package ];
+      # `or`: the offline evaluation stub of NixOS (docs/nix.md) does not declare podman's options;
+      # NixOS does, so there this is always virtualisation.podman.package.
+      path = [ (config.virtualisation.podman.package or pkgs.podman) ];
       environment = {
         MCP_BRIDGE_STATE_DIR = "/var/lib/mcp-code-bridge";
         HOME = "/var/lib/mcp-code-bridge";

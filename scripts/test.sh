@@ -50,8 +50,8 @@ printf '    MCP_BRIDGE_TEST_IMAGE_ARCHIVE=%s\n    MCP_BRIDGE_TEST_SERVERS_BIN=%s
 step "pytest image/tests (the sandbox runtime, frame by frame)"
 "$MCP_BRIDGE_TEST_SERVERS_BIN/mcp-python" -m pytest -q -p no:cacheprovider image/tests < /dev/null
 
-step "cargo test --release --locked -- --test-threads=2"
+step "cargo test --release --locked --no-fail-fast -- --test-threads=2"
 cargo --version >&2
-cargo test --release --locked -- --test-threads=2 < /dev/null
+cargo test --release --locked --no-fail-fast -- --test-threads=2 < /dev/null
 
 step "all done in $(( $(date +%s) - start ))s"

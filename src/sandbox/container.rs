@@ -139,6 +139,22 @@ pub async fn remove(docker: &Docker, id: &str) {
     }
 }
 
+/// The containers bridge `owner` created, whatever their state.
+pub async fn owned_by(docker: &Docker, owner: &str) -> Result<Vec<String>, bollard::errors::Error> {
+    let mut filters = HashMap::new();
+    filters.insert("label".to_string(), vec![format!("{LABEL_OWNER}={owner}")]);
+    let opts = ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    Ok(docker
+        .list_containers(Some(opts))
+        .await?
+        .into_iter()
+        .filter_map(|c| c.id)
+        .collect())
+}
+
 /// Remove every managed container whose owning bridge is no longer running. Returns how many.
 pub async fn reap_orphans(docker: &Docker) -> usize {
     let mut filters = HashMap::new();

@@ -282,6 +282,17 @@ impl Engine {
     }
 }
 
+/// Whether `dir` (the engine's storage root) is a local directory owned by this process's
+/// user, and that user is not root: the engine runs as us, rootless.
+fn storage_is_ours_and_not_root(dir: Option<&str>) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let uid = unsafe { libc::geteuid() };
+    uid != 0
+        && dir
+            .and_then(|d| std::fs::metadata(d).ok())
+            .is_some_and(|m| m.uid() == uid)
+}
+
 /// What the engine can enforce, from its `/info`.
 #[derive(Debug, Clone, Default)]
 pub struct Enforcement {
@@ -295,10 +306,14 @@ pub struct Enforcement {
 impl Enforcement {
     pub async fn query(docker: &Docker) -> Result<Self, bollard::errors::Error> {
         let info = docker.info().await?;
+        // Rootless Docker says so in its security options. Podman's compatible /info does not
+        // (and reports MemoryLimit even where rootless cgroup v1 drops every limit), but its
+        // storage root gives it away: a local directory owned by us, a non-root user.
         let rootless = info
             .security_options
             .as_ref()
-            .is_some_and(|o| o.iter().any(|s| s.contains("rootless")));
+            .is_some_and(|o| o.iter().any(|s| s.contains("rootless")))
+            || storage_is_ours_and_not_root(info.docker_root_dir.as_deref());
         let cgroup_version = info
             .cgroup_version
             .map(|v| v.to_string())

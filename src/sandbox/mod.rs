@@ -61,6 +61,7 @@ impl Sandbox {
                 tokio::time::sleep(tick).await;
                 let Some(sb) = weak.upgrade() else { return };
                 sb.reap_idle(idle).await;
+                sb.reap_strays().await;
             }
         });
         sb
@@ -184,6 +185,36 @@ impl Sandbox {
         }
     }
 
+    /// Remove containers of this bridge that no live session uses. A removal that failed while
+    /// the engine was unreachable (a restarted podman service) leaves such a stray; this retries
+    /// it (tests/faults_lifecycle.rs::lifecycle_podman_service_restarted_under_a_live_session).
+    async fn reap_strays(&self) {
+        let Some(engine) = self.engine.get() else {
+            return;
+        };
+        // No session is half-started while we compare.
+        let _starting = self.starting.lock().await;
+        let live: std::collections::HashSet<String> = self
+            .sessions
+            .lock()
+            .await
+            .values()
+            .filter(|s| !s.is_dead())
+            .map(|s| s.container_id.clone())
+            .collect();
+        let ids = match container::owned_by(&engine.docker, &self.owner).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::debug!("could not list this bridge's containers: {e}");
+                return;
+            }
+        };
+        for id in ids.into_iter().filter(|id| !live.contains(id)) {
+            tracing::info!(container = %id, "removing a container no session uses");
+            container::remove(&engine.docker, &id).await;
+        }
+    }
+
     /// Names of live sessions.
     pub async fn session_names(&self) -> Vec<String> {
         self.sessions.lock().await.keys().cloned().collect()
@@ -193,6 +224,7 @@ impl Sandbox {
     pub async fn shutdown(&self) {
         let all: Vec<Arc<Session>> = self.sessions.lock().await.drain().map(|(_, s)| s).collect();
         futures::future::join_all(all.iter().map(|s| s.destroy())).await;
+        self.reap_strays().await;
         if let Some(engine) = self.engine.get() {
             engine.shutdown().await;
         }

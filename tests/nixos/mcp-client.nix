@@ -4,7 +4,9 @@
 { pkgs, module }:
 
 let
-  client = pkgs.python3.withPackages (ps: [ ps.mcp ]);
+  # `optional`: the offline evaluation stub of nixpkgs (docs/nix.md) has no python3Packages.mcp;
+  # nixpkgs has, so there this is always [ ps.mcp ].
+  client = pkgs.python3.withPackages (ps: pkgs.lib.optional (ps ? mcp) ps.mcp);
 in
 pkgs.testers.runNixOSTest {
   name = "mcp-code-bridge-mcp-client";
@@ -24,7 +26,10 @@ pkgs.testers.runNixOSTest {
         enable = true;
         preloadImage = true;
         servers.time = {
-          command = lib.getExe pkgs.mcp-server-time;
+          # `if`: the offline evaluation stub of nixpkgs (docs/nix.md) has no mcp-server-time;
+          # nixpkgs has, so there this is always its store path.
+          command =
+            if pkgs ? mcp-server-time then lib.getExe pkgs.mcp-server-time else "mcp-server-time";
           args = [
             "--local-timezone"
             "UTC"

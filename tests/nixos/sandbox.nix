@@ -38,7 +38,9 @@ pkgs.testers.runNixOSTest {
       environment.etc = {
         "mcp-code-bridge-test/probe.py".source = pkgs.replaceVars ./sandbox_probe.py {
           ipv4 = config.networking.primaryIPAddress;
-          ipv6 = config.networking.primaryIPv6Address;
+          # `or`: the offline evaluation stub's test driver sets only primaryIPAddress; NixOS's
+          # test framework sets both (this is the address it gives the first node).
+          ipv6 = config.networking.primaryIPv6Address or "2001:db8:1::1";
           port = toString port;
         };
         "mcp-code-bridge-test/control.py".text = ''

@@ -1,0 +1,30 @@
+# The development shell (`nix develop`): the Rust toolchain, podman, Python with the MCP SDK and
+# pytest (the VM test's client, scripts), Node.js and mcp-server-time (upstream servers for the
+# integration tests), nixfmt.
+{ pkgs }:
+
+let
+  # `or`: the offline evaluation stub of nixpkgs (docs/nix.md) has no mkShell; nixpkgs has, so
+  # there this is plain mkShell. The stand-in only gives the stub a derivation to evaluate: the
+  # stub's mkDerivation reads nothing but `name` (here mkShell's default), so the package list
+  # below is evaluated only against real nixpkgs.
+  mkShell = pkgs.mkShell or (args: pkgs.stdenv.mkDerivation (args // { name = "nix-shell"; }));
+in
+mkShell {
+  packages = [
+    pkgs.cargo
+    pkgs.rustc
+    pkgs.clippy
+    pkgs.rustfmt
+    pkgs.rust-analyzer
+    pkgs.podman
+    (pkgs.python3.withPackages (ps: [
+      ps.mcp
+      ps.pytest
+    ]))
+    pkgs.nodejs
+    pkgs.mcp-server-time
+    pkgs.nixfmt
+  ];
+  RUST_SRC_PATH = "${pkgs.rustPlatform.rustLibSrc}";
+}

@@ -1,0 +1,245 @@
+//! Issue 6, rootless podman on a normal user account: the real binary run as an unprivileged
+//! user (created when missing: `mcb-rootless`, or `MCP_BRIDGE_TEST_ROOTLESS_USER`), talking to
+//! that user's own podman, driven by rmcp's client. Where the host cannot enforce the limits
+//! rootless (cgroup v1), the bridge must refuse to run and name them, and run only when
+//! `MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1` says so, with every other isolation still in place.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::Outcome;
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::json;
+
+fn user() -> String {
+    std::env::var("MCP_BRIDGE_TEST_ROOTLESS_USER").unwrap_or_else(|_| "mcb-rootless".into())
+}
+
+/// The test user, created (with subordinate ids, as `useradd` does) when missing.
+fn ensure_user() -> (String, PathBuf) {
+    let name = user();
+    let exists = std::process::Command::new("id")
+        .args(["-u", &name])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    if !exists {
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "user {name} does not exist and only root can create it: `sudo useradd -m {name}` (it needs /etc/subuid and /etc/subgid entries for rootless podman)"
+        );
+        let ok = std::process::Command::new("useradd")
+            .args(["-m", "-s", "/bin/sh", &name])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "useradd -m {name} failed");
+    }
+    let home = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", &format!("getent passwd {name} | cut -d: -f6")])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    (name, PathBuf::from(home.trim()))
+}
+
+/// A copy of the binary the test user can execute (the build tree may not be readable by it).
+fn binary_for(dir: &Path) -> PathBuf {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.join("mcp-code-bridge");
+    std::fs::copy(common::BIN, &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+fn cgroup_v2() -> bool {
+    Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+}
+
+struct Rootless {
+    client: RunningService<RoleClient, ()>,
+    log: PathBuf,
+    user: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Rootless {
+    async fn start(extra_env: &[(&str, &str)]) -> Rootless {
+        let (user, home) = ensure_user();
+        let archive = common::image_archive();
+        let dir = tempfile::Builder::new()
+            .prefix("mcb-rootless-")
+            .tempdir()
+            .unwrap();
+        let bin = binary_for(dir.path());
+        let log = dir.path().join("bridge.log");
+        let logf = std::fs::File::create(&log).unwrap();
+        let mut env = vec![
+            format!("HOME={}", home.display()),
+            format!("USER={user}"),
+            format!("PATH={}", std::env::var("PATH").unwrap_or_default()),
+            format!("MCP_BRIDGE_IMAGE_ARCHIVE={}", archive.display()),
+            "MCP_BRIDGE_LOG_LEVEL=debug".into(),
+        ];
+        env.extend(extra_env.iter().map(|(k, v)| format!("{k}={v}")));
+        let (transport, _) =
+            TokioChildProcess::builder(tokio::process::Command::new("runuser").configure(|c| {
+                c.args(["-u", &user, "--", "env", "-i"])
+                    .args(&env)
+                    .arg(&bin)
+                    .arg("run")
+                    .current_dir(&dir);
+            }))
+            .stderr(Stdio::from(logf))
+            .spawn()
+            .expect("runuser (util-linux) to start the bridge as the test user");
+        let client = ().serve(transport).await.expect("MCP initialize");
+        Rootless {
+            client,
+            log,
+            user,
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn py(&self, code: &str) -> Outcome {
+        let params = CallToolRequestParams::new("run_python")
+            .with_arguments(json!({"code": code}).as_object().cloned().unwrap());
+        // The first rootless call loads the image into the user's storage (vfs on hosts without
+        // fuse-overlayfs: slow), hence the long guard.
+        let r = tokio::time::timeout(Duration::from_secs(400), self.client.call_tool(params))
+            .await
+            .expect("run_python answered")
+            .unwrap_or_else(|e| panic!("protocol error {e}\n{}", self.log()));
+        Outcome(r)
+    }
+
+    /// The user's containers made by a bridge.
+    fn containers(&self) -> Vec<String> {
+        containers_of_user(&self.user)
+    }
+
+    /// Close the client; the bridge removes its containers on the way out. Returns what is left.
+    async fn shutdown(self) -> Vec<String> {
+        let user = self.user.clone();
+        let _ = self.client.cancel().await;
+        for _ in 0..100 {
+            if containers_of_user(&user).is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        containers_of_user(&user)
+    }
+}
+
+fn containers_of_user(user: &str) -> Vec<String> {
+    let out = std::process::Command::new("runuser")
+        .args(["-u", user, "--", "podman", "ps", "-a", "-q"])
+        .args(["--filter", "label=io.mcp-code-bridge.managed=true"])
+        .current_dir("/")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rootless_limits_the_host_cannot_enforce_stop_the_run_and_are_named() {
+    let b = Rootless::start(&[]).await;
+    let r = b.py("print('ran')").await;
+    if cgroup_v2() {
+        // With delegated controllers the limits hold; without, the run stops. Never silently.
+        if r.status() == "ok" {
+            let r = b
+                .py("print(open('/sys/fs/cgroup/memory.max').read().strip())")
+                .await
+                .ok();
+            assert_eq!(r.stdout(), format!("{}\n", 512u64 << 20));
+        } else {
+            assert!(r.text().contains("cannot enforce"), "{}", r.text());
+        }
+    } else {
+        assert!(
+            r.is_error(),
+            "ran with limits dropped: {}\n{}",
+            r.text(),
+            b.log()
+        );
+        let text = r.text();
+        for want in [
+            "cannot enforce these sandbox limits",
+            "memory (512m)",
+            "pids (128)",
+            "rootless containers on cgroup v1",
+            "MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in: {text}");
+        }
+        assert!(b.containers().is_empty(), "a container was created anyway");
+    }
+    // Refusing is not crashing: the bridge still answers.
+    assert_eq!(b.client.list_all_tools().await.unwrap().len(), 1);
+    let left = b.shutdown().await;
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rootless_runs_when_unenforced_limits_are_allowed_and_isolation_holds() {
+    let b = Rootless::start(&[("MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS", "1")]).await;
+    let code = r#"
+import os, socket
+st = open("/proc/self/status").read()
+print("ifaces", [n for _, n in socket.if_nameindex()])
+print("uid", os.getuid(), os.getgid())
+print("caps", sorted({l.split()[1] for l in st.splitlines() if l.startswith("Cap")}))
+print("nnp", [l.split()[1] for l in st.splitlines() if l.startswith("NoNewPrivs")][0])
+print("seccomp", [l.split()[1] for l in st.splitlines() if l.startswith("Seccomp:")][0])
+mounts = {l.split()[1]: l.split()[3].split(",") for l in open("/proc/mounts")}
+print("root_ro", "ro" in mounts["/"])
+print("noexec", all("noexec" in mounts[m] for m in ("/tmp", "/workspace", "/var/tmp")))
+"#;
+    let r = b.py(code).await.ok();
+    let out = r.stdout();
+    for want in [
+        "ifaces ['lo']",
+        "uid 65534 65534",
+        "caps ['0000000000000000']",
+        "nnp 1",
+        "seccomp 2",
+        "root_ro True",
+        "noexec True",
+    ] {
+        assert!(out.contains(want), "missing {want:?}: {out}");
+    }
+    if !cgroup_v2() {
+        // The opt-in is loud: the log names what is not enforced.
+        let log = b.log();
+        assert!(
+            log.contains("running with limits the host cannot enforce")
+                && log.contains("memory (512m)"),
+            "{log}"
+        );
+    }
+    let left = b.shutdown().await;
+    assert!(left.is_empty(), "containers left: {left:?}");
+}
