@@ -171,7 +171,7 @@ struct Table {
 #[derive(Clone, Copy)]
 enum Unit {
     Ms,
-
+    Us,
     S,
     MiB,
     Tokens,
@@ -186,6 +186,7 @@ fn fmt(v: f64, u: Unit) -> String {
     match u {
         Unit::Ms if v < 10.0 => format!("{v:.2} ms"),
         Unit::Ms => format!("{v:.1} ms"),
+        Unit::Us => format!("{v:.0} µs"),
         Unit::S => format!("{v:.2} s"),
         Unit::MiB => format!("{v:.1} MiB"),
         Unit::Tokens => format!("{v:.0}"),
@@ -513,6 +514,20 @@ fn rss_mib(pid: u32) -> f64 {
         })
         .map(|kb| kb / 1024.0)
         .unwrap_or(f64::NAN)
+}
+
+/// CPU time the process has used, in ms: the sum of its threads' `schedstat` run times
+/// (nanosecond resolution; threads that already exited are not counted, tokio's workers live on).
+fn cpu_ms(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return f64::NAN;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e6
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -966,8 +981,48 @@ async fn execution(o: &Opts, live: &Live, t: &mut Table) {
         }
         v
     };
+    let cpu0 = cpu_ms(live.pid);
     let pass = warm("pass", o.warm).await;
+    let pass_cpu = 1e3 * (cpu_ms(live.pid) - cpu0) / (o.warm + 3) as f64;
     t.samples("warm `pass`", &pass, Unit::Ms, Target::None);
+    t.row(
+        "bridge CPU per warm `pass` (mean over the N calls)",
+        "1".into(),
+        pass_cpu,
+        pass_cpu,
+        Unit::Us,
+        Target::None,
+    );
+    // Loading servers: the exec frame carries every loaded tool's metadata, and the runtime
+    // builds the proxies.
+    let mut loaded = Vec::new();
+    for _ in 0..3 {
+        live.ok(json!({"code": "pass", "servers": ALL5, "timeout": 120}))
+            .await;
+    }
+    let cpu0 = cpu_ms(live.pid);
+    for _ in 0..o.warm {
+        loaded.push(
+            live.ok(json!({"code": "pass", "servers": ALL5, "timeout": 120}))
+                .await
+                .1,
+        );
+    }
+    let loaded_cpu = 1e3 * (cpu_ms(live.pid) - cpu0) / o.warm as f64;
+    t.samples(
+        "warm `pass` with the 5 real servers loaded (53 tools' metadata sent, proxies built)",
+        &loaded,
+        Unit::Ms,
+        Target::None,
+    );
+    t.row(
+        "bridge CPU per such call (mean over the N calls)",
+        "1".into(),
+        loaded_cpu,
+        loaded_cpu,
+        Unit::Us,
+        Target::None,
+    );
     let print = warm("print('hello')", o.warm).await;
     t.samples(
         "warm `print('hello')`",
@@ -1058,8 +1113,10 @@ async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
     // overhead is taken per pair of runs (median of one minus median of the other).
     let (mut rtt, mut rate, mut drtt, mut drate, mut over) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut chan = Vec::new();
+    let (mut chan, mut chan_cpu, mut echo_cpu, mut direct_cpu) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.proxy_runs {
+        let cpu0 = cpu_ms(live.pid);
         let (out, _) = live
             .ok(json!({"code": channel_code, "servers": ["everything"], "session": "proxy", "timeout": 120}))
             .await;
@@ -1069,6 +1126,8 @@ async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
             ))
         });
         chan.extend(ts.iter().map(|s| s * 1e3));
+        chan_cpu.push(1e3 * (cpu_ms(live.pid) - cpu0) / n as f64);
+        let cpu0 = cpu_ms(live.pid);
         let (out, _) = live
             .ok(json!({"code": code, "servers": ["everything"], "session": "proxy", "timeout": 120}))
             .await;
@@ -1077,9 +1136,11 @@ async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
                 "proxy loop output is not a JSON list ({e}): {out}"
             ))
         });
+        echo_cpu.push(1e3 * (cpu_ms(live.pid) - cpu0) / n as f64);
         let ts: Vec<f64> = ts.iter().map(|s| s * 1e3).collect();
         rate.push(1e3 * ts.len() as f64 / ts.iter().sum::<f64>());
         let mut d = Vec::new();
+        let cpu0 = cpu_ms(std::process::id());
         for i in 0..n {
             let t0 = Instant::now();
             client
@@ -1088,6 +1149,7 @@ async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
                 .unwrap_or_else(|e| fail(&format!("direct echo: {e}")));
             d.push(ms(t0.elapsed()));
         }
+        direct_cpu.push(1e3 * (cpu_ms(std::process::id()) - cpu0) / n as f64);
         drate.push(1e3 * d.len() as f64 / d.iter().sum::<f64>());
         over.push(pct(&ts, 0.5) - pct(&d, 0.5));
         rtt.extend(ts);
@@ -1115,9 +1177,27 @@ async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
         Target::None,
     );
     t.samples(
+        "bridge CPU per proxied `echo` call (all its threads, per run)",
+        &echo_cpu,
+        Unit::Us,
+        Target::None,
+    );
+    t.samples(
+        "bridge CPU per host-answered RPC (per run)",
+        &chan_cpu,
+        Unit::Us,
+        Target::None,
+    );
+    t.samples(
         "round trip, rmcp client → server directly (per call)",
         &drtt,
         Unit::Ms,
+        Target::None,
+    );
+    t.samples(
+        "CPU of that rmcp client per call (the bench process, per run)",
+        &direct_cpu,
+        Unit::Us,
         Target::None,
     );
     t.samples(

@@ -333,9 +333,7 @@ pub fn load(explicit: Option<&Path>, overrides: &Overrides) -> Result<Loaded, Co
                 .map(|k| k.as_str().to_ascii_lowercase().into()),
         ))
         .merge(Serialized::defaults(overrides));
-    let config: Config = figment
-        .extract()
-        .map_err(|e| ConfigError::from_figment(e))?;
+    let config: Config = figment.extract().map_err(ConfigError::from_figment)?;
     config.validate()?;
     Ok(Loaded {
         config,
@@ -413,7 +411,9 @@ impl Config {
     /// A per-call timeout, clamped to `[1s, max_timeout]`.
     pub fn clamp_timeout(&self, requested: Option<f64>) -> Duration {
         match requested {
-            Some(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s)
+            // `try_from` refuses values too large for a Duration; they clamp to the maximum too.
+            Some(s) if s.is_finite() && s > 0.0 => Duration::try_from_secs_f64(s)
+                .unwrap_or(self.max_timeout.0)
                 .min(self.max_timeout.0)
                 .max(Duration::from_millis(100)),
             _ => self.timeout.0,
@@ -500,7 +500,7 @@ impl Secs {
             }
         };
         let secs = n * factor;
-        if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+        if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
             return Err(format!("{s:?} is out of range"));
         }
         Ok(Secs(Duration::from_secs_f64(secs)))
@@ -510,7 +510,7 @@ impl Secs {
 impl fmt::Display for Secs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_millis();
-        if ms % 1000 == 0 {
+        if ms.is_multiple_of(1000) {
             write!(f, "{}s", ms / 1000)
         } else {
             write!(f, "{ms}ms")
@@ -527,7 +527,9 @@ impl Serialize for Secs {
 impl<'de> Deserialize<'de> for Secs {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         match NumOrStr::deserialize(d)? {
-            NumOrStr::Int(n) if n >= 0 => Ok(Secs(Duration::from_secs(n as u64))),
+            NumOrStr::Int(n) if n >= 0 => {
+                Secs::parse(&n.to_string()).map_err(serde::de::Error::custom)
+            }
             NumOrStr::Float(x) => Secs::parse(&x.to_string()).map_err(serde::de::Error::custom),
             NumOrStr::Str(s) => Secs::parse(&s).map_err(serde::de::Error::custom),
             NumOrStr::Int(n) => Err(serde::de::Error::custom(format!(
@@ -559,7 +561,7 @@ impl Size {
             u => return Err(format!("{s:?} has an unknown unit {u:?}; use k, m or g")),
         };
         let v = n * factor as f64;
-        if !v.is_finite() || v < 0.0 || v > 1e15 {
+        if !v.is_finite() || !(0.0..=1e15).contains(&v) {
             return Err(format!("{s:?} is out of range"));
         }
         Ok(Size(v as u64))
@@ -571,9 +573,9 @@ impl fmt::Display for Size {
         let b = self.0;
         match b {
             0 => write!(f, "0"),
-            _ if b % (1 << 30) == 0 => write!(f, "{}g", b >> 30),
-            _ if b % (1 << 20) == 0 => write!(f, "{}m", b >> 20),
-            _ if b % (1 << 10) == 0 => write!(f, "{}k", b >> 10),
+            _ if b.is_multiple_of(1 << 30) => write!(f, "{}g", b >> 30),
+            _ if b.is_multiple_of(1 << 20) => write!(f, "{}m", b >> 20),
+            _ if b.is_multiple_of(1 << 10) => write!(f, "{}k", b >> 10),
             _ => write!(f, "{b}"),
         }
     }
@@ -718,6 +720,8 @@ fn empty_as_none_f64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::
 }
 
 #[cfg(test)]
+// figment::Jail fixes the closure's error type (a large figment::Error).
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
 
@@ -844,5 +848,6 @@ mod tests {
         assert_eq!(c.clamp_timeout(Some(1e6)), Duration::from_secs(120));
         assert_eq!(c.clamp_timeout(Some(5.0)), Duration::from_secs(5));
         assert_eq!(c.clamp_timeout(Some(-1.0)), Duration::from_secs(30));
+        assert_eq!(c.clamp_timeout(Some(f64::MAX)), Duration::from_secs(120));
     }
 }

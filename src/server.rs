@@ -414,5 +414,12 @@ mod tests {
                 .unwrap_err()
                 .contains("session")
         );
+        // Regression: 1e300 seconds overflowed `Duration` in clamp_timeout, a panic that left
+        // the call unanswered (tests/faults.rs::client_wrong_argument_types_are_refused_with_the_expected_shape).
+        let a = ok(json!({"code": "1", "timeout": 1e300})).unwrap();
+        assert_eq!(
+            Config::default().clamp_timeout(a.timeout),
+            Config::default().max_timeout.0
+        );
     }
 }

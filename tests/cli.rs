@@ -243,3 +243,54 @@ fn a_gzipped_archive_loads_and_a_wrong_sha256_loads_nothing() {
     assert!(exists());
     let _ = Command::new("podman").args(["rmi", "-f", &tag]).output();
 }
+
+#[test]
+fn an_executable_archive_is_run_and_its_output_loaded() {
+    // Nix's streamLayeredImage makes a script that prints the archive: the same shape.
+    use std::os::unix::fs::PermissionsExt;
+    let home = Home::new();
+    let script = home.path().join("stream-image");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexec cat '{}'\n",
+            common::image_archive().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tag = format!("mcp-code-bridge-sandbox:stream-{}", std::process::id());
+    let out = bridge_cmd(&home)
+        .env("MCP_BRIDGE_IMAGE", &tag)
+        .env("MCP_BRIDGE_IMAGE_ARCHIVE", &script)
+        .args(["exec", "print('streamed')"])
+        .output()
+        .unwrap();
+    let _ = Command::new("podman").args(["rmi", "-f", &tag]).output();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "streamed\n");
+}
+
+#[test]
+fn a_missing_image_without_an_archive_says_how_to_get_one() {
+    let home = Home::new();
+    let out = bridge_cmd(&home)
+        .env("MCP_BRIDGE_IMAGE", "no-such-sandbox-image:never")
+        .env_remove("MCP_BRIDGE_IMAGE_ARCHIVE")
+        .env("MCP_BRIDGE_IMAGE_ARCHIVE", "")
+        .args(["exec", "print(1)"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no-such-sandbox-image:never")
+            && err.contains("build-debian.sh")
+            && err.contains("MCP_BRIDGE_IMAGE_ARCHIVE"),
+        "{err}"
+    );
+}

@@ -766,3 +766,40 @@ async fn client_closing_stdin_ends_the_bridge_and_its_containers() {
     // It removed its containers itself: nothing left for a later bridge to reap.
     assert!(common::containers_of(b.pid).await.is_empty());
 }
+
+// ------------------------------------------------------------------------------------------
+// Configuration faults
+
+/// Durations written as TOML integers get the range check that strings get (`Secs::parse`
+/// refuses more than 1e9 s); `timeout = 9223372036854775807` once panicked the bridge with
+/// "overflow when adding duration to instant" at the first call.
+#[test]
+fn config_huge_integer_durations_are_refused_by_name() {
+    let home = Home::new();
+    let cfg = home.path().join("big.toml");
+    std::fs::write(
+        &cfg,
+        "timeout = 9223372036854775807\nmax_timeout = 9223372036854775807\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(common::BIN)
+        .args(["config", "--config"])
+        .arg(&cfg)
+        .env_clear()
+        .envs(home.env())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "accepted: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Either bad key may be reported first; each is named with its file.
+    assert!(
+        (stderr.contains("`timeout`") || stderr.contains("`max_timeout`"))
+            && stderr.contains("out of range")
+            && stderr.contains("big.toml"),
+        "{stderr}"
+    );
+}

@@ -929,15 +929,18 @@ def forge(x):
             view = view[os.write(CH, view):]
 _forged_ids = iter(range(10**12, 10**13))
 def forged_rpc(method, params, exec_id=None, wait=30):
-    """An rpc frame written by hand; the host's answer is caught by registering the id."""
+    """An rpc frame written by hand; the host's answer is caught by registering the id.
+    Returns None when no answer came within `wait` seconds."""
     rid = next(_forged_ids)
     p = _rt._Pending(event=threading.Event())
     _rt._pending[rid] = p
     forge({"type": "rpc", "id": rid, "exec": EXEC_ID if exec_id is None else exec_id,
            "method": method, "params": params})
-    assert p.event.wait(wait), "the host never answered forged rpc %d" % rid
+    answered = p.event.wait(wait)
     _rt._pending.pop(rid, None)
-    return p.msg
+    if wait >= 30:
+        assert answered, "the host never answered forged rpc %d" % rid
+    return p.msg if answered else None
 "#;
 
 fn with_channel(code: &str) -> String {
@@ -1186,15 +1189,16 @@ frames = b"".join(json.dumps({"type": "rpc", "id": 5 * 10**12 + i, "exec": EXEC_
                               "method": "list_servers", "params": {}}).encode() + b"\n"
                   for i in range(20000))
 forge(frames)
-# The host answers or refuses every one of them without blocking; once they drain, the real
-# channel works in both directions, with answers matched to requests.
+# The host never blocks on them: it answers, refuses ("too many tool calls in flight"), or -
+# past twice the pending limit, a sandbox flooding faster than it reads - drops them. Once they
+# drain, the real channel works in both directions, with answers matched to requests.
 import time
-for _ in range(300):
-    m = forged_rpc("list_servers", {})
-    if m.get("ok"):
+for _ in range(120):
+    m = forged_rpc("list_servers", {}, wait=1)
+    if m is not None and m.get("ok"):
         break
-    assert "too many tool calls in flight" in m.get("error", ""), m
-    time.sleep(0.1)
+    assert m is None or "too many tool calls in flight" in m.get("error", ""), m
+    time.sleep(0.2)
 print("forged_after", m.get("ok"), m.get("result"))
 print("after_flood", await mcp_fx.echo(text="after the flood"))
 "#), "servers": ["fx"], "timeout": 100}))

@@ -22,8 +22,14 @@ fn user() -> String {
     std::env::var("MCP_BRIDGE_TEST_ROOTLESS_USER").unwrap_or_else(|_| "mcb-rootless".into())
 }
 
-/// The test user, created (with subordinate ids, as `useradd` does) when missing.
+/// The test user, created (with subordinate ids, as `useradd` does) when missing; once per
+/// test process, as the tests run in parallel.
 fn ensure_user() -> (String, PathBuf) {
+    static ONCE: std::sync::OnceLock<(String, PathBuf)> = std::sync::OnceLock::new();
+    ONCE.get_or_init(create_user).clone()
+}
+
+fn create_user() -> (String, PathBuf) {
     let name = user();
     let exists = std::process::Command::new("id")
         .args(["-u", &name])
@@ -69,7 +75,11 @@ fn cgroup_v2() -> bool {
     Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
 }
 
+/// The tests share the user's podman and count its containers: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 struct Rootless {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
     client: RunningService<RoleClient, ()>,
     log: PathBuf,
     user: String,
@@ -78,6 +88,7 @@ struct Rootless {
 
 impl Rootless {
     async fn start(extra_env: &[(&str, &str)]) -> Rootless {
+        let turn = ONE_AT_A_TIME.lock().await;
         let (user, home) = ensure_user();
         let archive = common::image_archive();
         let dir = tempfile::Builder::new()
@@ -85,6 +96,21 @@ impl Rootless {
             .tempdir()
             .unwrap();
         let bin = binary_for(dir.path());
+        // The archive may sit where the test user cannot read it (a root-only cache): copy it.
+        let readable = std::process::Command::new("runuser")
+            .args(["-u", &user, "--", "test", "-r"])
+            .arg(&archive)
+            .status()
+            .unwrap()
+            .success();
+        let archive = if readable {
+            archive
+        } else {
+            let copy = dir.path().join("image.tar");
+            std::fs::copy(&archive, &copy).unwrap();
+            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644)).unwrap();
+            copy
+        };
         let log = dir.path().join("bridge.log");
         let logf = std::fs::File::create(&log).unwrap();
         let mut env = vec![
@@ -108,6 +134,7 @@ impl Rootless {
             .expect("runuser (util-linux) to start the bridge as the test user");
         let client = ().serve(transport).await.expect("MCP initialize");
         Rootless {
+            _turn: turn,
             client,
             log,
             user,

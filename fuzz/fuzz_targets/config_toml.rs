@@ -37,8 +37,6 @@ fuzz_target!(|data: &[u8]| {
                     String::from_utf8_lossy(data)
                 );
             }
-            let _ = c.clamp_timeout(Some(f64::MAX));
-            let _ = c.clamp_timeout(Some(1e-300));
         }
         Err(e) => assert!(!e.to_string().is_empty()),
     }

@@ -30,6 +30,7 @@ fuzz_target!(|data: &[u8]| {
         config_servers: BTreeMap::new(),
         allow_self_server: false,
         self_exe: Some("/usr/bin/mcp-code-bridge".into()),
+        ..Default::default()
     };
     let d = discover(&ctx);
     for s in &d.servers {

@@ -133,9 +133,11 @@ async fn probe(url: &str) -> Result<(Docker, EngineKind, String), String> {
     }
 }
 
-/// Where our own podman service listens.
+/// Where our own podman service listens: one socket per bridge process, because every bridge
+/// of a user shares the state dir, and a second bridge replacing the first one's socket took
+/// its engine away (tests/security_rootless.rs runs two at once).
 pub fn own_socket(state_dir: &Path) -> PathBuf {
-    state_dir.join("podman.sock")
+    state_dir.join(format!("podman-{}.sock", std::process::id()))
 }
 
 /// Whether an executable named `name` is on PATH.
@@ -277,6 +279,9 @@ impl Engine {
                 .is_err()
             {
                 let _ = child.kill().await;
+            }
+            if let Some(path) = self.endpoint.strip_prefix("unix://") {
+                let _ = std::fs::remove_file(path);
             }
         }
     }

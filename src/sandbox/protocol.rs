@@ -160,6 +160,11 @@ pub fn decode(line: &[u8]) -> Result<SandboxFrame, FrameError> {
     if line.len() > MAX_FRAME_BYTES {
         return Err(FrameError::TooLarge(line.len()));
     }
+    // serde would also read an internally tagged enum from an array (`["result", 1, "ok"]`);
+    // a frame is a JSON object and nothing else (found by fuzz/fuzz_targets/frame_decoder.rs).
+    if line.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(FrameError::Malformed("a frame is a JSON object".into()));
+    }
     serde_json::from_slice(line).map_err(|e| FrameError::Malformed(e.to_string()))
 }
 
@@ -194,6 +199,20 @@ mod tests {
             decode(br#"{"type":"result"}"#),
             Err(FrameError::Malformed(_))
         ));
+        // Regression (fuzzing): arrays decoded as frames through serde's sequence form.
+        for line in [
+            &br#"["type"]"#[..],
+            br#"["output", 3, "stdout", "x"]"#,
+            br#"["result", 1, "ok"]"#,
+            b"\"result\"",
+            b"",
+        ] {
+            assert!(
+                matches!(decode(line), Err(FrameError::Malformed(_))),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
         let big = vec![b' '; MAX_FRAME_BYTES + 1];
         assert_eq!(decode(&big), Err(FrameError::TooLarge(MAX_FRAME_BYTES + 1)));
     }

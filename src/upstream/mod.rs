@@ -378,7 +378,7 @@ impl Upstreams {
                     alias: info.alias.clone(),
                     description: info.description.clone(),
                     cwd: info.cwd.clone(),
-                    tools: tools.tool_meta(),
+                    tools: tools.into_tool_meta(),
                 }),
                 Err(e) => errors.push(e),
             }

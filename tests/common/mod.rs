@@ -93,22 +93,7 @@ impl Bridge {
 
     /// Start with extra environment and, optionally, a working directory.
     pub async fn start_with(home: Home, env: &[(&str, &str)], cwd: Option<&Path>) -> Bridge {
-        let log = std::fs::File::create(home.path().join("bridge.log")).unwrap();
-        let mut all = home.env();
-        all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let cwd = cwd
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| home.path().to_path_buf());
-        let (transport, _) =
-            TokioChildProcess::builder(tokio::process::Command::new(BIN).configure(|c| {
-                c.arg("run")
-                    .env_clear()
-                    .envs(all.iter().map(|(k, v)| (k, v)))
-                    .current_dir(&cwd);
-            }))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("spawn the bridge");
+        let transport = transport_in(&home, env, cwd.unwrap_or(home.path()));
         let pid = transport.id().unwrap_or(0);
         let client = ().serve(transport).await.expect("MCP initialize with the bridge");
         Bridge { client, home, pid }
@@ -202,16 +187,21 @@ pub async fn containers_of(pid: u32) -> Vec<String> {
 
 /// The bridge as an rmcp transport, for tests that need their own client handler.
 pub fn transport(home: &Home, env: &[(&str, &str)]) -> TokioChildProcess {
+    transport_in(home, env, home.path())
+}
+
+/// `mcp-code-bridge run` in `cwd` with the home's environment plus `env`; its stderr (the log)
+/// goes to `bridge.log` in the home.
+fn transport_in(home: &Home, env: &[(&str, &str)], cwd: &Path) -> TokioChildProcess {
     let log = std::fs::File::create(home.path().join("bridge.log")).unwrap();
     let mut all = home.env();
     all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let cwd = home.path().to_path_buf();
     let (transport, _) =
         TokioChildProcess::builder(tokio::process::Command::new(BIN).configure(|c| {
             c.arg("run")
                 .env_clear()
                 .envs(all.iter().map(|(k, v)| (k, v)))
-                .current_dir(&cwd);
+                .current_dir(cwd);
         }))
         .stderr(Stdio::from(log))
         .spawn()
