@@ -4,8 +4,8 @@
 //! N repetitions named in its row; nothing here is asserted, the table is the product.
 //!
 //! ```text
-//! cargo build --release && cargo bench --bench bridge            # full run (~10 min on 2 cores)
-//! BENCH_QUICK=1 cargo bench --bench bridge                       # few repetitions, CI smoke (< 3 min)
+//! cargo build --release && cargo bench --bench bridge            # full run (~2 min on 2 cores)
+//! BENCH_QUICK=1 cargo bench --bench bridge                       # few repetitions, CI smoke (~40 s)
 //! BENCH_ONLY=proxy,load cargo bench --bench bridge               # a subset of the sections
 //! BENCH_PROXY_RUNS=50 BENCH_ONLY=proxy cargo bench --bench bridge # more of one (also LOAD_RUNS, LOAD_CALLS, WARM)
 //! ```
@@ -92,14 +92,14 @@ impl Opts {
                 quick,
                 only,
                 startup: 20,
-                cold: 5,
-                new_session: 10,
+                cold: 10,
+                new_session: 20,
                 warm: 200,
                 big_output: 20,
-                pandas: 5,
-                proxy_runs: 5,
+                pandas: 10,
+                proxy_runs: 10,
                 proxy_calls: 200,
-                warm_rss: 3,
+                warm_rss: 5,
                 image_load: 3,
                 load_runs: 3,
                 load_sessions: 8,
@@ -347,6 +347,9 @@ fn fixture() -> String {
 // Servers and homes
 // ---------------------------------------------------------------------------------------------
 
+/// One configured stdio server: name, command, arguments.
+type ServerDef = (String, String, Vec<String>);
+
 /// Directories the real servers work on (kept for the whole run).
 struct Fixtures {
     _dir: TempDir,
@@ -385,7 +388,7 @@ impl Fixtures {
     }
 
     /// The five real servers: name -> (command, args).
-    fn real(&self) -> Vec<(String, String, Vec<String>)> {
+    fn real(&self) -> Vec<ServerDef> {
         let p = |x: &Path| x.to_string_lossy().into_owned();
         vec![
             (
@@ -413,7 +416,7 @@ impl Fixtures {
     }
 
     /// `count` generated servers.
-    fn generated(count: usize) -> Vec<(String, String, Vec<String>)> {
+    fn generated(count: usize) -> Vec<ServerDef> {
         (0..count)
             .map(|i| {
                 let name = format!("gen-{i:02}");
@@ -433,7 +436,7 @@ struct Home {
 }
 
 impl Home {
-    fn new(servers: &[(String, String, Vec<String>)]) -> Home {
+    fn new(servers: &[ServerDef]) -> Home {
         let dir = tempfile::Builder::new()
             .prefix("mcb-bench-home-")
             .tempdir()
@@ -826,7 +829,7 @@ async fn context_and_startup(o: &Opts, fx: &Fixtures, t: &mut Table) {
     let bpe = tiktoken_rs::cl100k_base().expect("cl100k vocabulary");
     let real = fx.real();
     let generated = Fixtures::generated(50);
-    let configs: [(&str, Vec<(String, String, Vec<String>)>); 3] = [
+    let configs: [(&str, Vec<ServerDef>); 3] = [
         ("0", vec![]),
         ("5", real.clone()),
         ("50", generated.clone()),
@@ -1233,15 +1236,12 @@ fn warm_all_code(fx: &Fixtures) -> String {
 
 const ALL5: [&str; 5] = ["everything", "filesystem", "docs", "time", "git"];
 
-async fn warm_rss(o: &Opts, fx: &Fixtures, first: &Live) -> Vec<f64> {
+/// RSS of fresh bridges after one call to each of the five real servers (each its own bridge,
+/// so the figure is not inflated by what earlier sections did to a long-lived one).
+async fn warm_rss(o: &Opts, fx: &Fixtures) -> Vec<f64> {
     let mut v = Vec::new();
     let code = warm_all_code(fx);
-    first
-        .ok(json!({"code": code, "servers": ALL5, "timeout": 120}))
-        .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    v.push(rss_mib(first.pid));
-    for _ in 1..o.warm_rss {
+    for _ in 0..o.warm_rss {
         let live = Live::start(Home::new(&fx.real())).await;
         live.ok(json!({"code": code, "servers": ALL5, "timeout": 120}))
             .await;
@@ -1500,7 +1500,7 @@ async fn main() {
         let mut warm = Vec::new();
         if o.wants("footprint") {
             eprintln!("bench: footprint…");
-            warm = warm_rss(&o, &fx, &live).await;
+            warm = warm_rss(&o, &fx).await;
         }
         let mut under_load = Vec::new();
         if o.wants("load") {
@@ -1510,7 +1510,7 @@ async fn main() {
         if o.wants("footprint") {
             t.section(5, "5. Footprint");
             t.samples(
-                "bridge RSS with 5 warm upstreams (one call to each made)",
+                "bridge RSS with 5 warm upstreams (fresh bridge, one call to each made)",
                 &warm,
                 Unit::MiB,
                 Target::None,

@@ -24,11 +24,17 @@ pub fn owner_id() -> String {
     owner_of(std::process::id()).unwrap_or_else(|| format!("{}:0", std::process::id()))
 }
 
+/// `pid:starttime` of a running process; `None` when it is gone or a zombie (a killed bridge
+/// whose parent has not reaped it yet is dead for our purposes).
 fn owner_of(pid: u32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 22 (starttime) counted after the ")" that closes the command name.
-    let after = &stat[stat.rfind(')')? + 2..];
-    let start = after.split_whitespace().nth(19)?;
+    // Fields counted after the ")" that closes the command name: state is field 3, starttime 22.
+    let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    let start = fields.nth(18)?;
     Some(format!("{pid}:{start}"))
 }
 
@@ -215,6 +221,28 @@ mod tests {
         assert!(tmpfs["/var/tmp"].contains("noexec") && tmpfs["/var/tmp"].contains("size="));
         assert_eq!(s.user.as_deref(), Some("65534:65534"));
         assert_eq!(s.labels.unwrap()[LABEL_MANAGED], "true");
+    }
+
+    #[test]
+    fn a_zombie_owner_is_dead() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Not waited for yet: a zombie once it has exited.
+        for _ in 0..100 {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if state
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+            {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(owner_of(pid), None);
+        child.wait().unwrap();
     }
 
     #[test]

@@ -120,6 +120,15 @@ impl ToolCache {
     }
 }
 
+/// Whether `pid` is a live process (not gone, not a zombie waiting to be reaped).
+fn process_running(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+    !(state.starts_with('Z') || state.starts_with('X'))
+}
+
 /// One running client.
 struct Conn {
     peer: Peer<RoleClient>,
@@ -135,7 +144,11 @@ struct Conn {
 
 impl Conn {
     fn alive(&self) -> bool {
-        !self.dead.load(Ordering::SeqCst) && !self.peer.is_transport_closed()
+        !self.dead.load(Ordering::SeqCst)
+            && !self.peer.is_transport_closed()
+            // A killed child is noticed here at once, before its closed pipe reaches the
+            // transport: a call sent meanwhile would count as crashed mid-call, not retried.
+            && self.pid.is_none_or(process_running)
     }
 
     fn stderr_hint(&self) -> String {
