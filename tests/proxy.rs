@@ -14,30 +14,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Bridge, Home, Outcome};
+use common::{Bridge, Home, Outcome, process_alive as alive, server_bin};
 use serde_json::{Value, json};
-
-/// The executable of a test server.
-fn server_bin(name: &str) -> String {
-    let mut dirs = Vec::new();
-    if let Some(v) = std::env::var_os("MCP_BRIDGE_TEST_SERVERS_BIN") {
-        dirs.extend(std::env::split_paths(&v));
-    }
-    if let Some(p) = std::env::var_os("PATH") {
-        dirs.extend(std::env::split_paths(&p));
-    }
-    for d in dirs {
-        let c = d.join(name);
-        if c.is_file() {
-            return c.to_string_lossy().into_owned();
-        }
-    }
-    panic!(
-        "{name} not found in MCP_BRIDGE_TEST_SERVERS_BIN or PATH; install the test servers: \
-         npm install -g @modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem; \
-         pip install mcp-server-time mcp-server-git (and put the venv's bin/ in MCP_BRIDGE_TEST_SERVERS_BIN)"
-    )
-}
 
 /// A stdio server entry (JSON, as both the TOML tables and the `mcpServers` files take it).
 fn stdio(bin: &str, args: &[&str]) -> Value {
@@ -101,18 +79,6 @@ fn children_matching(bridge_pid: u32, needle: &str) -> Vec<u32> {
         }
     }
     out
-}
-
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
-        Err(_) => false,
-    }
 }
 
 async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {

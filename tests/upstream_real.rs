@@ -7,9 +7,11 @@
 //! and `pip install mcp-server-time mcp-server-git` (a venv's `bin/` in
 //! `MCP_BRIDGE_TEST_SERVERS_BIN` is fine).
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{process_alive as alive, server_bin};
 use mcp_code_bridge::upstream::{Discovery, ServerEntry, UpstreamSettings, Upstreams};
 use serde_json::{Value, json};
 
@@ -18,27 +20,6 @@ fn init_log() {
         .with_env_filter(std::env::var("MCP_BRIDGE_TEST_LOG").unwrap_or_else(|_| "warn".into()))
         .with_test_writer()
         .try_init();
-}
-
-fn server_bin(name: &str) -> PathBuf {
-    let mut dirs = Vec::new();
-    if let Some(v) = std::env::var_os("MCP_BRIDGE_TEST_SERVERS_BIN") {
-        dirs.extend(std::env::split_paths(&v));
-    }
-    if let Some(p) = std::env::var_os("PATH") {
-        dirs.extend(std::env::split_paths(&p));
-    }
-    for d in dirs {
-        let c = d.join(name);
-        if c.is_file() {
-            return c;
-        }
-    }
-    panic!(
-        "{name} not found in MCP_BRIDGE_TEST_SERVERS_BIN or PATH; install the test servers: \
-         npm install -g @modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem; \
-         pip install mcp-server-time mcp-server-git (and put the venv's bin/ in MCP_BRIDGE_TEST_SERVERS_BIN)"
-    )
 }
 
 fn stdio(bin: &str, args: &[&str]) -> ServerEntry {
@@ -87,19 +68,6 @@ async fn call(
         json!({"server": server, "tool": tool, "arguments": args}),
     )
     .await
-}
-
-fn alive(pid: u32) -> bool {
-    // A zombie still "exists" for kill(0); look at /proc state instead.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
-        Err(_) => false,
-    }
 }
 
 async fn wait_until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {

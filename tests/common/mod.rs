@@ -390,3 +390,28 @@ impl RawBridge {
             .map(|r| r.unwrap())
     }
 }
+
+/// The executable of a real test MCP server (`mcp-server-everything`, `mcp-server-time`, ...),
+/// looked up in `MCP_BRIDGE_TEST_SERVERS_BIN` (a directory or a `:`-separated list) and then
+/// `PATH`. Missing means failure, never a skip.
+pub fn server_bin(name: &str) -> PathBuf {
+    let mut dirs = Vec::new();
+    if let Some(v) = std::env::var_os("MCP_BRIDGE_TEST_SERVERS_BIN") {
+        dirs.extend(std::env::split_paths(&v));
+    }
+    if let Some(p) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&p));
+    }
+    dirs.into_iter()
+        .map(|d| d.join(name))
+        .find(|c| c.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} not found in MCP_BRIDGE_TEST_SERVERS_BIN or PATH; install the test servers \
+             (scripts/setup-debian.sh --test-deps does), or: npm install -g \
+             @modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem; \
+             pip install mcp-server-time mcp-server-git (and put the venv's bin/ in \
+             MCP_BRIDGE_TEST_SERVERS_BIN)"
+            )
+        })
+}
