@@ -680,7 +680,6 @@ for n, f in flags.items():
 /// EINVAL) asks for a user namespace: inside one it would hold every capability, could mount a
 /// fresh tmpfs without noexec and run files from it, and reach far more kernel code.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "KNOWN GAP (SECURITY.md, open gaps): podman's default seccomp profile allows unshare(CLONE_NEWUSER); needs a seccomp filter of the bridge's own"]
 async fn privilege_user_namespaces_are_refused() {
     let b = Bridge::start().await;
     let code = r#"
@@ -761,7 +760,6 @@ print("host_pid1_visible", any(open("/proc/%d/cmdline" % q).read().startswith(("
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "KNOWN GAP (SECURITY.md, open gaps): podman's default seccomp profile allows ptrace; a same-uid process inside the sandbox can be traced"]
 async fn privilege_ptrace_of_another_process_is_refused() {
     let b = Bridge::start().await;
     let p = syscalls(
@@ -805,7 +803,6 @@ print("proc_keys_empty", open("/proc/keys").read() == "")
 /// Keyrings are not namespaced: a sandbox that may call keyctl shares the user keyring of its
 /// uid with every host process of that uid.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "KNOWN GAP (SECURITY.md, open gaps): podman's default seccomp profile allows keyctl"]
 async fn privilege_keyctl_is_refused() {
     let b = Bridge::start().await;
     let p = syscalls(
