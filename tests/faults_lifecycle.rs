@@ -92,7 +92,11 @@ async fn lifecycle_sigkill_leaves_orphans_the_next_start_reaps() {
     let next = Bridge::start().await;
     next.py("print('next')").await.ok();
     let left = common::containers_of(pid).await;
-    assert!(left.is_empty(), "orphans survived the next start: {left:?}");
+    assert!(
+        left.is_empty(),
+        "orphans survived the next start: {left:?}\n{}",
+        next.home.log()
+    );
     assert!(
         next.home
             .log()

@@ -5,9 +5,10 @@ use std::collections::HashMap;
 
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
-use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
+use bollard::query_parameters::RemoveContainerOptionsBuilder;
 
 use crate::config::Config;
+use crate::sandbox::engine::Engine;
 
 /// Label present on every container the bridge creates.
 pub const LABEL_MANAGED: &str = "io.mcp-code-bridge.managed";
@@ -145,31 +146,59 @@ pub async fn remove(docker: &Docker, id: &str) {
     }
 }
 
+/// A container as the engine lists it: only the fields the bridge relies on.
+#[derive(Debug, serde::Deserialize)]
+pub struct Listed {
+    #[serde(rename = "Id")]
+    pub id: String,
+    #[serde(rename = "Labels", default)]
+    pub labels: Option<HashMap<String, String>>,
+}
+
+impl Listed {
+    fn label(&self, key: &str) -> &str {
+        self.labels
+            .as_ref()
+            .and_then(|l| l.get(key))
+            .map(String::as_str)
+            .unwrap_or("")
+    }
+}
+
+/// Every container (running or not) carrying `label` (`key=value`).
+///
+/// Read untyped through [`Engine::get_json`], not bollard's `list_containers`: podman 4 reports
+/// containers between exit and clean-up in a state Docker's models do not know, which would fail
+/// the whole list (see there).
+pub async fn list(engine: &Engine, label: &str) -> Result<Vec<Listed>, String> {
+    let filters = serde_json::json!({ "label": [label] }).to_string();
+    let body = engine
+        .get_json(
+            "/containers/json",
+            &[("all", "true"), ("filters", &filters)],
+        )
+        .await?;
+    parse_list(body)
+}
+
+fn parse_list(body: serde_json::Value) -> Result<Vec<Listed>, String> {
+    serde_json::from_value(body).map_err(|e| {
+        format!("the engine's container list is not what the Docker API describes: {e}")
+    })
+}
+
 /// The containers bridge `owner` created, whatever their state.
-pub async fn owned_by(docker: &Docker, owner: &str) -> Result<Vec<String>, bollard::errors::Error> {
-    let mut filters = HashMap::new();
-    filters.insert("label".to_string(), vec![format!("{LABEL_OWNER}={owner}")]);
-    let opts = ListContainersOptionsBuilder::default()
-        .all(true)
-        .filters(&filters)
-        .build();
-    Ok(docker
-        .list_containers(Some(opts))
+pub async fn owned_by(engine: &Engine, owner: &str) -> Result<Vec<String>, String> {
+    Ok(list(engine, &format!("{LABEL_OWNER}={owner}"))
         .await?
         .into_iter()
-        .filter_map(|c| c.id)
+        .map(|c| c.id)
         .collect())
 }
 
 /// Remove every managed container whose owning bridge is no longer running. Returns how many.
-pub async fn reap_orphans(docker: &Docker) -> usize {
-    let mut filters = HashMap::new();
-    filters.insert("label".to_string(), vec![format!("{LABEL_MANAGED}=true")]);
-    let opts = ListContainersOptionsBuilder::default()
-        .all(true)
-        .filters(&filters)
-        .build();
-    let list = match docker.list_containers(Some(opts)).await {
+pub async fn reap_orphans(engine: &Engine) -> usize {
+    let list = match list(engine, &format!("{LABEL_MANAGED}=true")).await {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!("could not list containers to reap orphans: {e}");
@@ -178,20 +207,13 @@ pub async fn reap_orphans(docker: &Docker) -> usize {
     };
     let mut reaped = 0;
     for c in list {
-        let owner = c
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_OWNER))
-            .cloned()
-            .unwrap_or_default();
-        if owner_alive(&owner) {
+        let owner = c.label(LABEL_OWNER);
+        if owner_alive(owner) {
             continue;
         }
-        if let Some(id) = c.id {
-            tracing::info!(container = %id, %owner, "removing container orphaned by a bridge that is gone");
-            remove(docker, &id).await;
-            reaped += 1;
-        }
+        tracing::info!(container = %c.id, %owner, "removing container orphaned by a bridge that is gone");
+        remove(&engine.docker, &c.id).await;
+        reaped += 1;
     }
     reaped
 }
@@ -199,6 +221,24 @@ pub async fn reap_orphans(docker: &Docker) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_with_podmans_stopped_state_is_read() {
+        // As podman 4.3 answers while a container's clean-up has not run yet.
+        let body = serde_json::json!([
+            {"Id": "aaa", "State": "stopped", "Status": "Exited (0) 1 second ago",
+             "Labels": {"io.mcp-code-bridge.owner": "1:2"}},
+            {"Id": "bbb", "State": "running", "Labels": null},
+            {"Id": "ccc", "State": "something-new"}
+        ]);
+        let list = parse_list(body).unwrap();
+        assert_eq!(list.len(), 3);
+        assert_eq!(list[0].label(LABEL_OWNER), "1:2");
+        assert_eq!(list[1].label(LABEL_OWNER), "");
+        assert_eq!(list[2].id, "ccc");
+        let bad = parse_list(serde_json::json!({"message": "oops"})).unwrap_err();
+        assert!(bad.contains("container list"), "{bad}");
+    }
 
     #[test]
     fn spec_is_hardened() {

@@ -270,6 +270,58 @@ impl Engine {
         )))
     }
 
+    /// GET `path` (with `query`) from the engine's API and return the body as untyped JSON.
+    ///
+    /// Only for answers bollard's typed models cannot read. Podman 4 lists a container whose
+    /// process has ended but whose clean-up has not run yet as `"State": "stopped"`, a value
+    /// Docker's API does not have; bollard then rejects the whole list, and one such container
+    /// anywhere on the host would hide every orphan from the reaper.
+    pub async fn get_json(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> Result<serde_json::Value, String> {
+        let endpoint = self.endpoint.as_str();
+        let (client, base) = if let Some(sock) = endpoint
+            .strip_prefix("unix://")
+            .or_else(|| endpoint.starts_with('/').then_some(endpoint))
+        {
+            let client = reqwest::Client::builder().unix_socket(sock).build();
+            // The host part is ignored over a unix socket; the path is what the engine routes.
+            (client, "http://engine".to_string())
+        } else {
+            let base = endpoint
+                .strip_prefix("tcp://")
+                .map(|rest| format!("http://{rest}"))
+                .unwrap_or_else(|| endpoint.to_string());
+            (reqwest::Client::builder().build(), base)
+        };
+        let client =
+            client.map_err(|e| format!("could not build an HTTP client for {endpoint}: {e}"))?;
+        let mut url = reqwest::Url::parse(&format!("{}{path}", base.trim_end_matches('/')))
+            .map_err(|e| format!("{endpoint}{path} is not a URL: {e}"))?;
+        url.query_pairs_mut().extend_pairs(query);
+        let reply = client
+            .get(url)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .map_err(|e| format!("GET {path} from {endpoint}: {e}"))?;
+        let status = reply.status();
+        let body = reply
+            .bytes()
+            .await
+            .map_err(|e| format!("GET {path} from {endpoint}: reading the body: {e}"))?;
+        if !status.is_success() {
+            return Err(format!(
+                "GET {path} from {endpoint}: {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(500)])
+            ));
+        }
+        serde_json::from_slice(&body)
+            .map_err(|e| format!("GET {path} from {endpoint}: the body is not JSON: {e}"))
+    }
+
     /// Stop the podman service we started, if any.
     pub async fn shutdown(&self) {
         if let Some(mut child) = self.service.lock().await.take() {

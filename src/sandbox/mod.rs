@@ -77,7 +77,7 @@ impl Sandbox {
         self.engine
             .get_or_try_init(|| async {
                 let engine = Engine::connect(&self.config).await.map_err(|e| e.0)?;
-                let reaped = container::reap_orphans(&engine.docker).await;
+                let reaped = container::reap_orphans(&engine).await;
                 if reaped > 0 {
                     tracing::info!(reaped, "removed containers left by bridges that are gone");
                 }
@@ -202,7 +202,7 @@ impl Sandbox {
             .filter(|s| !s.is_dead())
             .map(|s| s.container_id.clone())
             .collect();
-        let ids = match container::owned_by(&engine.docker, &self.owner).await {
+        let ids = match container::owned_by(&engine, &self.owner).await {
             Ok(ids) => ids,
             Err(e) => {
                 tracing::debug!("could not list this bridge's containers: {e}");
