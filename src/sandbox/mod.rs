@@ -202,7 +202,7 @@ impl Sandbox {
             .filter(|s| !s.is_dead())
             .map(|s| s.container_id.clone())
             .collect();
-        let ids = match container::owned_by(&engine, &self.owner).await {
+        let ids = match container::owned_by(engine, &self.owner).await {
             Ok(ids) => ids,
             Err(e) => {
                 tracing::debug!("could not list this bridge's containers: {e}");
