@@ -483,6 +483,9 @@ impl Home {
                 "MCP_BRIDGE_IMAGE_ARCHIVE".into(),
                 image_archive().display().to_string(),
             ),
+            // The bench opens more sessions than the default cap; closing old ones to make room
+            // would be timed as part of a new session's start.
+            ("MCP_BRIDGE_MAX_SESSIONS".into(), "64".into()),
         ]
     }
 

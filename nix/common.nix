@@ -194,6 +194,15 @@ rec {
         default = "120s";
         description = "Upper bound of the per-call `timeout` argument (`max_timeout`).";
       };
+      maxSessions = mkOption {
+        type = types.ints.positive;
+        default = 8;
+        description = ''
+          Most sandbox sessions (containers) alive at once (`max_sessions`). A new session beyond
+          it closes the least recently used idle one; with every session running code it is
+          refused. Host memory in use is at most this times `memory`.
+        '';
+      };
     };
 
     outputMode = mkOption {
@@ -263,6 +272,7 @@ rec {
       cpus = cfg.limits.cpus;
       timeout = cfg.limits.timeout;
       max_timeout = cfg.limits.maxTimeout;
+      max_sessions = cfg.limits.maxSessions;
       output_mode = cfg.outputMode;
       state_dir = cfg.stateDir;
     }

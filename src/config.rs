@@ -74,6 +74,11 @@ pub const KEYS: &[Key] = &[
         doc: "UID:GID the sandbox runs as.",
     },
     Key {
+        name: "max_sessions",
+        default: "8",
+        doc: "Most sandbox sessions alive at once; a new one beyond it closes the least recently used idle one.",
+    },
+    Key {
         name: "runtime_idle_timeout",
         default: "300s",
         doc: "A session's container is removed after this long without a call.",
@@ -138,6 +143,11 @@ pub const KEYS: &[Key] = &[
         default: "600s",
         doc: "An upstream server is stopped after this long unused.",
     },
+    Key {
+        name: "upstream_start_timeout",
+        default: "120s",
+        doc: "Time limit for starting an upstream server and its MCP handshake (npx/uvx may download it first).",
+    },
 ];
 
 pub const DEFAULT_IMAGE: &str = "mcp-code-bridge-sandbox:latest";
@@ -161,6 +171,8 @@ pub struct Config {
     #[serde(default, deserialize_with = "empty_as_none_f64")]
     pub cpus: Option<f64>,
     pub container_user: String,
+    #[serde(deserialize_with = "flexible_u32")]
+    pub max_sessions: u32,
     pub runtime_idle_timeout: Secs,
     pub state_dir: PathBuf,
     pub output_mode: OutputMode,
@@ -178,6 +190,7 @@ pub struct Config {
     pub servers_file: Option<PathBuf>,
     pub upstream_call_timeout: Secs,
     pub upstream_idle_timeout: Secs,
+    pub upstream_start_timeout: Secs,
     #[serde(default)]
     pub servers: BTreeMap<String, ServerEntry>,
 }
@@ -195,6 +208,7 @@ impl Default for Config {
             pids: 128,
             cpus: None,
             container_user: "65534:65534".into(),
+            max_sessions: 8,
             runtime_idle_timeout: Secs(Duration::from_secs(300)),
             state_dir: default_state_dir(),
             output_mode: OutputMode::Compact,
@@ -208,6 +222,7 @@ impl Default for Config {
             servers_file: None,
             upstream_call_timeout: Secs(Duration::from_secs(60)),
             upstream_idle_timeout: Secs(Duration::from_secs(600)),
+            upstream_start_timeout: Secs(Duration::from_secs(120)),
             servers: BTreeMap::new(),
         }
     }
@@ -334,7 +349,16 @@ pub fn load(explicit: Option<&Path>, overrides: &Overrides) -> Result<Loaded, Co
         ))
         .merge(Serialized::defaults(overrides));
     let config: Config = figment.extract().map_err(ConfigError::from_figment)?;
-    config.validate()?;
+    if let Err((key, why)) = config.validate() {
+        let source = match figment.find_metadata(key) {
+            Some(meta) => describe_source(meta),
+            None => "default".into(),
+        };
+        return Err(ConfigError(format!(
+            "invalid value for `{key}` (from {source}; env MCP_BRIDGE_{}): {why}",
+            key.to_uppercase()
+        )));
+    }
     Ok(Loaded {
         config,
         figment,
@@ -343,9 +367,10 @@ pub fn load(explicit: Option<&Path>, overrides: &Overrides) -> Result<Loaded, Co
 }
 
 impl Config {
-    fn validate(&self) -> Result<(), ConfigError> {
-        let bad =
-            |key: &str, why: String| Err(ConfigError(format!("invalid value for `{key}`: {why}")));
+    /// Checks serde cannot make: ranges and relations between keys. The error is the key at
+    /// fault and why; `load` adds where the value came from.
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let bad = |key: &'static str, why: String| Err((key, why));
         if self.timeout.0 > self.max_timeout.0 {
             return bad(
                 "timeout",
@@ -368,6 +393,18 @@ impl Config {
             return bad(
                 "pids",
                 format!("{} is too small for Python; use at least 8", self.pids),
+            );
+        }
+        if self.max_sessions == 0 {
+            return bad(
+                "max_sessions",
+                "0 would refuse every call; use at least 1".into(),
+            );
+        }
+        if self.upstream_start_timeout.0.is_zero() {
+            return bad(
+                "upstream_start_timeout",
+                "must be more than 0s; servers started by npx or uvx may need a minute the first time".into(),
             );
         }
         if let Some(c) = self.cpus
@@ -824,6 +861,39 @@ mod tests {
                     && err.contains("MCP_BRIDGE_TIMEOUT"),
                 "{err}"
             );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_key_and_their_source() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("c.toml", "max_sessions = 0\n")?;
+            let err = load(Some(Path::new("c.toml")), &Overrides::default())
+                .err()
+                .unwrap()
+                .0;
+            assert!(
+                err.contains("`max_sessions`")
+                    && err.contains("c.toml")
+                    && err.contains("at least 1"),
+                "{err}"
+            );
+            jail.create_file("c.toml", "")?;
+            jail.set_env("MCP_BRIDGE_UPSTREAM_START_TIMEOUT", "0");
+            let err = load(Some(Path::new("c.toml")), &Overrides::default())
+                .err()
+                .unwrap()
+                .0;
+            assert!(
+                err.contains("`upstream_start_timeout`") && err.contains("environment"),
+                "{err}"
+            );
+            jail.set_env("MCP_BRIDGE_UPSTREAM_START_TIMEOUT", "5m");
+            jail.set_env("MCP_BRIDGE_MAX_SESSIONS", "3");
+            let l = load(Some(Path::new("c.toml")), &Overrides::default()).map_err(|e| e.0)?;
+            assert_eq!(l.config.upstream_start_timeout.0, Duration::from_secs(300));
+            assert_eq!(l.config.max_sessions, 3);
             Ok(())
         });
     }

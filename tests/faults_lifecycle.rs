@@ -157,6 +157,7 @@ async fn lifecycle_a_hundred_sessions_are_created_and_reaped() {
         Home::new(),
         &[
             ("MCP_BRIDGE_RUNTIME_IDLE_TIMEOUT", "3s"),
+            ("MCP_BRIDGE_MAX_SESSIONS", "6"),
             ("MCP_BRIDGE_LOG_LEVEL", "info"),
         ],
         None,
@@ -183,9 +184,18 @@ async fn lifecycle_a_hundred_sessions_are_created_and_reaped() {
     assert!(left.is_empty(), "not reaped: {left:?}");
     let log = b.home.log();
     assert_eq!(log.matches("sandbox ready").count(), 100);
-    assert_eq!(log.matches("removing idle sandbox").count(), 100);
-    // The idle reaper kept up while sessions were being made.
-    assert!(max_alive < 100, "all 100 containers were alive at once");
+    // Each one closed once: by the idle reaper or to stay within max_sessions.
+    assert_eq!(
+        log.matches("removing idle sandbox").count()
+            + log
+                .matches("closing the least recently used session")
+                .count(),
+        100
+    );
+    assert!(
+        max_alive <= 6,
+        "{max_alive} containers alive at once, above max_sessions = 6"
+    );
     Outcome(b.call(json!({"code": "print('after')"})).await).ok();
 }
 

@@ -323,3 +323,67 @@ async fn orphans_of_a_killed_bridge_are_reaped_at_next_start() {
     );
     b2.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn max_sessions_closes_the_least_recently_used_idle_session_and_says_so() {
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_MAX_SESSIONS", "2")], None).await;
+    let run = |code: &str, session: &str| {
+        let args = json!({"code": code, "session": session});
+        let b = &b;
+        async move { common::Outcome(b.call(args).await) }
+    };
+    run("a = 1", "a").await.ok();
+    run("b = 2", "b").await.ok();
+    // "a" is now more recently used than "b".
+    assert_eq!(run("print(a)", "a").await.ok().stdout(), "1\n");
+    let r = run("c = 3", "c").await.ok();
+    assert!(
+        r.text().contains("session \"b\"") && r.text().contains("max_sessions = 2"),
+        "the closing is not reported: {}",
+        r.text()
+    );
+    assert_eq!(common::containers_of(b.pid).await.len(), 2);
+    // "a" kept its state; "b" lost it, and starting it again closed "a" (now the oldest).
+    assert_eq!(run("print(a)", "a").await.ok().stdout(), "1\n");
+    let r = run("print('b' in globals())", "b").await.ok();
+    assert_eq!(r.stdout(), "False\n");
+    assert!(r.text().contains("session \"c\""), "{}", r.text());
+    assert_eq!(common::containers_of(b.pid).await.len(), 2);
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn max_sessions_refuses_a_new_session_while_every_session_runs_code() {
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_MAX_SESSIONS", "1")], None).await;
+    common::Outcome(b.call(json!({"code": "kept = 7", "session": "busy"})).await).ok();
+    let peer = b.client.peer().clone();
+    let long = tokio::spawn(async move {
+        let params = rmcp::model::CallToolRequestParams::new("run_python").with_arguments(
+            json!({"code": "import time\ntime.sleep(4)\nprint(kept)", "session": "busy"})
+                .as_object()
+                .cloned()
+                .unwrap(),
+        );
+        common::Outcome(peer.call_tool(params).await.unwrap())
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let r = common::Outcome(b.call(json!({"code": "print(1)", "session": "new"})).await);
+    assert!(
+        r.is_error(),
+        "a second session started past max_sessions = 1"
+    );
+    let text = r.text();
+    assert!(
+        text.contains("max_sessions")
+            && text.contains("busy")
+            && text.contains("MCP_BRIDGE_MAX_SESSIONS"),
+        "{text}"
+    );
+    // The busy session was not touched: its call finishes with its state.
+    assert_eq!(long.await.unwrap().ok().stdout(), "7\n");
+    // Once it is idle, the new session takes its place.
+    let r = common::Outcome(b.call(json!({"code": "print(2)", "session": "new"})).await).ok();
+    assert_eq!(r.stdout(), "2\n");
+    assert_eq!(common::containers_of(b.pid).await.len(), 1);
+    b.shutdown().await;
+}

@@ -19,7 +19,7 @@ use tokio::sync::{Mutex, OnceCell};
 
 use crate::config::Config;
 use engine::{Enforcement, Engine};
-pub use session::{ExecOutcome, ExecRequest, Outcome, OutputSink, Session};
+pub use session::{Claim, ExecOutcome, ExecRequest, Outcome, OutputSink, Session};
 
 /// The session used when a call names none: one per client, and a stdio bridge has one client.
 pub const DEFAULT_SESSION: &str = "default";
@@ -117,29 +117,82 @@ impl Sandbox {
         Ok(engine)
     }
 
-    /// The live session `name`, started if needed; with `reset`, a fresh one.
-    pub async fn session(&self, name: &str, reset: bool) -> Result<(Arc<Session>, bool), String> {
+    /// The live session `name`, started if needed; with `reset`, a fresh one. Also returns
+    /// whether it was started now, and notices for the caller (a session closed to make room).
+    pub async fn session(
+        &self,
+        name: &str,
+        reset: bool,
+    ) -> Result<(Claim, bool, Vec<String>), String> {
         let engine = self.prepare().await?;
         let _guard = self.starting.lock().await;
         let existing = self.sessions.lock().await.get(name).cloned();
         if let Some(s) = existing {
             if !reset && !s.is_dead() {
-                return Ok((s, false));
+                return Ok((s.claim(), false, Vec::new()));
             }
             self.sessions.lock().await.remove(name);
             s.destroy().await;
         }
+        let notices = self.make_room(name).await?;
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let s = Arc::new(
             Session::start(&engine.docker, &self.config, name, &self.owner, serial)
                 .await
                 .map_err(|e| e.0)?,
         );
-        self.sessions
-            .lock()
-            .await
-            .insert(name.to_string(), s.clone());
-        Ok((s, true))
+        let claim = s.claim();
+        self.sessions.lock().await.insert(name.to_string(), s);
+        Ok((claim, true, notices))
+    }
+
+    /// Keep within `max_sessions` before session `name` starts: close the least recently used
+    /// idle sessions, or refuse when every session is running code (closing a busy one would
+    /// lose work in flight). Called with `starting` held, so no other session starts meanwhile.
+    async fn make_room(&self, name: &str) -> Result<Vec<String>, String> {
+        let max = self.config.max_sessions as usize;
+        let mut notices = Vec::new();
+        loop {
+            let (victim, busy) = {
+                let sessions = self.sessions.lock().await;
+                let live: Vec<(&String, &Arc<Session>)> = sessions
+                    .iter()
+                    .filter(|(k, s)| k.as_str() != name && !s.is_dead())
+                    .collect();
+                if live.len() < max {
+                    return Ok(notices);
+                }
+                let victim = live
+                    .iter()
+                    .filter(|(_, s)| !s.is_busy())
+                    .max_by_key(|(_, s)| s.idle_for())
+                    .map(|(k, s)| ((*k).clone(), Arc::clone(s)));
+                let mut busy: Vec<String> = live.iter().map(|(k, _)| (*k).clone()).collect();
+                busy.sort();
+                (victim, busy)
+            };
+            let Some((victim, s)) = victim else {
+                return Err(format!(
+                    "cannot start session {name:?}: all {max} sessions allowed by max_sessions are running code ({}). Wait for one to finish, run this code in one of them, or raise max_sessions (MCP_BRIDGE_MAX_SESSIONS).",
+                    busy.join(", ")
+                ));
+            };
+            let idle = s.idle_for().as_secs();
+            {
+                let mut sessions = self.sessions.lock().await;
+                if sessions
+                    .get(&victim)
+                    .is_some_and(|cur| Arc::ptr_eq(cur, &s))
+                {
+                    sessions.remove(&victim);
+                }
+            }
+            tracing::info!(session = %victim, idle_secs = idle, max_sessions = max, "closing the least recently used session to make room");
+            s.destroy().await;
+            notices.push(format!(
+                "session {victim:?} (unused for {idle}s) was closed to stay within max_sessions = {max}; its variables are gone"
+            ));
+        }
     }
 
     /// Run a request in session `name`. Errors are for failures to get a sandbox at all.
@@ -149,13 +202,17 @@ impl Sandbox {
         reset: bool,
         req: ExecRequest,
     ) -> Result<ExecOutcome, String> {
-        let (session, fresh) = self.session(name, reset).await?;
+        let (session, fresh, notices) = self.session(name, reset).await?;
         let mut outcome = session.exec(req).await;
         if outcome.session_reset {
             let mut sessions = self.sessions.lock().await;
             if sessions.get(name).is_some_and(|s| Arc::ptr_eq(s, &session)) {
                 sessions.remove(name);
             }
+        }
+        drop(session);
+        for n in notices.into_iter().rev() {
+            outcome.notices.insert(0, n);
         }
         if fresh && reset {
             outcome

@@ -107,7 +107,26 @@ pub struct Session {
     next_exec: AtomicU64,
     dead: Arc<AtomicBool>,
     last_used: std::sync::Mutex<Instant>,
+    /// Calls that hold this session (handed out, exec not finished): such a session is busy even
+    /// before its exec takes the frame channel, so no reaper closes it under the caller.
+    claims: AtomicU64,
     stderr_tail: Arc<std::sync::Mutex<VecDeque<String>>>,
+}
+
+/// A call's hold on a session, from hand-out until the call is done; see [`Session::claim`].
+pub struct Claim(Arc<Session>);
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.0.claims.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl std::ops::Deref for Claim {
+    type Target = Arc<Session>;
+    fn deref(&self) -> &Arc<Session> {
+        &self.0
+    }
 }
 
 impl Session {
@@ -233,6 +252,7 @@ impl Session {
             next_exec: AtomicU64::new(1),
             dead,
             last_used: std::sync::Mutex::new(Instant::now()),
+            claims: AtomicU64::new(0),
             stderr_tail,
         })
     }
@@ -242,9 +262,16 @@ impl Session {
         self.dead.load(Ordering::Relaxed)
     }
 
-    /// Whether an exec is running now.
+    /// Whether a call holds this session or an exec is running in it now.
     pub fn is_busy(&self) -> bool {
-        self.frames.try_lock().is_err()
+        self.claims.load(Ordering::SeqCst) > 0 || self.frames.try_lock().is_err()
+    }
+
+    /// Hold the session for one call: it counts as busy (and used now) until the claim drops.
+    pub fn claim(self: &Arc<Self>) -> Claim {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        *self.last_used.lock().unwrap() = Instant::now();
+        Claim(Arc::clone(self))
     }
 
     pub fn idle_for(&self) -> Duration {

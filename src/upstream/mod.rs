@@ -221,7 +221,7 @@ impl Upstreams {
         UpstreamSettings {
             call_timeout: config.upstream_call_timeout.0,
             idle_timeout: config.upstream_idle_timeout.0,
-            ..UpstreamSettings::default()
+            start_timeout: config.upstream_start_timeout.0,
         }
     }
 

@@ -583,9 +583,9 @@ impl Pool {
             .await
             .unwrap_or_else(|_| {
                 Err(format!(
-                    "Server '{}' did not complete the MCP handshake within {}s",
+                    "Server '{}' did not complete the MCP handshake within {:.1}s. If it downloads itself on first start (npx, uvx), raise upstream_start_timeout (MCP_BRIDGE_UPSTREAM_START_TIMEOUT); the bridge log shows its stderr.",
                     slot.name,
-                    self.inner.settings.start_timeout.as_secs()
+                    self.inner.settings.start_timeout.as_secs_f64()
                 ))
             })?;
         let conn = Arc::new(conn);
@@ -1183,7 +1183,8 @@ mod tests {
         );
         let t = Instant::now();
         let e = pool.tools("mute").await.unwrap_err();
-        assert!(e.contains("handshake"), "{e}");
+        assert!(e.contains("handshake within 0.3s"), "{e}");
+        assert!(e.contains("MCP_BRIDGE_UPSTREAM_START_TIMEOUT"), "{e}");
         assert!(t.elapsed() < Duration::from_secs(5));
     }
 }
