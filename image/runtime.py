@@ -1273,8 +1273,16 @@ def _patch_pyplot(plt):
 
 
 def _install_servers(servers, discovered):
+    """Make this exec's servers and discovery list current. The host leaves both out (None)
+    when they equal the previous exec's: then only the proxies' global names are bound again
+    (the code may have deleted or rebound them)."""
     if sys.modules.get("mcp") is None or getattr(sys.modules.get("mcp"), "runtime", None) is None:
         _install_mcp_package()
+        servers = servers if servers is not None else [dict(m) for m in _state.loaded.values()]
+        discovered = discovered if discovered is not None else [dict(d) for d in _state.discovered]
+    if servers is None and discovered is None:
+        _bind_globals()
+        return
     disc = []
     for d in discovered if isinstance(discovered, list) else []:
         if isinstance(d, dict) and isinstance(d.get("name"), str):
@@ -1296,7 +1304,6 @@ def _install_servers(servers, discovered):
             except AttributeError:
                 pass
     proxies = collections.OrderedDict()
-    by_key = {}
     for name, meta in loaded.items():
         cached = _server_cache.get(name)
         if cached is not None and cached[0] == meta:
@@ -1310,12 +1317,20 @@ def _install_servers(servers, discovered):
             _server_cache[name] = (meta, proxy, module)
         alias = type(proxy)._mcp_alias_
         proxies[name] = proxy
-        by_key[name] = proxy
-        by_key[alias] = proxy
         sys.modules[module.__name__] = module
         setattr(servers_pkg, alias, module)
     _state.proxies = proxies
+    _bind_globals()
 
+
+def _bind_globals():
+    """`mcp_<alias>` and `mcp_servers` in the user's namespace, for the current proxies; names
+    this runtime set earlier and the code has not rebound are removed first."""
+    proxies = _state.proxies
+    by_key = {}
+    for name, proxy in proxies.items():
+        by_key[name] = proxy
+        by_key[type(proxy)._mcp_alias_] = proxy
     ns = _state.ns
     for gname, obj in list(_state.globals_set.items()):
         if ns.get(gname) is obj:

@@ -864,3 +864,48 @@ print(json.dumps(out))
     b.shutdown().await;
     let _ = child.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unchanged_server_metadata_is_sent_once_per_session() {
+    let home = Home::new();
+    write_toml_servers(
+        &home,
+        &json!({
+            "time": stdio("mcp-server-time", &["--local-timezone", "UTC"]),
+            "everything": stdio("mcp-server-everything", &["stdio"]),
+        }),
+    );
+    let b = Bridge::start_with(home, &[("MCP_BRIDGE_LOG_LEVEL", "debug")], None).await;
+    let both = ["time", "everything"];
+    let echo = "r = await mcp_everything.echo(message='hi')\nprint(r, 'mcp_time' in globals())";
+    let first = py_with(&b, &both, echo).await.ok();
+    // Same servers again: the metadata is left out, the proxies are the same and still work,
+    // and a proxy name the code deleted is bound again.
+    let again = py_with(&b, &both, &format!("del mcp_time\n{echo}"))
+        .await
+        .ok();
+    let third = py_with(&b, &both, echo).await.ok();
+    assert_eq!(first.stdout(), again.stdout().replace("False", "True"));
+    assert_eq!(third.stdout(), first.stdout());
+    assert!(first.stdout().contains("hi"), "{}", first.stdout());
+    // Different servers: sent, and they replace the previous ones.
+    let r = py_with(
+        &b,
+        &["time"],
+        "print('mcp_everything' in globals(), 'mcp_time' in globals())",
+    )
+    .await
+    .ok();
+    assert_eq!(r.stdout(), "False True\n");
+    let r = py_with(&b, &both, echo).await.ok();
+    assert_eq!(r.stdout(), first.stdout());
+
+    let log = b.home.log();
+    let sent: Vec<bool> = log
+        .lines()
+        .filter(|l| l.contains("exec sent"))
+        .map(|l| l.contains("servers_sent=true"))
+        .collect();
+    assert_eq!(sent, [true, false, false, true, true], "{log}");
+    b.shutdown().await;
+}

@@ -122,11 +122,16 @@ class Sandbox:
         return frame
 
     def start(self, code, servers=(), discovered=None, output_cap=1 << 20):
+        """`servers=None` leaves servers and discovered out, as the host does when unchanged."""
         eid = next(self._ids)
-        if discovered is None:
-            discovered = [{"name": s["name"], "alias": s["alias"], "description": s.get("description", "")} for s in servers]
-        self.send({"type": "exec", "id": eid, "code": code, "servers": list(servers),
-                   "discovered": list(discovered), "output_cap": output_cap})
+        frame = {"type": "exec", "id": eid, "code": code, "output_cap": output_cap}
+        if servers is not None:
+            if discovered is None:
+                discovered = [{"name": s["name"], "alias": s["alias"], "description": s.get("description", "")}
+                              for s in servers]
+            frame["servers"] = list(servers)
+            frame["discovered"] = list(discovered)
+        self.send(frame)
         return eid
 
     def collect(self, eid, rpc=None, timeout=30, on_frame=None):
@@ -651,6 +656,25 @@ def test_stale_proxy_and_unloaded_servers(sb):
     # a user variable that happens to be named like a proxy is left alone
     sb.ok("mcp_mine = 5", servers=[FS])
     assert sb.ok("mcp_mine", servers=[]).value == "5"
+
+
+def test_servers_left_out_means_unchanged(sb):
+    host = tool_host({"read-file": {"content": [{"type": "text", "text": "ok"}]}})
+    sb.ok("first = mcp_file_system\ndel mcp_other", servers=[FS, OTHER], rpc=host)
+    # Left out: the previous exec's servers stay, the same objects, with their names bound again.
+    r = sb.ok("from mcp import runtime\n"
+              "[mcp_file_system is first, 'mcp_other' in globals(), sorted(mcp_servers),"
+              " sorted(runtime.discovered_servers()), await mcp_file_system.read_file('x')]",
+              servers=None, rpc=host)
+    assert r.value == "[True, True, ['file-system', 'file_system', 'other'], ['file-system', 'other'], 'ok']"
+    # Sent again (different): they replace the previous ones.
+    r = sb.ok("['mcp_file_system' in globals(), sorted(mcp_servers)]", servers=[OTHER])
+    assert r.value == "[False, ['other']]"
+    # Even with the mcp package taken away by the code, left out still means the last ones.
+    sb.ok("import sys\nfor k in [k for k in sys.modules if k == 'mcp' or k.startswith('mcp.')]:\n"
+          "    del sys.modules[k]", servers=None)
+    r = sb.ok("from mcp.servers.other import *\nimport mcp.runtime\nsorted(mcp_servers)", servers=None)
+    assert r.value == "['other']"
 
 
 def test_runtime_helpers(sb):

@@ -53,8 +53,12 @@ pub enum HostFrame<'a> {
     Exec {
         id: u64,
         code: &'a str,
-        servers: &'a [LoadedServer],
-        discovered: &'a [DiscoveredServer],
+        /// `None` (left out): the same as the previous exec's of this session.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        servers: Option<&'a [LoadedServer]>,
+        /// `None` (left out): the same as the previous exec's of this session.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        discovered: Option<&'a [DiscoveredServer]>,
         output_cap: usize,
     },
     RpcResult {
@@ -222,12 +226,16 @@ mod tests {
         let line = HostFrame::Exec {
             id: 1,
             code: "a\nb",
-            servers: &[],
-            discovered: &[],
+            servers: Some(&[]),
+            discovered: None,
             output_cap: 10,
         }
         .to_line();
         assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
         assert!(line.ends_with(b"\n"));
+        // Left out, not null: the runtime reads absence as "unchanged".
+        let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(v["servers"], serde_json::json!([]));
+        assert!(v.get("discovered").is_none(), "{v}");
     }
 }

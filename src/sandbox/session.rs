@@ -110,6 +110,10 @@ pub struct Session {
     /// Calls that hold this session (handed out, exec not finished): such a session is busy even
     /// before its exec takes the frame channel, so no reaper closes it under the caller.
     claims: AtomicU64,
+    /// The servers and discovery list last sent to the runtime, serialized; an exec whose are
+    /// the same leaves them out (the runtime keeps the previous ones), so a warm call with many
+    /// servers loaded does not resend every schema.
+    catalog_sent: std::sync::Mutex<Vec<u8>>,
     stderr_tail: Arc<std::sync::Mutex<VecDeque<String>>>,
 }
 
@@ -253,6 +257,7 @@ impl Session {
             dead,
             last_used: std::sync::Mutex::new(Instant::now()),
             claims: AtomicU64::new(0),
+            catalog_sent: std::sync::Mutex::new(Vec::new()),
             stderr_tail,
         })
     }
@@ -293,14 +298,28 @@ impl Session {
         let mut out = Collector::new(req.output_cap);
         let mut notices = Vec::new();
 
+        let catalog = serde_json::to_vec(&(&req.binding.servers, &req.binding.discovered))
+            .expect("server metadata always serializes");
+        let unchanged = *self.catalog_sent.lock().unwrap() == catalog;
         let frame = HostFrame::Exec {
             id,
             code: &req.code,
-            servers: &req.binding.servers,
-            discovered: &req.binding.discovered,
+            servers: (!unchanged).then_some(&req.binding.servers[..]),
+            discovered: (!unchanged).then_some(&req.binding.discovered[..]),
             output_cap: req.output_cap,
         };
-        if self.writer.send(frame.to_line()).await.is_err() {
+        let line = frame.to_line();
+        tracing::debug!(
+            session = %self.name,
+            exec = id,
+            bytes = line.len(),
+            servers_sent = !unchanged,
+            "exec sent"
+        );
+        if !unchanged {
+            *self.catalog_sent.lock().unwrap() = catalog;
+        }
+        if self.writer.send(line).await.is_err() {
             self.dead.store(true, Ordering::Relaxed);
             return self.crashed(out, started, notices).await;
         }
