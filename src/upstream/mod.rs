@@ -10,6 +10,7 @@
 pub mod catalog;
 pub mod discovery;
 pub mod pool;
+pub mod stdio;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

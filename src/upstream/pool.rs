@@ -17,7 +17,6 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -140,6 +139,8 @@ struct Conn {
     /// The child's pid (= its process group id), for stdio servers.
     pid: Option<u32>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// Changes when the server sent a message too long to read (stdio; see `stdio.rs`).
+    oversize: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Conn {
@@ -490,6 +491,9 @@ impl Pool {
 
         for attempt in 0..2 {
             let conn = self.connection(slot).await?;
+            // Watched from before the request goes out, so no dropped answer can slip past.
+            let mut oversize = conn.oversize.clone();
+            oversize.mark_unchanged();
             let request = ClientRequest::CallToolRequest(CallToolRequest::new(params.clone()));
             let handle = match conn
                 .peer
@@ -516,7 +520,15 @@ impl Pool {
                 id: Some(id.clone()),
                 sent: conn.sent.clone(),
             };
-            let result = handle.await_response().await;
+            let result = tokio::select! {
+                r = handle.await_response() => r,
+                Ok(()) = oversize.changed() => {
+                    return Err(format!(
+                        "Server '{server}' answered with a message larger than {} MiB, the most one MCP message over stdio may carry; it was dropped, so the call of '{tool}' has no result. Ask the tool for less at a time (a page, a range, a filter).",
+                        super::stdio::MAX_MESSAGE_BYTES >> 20
+                    ));
+                }
+            };
             guard.id = None;
             let reached = conn.sent.lock().unwrap().remove(&id);
             return match result {
@@ -692,18 +704,20 @@ async fn start(slot: &Slot) -> Result<Conn, String> {
             }
             let mut wrapped = process_wrap::tokio::CommandWrap::from(cmd);
             wrapped.wrap(process_wrap::tokio::ProcessGroup::leader());
-            let (proc, stderr) = rmcp::transport::TokioChildProcess::builder(wrapped)
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| {
-                    let hint = if e.kind() == std::io::ErrorKind::NotFound {
-                        format!("command '{command}' not found (is it installed and on PATH?)")
-                    } else {
-                        format!("cannot run '{command}': {e}")
-                    };
-                    format!("Server '{name}' failed to start: {hint}")
-                })?;
-            let pid = proc.id();
+            let spawned = super::stdio::spawn(wrapped).map_err(|e| {
+                let hint = if e.kind() == std::io::ErrorKind::NotFound {
+                    format!("command '{command}' not found (is it installed and on PATH?)")
+                } else {
+                    format!("cannot run '{command}': {e}")
+                };
+                format!("Server '{name}' failed to start: {hint}")
+            })?;
+            let super::stdio::Spawned {
+                transport: proc,
+                stderr,
+                pid,
+                oversize,
+            } = spawned;
             let stderr_done = stderr.map(|stderr| {
                 let tail = stderr_tail.clone();
                 let server = name.clone();
@@ -740,6 +754,7 @@ async fn start(slot: &Slot) -> Result<Conn, String> {
                     dead: AtomicBool::new(false),
                     pid,
                     stderr_tail,
+                    oversize,
                 }),
                 Err(e) => {
                     if let Some(pid) = pid {
@@ -791,6 +806,8 @@ async fn start(slot: &Slot) -> Result<Conn, String> {
                 dead: AtomicBool::new(false),
                 pid: None,
                 stderr_tail,
+                // rmcp's HTTP client reports an oversized response as an error of the call.
+                oversize: tokio::sync::watch::channel(0).1,
             })
         }
     }
