@@ -89,13 +89,12 @@ impl Transport<RoleClient> for ChildTransport {
     /// The MCP stdio shutdown: close the server's stdin, let it exit, kill it if it does not.
     async fn close(&mut self) -> Result<(), Self::Error> {
         self.inner.close().await?;
-        if let Some(mut child) = self.child.take() {
-            if tokio::time::timeout(EXIT_GRACE, child.wait())
+        if let Some(mut child) = self.child.take()
+            && tokio::time::timeout(EXIT_GRACE, child.wait())
                 .await
                 .is_err()
-            {
-                Box::into_pin(child.kill()).await?;
-            }
+        {
+            Box::into_pin(child.kill()).await?;
         }
         Ok(())
     }
