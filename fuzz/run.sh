@@ -13,7 +13,7 @@ command -v cargo-fuzz >/dev/null || {
     echo "cargo-fuzz is not installed: cargo install cargo-fuzz" >&2
     exit 1
 }
-targets=(frame_decoder config_toml server_config_json run_args)
+targets=(frame_decoder line_splitter config_toml server_config_json run_args)
 cargo fuzz build --release
 for t in "${targets[@]}"; do
     # The working corpus is not committed; the seeds are.

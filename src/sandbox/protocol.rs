@@ -172,9 +172,105 @@ pub fn decode(line: &[u8]) -> Result<SandboxFrame, FrameError> {
     serde_json::from_slice(line).map_err(|e| FrameError::Malformed(e.to_string()))
 }
 
+/// Splits the sandbox's byte stream into lines, whatever the chunking, holding at most `max`
+/// bytes: a longer line is discarded whole (its start and its rest), never cut into pieces that
+/// could decode as frames of their own.
+pub struct LineSplitter {
+    max: usize,
+    line: Vec<u8>,
+    discarding: bool,
+    /// The last `feed` returned `line`: clear it before the next byte.
+    done: bool,
+}
+
+/// What one [`LineSplitter::feed`] completed.
+#[derive(Debug, PartialEq)]
+pub enum Split<'a> {
+    /// A whole line, without its newline (possibly empty).
+    Line(&'a [u8]),
+    /// A line just went over the limit; the rest of it up to its newline will be dropped.
+    Oversize,
+}
+
+impl LineSplitter {
+    pub fn new(max: usize) -> Self {
+        LineSplitter {
+            max,
+            line: Vec::new(),
+            discarding: false,
+            done: false,
+        }
+    }
+
+    /// Take bytes from the front of `rest`, up to and including its first newline, and say what
+    /// that completed. Call until `rest` is empty.
+    pub fn feed<'s>(&'s mut self, rest: &mut &[u8]) -> Option<Split<'s>> {
+        if std::mem::take(&mut self.done) {
+            self.line.clear();
+        }
+        let (piece, complete) = match rest.iter().position(|b| *b == b'\n') {
+            Some(p) => (&rest[..p], true),
+            None => (*rest, false),
+        };
+        *rest = if complete {
+            &rest[piece.len() + 1..]
+        } else {
+            &[]
+        };
+        let mut went_over = false;
+        if !self.discarding {
+            if self.line.len() + piece.len() > self.max {
+                self.line.clear();
+                self.line.shrink_to(64 * 1024);
+                self.discarding = true;
+                went_over = true;
+            } else {
+                self.line.extend_from_slice(piece);
+            }
+        }
+        if complete {
+            let discarded = std::mem::take(&mut self.discarding);
+            self.done = true;
+            if !discarded {
+                return Some(Split::Line(&self.line));
+            }
+        }
+        went_over.then_some(Split::Oversize)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every line the splitter completes, for `data` fed in chunks of `chunk` bytes.
+    fn split_all(data: &[u8], max: usize, chunk: usize) -> (Vec<Vec<u8>>, usize) {
+        let mut s = LineSplitter::new(max);
+        let (mut lines, mut over) = (Vec::new(), 0);
+        for c in data.chunks(chunk) {
+            let mut rest = c;
+            while !rest.is_empty() {
+                match s.feed(&mut rest) {
+                    Some(Split::Line(l)) => lines.push(l.to_vec()),
+                    Some(Split::Oversize) => over += 1,
+                    None => {}
+                }
+            }
+        }
+        (lines, over)
+    }
+
+    #[test]
+    fn the_splitter_keeps_whole_lines_and_drops_long_ones_whole() {
+        let data = b"a\n\n0123456789\n01234567890123\nb\nunterminated";
+        for chunk in [1, 2, 5, 13, 100] {
+            let (lines, over) = split_all(data, 10, chunk);
+            let want: Vec<&[u8]> = vec![b"a", b"", b"0123456789", b"b"];
+            assert_eq!(lines, want, "chunk {chunk}");
+            // The long line, and the unterminated tail once it passed 10 bytes.
+            assert_eq!(over, 2, "chunk {chunk}");
+        }
+    }
 
     #[test]
     fn decodes_known_frames_and_tolerates_unknown() {

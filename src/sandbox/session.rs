@@ -21,7 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::container;
 use super::protocol::{
-    self, ExecError, ExecStatus, HostFrame, MAX_FRAME_BYTES, SandboxFrame, Stream,
+    self, ExecError, ExecStatus, HostFrame, LineSplitter, MAX_FRAME_BYTES, SandboxFrame, Split,
+    Stream,
 };
 use crate::config::Config;
 use crate::upstream::ExecBinding;
@@ -708,8 +709,7 @@ async fn read_loop(
     stderr_tail: Arc<std::sync::Mutex<VecDeque<String>>>,
     session: String,
 ) {
-    let mut line: Vec<u8> = Vec::new();
-    let mut discarding = false;
+    let mut splitter = LineSplitter::new(MAX_FRAME_BYTES);
     let mut bad = 0u64;
     while let Some(item) = output.next().await {
         let chunk = match item {
@@ -734,44 +734,25 @@ async fn read_loop(
         };
         let mut rest: &[u8] = &chunk;
         while !rest.is_empty() {
-            let (piece, complete) = match rest.iter().position(|b| *b == b'\n') {
-                Some(p) => (&rest[..p], true),
-                None => (rest, false),
-            };
-            rest = if complete {
-                &rest[piece.len() + 1..]
-            } else {
-                &[]
-            };
-            if !discarding {
-                if line.len() + piece.len() > MAX_FRAME_BYTES {
+            match splitter.feed(&mut rest) {
+                Some(Split::Oversize) => {
                     tracing::warn!(%session, "discarding a line over {MAX_FRAME_BYTES} bytes from the sandbox");
-                    line.clear();
-                    line.shrink_to(64 * 1024);
-                    discarding = true;
-                } else {
-                    line.extend_from_slice(piece);
                 }
-            }
-            if complete {
-                if !discarding && !line.is_empty() {
-                    match protocol::decode(&line) {
-                        Ok(frame) => {
-                            if tx.send(frame).await.is_err() {
-                                dead.store(true, Ordering::Relaxed);
-                                return;
-                            }
-                        }
-                        Err(e) => {
-                            bad += 1;
-                            if bad <= 5 || bad.is_power_of_two() {
-                                tracing::warn!(%session, count = bad, "dropping a line from the sandbox that is not a frame: {e}");
-                            }
+                Some(Split::Line(line)) if !line.is_empty() => match protocol::decode(line) {
+                    Ok(frame) => {
+                        if tx.send(frame).await.is_err() {
+                            dead.store(true, Ordering::Relaxed);
+                            return;
                         }
                     }
-                }
-                line.clear();
-                discarding = false;
+                    Err(e) => {
+                        bad += 1;
+                        if bad <= 5 || bad.is_power_of_two() {
+                            tracing::warn!(%session, count = bad, "dropping a line from the sandbox that is not a frame: {e}");
+                        }
+                    }
+                },
+                _ => {}
             }
         }
     }
