@@ -959,6 +959,22 @@ async fn context_and_startup(o: &Opts, fx: &Fixtures, t: &mut Table) {
 // 3: execution
 // ---------------------------------------------------------------------------------------------
 
+/// Run one timing loop in the "proxy" session: its per-call times in ms (the code prints them as
+/// a JSON list of seconds), and the bridge's CPU over the whole call in µs.
+async fn sandbox_loop(live: &Live, code: &str, what: &str) -> (Vec<f64>, f64) {
+    let cpu0 = cpu_ms(live.pid);
+    let (out, _) = live
+        .ok(json!({"code": code, "servers": ["everything"], "session": "proxy", "timeout": 120}))
+        .await;
+    let cpu = 1e3 * (cpu_ms(live.pid) - cpu0);
+    let ts: Vec<f64> = serde_json::from_str(out.trim()).unwrap_or_else(|e| {
+        fail(&format!(
+            "{what} loop output is not a JSON list ({e}): {out}"
+        ))
+    });
+    (ts.iter().map(|s| s * 1e3).collect(), cpu)
+}
+
 async fn execution(o: &Opts, live: &Live, t: &mut Table) {
     t.section(3, "3. Execution (round trip seen by the MCP client)");
     let tag = std::process::id();
@@ -1122,28 +1138,11 @@ async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
     let (mut chan, mut chan_cpu, mut echo_cpu, mut direct_cpu) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.proxy_runs {
-        let cpu0 = cpu_ms(live.pid);
-        let (out, _) = live
-            .ok(json!({"code": channel_code, "servers": ["everything"], "session": "proxy", "timeout": 120}))
-            .await;
-        let ts: Vec<f64> = serde_json::from_str(out.trim()).unwrap_or_else(|e| {
-            fail(&format!(
-                "channel loop output is not a JSON list ({e}): {out}"
-            ))
-        });
-        chan.extend(ts.iter().map(|s| s * 1e3));
-        chan_cpu.push(1e3 * (cpu_ms(live.pid) - cpu0) / n as f64);
-        let cpu0 = cpu_ms(live.pid);
-        let (out, _) = live
-            .ok(json!({"code": code, "servers": ["everything"], "session": "proxy", "timeout": 120}))
-            .await;
-        let ts: Vec<f64> = serde_json::from_str(out.trim()).unwrap_or_else(|e| {
-            fail(&format!(
-                "proxy loop output is not a JSON list ({e}): {out}"
-            ))
-        });
-        echo_cpu.push(1e3 * (cpu_ms(live.pid) - cpu0) / n as f64);
-        let ts: Vec<f64> = ts.iter().map(|s| s * 1e3).collect();
+        let (ts, cpu) = sandbox_loop(live, &channel_code, "channel").await;
+        chan.extend(ts);
+        chan_cpu.push(cpu / n as f64);
+        let (ts, cpu) = sandbox_loop(live, &code, "proxy").await;
+        echo_cpu.push(cpu / n as f64);
         rate.push(1e3 * ts.len() as f64 / ts.iter().sum::<f64>());
         let mut d = Vec::new();
         let cpu0 = cpu_ms(std::process::id());

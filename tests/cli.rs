@@ -5,20 +5,15 @@ mod common;
 
 use std::process::Command;
 
-use common::{BIN, Bridge, Home};
+use common::{Bridge, Home};
 use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams};
 use serde_json::json;
-
-fn bridge_cmd(home: &Home) -> Command {
-    let mut c = Command::new(BIN);
-    c.env_clear().envs(home.env()).current_dir(home.path());
-    c
-}
 
 #[test]
 fn bad_config_values_name_key_value_and_source() {
     let home = Home::new();
-    let out = bridge_cmd(&home)
+    let out = home
+        .command()
         .env("MCP_BRIDGE_TIMEOUT", "soonish")
         .arg("config")
         .output()
@@ -32,7 +27,8 @@ fn bad_config_values_name_key_value_and_source() {
 
     let cfg = home.path().join("bad.toml");
     std::fs::write(&cfg, "memory = \"lots\"\n").unwrap();
-    let out = bridge_cmd(&home)
+    let out = home
+        .command()
         .args(["--config", cfg.to_str().unwrap(), "config"])
         .output()
         .unwrap();
@@ -43,7 +39,8 @@ fn bad_config_values_name_key_value_and_source() {
         "{err}"
     );
 
-    let out = bridge_cmd(&home)
+    let out = home
+        .command()
         .env("MCP_BRIDGE_LOG_LEVEL", "WARNING")
         .env("MCP_BRIDGE_MEMORY", "1g")
         .arg("config")
@@ -124,7 +121,8 @@ async fn protocol_errors_for_unknown_tools_and_wrong_argument_types() {
 #[test]
 fn exec_prints_output_and_exit_status_reflects_success() {
     let home = Home::new();
-    let out = bridge_cmd(&home)
+    let out = home
+        .command()
         .args(["exec", "print(6 * 7)"])
         .output()
         .unwrap();
@@ -135,7 +133,8 @@ fn exec_prints_output_and_exit_status_reflects_success() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n");
 
-    let out = bridge_cmd(&home)
+    let out = home
+        .command()
         .args([
             "exec",
             "import sys\nprint('partial')\nraise ValueError('nope')",
@@ -148,7 +147,8 @@ fn exec_prints_output_and_exit_status_reflects_success() {
 
     let f = home.path().join("code.py");
     std::fs::write(&f, "x = 3\nx * 2\n").unwrap();
-    let out = bridge_cmd(&home)
+    let out = home
+        .command()
         .args(["exec", "-f", f.to_str().unwrap()])
         .output()
         .unwrap();
@@ -212,7 +212,8 @@ fn a_gzipped_archive_loads_and_a_wrong_sha256_loads_nothing() {
     };
     assert!(!exists());
 
-    let out = bridge_cmd(&home)
+    let out = home
+        .command()
         .env("MCP_BRIDGE_IMAGE", &tag)
         .env("MCP_BRIDGE_IMAGE_ARCHIVE", &gz)
         .env("MCP_BRIDGE_IMAGE_SHA256", "0".repeat(64))
@@ -227,7 +228,8 @@ fn a_gzipped_archive_loads_and_a_wrong_sha256_loads_nothing() {
     );
     assert!(!exists(), "a corrupt archive must load nothing");
 
-    let out = bridge_cmd(&home)
+    let out = home
+        .command()
         .env("MCP_BRIDGE_IMAGE", &tag)
         .env("MCP_BRIDGE_IMAGE_ARCHIVE", &gz)
         .env("MCP_BRIDGE_IMAGE_SHA256", &digest)
@@ -260,7 +262,8 @@ fn an_executable_archive_is_run_and_its_output_loaded() {
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let tag = format!("mcp-code-bridge-sandbox:stream-{}", std::process::id());
-    let out = bridge_cmd(&home)
+    let out = home
+        .command()
         .env("MCP_BRIDGE_IMAGE", &tag)
         .env("MCP_BRIDGE_IMAGE_ARCHIVE", &script)
         .args(["exec", "print('streamed')"])
@@ -278,7 +281,8 @@ fn an_executable_archive_is_run_and_its_output_loaded() {
 #[test]
 fn a_missing_image_without_an_archive_says_how_to_get_one() {
     let home = Home::new();
-    let out = bridge_cmd(&home)
+    let out = home
+        .command()
         .env("MCP_BRIDGE_IMAGE", "no-such-sandbox-image:never")
         .env_remove("MCP_BRIDGE_IMAGE_ARCHIVE")
         .env("MCP_BRIDGE_IMAGE_ARCHIVE", "")

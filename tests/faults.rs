@@ -35,13 +35,6 @@ async fn still_serving(b: &Bridge) {
 }
 
 /// Shut the bridge down and require that it left no container behind.
-async fn shutdown_clean(b: Bridge) {
-    let pid = b.pid;
-    b.shutdown().await;
-    let left = common::wait_no_containers(pid, Duration::from_secs(20)).await;
-    assert!(left.is_empty(), "containers left behind: {left:?}");
-}
-
 fn with_fixture(mode: &str, extra: &[&str]) -> Home {
     let home = Home::new();
     common::write_servers(
@@ -52,7 +45,21 @@ fn with_fixture(mode: &str, extra: &[&str]) -> Home {
 }
 
 async fn fx(b: &Bridge, code: &str) -> Outcome {
-    Outcome(b.call(json!({"code": code, "servers": ["fx"]})).await)
+    b.fx(code).await
+}
+
+/// Await `call` on the fixture server; what it raised, as `TypeName message`.
+async fn fx_raises(b: &Bridge, call: &str) -> String {
+    let code = format!(
+        "try:\n    r = await mcp_fx.{call}\n    print('no error', len(str(r)))\nexcept Exception as e:\n    print(type(e).__name__, e)"
+    );
+    fx(b, &code).await.ok().stdout().to_string()
+}
+
+/// The fixture server still answers `echo(text)`.
+async fn assert_fx_echoes(b: &Bridge, text: &str) {
+    let code = format!("print(await mcp_fx.echo(text={text:?}))");
+    assert_eq!(fx(b, &code).await.ok().stdout(), format!("{text}\n"));
 }
 
 // ------------------------------------------------------------------------------------------
@@ -74,7 +81,7 @@ async fn resources_fork_bomb_hits_the_pids_limit() {
         .await;
     assert_eq!(Outcome(r).ok().stdout(), "64\n");
     still_serving(&b).await;
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -96,7 +103,7 @@ async fn resources_memory_bomb_is_named_and_only_the_sandbox_dies() {
     assert_eq!(r.sc()["session_reset"], true);
     let r = b.py("print('kept' in globals())").await.ok();
     assert_eq!(r.stdout(), "False\n");
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -127,7 +134,7 @@ async fn resources_tmpfs_fill_ends_in_enospc_or_the_memory_limit() {
     assert_eq!(r.status(), "crashed", "{}", r.text());
     assert!(r.text().contains("memory limit of 128m"), "{}", r.text());
     still_serving(&b).await;
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -158,7 +165,7 @@ print("throttled", t1 - t0)
     assert!(used < 0.4, "used {used} CPUs with cpus=0.25: {out}");
     assert!(p["throttled"].parse::<u64>().unwrap() > 0, "{out}");
     still_serving(&b).await;
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -181,7 +188,7 @@ async fn resources_deep_recursion_is_a_clear_error() {
         r.text()
     );
     still_serving(&b).await;
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -200,7 +207,7 @@ async fn resources_100mb_output_flood_is_capped_head_and_tail() {
     let truncated = r.sc()["truncated_bytes"].as_u64().unwrap() as usize;
     assert!(truncated > total - (2 << 20), "{truncated}");
     still_serving(&b).await;
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -217,7 +224,7 @@ async fn resources_single_50mb_line_is_cut_not_lost() {
     assert!(out.len() < 2 << 20, "{} bytes", out.len());
     assert!(r.sc()["truncated_bytes"].as_u64().unwrap() > 48_000_000);
     still_serving(&b).await;
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -242,7 +249,7 @@ async fn resources_a_million_tiny_writes_are_all_accounted_for() {
         "kept {kept} + truncated {truncated}"
     );
     still_serving(&b).await;
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -257,29 +264,14 @@ async fn fixture_pid(b: &Bridge) -> u32 {
 async fn upstream_crash_mid_call_is_reported_and_the_server_restarted() {
     let b = Bridge::start_with(with_fixture("normal", &[]), &[], None).await;
     let first = fixture_pid(&b).await;
-    let r = fx(
-        &b,
-        "try:\n    await mcp_fx.crash()\nexcept Exception as e:\n    print(type(e).__name__, e)",
-    )
-    .await
-    .ok();
-    assert!(
-        r.stdout().contains("crashed during the call of 'crash'"),
-        "{}",
-        r.stdout()
-    );
-    assert!(r.stdout().contains("restarted on the next call"));
+    let out = fx_raises(&b, "crash()").await;
+    assert!(out.contains("crashed during the call of 'crash'"), "{out}");
+    assert!(out.contains("restarted on the next call"));
     assert!(!common::process_alive(first), "the crashed server lingers");
     let second = fixture_pid(&b).await;
     assert_ne!(first, second);
-    assert_eq!(
-        fx(&b, "print(await mcp_fx.echo(text='back'))")
-            .await
-            .ok()
-            .stdout(),
-        "back\n"
-    );
-    shutdown_clean(b).await;
+    assert_fx_echoes(&b, "back").await;
+    b.shutdown_clean().await;
     for _ in 0..50 {
         if !common::process_alive(second) {
             break;
@@ -300,26 +292,11 @@ async fn upstream_hang_past_the_timeout_is_cancelled() {
         None,
     )
     .await;
-    let r = fx(
-        &b,
-        "try:\n    await mcp_fx.hang()\nexcept Exception as e:\n    print(type(e).__name__, e)",
-    )
-    .await
-    .ok();
-    assert!(
-        r.stdout().contains("did not answer within 2s"),
-        "{}",
-        r.stdout()
-    );
+    let out = fx_raises(&b, "hang()").await;
+    assert!(out.contains("did not answer within 2s"), "{out}");
     // The server itself is fine: the next call answers.
-    assert_eq!(
-        fx(&b, "print(await mcp_fx.echo(text='next'))")
-            .await
-            .ok()
-            .stdout(),
-        "next\n"
-    );
-    shutdown_clean(b).await;
+    assert_fx_echoes(&b, "next").await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -330,26 +307,14 @@ async fn upstream_malformed_json_rpc_is_an_error_not_a_hang() {
         None,
     )
     .await;
-    let r = fx(
-        &b,
-        "try:\n    await mcp_fx.malformed()\nexcept Exception as e:\n    print(type(e).__name__, e)",
-    )
-    .await
-    .ok();
+    let out = fx_raises(&b, "malformed()").await;
     assert!(
-        r.stdout().starts_with("Mcp"),
-        "a malformed reply must raise: {}",
-        r.stdout()
+        out.starts_with("Mcp"),
+        "a malformed reply must raise: {out}"
     );
-    assert!(r.stdout().contains("'malformed'"), "{}", r.stdout());
-    assert_eq!(
-        fx(&b, "print(await mcp_fx.echo(text='ok'))")
-            .await
-            .ok()
-            .stdout(),
-        "ok\n"
-    );
-    shutdown_clean(b).await;
+    assert!(out.contains("'malformed'"), "{out}");
+    assert_fx_echoes(&b, "ok").await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -362,7 +327,7 @@ print("mismatched", [r for i, r in enumerate(res) if r != "right:%d" % i])
 "#;
     let r = fx(&b, code).await.ok();
     assert_eq!(r.stdout(), "mismatched []\n");
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -375,21 +340,11 @@ async fn upstream_huge_results_arrive_whole_or_fail_clearly() {
     .await;
     // 10 MB crosses both channels whole.
     let code = "r = await mcp_fx.big(mb=10)\nprint(isinstance(r, str), len(r), r[:3], r[-3:])";
-    let r = Outcome(
-        b.call(json!({"code": code, "servers": ["fx"], "timeout": 110}))
-            .await,
-    )
-    .ok();
+    let r = fx(&b, code).await.ok();
     assert_eq!(r.stdout(), format!("True {} BBB END\n", 10 << 20));
     // 50 MB is over the 16 MiB limit of one message over stdio: the call fails at once with an
     // McpError that names the tool and the limit, not with a timeout after 15 s.
-    let code = "try:\n    r = await mcp_fx.big(mb=50)\n    print('whole', len(r), r[-3:])\nexcept Exception as e:\n    print(type(e).__name__, e)";
-    let r = Outcome(
-        b.call(json!({"code": code, "servers": ["fx"], "timeout": 110}))
-            .await,
-    )
-    .ok();
-    let out = r.stdout();
+    let out = fx_raises(&b, "big(mb=50)").await;
     assert!(
         out.starts_with("McpError") && out.contains("'big'") && out.contains("16 MiB"),
         "{out}"
@@ -399,14 +354,8 @@ async fn upstream_huge_results_arrive_whole_or_fail_clearly() {
         "reported as a timeout: {out}"
     );
     // The server and the bridge carry on.
-    assert_eq!(
-        fx(&b, "print(await mcp_fx.echo(text='next'))")
-            .await
-            .ok()
-            .stdout(),
-        "next\n"
-    );
-    shutdown_clean(b).await;
+    assert_fx_echoes(&b, "next").await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -440,7 +389,7 @@ async fn upstream_server_that_exits_at_start_is_a_clear_error() {
         "alive\n"
     );
     still_serving(&b).await;
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -455,7 +404,7 @@ async fn upstream_server_answering_garbage_at_start_is_a_clear_error() {
         r.text()
     );
     still_serving(&b).await;
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -469,11 +418,7 @@ print("call", await mcp_fx.tool_04321(x=7))
 hits = await runtime.search_tool_docs("tool_01234", limit=3)
 print("search", hits[0]["tool"])
 "#;
-    let r = Outcome(
-        b.call(json!({"code": code, "servers": ["fx"], "timeout": 110}))
-            .await,
-    )
-    .ok();
+    let r = fx(&b, code).await.ok();
     let p = probe_lines(r.stdout());
     assert_eq!(p["count"], "5000", "{}", r.stdout());
     assert_eq!(p["call"], r#"tool_04321:{"x": 7}"#);
@@ -481,7 +426,7 @@ print("search", hits[0]["tool"])
     // The standing context does not grow with them.
     let tools = b.client.list_all_tools().await.unwrap();
     assert_eq!(tools.len(), 1);
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -656,7 +601,7 @@ async fn client_concurrent_calls_to_one_session_are_serialized_and_matched() {
     // One at a time: each saw the previous one's increment.
     seen.sort();
     assert_eq!(seen, (1..=12).collect::<Vec<_>>());
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -702,7 +647,7 @@ async fn client_concurrent_calls_to_many_sessions_stay_apart() {
         assert_eq!(r.stdout(), "[0, 1, 2, 3]\n", "session s{s}");
     }
     assert_eq!(common::containers_of(b.pid).await.len(), 6);
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -742,7 +687,7 @@ async fn client_cancellation_interrupts_the_code_and_keeps_the_session() {
         "the cancelled code kept running"
     );
     assert_eq!(common::containers_of(b.pid).await.len(), 1);
-    shutdown_clean(b).await;
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -785,11 +730,10 @@ fn config_huge_integer_durations_are_refused_by_name() {
         "timeout = 9223372036854775807\nmax_timeout = 9223372036854775807\n",
     )
     .unwrap();
-    let out = std::process::Command::new(common::BIN)
+    let out = home
+        .command()
         .args(["config", "--config"])
         .arg(&cfg)
-        .env_clear()
-        .envs(home.env())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

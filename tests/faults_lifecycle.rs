@@ -104,13 +104,7 @@ async fn lifecycle_sigkill_leaves_orphans_the_next_start_reaps() {
         "{}",
         next.home.log()
     );
-    let npid = next.pid;
-    next.shutdown().await;
-    assert!(
-        common::wait_no_containers(npid, Duration::from_secs(20))
-            .await
-            .is_empty()
-    );
+    next.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -142,13 +136,7 @@ async fn lifecycle_idle_timeout_removes_every_idle_container() {
     )
     .ok();
     assert_eq!(r.stdout(), "False\n");
-    let pid = b.pid;
-    b.shutdown().await;
-    assert!(
-        common::wait_no_containers(pid, Duration::from_secs(20))
-            .await
-            .is_empty()
-    );
+    b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -296,12 +284,6 @@ async fn lifecycle_podman_service_restarted_under_a_live_session() {
     }
     assert_eq!(now.len(), 1, "{now:?}");
     assert_ne!(now, first, "the old container should have been replaced");
-    let pid = b.pid;
-    b.shutdown().await;
-    assert!(
-        common::wait_no_containers(pid, Duration::from_secs(20))
-            .await
-            .is_empty()
-    );
+    b.shutdown_clean().await;
     service.stop().await;
 }

@@ -33,6 +33,8 @@ pub struct Engine {
     pub version: String,
     /// A podman service we started, stopped when the engine is dropped or shut down.
     service: tokio::sync::Mutex<Option<Child>>,
+    /// For [`Engine::get_json`]; see [`Engine::http`].
+    http: std::sync::OnceLock<(reqwest::Client, String)>,
 }
 
 /// Why no engine could be had, phrased for the user.
@@ -173,6 +175,7 @@ impl Engine {
                         origin: c.origin.into(),
                         version,
                         service: Default::default(),
+                        http: Default::default(),
                     });
                 }
                 Err(e) => tried.push(format!("  {} ({}): {e}", c.url, c.origin)),
@@ -253,6 +256,7 @@ impl Engine {
                     origin: "own podman service".into(),
                     version,
                     service: tokio::sync::Mutex::new(Some(child)),
+                    http: Default::default(),
                 });
             }
             if tokio::time::Instant::now() > deadline {
@@ -270,19 +274,14 @@ impl Engine {
         )))
     }
 
-    /// GET `path` (with `query`) from the engine's API and return the body as untyped JSON.
-    ///
-    /// Only for answers bollard's typed models cannot read. Podman 4 lists a container whose
-    /// process has ended but whose clean-up has not run yet as `"State": "stopped"`, a value
-    /// Docker's API does not have; bollard then rejects the whole list, and one such container
-    /// anywhere on the host would hide every orphan from the reaper.
-    pub async fn get_json(
-        &self,
-        path: &str,
-        query: &[(&str, &str)],
-    ) -> Result<serde_json::Value, String> {
+    /// An HTTP client for the endpoint and the base URL to put paths on; built at first use
+    /// (the reaper lists containers every few seconds).
+    fn http(&self) -> Result<&(reqwest::Client, String), String> {
+        if let Some(h) = self.http.get() {
+            return Ok(h);
+        }
         let endpoint = self.endpoint.as_str();
-        let (client, base) = if let Some(sock) = endpoint
+        let built = if let Some(sock) = endpoint
             .strip_prefix("unix://")
             .or_else(|| endpoint.starts_with('/').then_some(endpoint))
         {
@@ -296,8 +295,25 @@ impl Engine {
                 .unwrap_or_else(|| endpoint.to_string());
             (reqwest::Client::builder().build(), base)
         };
-        let client =
-            client.map_err(|e| format!("could not build an HTTP client for {endpoint}: {e}"))?;
+        let client = built
+            .0
+            .map_err(|e| format!("could not build an HTTP client for {endpoint}: {e}"))?;
+        Ok(self.http.get_or_init(|| (client, built.1)))
+    }
+
+    /// GET `path` (with `query`) from the engine's API and return the body as untyped JSON.
+    ///
+    /// Only for answers bollard's typed models cannot read. Podman 4 lists a container whose
+    /// process has ended but whose clean-up has not run yet as `"State": "stopped"`, a value
+    /// Docker's API does not have; bollard then rejects the whole list, and one such container
+    /// anywhere on the host would hide every orphan from the reaper.
+    pub async fn get_json(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> Result<serde_json::Value, String> {
+        let endpoint = self.endpoint.as_str();
+        let (client, base) = self.http()?;
         let mut url = reqwest::Url::parse(&format!("{}{path}", base.trim_end_matches('/')))
             .map_err(|e| format!("{endpoint}{path} is not a URL: {e}"))?;
         url.query_pairs_mut().extend_pairs(query);

@@ -52,6 +52,12 @@ impl Home {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.path().join("bridge.log")).unwrap_or_default()
     }
+    /// `mcp-code-bridge` (no arguments yet) with only this home's environment, run in it.
+    pub fn command(&self) -> std::process::Command {
+        let mut c = std::process::Command::new(BIN);
+        c.env_clear().envs(self.env()).current_dir(self.path());
+        c
+    }
     /// The environment a bridge process gets: only this tree, the image archive, and PATH.
     pub fn env(&self) -> Vec<(String, String)> {
         let h = self.path();
@@ -121,6 +127,22 @@ impl Bridge {
 
     pub async fn shutdown(self) {
         let _ = self.client.cancel().await;
+    }
+
+    /// Shut down and assert that the bridge removed every container it made.
+    pub async fn shutdown_clean(self) {
+        let pid = self.pid;
+        self.shutdown().await;
+        let left = wait_no_containers(pid, Duration::from_secs(20)).await;
+        assert!(left.is_empty(), "containers left behind: {left:?}");
+    }
+
+    /// Run code with the misbehaving fixture server `fx` loaded (see `misbehaving_server`).
+    pub async fn fx(&self, code: &str) -> Outcome {
+        Outcome(
+            self.call(json!({"code": code, "servers": ["fx"], "timeout": 110}))
+                .await,
+        )
     }
 }
 
