@@ -14,7 +14,9 @@ Layout of the process once `main()` runs:
   * the main thread runs user code (exec frames are queued for it) on one persistent asyncio loop;
   * interrupts arrive as SIGINT to the main thread (sent by the frame reader for `interrupt`
     frames, or by the engine) and are turned into KeyboardInterrupt / task cancellation only
-    while user code runs.
+    while user code runs. An interrupt frame is level-triggered: until the exec has seen it
+    (a KeyboardInterrupt raised, or its task really cancelled), the watchdog thread sends
+    SIGINT again, so no moment of arrival can lose it (see `_interrupt_watchdog`).
 """
 
 import _thread
@@ -67,6 +69,8 @@ TRACEBACK_CAP = 32_000
 MESSAGE_CAP = 8_000
 IMAGE_CAP = 12 * 1024 * 1024  # raw bytes; base64 of it still fits in a frame
 DEFAULT_OUTPUT_CAP = 1024 * 1024
+KICK_FIRST = 0.05  # an undelivered interrupt is signalled again after this long ...
+KICK_MAX = 0.2  # ... and then at most this far apart, until the exec has seen it
 TLA_FLAG = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
 
 
@@ -457,23 +461,29 @@ class _Exec:
         self.id = exec_id
         self.cap = cap
         self.in_user = False
-        self.interrupt_requested = False
+        self.interrupt_requested = False  # an interrupt frame named this exec
+        self.delivered = False  # ... and the code has seen it since (see _interrupt_watchdog)
+        self.done = False  # the user's code has finished, one way or another
         self.interrupted = False
         self.cancel_sent = False
+        self.kicks = 0  # SIGINTs sent again by the watchdog
         self.task = None
 
 
-def _cancel_task(task):
+def _cancel_task(ex, task):
     try:
         task.cancel()
     except Exception:
         pass
+    # A cancelled task sees CancelledError at its next step, whether it waits on a future or is
+    # about to start: the interrupt has reached the code.
+    ex.delivered = True
 
 
 def _interrupt_now():
     ex = _state.running
     if ex is None or not ex.in_user:
-        return
+        return  # not in user code: the watchdog signals again, _execute checks the flag
     ex.interrupted = True
     loop = _state.loop
     task = ex.task
@@ -483,11 +493,14 @@ def _interrupt_now():
         except Exception:
             current = None
         if current is None:
-            # The loop is waiting (e.g. `await asyncio.sleep(100)`): cancel the cell's task so
-            # the user's code unwinds through its own try/finally.
+            # The loop is between steps (e.g. waiting in `await asyncio.sleep(100)`): cancel the
+            # cell's task so the user's code unwinds through its own try/finally. The cancel
+            # runs after what is already queued, which may be the task's own first step
+            # spinning for ever: then the watchdog signals again, and that one raises.
             ex.cancel_sent = True
-            loop.call_soon_threadsafe(_cancel_task, task)
+            loop.call_soon_threadsafe(_cancel_task, ex, task)
             return
+    ex.delivered = True
     raise KeyboardInterrupt
 
 
@@ -513,10 +526,40 @@ def _handle_interrupt(msg):
     eid = msg.get("id")
     ex = _state.running
     if ex is not None and ex.id == eid:
+        # A repeated frame (the host sends one more when the first went unanswered) is a second
+        # Ctrl-C: delivered again, even to code that caught the first.
+        ex.delivered = False
         ex.interrupt_requested = True
         _kick_main()
+        _interrupt_wake.set()
     elif eid in _state.queued:
         _state.cancelled.add(eid)
+
+
+_interrupt_wake = threading.Event()
+
+
+def _interrupt_watchdog():
+    """Signal the main thread again until the running exec has seen its interrupt.
+
+    One SIGINT is not always enough: it can land where the runtime, not the user's code, is
+    running (between two steps of the event loop, just before a cell's task first runs, before
+    `in_user` is set), where it is only noted. Until `delivered` is set, SIGINT follows at
+    growing intervals (KICK_FIRST up to KICK_MAX), so an interrupt is level-triggered: whenever
+    it arrives, it reaches the code before the exec ends."""
+    _block_sigint()
+    while True:
+        _interrupt_wake.wait()
+        _interrupt_wake.clear()
+        delay = KICK_FIRST
+        while True:
+            time.sleep(delay)
+            ex = _state.running
+            if ex is None or ex.done or ex.delivered or not ex.interrupt_requested:
+                break
+            ex.kicks += 1
+            _kick_main()
+            delay = min(delay * 2, KICK_MAX)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1777,6 +1820,7 @@ def _execute(ex, code):
     try:
         ex.in_user = True
         if ex.interrupt_requested:
+            ex.delivered = True
             raise KeyboardInterrupt
         _run_code(ex, body_code)
         if expr_code is not None:
@@ -1849,6 +1893,7 @@ def _run_exec(msg):
         cap = DEFAULT_OUTPUT_CAP
     ex = _Exec(eid, cap)
     _router.begin(eid, cap)
+    _state.sig_pending = False  # a SIGINT noted during an earlier exec is not this one's
     _state.running = ex  # from here on an interrupt frame for eid reaches ex ...
     _state.queued.discard(eid)
     if eid in _state.cancelled:  # ... and one that came while it was queued is not lost
@@ -1871,6 +1916,9 @@ def _run_exec(msg):
         status, value, error = "error", None, {"type": type(e).__name__, "message": str(e), "traceback": ""}
     finally:
         ex.in_user = False
+        ex.done = True
+    if ex.kicks:
+        _log("exec %s: the interrupt was signalled %d more time(s) before the code saw it" % (eid, ex.kicks), "debug")
     _flush_std()
     _drain()
     truncated = _router.end()
@@ -2083,6 +2131,7 @@ def main():
     for r in _state.readers:
         r.start()
     threading.Thread(target=_frame_reader, name="mcp-bridge-frames", daemon=True).start()
+    threading.Thread(target=_interrupt_watchdog, name="mcp-bridge-interrupts", daemon=True).start()
     _send({"type": "ready", "python": platform.python_version(), "pid": os.getpid()})
     while True:
         try:

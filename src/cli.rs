@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, Config, KEYS, Overrides};
 use crate::sandbox::engine::{Enforcement, Engine};
-use crate::sandbox::protocol::Stream;
+use crate::protocol::Stream;
 use crate::sandbox::{ExecRequest, Outcome, Sandbox, image};
 use crate::server::{self, Bridge};
 use crate::upstream::Upstreams;
@@ -489,7 +489,7 @@ async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: bool) -> Ex
             timeout: std::time::Duration::from_secs(60),
             max_timeout: config.max_timeout.0,
             output_cap: 4096,
-            binding: crate::upstream::ExecBinding::empty(),
+            binding: crate::protocol::ExecBinding::empty(),
             cancel: Default::default(),
             on_output: None,
         };

@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::config::OutputMode;
-use crate::sandbox::protocol::ExecError;
+use crate::protocol::ExecError;
 use crate::sandbox::{ExecOutcome, Outcome};
 
 /// The payload mirrored in `structuredContent`; empty fields are left out.

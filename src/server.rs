@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use crate::config::Config;
 use crate::render;
-use crate::sandbox::protocol::Stream;
+use crate::protocol::Stream;
 use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
 use crate::upstream::Upstreams;
 

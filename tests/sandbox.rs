@@ -95,6 +95,19 @@ async fn timeout_interrupts_and_keeps_state() {
     b.shutdown().await;
 }
 
+/// Code that swallows the first KeyboardInterrupt gets a second one before the grace period
+/// ends in a kill: the call times out and the session, with what the code did, is kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unanswered_interrupt_is_sent_again_before_the_kill() {
+    let b = Bridge::start().await;
+    let code = "import time\ncaught = 0\nwhile True:\n    try:\n        time.sleep(100)\n    except KeyboardInterrupt:\n        caught += 1\n        if caught > 1:\n            raise";
+    let r = common::Outcome(b.call(json!({"code": code, "timeout": 1})).await);
+    assert_eq!(r.status(), "timeout", "{}", r.text());
+    assert!(r.sc().get("session_reset").is_none(), "{}", r.text());
+    assert_eq!(b.py("print(caught)").await.ok().stdout(), "2\n");
+    b.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn code_ignoring_sigint_is_killed_and_the_session_reset() {
     let b = Bridge::start().await;

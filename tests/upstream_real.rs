@@ -58,7 +58,7 @@ fn text_of(result: &Value) -> String {
 }
 
 async fn call(
-    rpc: &dyn mcp_code_bridge::upstream::RpcHandler,
+    rpc: &dyn mcp_code_bridge::protocol::RpcHandler,
     server: &str,
     tool: &str,
     args: Value,

@@ -7,7 +7,6 @@
 pub mod container;
 pub mod engine;
 pub mod image;
-pub mod protocol;
 pub mod session;
 
 use std::collections::HashMap;

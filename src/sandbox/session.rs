@@ -20,18 +20,20 @@ use tokio::sync::{Mutex, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::container;
-use super::protocol::{
-    self, ExecError, ExecStatus, HostFrame, LineSplitter, MAX_FRAME_BYTES, SandboxFrame, Split,
+use crate::protocol::{
+    self, ExecBinding, ExecError, ExecStatus, HostFrame, LineSplitter, MAX_FRAME_BYTES, SandboxFrame, Split,
     Stream,
 };
 use crate::config::Config;
-use crate::upstream::ExecBinding;
 
 /// The Python runtime, injected into every container at start.
 pub const RUNTIME: &str = include_str!("../../image/runtime.py");
 
 /// How long code gets to react to KeyboardInterrupt before its container is killed.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
+/// An interrupt still unanswered after this long is sent once more (a second Ctrl-C) before
+/// the grace period ends in a kill.
+const INTERRUPT_RESEND: Duration = Duration::from_secs(1);
 /// How long a fresh container gets to say `ready`.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Proxied calls running at once per exec; further ones queue.
@@ -329,12 +331,14 @@ impl Session {
         let pending = Arc::new(AtomicU64::new(0));
         let mut rpcs = tokio::task::JoinSet::new();
         let deadline = tokio::time::Instant::now() + req.timeout;
-        // Set once an interrupt was sent: why, and when we give up waiting.
+        // Set once an interrupt was sent: why, and when it was sent.
         let mut interrupted: Option<(Outcome, tokio::time::Instant)> = None;
+        let mut interrupts_sent = 0u32;
 
         let result = loop {
             let wake = match interrupted {
-                Some((_, grace_end)) => grace_end,
+                Some((_, sent)) if interrupts_sent < 2 => sent + INTERRUPT_RESEND,
+                Some((_, sent)) => sent + INTERRUPT_GRACE,
                 None => deadline,
             };
             tokio::select! {
@@ -378,6 +382,10 @@ impl Session {
                         SandboxFrame::Result { id: fid, status, value, error, truncated } if fid == id => {
                             break Some((status, value, error, truncated));
                         }
+                        SandboxFrame::Log { level, message } => {
+                            let end = message.char_indices().nth(500).map_or(message.len(), |(i, _)| i);
+                            tracing::debug!(session = %self.name, exec = id, %level, "runtime: {}", &message[..end]);
+                        }
                         SandboxFrame::Ready { .. } | SandboxFrame::Unknown => {}
                         other => tracing::debug!(session = %self.name, ?other, "dropping frame of another exec"),
                     }
@@ -386,9 +394,16 @@ impl Session {
                     match interrupted {
                         None => {
                             self.send_detached(HostFrame::Interrupt { id }.to_line());
-                            interrupted = Some((Outcome::Timeout, tokio::time::Instant::now() + INTERRUPT_GRACE));
+                            interrupts_sent = 1;
+                            interrupted = Some((Outcome::Timeout, tokio::time::Instant::now()));
+                        }
+                        Some(_) if interrupts_sent < 2 => {
+                            interrupts_sent += 1;
+                            tracing::debug!(session = %self.name, exec = id, "no answer to the interrupt after {}s; sending it again", INTERRUPT_RESEND.as_secs());
+                            self.send_detached(HostFrame::Interrupt { id }.to_line());
                         }
                         Some((why, _)) => {
+                            tracing::debug!(session = %self.name, exec = id, interrupts = interrupts_sent, "the code ignored its interrupts; killing the sandbox");
                             // The code ignored KeyboardInterrupt: kill the container.
                             rpcs.abort_all();
                             self.destroy().await;
@@ -408,11 +423,15 @@ impl Session {
                 }
                 _ = req.cancel.cancelled(), if interrupted.is_none() => {
                     self.send_detached(HostFrame::Interrupt { id }.to_line());
-                    interrupted = Some((Outcome::Cancelled, tokio::time::Instant::now() + INTERRUPT_GRACE));
+                    interrupts_sent = 1;
+                    interrupted = Some((Outcome::Cancelled, tokio::time::Instant::now()));
                 }
             }
         };
         rpcs.abort_all();
+        if interrupts_sent > 0 {
+            tracing::debug!(session = %self.name, exec = id, interrupts = interrupts_sent, "the code stopped after its interrupt");
+        }
         *self.last_used.lock().unwrap() = Instant::now();
         let Some((status, value, error, truncated)) = result else {
             self.dead.store(true, Ordering::Relaxed);

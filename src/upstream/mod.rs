@@ -19,50 +19,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::sandbox::protocol::{DiscoveredServer, LoadedServer};
+use crate::protocol::{DiscoveredServer, ExecBinding, LoadedServer, RpcHandler};
 use catalog::{Detail, ServerTools};
 pub use discovery::{
     DiscoveredEntry, Discovery, DiscoveryContext, Origin, SOURCES, SearchedLocation, ServerEntry,
     SkippedEntry, SourceKind, SourceSpec, discover,
 };
 pub use pool::{Pool, UpstreamSettings};
-
-/// Answers the RPCs that one exec's code sends. Errors are messages for the model: they say what
-/// was wrong and what to do.
-#[async_trait::async_trait]
-pub trait RpcHandler: Send + Sync {
-    async fn handle(&self, method: &str, params: Value) -> Result<Value, String>;
-}
-
-/// What an exec needs from the upstream side.
-pub struct ExecBinding {
-    pub servers: Vec<LoadedServer>,
-    pub discovered: Vec<DiscoveredServer>,
-    pub rpc: Arc<dyn RpcHandler>,
-}
-
-impl ExecBinding {
-    /// A binding with no servers and an RPC handler that answers every method with an error
-    /// (for execs that need no upstream, such as `doctor`'s probe).
-    pub fn empty() -> ExecBinding {
-        struct NoUpstreams;
-        #[async_trait::async_trait]
-        impl RpcHandler for NoUpstreams {
-            async fn handle(&self, method: &str, _params: Value) -> Result<Value, String> {
-                match method {
-                    "list_servers" => Ok(json!([])),
-                    "search_tool_docs" => Ok(json!([])),
-                    _ => Err("No MCP servers are available in this sandbox run".into()),
-                }
-            }
-        }
-        ExecBinding {
-            servers: Vec::new(),
-            discovered: Vec::new(),
-            rpc: Arc::new(NoUpstreams),
-        }
-    }
-}
 
 /// The largest `limit` a search honours.
 pub const MAX_SEARCH_LIMIT: usize = 50;

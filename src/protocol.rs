@@ -1,11 +1,54 @@
-//! The frames that cross the sandbox channel (see `docs/protocol.md`).
+//! The wire: what crosses the sandbox channel (the frames of `docs/protocol.md`) and the seam
+//! between the two sides of the bridge, [`ExecBinding`] and [`RpcHandler`]. `sandbox` runs code
+//! and carries frames; `upstream` answers the sandbox's RPCs; neither knows the other, both know
+//! this module, and `server` joins them.
 //!
 //! Everything decoded here comes from inside the sandbox and is untrusted: decoding never panics,
 //! oversize lines are refused before they are parsed, and unknown frame types decode to
 //! [`SandboxFrame::Unknown`] so the caller can log and drop them.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
+
+/// Answers the RPCs that one exec's code sends. Errors are messages for the model: they say what
+/// was wrong and what to do.
+#[async_trait::async_trait]
+pub trait RpcHandler: Send + Sync {
+    async fn handle(&self, method: &str, params: Value) -> Result<Value, String>;
+}
+
+/// What an exec carries from the upstream side: the metadata sent to the runtime, and the handler
+/// of that exec's RPCs.
+pub struct ExecBinding {
+    pub servers: Vec<LoadedServer>,
+    pub discovered: Vec<DiscoveredServer>,
+    pub rpc: Arc<dyn RpcHandler>,
+}
+
+impl ExecBinding {
+    /// A binding with no servers and an RPC handler that answers every method with an error
+    /// (for execs that need no upstream, such as `doctor`'s probe).
+    pub fn empty() -> ExecBinding {
+        struct NoUpstreams;
+        #[async_trait::async_trait]
+        impl RpcHandler for NoUpstreams {
+            async fn handle(&self, method: &str, _params: Value) -> Result<Value, String> {
+                match method {
+                    "list_servers" => Ok(json!([])),
+                    "search_tool_docs" => Ok(json!([])),
+                    _ => Err("No MCP servers are available in this sandbox run".into()),
+                }
+            }
+        }
+        ExecBinding {
+            servers: Vec::new(),
+            discovered: Vec::new(),
+            rpc: Arc::new(NoUpstreams),
+        }
+    }
+}
 
 /// Longest line the host accepts from the sandbox. Larger lines are discarded whole.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
@@ -145,6 +188,15 @@ pub enum SandboxFrame {
         error: Option<ExecError>,
         #[serde(default)]
         truncated: Option<u64>,
+    },
+    /// The runtime's own diagnostics (a frame it ignored, an interrupt it had to signal again).
+    /// The sandbox can send any number of these: the host logs them at debug level only,
+    /// shortened, so they cost nothing at the default level.
+    Log {
+        #[serde(default)]
+        level: String,
+        #[serde(default)]
+        message: String,
     },
     #[serde(other)]
     Unknown,
