@@ -266,7 +266,7 @@ async fn exec(
     let o = match result {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("{}", err_paint.red(&format!("error: {e}")));
+            eprintln!("{}", err_paint.red(&format!("error: {}", e.with_hint())));
             return ExitCode::from(2);
         }
     };
@@ -513,7 +513,7 @@ async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: bool) -> Ex
             ),
             Err(e) => c.bad(
                 &format!("sandbox did not start: {e}"),
-                "see the message above",
+                &e.hint().unwrap_or_else(|| "see the message above".into()),
             ),
         }
         sandbox.shutdown().await;

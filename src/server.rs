@@ -21,8 +21,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::config::Config;
-use crate::render;
 use crate::protocol::Stream;
+use crate::render;
 use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
 use crate::upstream::Upstreams;
 
@@ -177,7 +177,7 @@ impl Bridge {
         let session = args.session.as_deref().unwrap_or(DEFAULT_SESSION);
         match self.sandbox.run(session, args.reset, req).await {
             Ok(outcome) => render::tool_result(&outcome, self.config.output_mode),
-            Err(e) => render::setup_error(&e),
+            Err(e) => render::setup_error(&e.with_hint()),
         }
     }
 

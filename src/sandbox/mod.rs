@@ -4,9 +4,12 @@
 //! Invariant: every container this process creates is either in `sessions` or being removed;
 //! `shutdown` removes all of them, and the next bridge reaps any left by a killed one.
 
+mod channel;
 pub mod container;
 pub mod engine;
+mod error;
 pub mod image;
+mod output;
 pub mod session;
 
 use std::collections::HashMap;
@@ -18,7 +21,9 @@ use tokio::sync::{Mutex, OnceCell};
 
 use crate::config::Config;
 use engine::{Enforcement, Engine};
-pub use session::{Claim, ExecOutcome, ExecRequest, Outcome, OutputSink, Session};
+pub use error::SandboxError;
+pub use output::{ExecOutcome, Outcome, OutputSink};
+pub use session::{Claim, ExecRequest, Session};
 
 /// The session used when a call names none: one per client, and a stdio bridge has one client.
 pub const DEFAULT_SESSION: &str = "default";
@@ -72,35 +77,32 @@ impl Sandbox {
     }
 
     /// The engine, connected at first use. A failure is not cached: the next call tries again.
-    pub async fn engine(&self) -> Result<Arc<Engine>, String> {
+    pub async fn engine(&self) -> Result<Arc<Engine>, SandboxError> {
         self.engine
             .get_or_try_init(|| async {
-                let engine = Engine::connect(&self.config).await.map_err(|e| e.0)?;
+                let engine = Engine::connect(&self.config).await?;
                 let reaped = container::reap_orphans(&engine).await;
                 if reaped > 0 {
                     tracing::info!(reaped, "removed containers left by bridges that are gone");
                 }
-                Ok::<_, String>(Arc::new(engine))
+                Ok::<_, SandboxError>(Arc::new(engine))
             })
             .await
             .cloned()
     }
 
     /// Connect, check enforceable limits and make the image present.
-    async fn prepare(&self) -> Result<Arc<Engine>, String> {
+    async fn prepare(&self) -> Result<Arc<Engine>, SandboxError> {
         let engine = self.engine().await?;
         self.image_ready
             .get_or_try_init(|| async {
-                let enf = Enforcement::query(&engine.docker).await.map_err(|e| format!("could not ask the engine what it can enforce: {e}"))?;
+                let enf = Enforcement::query(&engine.docker).await.map_err(|e| SandboxError::EngineQuery(e.to_string()))?;
                 let missing = enf.missing(&self.config);
                 if !missing.is_empty() {
                     if self.config.allow_unenforced_limits {
                         tracing::warn!("running with limits the host cannot enforce (allow_unenforced_limits): {}", missing.join("; "));
                     } else {
-                        return Err(format!(
-                            "this host cannot enforce these sandbox limits: {}. Refusing to run code with limits silently dropped. Run as a user/host with cgroup v2 delegation, or set MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1 to accept it (`mcp-code-bridge doctor` explains).",
-                            missing.join("; ")
-                        ));
+                        return Err(SandboxError::Unenforceable(missing));
                     }
                 }
                 let report = |bytes: u64| match self.load_progress.get() {
@@ -110,7 +112,7 @@ impl Sandbox {
                 image::ensure(&engine.docker, &self.config, &report)
                     .await
                     .map(|_| ())
-                    .map_err(|e| e.0)
+                    .map_err(SandboxError::from)
             })
             .await?;
         Ok(engine)
@@ -122,7 +124,7 @@ impl Sandbox {
         &self,
         name: &str,
         reset: bool,
-    ) -> Result<(Claim, bool, Vec<String>), String> {
+    ) -> Result<(Claim, bool, Vec<String>), SandboxError> {
         let engine = self.prepare().await?;
         let _guard = self.starting.lock().await;
         let existing = self.sessions.lock().await.get(name).cloned();
@@ -136,9 +138,7 @@ impl Sandbox {
         let notices = self.make_room(name).await?;
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let s = Arc::new(
-            Session::start(&engine.docker, &self.config, name, &self.owner, serial)
-                .await
-                .map_err(|e| e.0)?,
+            Session::start(&engine.docker, &self.config, name, &self.owner, serial).await?,
         );
         let claim = s.claim();
         self.sessions.lock().await.insert(name.to_string(), s);
@@ -148,7 +148,7 @@ impl Sandbox {
     /// Keep within `max_sessions` before session `name` starts: close the least recently used
     /// idle sessions, or refuse when every session is running code (closing a busy one would
     /// lose work in flight). Called with `starting` held, so no other session starts meanwhile.
-    async fn make_room(&self, name: &str) -> Result<Vec<String>, String> {
+    async fn make_room(&self, name: &str) -> Result<Vec<String>, SandboxError> {
         let max = self.config.max_sessions as usize;
         let mut notices = Vec::new();
         loop {
@@ -171,10 +171,11 @@ impl Sandbox {
                 (victim, busy)
             };
             let Some((victim, s)) = victim else {
-                return Err(format!(
-                    "cannot start session {name:?}: all {max} sessions allowed by max_sessions are running code ({}). Wait for one to finish, run this code in one of them, or raise max_sessions (MCP_BRIDGE_MAX_SESSIONS).",
-                    busy.join(", ")
-                ));
+                return Err(SandboxError::AllBusy {
+                    session: name.to_string(),
+                    max: self.config.max_sessions,
+                    busy,
+                });
             };
             let idle = s.idle_for().as_secs();
             {
@@ -200,7 +201,7 @@ impl Sandbox {
         name: &str,
         reset: bool,
         req: ExecRequest,
-    ) -> Result<ExecOutcome, String> {
+    ) -> Result<ExecOutcome, SandboxError> {
         let (session, fresh, notices) = self.session(name, reset).await?;
         let mut outcome = session.exec(req).await;
         if outcome.session_reset {
@@ -269,11 +270,6 @@ impl Sandbox {
             tracing::info!(container = %id, "removing a container no session uses");
             container::remove(&engine.docker, &id).await;
         }
-    }
-
-    /// Names of live sessions.
-    pub async fn session_names(&self) -> Vec<String> {
-        self.sessions.lock().await.keys().cloned().collect()
     }
 
     /// Remove every container and stop our podman service.

@@ -10,21 +10,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bollard::Docker;
-use bollard::container::LogOutput;
-use bollard::query_parameters::{AttachContainerOptionsBuilder, CreateContainerOptionsBuilder};
 use futures::StreamExt;
-use serde_json::Value;
-use tokio::io::AsyncWriteExt;
+
+use bollard::Docker;
+use bollard::query_parameters::{AttachContainerOptionsBuilder, CreateContainerOptionsBuilder};
 use tokio::sync::{Mutex, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use super::channel::{Channel, rpc_line};
 use super::container;
-use crate::protocol::{
-    self, ExecBinding, ExecError, ExecStatus, HostFrame, LineSplitter, MAX_FRAME_BYTES, SandboxFrame, Split,
-    Stream,
-};
+use super::error::SandboxError;
+use super::output::{Collector, ExecOutcome, Outcome, OutputSink, limit_hint};
 use crate::config::Config;
+use crate::protocol::{ExecBinding, ExecError, ExecStatus, HostFrame, SandboxFrame};
 
 /// The Python runtime, injected into every container at start.
 pub const RUNTIME: &str = include_str!("../../image/runtime.py");
@@ -40,51 +38,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_CONCURRENT_RPCS: usize = 32;
 /// Calls queued or running per exec before new ones are refused.
 const MAX_PENDING_RPCS: usize = 4096;
-/// Frames buffered between the reader task and the exec loop (back-pressure beyond this).
-const FRAME_QUEUE: usize = 256;
-
-/// Why a session could not be started or used.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct SessionError(pub String);
-
-/// How an exec ended, from the bridge's point of view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// The code ran to the end.
-    Ok,
-    /// The code raised.
-    Error,
-    /// The time limit expired; the code was interrupted (or killed, see `session_reset`).
-    Timeout,
-    /// The client cancelled the call.
-    Cancelled,
-    /// The container died (out of memory, killed); the session was reset.
-    Crashed,
-}
-
-/// Everything an exec produced.
-#[derive(Debug, Clone)]
-pub struct ExecOutcome {
-    pub outcome: Outcome,
-    pub stdout: String,
-    pub stderr: String,
-    pub value: Option<String>,
-    pub error: Option<ExecError>,
-    /// `(mime, base64 data)` of each displayed image.
-    pub images: Vec<(String, String)>,
-    pub duration: Duration,
-    /// Output bytes dropped by the output cap.
-    pub truncated: u64,
-    /// Sentences for the model about what the bridge did (interrupts, resets, limits).
-    pub notices: Vec<String>,
-    /// The interpreter's state is gone; the next call starts fresh.
-    pub session_reset: bool,
-}
-
-/// Streamed output of a running exec, for progress notifications.
-pub type OutputSink = Arc<dyn Fn(Stream, &str) + Send + Sync>;
 
 /// What a caller asks of one exec.
 pub struct ExecRequest {
@@ -136,6 +89,41 @@ impl std::ops::Deref for Claim {
     }
 }
 
+/// The state of one exec while it runs.
+struct ExecRun {
+    id: u64,
+    started: Instant,
+    out: Collector,
+    notices: Vec<String>,
+    rpc_slots: Arc<Semaphore>,
+    /// RPCs queued, running, or being refused.
+    pending: Arc<AtomicU64>,
+    rpcs: tokio::task::JoinSet<()>,
+    /// Set once an interrupt was sent: why, and when the first was sent.
+    interrupted: Option<(Outcome, tokio::time::Instant)>,
+    interrupts_sent: u32,
+}
+
+impl ExecRun {
+    /// When the exec's timer fires next: its deadline; once interrupted, the resend time, then
+    /// the end of the grace period.
+    fn wake(&self, deadline: tokio::time::Instant) -> tokio::time::Instant {
+        match self.interrupted {
+            Some((_, sent)) if self.interrupts_sent < 2 => sent + INTERRUPT_RESEND,
+            Some((_, sent)) => sent + INTERRUPT_GRACE,
+            None => deadline,
+        }
+    }
+}
+
+/// The `result` frame of an exec.
+struct ExecEnd {
+    status: ExecStatus,
+    value: Option<String>,
+    error: Option<ExecError>,
+    truncated: Option<u64>,
+}
+
 impl Session {
     /// Create, attach and start a container, inject the runtime and wait for `ready`.
     pub async fn start(
@@ -144,7 +132,7 @@ impl Session {
         name: &str,
         owner: &str,
         serial: u64,
-    ) -> Result<Session, SessionError> {
+    ) -> Result<Session, SandboxError> {
         let body = container::spec(config, name, owner);
         let cname = container_name(name, serial);
         let opts = CreateContainerOptionsBuilder::default()
@@ -153,11 +141,9 @@ impl Session {
         let created = docker
             .create_container(Some(opts), body)
             .await
-            .map_err(|e| {
-                SessionError(format!(
-                    "could not create the sandbox container from image {:?}: {e}",
-                    config.image
-                ))
+            .map_err(|e| SandboxError::Create {
+                image: config.image.clone(),
+                reason: e.to_string(),
             })?;
         let id = created.id;
         match Self::attach_and_boot(docker, config, name, &id).await {
@@ -174,7 +160,7 @@ impl Session {
         config: &Config,
         name: &str,
         id: &str,
-    ) -> Result<Session, SessionError> {
+    ) -> Result<Session, SandboxError> {
         let opts = AttachContainerOptionsBuilder::default()
             .stdin(true)
             .stdout(true)
@@ -184,33 +170,18 @@ impl Session {
         let attached = docker
             .attach_container(id, Some(opts))
             .await
-            .map_err(|e| SessionError(format!("could not attach to the sandbox container: {e}")))?;
+            .map_err(|e| SandboxError::Attach(e.to_string()))?;
         docker
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
             .await
-            .map_err(|e| SessionError(format!("could not start the sandbox container: {e}")))?;
+            .map_err(|e| SandboxError::Start(e.to_string()))?;
 
-        let (frame_tx, mut frame_rx) = mpsc::channel(FRAME_QUEUE);
-        let dead = Arc::new(AtomicBool::new(false));
-        let stderr_tail = Arc::new(std::sync::Mutex::new(VecDeque::new()));
-        tokio::spawn(read_loop(
-            attached.output,
-            frame_tx,
-            dead.clone(),
-            stderr_tail.clone(),
-            name.to_string(),
-        ));
-
-        let (writer, mut write_rx) = mpsc::channel::<Vec<u8>>(64);
-        let mut input = attached.input;
-        tokio::spawn(async move {
-            while let Some(line) = write_rx.recv().await {
-                if input.write_all(&line).await.is_err() || input.flush().await.is_err() {
-                    break;
-                }
-            }
-            let _ = input.shutdown().await;
-        });
+        let Channel {
+            writer,
+            frames: mut frame_rx,
+            dead,
+            stderr_tail,
+        } = Channel::open(attached.output, attached.input, name);
 
         let _ = writer
             .send(HostFrame::Boot { source: RUNTIME }.to_line())
@@ -228,23 +199,12 @@ impl Session {
         {
             Ok(Some(p)) => p,
             Ok(None) => {
-                let tail: Vec<String> = stderr_tail.lock().unwrap().iter().cloned().collect();
-                return Err(SessionError(format!(
-                    "the sandbox exited while starting (does image {:?} have python3 >= 3.9?){}",
-                    config.image,
-                    if tail.is_empty() {
-                        String::new()
-                    } else {
-                        format!(":\n{}", tail.join("\n"))
-                    }
-                )));
+                return Err(SandboxError::ExitedAtStart {
+                    image: config.image.clone(),
+                    stderr: stderr_tail.lock().unwrap().iter().cloned().collect(),
+                });
             }
-            Err(_) => {
-                return Err(SessionError(format!(
-                    "the sandbox did not become ready within {}s",
-                    START_TIMEOUT.as_secs()
-                )));
-            }
+            Err(_) => return Err(SandboxError::NotReady(START_TIMEOUT.as_secs())),
         };
         tracing::info!(session = name, container = %short(id), %python, "sandbox ready");
         Ok(Session {
@@ -298,20 +258,68 @@ impl Session {
         let started = Instant::now();
         *self.last_used.lock().unwrap() = started;
         let id = self.next_exec.fetch_add(1, Ordering::Relaxed);
-        let mut out = Collector::new(req.output_cap);
-        let mut notices = Vec::new();
+        let mut run = ExecRun {
+            id,
+            started,
+            out: Collector::new(req.output_cap),
+            notices: Vec::new(),
+            rpc_slots: Arc::new(Semaphore::new(MAX_CONCURRENT_RPCS)),
+            pending: Arc::new(AtomicU64::new(0)),
+            rpcs: tokio::task::JoinSet::new(),
+            interrupted: None,
+            interrupts_sent: 0,
+        };
+        if self.writer.send(self.exec_line(id, &req)).await.is_err() {
+            self.dead.store(true, Ordering::Relaxed);
+            return self.crashed(run.out, started, run.notices).await;
+        }
+        let deadline = tokio::time::Instant::now() + req.timeout;
+        let result = loop {
+            tokio::select! {
+                frame = frames.recv() => {
+                    let Some(frame) = frame else { break None };
+                    if let Some(end) = self.on_frame(&mut run, &req, frame) {
+                        break Some(end);
+                    }
+                }
+                _ = tokio::time::sleep_until(run.wake(deadline)) => {
+                    if let Some(killed) = self.on_wake(&mut run, &req).await {
+                        return killed;
+                    }
+                }
+                _ = req.cancel.cancelled(), if run.interrupted.is_none() => {
+                    self.interrupt(&mut run, Outcome::Cancelled);
+                }
+            }
+        };
+        run.rpcs.abort_all();
+        if run.interrupts_sent > 0 {
+            tracing::debug!(session = %self.name, exec = id, interrupts = run.interrupts_sent, "the code stopped after its interrupt");
+        }
+        *self.last_used.lock().unwrap() = Instant::now();
+        match result {
+            Some(end) => self.finish(run, &req, end),
+            None => {
+                self.dead.store(true, Ordering::Relaxed);
+                self.crashed(run.out, started, run.notices).await
+            }
+        }
+    }
 
+    /// The `exec` line for `req`, leaving out the server metadata when it is the same as the
+    /// last this session sent (compared as bytes), so warm calls stay small.
+    fn exec_line(&self, id: u64, req: &ExecRequest) -> Vec<u8> {
         let catalog = serde_json::to_vec(&(&req.binding.servers, &req.binding.discovered))
             .expect("server metadata always serializes");
         let unchanged = *self.catalog_sent.lock().unwrap() == catalog;
-        let frame = HostFrame::Exec {
+        let line = HostFrame::Exec {
             id,
             code: &req.code,
             servers: (!unchanged).then_some(&req.binding.servers[..]),
             discovered: (!unchanged).then_some(&req.binding.discovered[..]),
             output_cap: req.output_cap,
-        };
-        let line = frame.to_line();
+        }
+        .to_line();
         tracing::debug!(
             session = %self.name,
             exec = id,
@@ -322,121 +330,151 @@ impl Session {
         if !unchanged {
             *self.catalog_sent.lock().unwrap() = catalog;
         }
-        if self.writer.send(line).await.is_err() {
-            self.dead.store(true, Ordering::Relaxed);
-            return self.crashed(out, started, notices).await;
-        }
+        line
+    }
 
-        let rpc_slots = Arc::new(Semaphore::new(MAX_CONCURRENT_RPCS));
-        let pending = Arc::new(AtomicU64::new(0));
-        let mut rpcs = tokio::task::JoinSet::new();
-        let deadline = tokio::time::Instant::now() + req.timeout;
-        // Set once an interrupt was sent: why, and when it was sent.
-        let mut interrupted: Option<(Outcome, tokio::time::Instant)> = None;
-        let mut interrupts_sent = 0u32;
-
-        let result = loop {
-            let wake = match interrupted {
-                Some((_, sent)) if interrupts_sent < 2 => sent + INTERRUPT_RESEND,
-                Some((_, sent)) => sent + INTERRUPT_GRACE,
-                None => deadline,
-            };
-            tokio::select! {
-                frame = frames.recv() => {
-                    let Some(frame) = frame else {
-                        break None;
-                    };
-                    match frame {
-                        SandboxFrame::Output { id: fid, stream, data } if fid == id => {
-                            if let Some(sink) = &req.on_output {
-                                sink(stream, &data);
-                            }
-                            out.push(stream, &data);
-                        }
-                        SandboxFrame::Display { id: fid, mime, data } if fid == id => {
-                            if out.images.len() < 16 && data.len() <= 8 << 20 && mime.starts_with("image/") {
-                                out.images.push((mime, data));
-                            } else {
-                                notices.push("an image was dropped: at most 16 images of 8 MiB each per call".into());
-                            }
-                        }
-                        SandboxFrame::Rpc { id: rid, exec, method, params } => {
-                            if exec != id {
-                                self.refuse(rid, "this call was made after its run_python call ended; await every tool call before the code finishes".into(), &pending);
-                            } else if pending.load(Ordering::Relaxed) as usize >= MAX_PENDING_RPCS {
-                                self.refuse(rid, format!("too many tool calls in flight (limit {MAX_PENDING_RPCS}); await some before starting more"), &pending);
-                            } else {
-                                pending.fetch_add(1, Ordering::Relaxed);
-                                let rpc = req.binding.rpc.clone();
-                                let slots = rpc_slots.clone();
-                                let writer = self.writer.clone();
-                                let pending = pending.clone();
-                                rpcs.spawn(async move {
-                                    let _permit = slots.acquire_owned().await;
-                                    let answer = rpc.handle(&method, params).await;
-                                    let _ = writer.send(rpc_line(rid, answer)).await;
-                                    pending.fetch_sub(1, Ordering::Relaxed);
-                                });
-                            }
-                        }
-                        SandboxFrame::Result { id: fid, status, value, error, truncated } if fid == id => {
-                            break Some((status, value, error, truncated));
-                        }
-                        SandboxFrame::Log { level, message } => {
-                            let end = message.char_indices().nth(500).map_or(message.len(), |(i, _)| i);
-                            tracing::debug!(session = %self.name, exec = id, %level, "runtime: {}", &message[..end]);
-                        }
-                        SandboxFrame::Ready { .. } | SandboxFrame::Unknown => {}
-                        other => tracing::debug!(session = %self.name, ?other, "dropping frame of another exec"),
-                    }
+    /// One frame from the sandbox during an exec; `Some` when it is the exec's result.
+    fn on_frame(
+        &self,
+        run: &mut ExecRun,
+        req: &ExecRequest,
+        frame: SandboxFrame,
+    ) -> Option<ExecEnd> {
+        let id = run.id;
+        match frame {
+            SandboxFrame::Output {
+                id: fid,
+                stream,
+                data,
+            } if fid == id => {
+                if let Some(sink) = &req.on_output {
+                    sink(stream, &data);
                 }
-                _ = tokio::time::sleep_until(wake) => {
-                    match interrupted {
-                        None => {
-                            self.send_detached(HostFrame::Interrupt { id }.to_line());
-                            interrupts_sent = 1;
-                            interrupted = Some((Outcome::Timeout, tokio::time::Instant::now()));
-                        }
-                        Some(_) if interrupts_sent < 2 => {
-                            interrupts_sent += 1;
-                            tracing::debug!(session = %self.name, exec = id, "no answer to the interrupt after {}s; sending it again", INTERRUPT_RESEND.as_secs());
-                            self.send_detached(HostFrame::Interrupt { id }.to_line());
-                        }
-                        Some((why, _)) => {
-                            tracing::debug!(session = %self.name, exec = id, interrupts = interrupts_sent, "the code ignored its interrupts; killing the sandbox");
-                            // The code ignored KeyboardInterrupt: kill the container.
-                            rpcs.abort_all();
-                            self.destroy().await;
-                            let what = match why {
-                                Outcome::Cancelled => "the call was cancelled".to_string(),
-                                _ => format!("the time limit of {} expired", secs(req.timeout)),
-                            };
-                            notices.push(format!(
-                                "{what}, and the code did not stop within {}s of KeyboardInterrupt, so its sandbox was killed. The session was reset: variables and imports are gone; the next call starts fresh.",
-                                INTERRUPT_GRACE.as_secs()
-                            ));
-                            let mut o = out.finish(why, started, notices);
-                            o.session_reset = true;
-                            return o;
-                        }
-                    }
-                }
-                _ = req.cancel.cancelled(), if interrupted.is_none() => {
-                    self.send_detached(HostFrame::Interrupt { id }.to_line());
-                    interrupts_sent = 1;
-                    interrupted = Some((Outcome::Cancelled, tokio::time::Instant::now()));
+                run.out.push(stream, &data);
+            }
+            SandboxFrame::Display {
+                id: fid,
+                mime,
+                data,
+            } if fid == id => {
+                if run.out.images.len() < 16 && data.len() <= 8 << 20 && mime.starts_with("image/")
+                {
+                    run.out.images.push((mime, data));
+                } else {
+                    run.notices.push(
+                        "an image was dropped: at most 16 images of 8 MiB each per call".into(),
+                    );
                 }
             }
-        };
-        rpcs.abort_all();
-        if interrupts_sent > 0 {
-            tracing::debug!(session = %self.name, exec = id, interrupts = interrupts_sent, "the code stopped after its interrupt");
+            SandboxFrame::Rpc {
+                id: rid,
+                exec,
+                method,
+                params,
+            } => {
+                if exec != id {
+                    self.refuse(rid, "this call was made after its run_python call ended; await every tool call before the code finishes".into(), &run.pending);
+                } else if run.pending.load(Ordering::Relaxed) as usize >= MAX_PENDING_RPCS {
+                    self.refuse(rid, format!("too many tool calls in flight (limit {MAX_PENDING_RPCS}); await some before starting more"), &run.pending);
+                } else {
+                    run.pending.fetch_add(1, Ordering::Relaxed);
+                    let rpc = req.binding.rpc.clone();
+                    let slots = run.rpc_slots.clone();
+                    let writer = self.writer.clone();
+                    let pending = run.pending.clone();
+                    run.rpcs.spawn(async move {
+                        let _permit = slots.acquire_owned().await;
+                        let answer = rpc.handle(&method, params).await;
+                        let _ = writer.send(rpc_line(rid, answer)).await;
+                        pending.fetch_sub(1, Ordering::Relaxed);
+                    });
+                }
+            }
+            SandboxFrame::Result {
+                id: fid,
+                status,
+                value,
+                error,
+                truncated,
+            } if fid == id => {
+                return Some(ExecEnd {
+                    status,
+                    value,
+                    error,
+                    truncated,
+                });
+            }
+            SandboxFrame::Log { level, message } => {
+                let end = message
+                    .char_indices()
+                    .nth(500)
+                    .map_or(message.len(), |(i, _)| i);
+                tracing::debug!(session = %self.name, exec = id, %level, "runtime: {}", &message[..end]);
+            }
+            SandboxFrame::Ready { .. } | SandboxFrame::Unknown => {}
+            other => {
+                tracing::debug!(session = %self.name, ?other, "dropping frame of another exec")
+            }
         }
-        *self.last_used.lock().unwrap() = Instant::now();
-        let Some((status, value, error, truncated)) = result else {
-            self.dead.store(true, Ordering::Relaxed);
-            return self.crashed(out, started, notices).await;
-        };
+        None
+    }
+
+    /// Send the exec an interrupt (the first, or the second when the first went unanswered).
+    fn interrupt(&self, run: &mut ExecRun, why: Outcome) {
+        self.send_detached(HostFrame::Interrupt { id: run.id }.to_line());
+        run.interrupts_sent += 1;
+        if run.interrupted.is_none() {
+            run.interrupted = Some((why, tokio::time::Instant::now()));
+        }
+    }
+
+    /// The exec's timer fired: the deadline (interrupt), the resend time (interrupt again), or
+    /// the end of the grace period (kill the container: `Some` outcome, the session is reset).
+    async fn on_wake(&self, run: &mut ExecRun, req: &ExecRequest) -> Option<ExecOutcome> {
+        match run.interrupted {
+            None => self.interrupt(run, Outcome::Timeout),
+            Some((why, _)) if run.interrupts_sent < 2 => {
+                tracing::debug!(session = %self.name, exec = run.id, "no answer to the interrupt after {}s; sending it again", INTERRUPT_RESEND.as_secs());
+                self.interrupt(run, why);
+            }
+            Some((why, _)) => {
+                // The code ignored KeyboardInterrupt: kill the container.
+                tracing::debug!(session = %self.name, exec = run.id, interrupts = run.interrupts_sent, "the code ignored its interrupts; killing the sandbox");
+                run.rpcs.abort_all();
+                self.destroy().await;
+                let what = match why {
+                    Outcome::Cancelled => "the call was cancelled".to_string(),
+                    _ => format!("the time limit of {} expired", secs(req.timeout)),
+                };
+                let mut notices = std::mem::take(&mut run.notices);
+                notices.push(format!(
+                    "{what}, and the code did not stop within {}s of KeyboardInterrupt, so its sandbox was killed. The session was reset: variables and imports are gone; the next call starts fresh.",
+                    INTERRUPT_GRACE.as_secs()
+                ));
+                let out = std::mem::replace(&mut run.out, Collector::new(0));
+                let mut o = out.finish(why, run.started, notices);
+                o.session_reset = true;
+                return Some(o);
+            }
+        }
+        None
+    }
+
+    /// The outcome of an exec that sent its result.
+    fn finish(&self, run: ExecRun, req: &ExecRequest, end: ExecEnd) -> ExecOutcome {
+        let ExecRun {
+            mut out,
+            mut notices,
+            interrupted,
+            started,
+            ..
+        } = run;
+        let ExecEnd {
+            status,
+            value,
+            error,
+            truncated,
+        } = end;
         out.truncated += truncated.unwrap_or(0);
         out.value = value;
         let outcome = match (status, interrupted) {
@@ -559,41 +597,6 @@ impl Session {
     }
 }
 
-fn rpc_line(id: u64, answer: Result<Value, String>) -> Vec<u8> {
-    match answer {
-        Ok(v) => HostFrame::RpcResult {
-            id,
-            ok: true,
-            result: Some(v),
-            error: None,
-        },
-        Err(e) => HostFrame::RpcResult {
-            id,
-            ok: false,
-            result: None,
-            error: Some(e),
-        },
-    }
-    .to_line()
-}
-
-/// A sentence naming the limit an error comes from, so the model knows what happened.
-fn limit_hint(e: &ExecError, pids: u32) -> Option<String> {
-    let m = format!("{} {}", e.kind, e.message);
-    if m.contains("Resource temporarily unavailable") || m.contains("can't start new thread") {
-        return Some(format!(
-            "the sandbox's process/thread limit of {pids} was reached (pids); use fewer processes or threads"
-        ));
-    }
-    if e.kind == "MemoryError" {
-        return Some(
-            "the sandbox's memory limit was reached (MemoryError); work on smaller pieces of data"
-                .into(),
-        );
-    }
-    None
-}
-
 fn secs(d: Duration) -> String {
     crate::config::Secs(d).to_string()
 }
@@ -615,199 +618,4 @@ fn container_name(session: &str, serial: u64) -> String {
         .take(40)
         .collect();
     format!("mcp-code-bridge-{}-{}-{serial}", std::process::id(), clean)
-}
-
-/// Collects one exec's output, enforcing the output cap on the host side too: a runtime that
-/// ignores the cap cannot make the bridge hold more than twice it.
-struct Collector {
-    cap: usize,
-    stdout: String,
-    stderr: String,
-    /// Bytes beyond the cap, per stream: we keep the last `cap/2` of them.
-    tails: [VecDeque<u8>; 2],
-    dropped: [u64; 2],
-    truncated: u64,
-    value: Option<String>,
-    images: Vec<(String, String)>,
-}
-
-impl Collector {
-    fn new(cap: usize) -> Self {
-        Collector {
-            cap: cap.max(1024),
-            stdout: String::new(),
-            stderr: String::new(),
-            tails: Default::default(),
-            dropped: [0; 2],
-            truncated: 0,
-            value: None,
-            images: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, stream: Stream, data: &str) {
-        let i = stream as usize;
-        let head = if i == 0 {
-            &mut self.stdout
-        } else {
-            &mut self.stderr
-        };
-        // The host keeps up to 2x the cap per stream: the runtime already trims to the cap.
-        let room = (self.cap * 2).saturating_sub(head.len());
-        if data.len() <= room {
-            head.push_str(data);
-            return;
-        }
-        let cut = floor_char_boundary(data, room);
-        head.push_str(&data[..cut]);
-        let rest = &data.as_bytes()[cut..];
-        let tail = &mut self.tails[i];
-        tail.extend(rest);
-        let keep = self.cap / 2;
-        while tail.len() > keep {
-            let excess = tail.len() - keep;
-            tail.drain(..excess);
-            self.dropped[i] += excess as u64;
-        }
-    }
-
-    fn finish(mut self, outcome: Outcome, started: Instant, notices: Vec<String>) -> ExecOutcome {
-        for i in 0..2 {
-            let mut tail = std::mem::take(&mut self.tails[i]);
-            if tail.is_empty() {
-                continue;
-            }
-            let tail = String::from_utf8_lossy(tail.make_contiguous()).into_owned();
-            let head = if i == 0 {
-                &mut self.stdout
-            } else {
-                &mut self.stderr
-            };
-            if self.dropped[i] > 0 {
-                head.push_str(&format!(
-                    "\n… [output truncated: {} bytes omitted] …\n",
-                    self.dropped[i]
-                ));
-            }
-            head.push_str(&tail);
-            self.truncated += self.dropped[i];
-        }
-        ExecOutcome {
-            outcome,
-            stdout: self.stdout,
-            stderr: self.stderr,
-            value: self.value,
-            error: None,
-            images: self.images,
-            duration: started.elapsed(),
-            truncated: self.truncated,
-            notices,
-            session_reset: false,
-        }
-    }
-}
-
-fn floor_char_boundary(s: &str, mut i: usize) -> usize {
-    if i >= s.len() {
-        return s.len();
-    }
-    while !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
-
-/// Split the attach stream into frames. Garbage is logged (sparingly) and dropped; oversize lines
-/// are discarded whole; the container's own stderr goes to the log.
-async fn read_loop(
-    mut output: std::pin::Pin<
-        Box<dyn futures::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
-    >,
-    tx: mpsc::Sender<SandboxFrame>,
-    dead: Arc<AtomicBool>,
-    stderr_tail: Arc<std::sync::Mutex<VecDeque<String>>>,
-    session: String,
-) {
-    let mut splitter = LineSplitter::new(MAX_FRAME_BYTES);
-    let mut bad = 0u64;
-    while let Some(item) = output.next().await {
-        let chunk = match item {
-            Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => message,
-            Ok(LogOutput::StdErr { message }) => {
-                let text = String::from_utf8_lossy(&message);
-                let mut tail = stderr_tail.lock().unwrap();
-                for l in text.lines().filter(|l| !l.trim().is_empty()) {
-                    tracing::warn!(%session, "sandbox stderr: {}", l.chars().take(500).collect::<String>());
-                    tail.push_back(l.chars().take(500).collect());
-                    if tail.len() > 20 {
-                        tail.pop_front();
-                    }
-                }
-                continue;
-            }
-            Ok(LogOutput::StdIn { .. }) => continue,
-            Err(e) => {
-                tracing::debug!(%session, "attach stream ended: {e}");
-                break;
-            }
-        };
-        let mut rest: &[u8] = &chunk;
-        while !rest.is_empty() {
-            match splitter.feed(&mut rest) {
-                Some(Split::Oversize) => {
-                    tracing::warn!(%session, "discarding a line over {MAX_FRAME_BYTES} bytes from the sandbox");
-                }
-                Some(Split::Line(line)) if !line.is_empty() => match protocol::decode(line) {
-                    Ok(frame) => {
-                        if tx.send(frame).await.is_err() {
-                            dead.store(true, Ordering::Relaxed);
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        bad += 1;
-                        if bad <= 5 || bad.is_power_of_two() {
-                            tracing::warn!(%session, count = bad, "dropping a line from the sandbox that is not a frame: {e}");
-                        }
-                    }
-                },
-                _ => {}
-            }
-        }
-    }
-    dead.store(true, Ordering::Relaxed);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn collector_keeps_head_and_tail() {
-        let mut c = Collector::new(1024);
-        let big = "x".repeat(10_000) + "END";
-        c.push(Stream::Stdout, &big);
-        let o = c.finish(Outcome::Ok, Instant::now(), vec![]);
-        assert!(o.stdout.starts_with("xxx"));
-        assert!(o.stdout.ends_with("END"));
-        assert!(o.stdout.contains("output truncated"));
-        assert!(o.truncated > 0);
-        assert!(o.stdout.len() < 4096);
-    }
-
-    #[test]
-    fn limit_errors_are_named() {
-        let e = ExecError {
-            kind: "BlockingIOError".into(),
-            message: "[Errno 11] Resource temporarily unavailable".into(),
-            traceback: String::new(),
-        };
-        assert!(limit_hint(&e, 64).unwrap().contains("limit of 64"));
-        let e = ExecError {
-            kind: "ValueError".into(),
-            message: "x".into(),
-            traceback: String::new(),
-        };
-        assert_eq!(limit_hint(&e, 64), None);
-    }
 }

@@ -1,0 +1,102 @@
+//! Why the sandbox could not run a call at all (the code's own failures are outcomes, not
+//! errors). The message says what happened; [`SandboxError::hint`] says what to do next.
+
+use super::engine::EngineError;
+use super::image::ImageError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// No container engine could be reached or started.
+    #[error("{0}")]
+    Engine(#[from] EngineError),
+    /// The engine answered, but not what it can enforce.
+    #[error("could not ask the engine what it can enforce: {0}")]
+    EngineQuery(String),
+    /// The host would silently drop limits; refused unless `allow_unenforced_limits`.
+    #[error(
+        "this host cannot enforce these sandbox limits: {}. Refusing to run code with limits silently dropped.",
+        .0.join("; ")
+    )]
+    Unenforceable(Vec<String>),
+    /// The image is missing and could not be loaded or pulled.
+    #[error("{0}")]
+    Image(#[from] ImageError),
+    #[error("could not create the sandbox container from image {image:?}: {reason}")]
+    Create { image: String, reason: String },
+    #[error("could not attach to the sandbox container: {0}")]
+    Attach(String),
+    #[error("could not start the sandbox container: {0}")]
+    Start(String),
+    /// The container ended before the runtime said `ready`; `stderr` is its last lines.
+    #[error("the sandbox exited while starting (does image {image:?} have python3 >= 3.9?){}",
+        if .stderr.is_empty() { String::new() } else { format!(":\n{}", .stderr.join("\n")) })]
+    ExitedAtStart { image: String, stderr: Vec<String> },
+    #[error("the sandbox did not become ready within {0}s")]
+    NotReady(u64),
+    /// `max_sessions` are alive and every one is running code.
+    #[error(
+        "cannot start session {session:?}: all {max} sessions allowed by max_sessions are running code ({})",
+        .busy.join(", ")
+    )]
+    AllBusy {
+        session: String,
+        max: u32,
+        busy: Vec<String>,
+    },
+}
+
+impl SandboxError {
+    /// What to do about it, when there is something to do.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            SandboxError::Unenforceable(_) => Some(
+                "Run as a user/host with cgroup v2 delegation, or set MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1 to accept it (`mcp-code-bridge doctor` explains)."
+                    .into(),
+            ),
+            SandboxError::AllBusy { .. } => Some(
+                "Wait for one to finish, run this code in one of them, or raise max_sessions (MCP_BRIDGE_MAX_SESSIONS)."
+                    .into(),
+            ),
+            SandboxError::Create { .. } | SandboxError::ExitedAtStart { .. } => {
+                Some("`mcp-code-bridge doctor` checks the engine and the image.".into())
+            }
+            _ => None,
+        }
+    }
+
+    /// The message and the hint, as one text for the model or a person.
+    pub fn with_hint(&self) -> String {
+        match self.hint() {
+            Some(h) => format!("{self} {h}"),
+            None => self.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_and_hints_are_separate() {
+        let e = SandboxError::AllBusy {
+            session: "b".into(),
+            max: 2,
+            busy: vec!["a".into(), "c".into()],
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot start session \"b\": all 2 sessions allowed by max_sessions are running code (a, c)"
+        );
+        assert!(
+            e.with_hint()
+                .ends_with("raise max_sessions (MCP_BRIDGE_MAX_SESSIONS).")
+        );
+        let e = SandboxError::ExitedAtStart {
+            image: "i".into(),
+            stderr: vec![],
+        };
+        assert!(e.to_string().ends_with("python3 >= 3.9?)"), "{e}");
+        assert!(SandboxError::NotReady(60).hint().is_none());
+    }
+}
