@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod config;
 pub mod logging;
+pub mod procfs;
 pub mod protocol;
 pub mod render;
 pub mod sandbox;

@@ -12,6 +12,7 @@ use nucleo_matcher::{Config, Matcher, Utf32Str};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
+use super::error::{Hint, Hinted};
 use crate::protocol::ToolMeta;
 
 /// Python's hard keywords (3.14), lowercase ones only (aliases are lowercase).
@@ -228,22 +229,37 @@ impl ServerTools {
     }
 
     /// Docs of every tool, or of the one named (error naming the known tools otherwise).
-    pub fn docs(&self, tool: Option<&str>, detail: Detail) -> Result<Vec<Value>, String> {
+    pub fn docs(&self, tool: Option<&str>, detail: Detail) -> Result<Vec<Value>, UnknownTool> {
         match tool {
             None => Ok(self.tools.iter().map(|t| self.doc(t, detail)).collect()),
             Some(name) => match self.find(name) {
                 Some(t) => Ok(vec![self.doc(t, detail)]),
-                None => Err(format!(
-                    "Tool '{name}' not found on server '{}'; its tools are: {}",
-                    self.server,
-                    self.tools
-                        .iter()
-                        .map(|t| t.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
+                None => Err(UnknownTool {
+                    tool: name.to_string(),
+                    server: self.server.clone(),
+                    known: self.tools.iter().map(|t| t.name.clone()).collect(),
+                }),
             },
         }
+    }
+}
+
+/// A tool asked for by a name no tool of the server has.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("Tool '{tool}' not found on server '{server}'")]
+pub struct UnknownTool {
+    pub tool: String,
+    pub server: String,
+    /// The server's tools, by name.
+    pub known: Vec<String>,
+}
+
+impl Hinted for UnknownTool {
+    fn hint(&self) -> Option<Hint> {
+        Some(Hint::clause(format!(
+            "its tools are: {}",
+            self.known.join(", ")
+        )))
     }
 }
 
@@ -789,7 +805,9 @@ mod tests {
         assert!(d[0]["inputSchema"].is_object());
         assert_eq!(ev.docs(None, Detail::Summary).unwrap().len(), 5);
         let e = ev.docs(Some("nope"), Detail::Summary).unwrap_err();
-        assert!(e.contains("nope") && e.contains("echo"), "{e}");
+        assert_eq!(e.tool, "nope");
+        assert!(e.known.iter().any(|t| t == "echo"), "{e}");
+        assert!(e.message().starts_with("Tool 'nope' not found on server"));
         assert_eq!(Detail::parse(Some("FULL")), Detail::Full);
         assert_eq!(Detail::parse(Some("whatever")), Detail::Summary);
         assert_eq!(

@@ -1,42 +1,84 @@
 //! Upstream MCP servers: where their definitions come from ([`discovery`]), the warm client pool
-//! ([`pool`]), and the catalog of their tools with fuzzy search ([`catalog`]).
+//! ([`pool`]; one server's connection in [`connection`], its secrets in [`secrets`]), and the
+//! catalog of their tools with fuzzy search ([`catalog`]). Errors say what happened and, apart,
+//! what to do ([`error`]).
 //!
 //! The sandbox side sees upstreams only through [`Upstreams::bind`], which returns the metadata to
 //! send with an exec and an [`RpcHandler`] that answers the sandbox's RPCs for that exec alone:
 //! docs and search cover every discovered server (started and hydrated on demand), tool calls
-//! only the servers loaded for the exec. Nothing of a server's `env` or `headers` is ever part
+//! only the servers loaded for the exec. The handler keeps the pool slots of those servers, so a
+//! proxied call goes straight to its server. Nothing of a server's `env` or `headers` is ever part
 //! of what goes to the sandbox.
+//!
+//! This side knows the wire types ([`crate::protocol`]) and the configuration, and nothing of the
+//! sandbox.
 
 pub mod catalog;
+pub mod connection;
 pub mod discovery;
+pub mod error;
 pub mod pool;
+pub mod rpc;
+pub mod secrets;
 pub mod stdio;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::{Value, json};
 
-use crate::protocol::{DiscoveredServer, ExecBinding, LoadedServer, RpcHandler};
-use catalog::{Detail, ServerTools};
+use crate::protocol::{DiscoveredServer, ExecBinding, LoadedServer};
+use catalog::ServerTools;
 pub use discovery::{
     DiscoveredEntry, Discovery, DiscoveryContext, Origin, SOURCES, SearchedLocation, ServerEntry,
     SkippedEntry, SourceKind, SourceSpec, discover,
 };
-pub use pool::{Pool, UpstreamSettings};
+pub use error::{Hint, Hinted};
+use pool::Slot;
+pub use pool::{CallError, Pool, UpstreamSettings};
+pub use rpc::RpcError;
 
-/// The largest `limit` a search honours.
-pub const MAX_SEARCH_LIMIT: usize = 50;
-/// The `limit` of a search that gives none.
-pub const DEFAULT_SEARCH_LIMIT: usize = 5;
 /// A server that failed to start is not tried again by searches for this long.
 const SEARCH_RETRY_AFTER: Duration = Duration::from_secs(60);
 /// How many servers a search starts at once.
 const SEARCH_CONCURRENCY: usize = 8;
-/// Longest search query considered (the rest is ignored).
-const MAX_QUERY_CHARS: usize = 1000;
+/// Why [`Upstreams::load`] could not prepare an exec.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error(
+        "Unknown MCP server{} {}",
+        if names.len() > 1 { "s" } else { "" },
+        names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
+    )]
+    UnknownServers {
+        names: Vec<String>,
+        /// Every discovered server, by name.
+        known: Vec<String>,
+    },
+    /// Servers that could not be started or listed, each with its own advice, one per line.
+    #[error("{}", .0.iter().map(Hinted::message).collect::<Vec<_>>().join("\n"))]
+    Unavailable(Vec<CallError>),
+}
+
+impl Hinted for BindError {
+    fn hint(&self) -> Option<Hint> {
+        match self {
+            BindError::UnknownServers { known, .. } => Some(known_servers(known)),
+            BindError::Unavailable(_) => None,
+        }
+    }
+}
+
+/// Which names would have worked.
+fn known_servers(known: &[String]) -> Hint {
+    if known.is_empty() {
+        Hint::clause(
+            "no MCP servers are configured (see `mcp-code-bridge servers` for where they are read from)",
+        )
+    } else {
+        Hint::clause(format!("known servers: {}", known.join(", ")))
+    }
+}
 
 /// One discovered server with its provenance, for the `servers` subcommand (no secrets: the
 /// program for stdio servers, scheme://host/path for HTTP ones).
@@ -64,6 +106,42 @@ pub struct SourcesReport {
     pub searched: Vec<SearchedLocation>,
 }
 
+/// What the bridge shows of one server: no secrets, nothing that needs it running.
+pub(crate) struct ServerInfo {
+    pub(crate) name: String,
+    alias: String,
+    description: Option<String>,
+    cwd: Option<String>,
+    transport: &'static str,
+    target: String,
+    origin: Origin,
+}
+
+impl ServerInfo {
+    fn new(d: &DiscoveredEntry, alias: String) -> ServerInfo {
+        ServerInfo {
+            name: d.name.clone(),
+            alias,
+            description: d.entry.description.clone(),
+            cwd: d
+                .entry
+                .cwd
+                .as_ref()
+                .map(|c| c.to_string_lossy().to_string()),
+            transport: d.entry.transport(),
+            target: d.entry.target_summary(),
+            origin: d.origin.clone(),
+        }
+    }
+
+    /// A server whose alias is its name, from the TOML (for tests of the pool).
+    #[cfg(test)]
+    pub(crate) fn named(name: &str, entry: &ServerEntry) -> ServerInfo {
+        let d = Discovery::from_entries([(name.to_string(), entry.clone())]);
+        ServerInfo::new(&d.servers[0], name.to_string())
+    }
+}
+
 /// The upstream side of the bridge. Cheap to clone; clones share the warm pool.
 #[derive(Clone)]
 pub struct Upstreams {
@@ -71,26 +149,11 @@ pub struct Upstreams {
 }
 
 struct Inner {
-    /// Sorted by name; aliases assigned in that order.
-    servers: Vec<ServerInfo>,
-    by_name: HashMap<String, usize>,
-    by_alias: HashMap<String, usize>,
+    /// The servers, sorted by name (aliases assigned in that order), with their connections.
+    pool: Pool,
     skipped: Vec<SkippedEntry>,
     warnings: Vec<String>,
     searched: Vec<SearchedLocation>,
-    pool: Pool,
-    /// Servers whose start failed recently, for search: name -> when.
-    failed: Mutex<HashMap<String, Instant>>,
-}
-
-struct ServerInfo {
-    name: String,
-    alias: String,
-    description: Option<String>,
-    cwd: Option<String>,
-    transport: &'static str,
-    target: String,
-    origin: Origin,
 }
 
 impl Upstreams {
@@ -104,63 +167,28 @@ impl Upstreams {
         servers.sort_by(|a, b| a.name.cmp(&b.name));
         servers.dedup_by(|a, b| a.name == b.name);
         let aliases = catalog::assign_aliases(servers.iter().map(|s| s.name.as_str()), "server");
-        let infos: Vec<ServerInfo> = servers
-            .iter()
-            .zip(aliases)
-            .map(|(s, alias)| ServerInfo {
-                name: s.name.clone(),
-                alias,
-                description: s.entry.description.clone(),
-                cwd: s
-                    .entry
-                    .cwd
-                    .as_ref()
-                    .map(|c| c.to_string_lossy().to_string()),
-                transport: s.entry.transport(),
-                target: s.entry.target_summary(),
-                origin: s.origin.clone(),
-            })
-            .collect();
-        let by_name = infos
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.name.clone(), i))
-            .collect();
-        let by_alias = infos
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.alias.clone(), i))
-            .collect();
-        let pool = Pool::new(servers.into_iter().map(|s| (s.name, s.entry)), settings);
+        let pool = Pool::new(
+            servers
+                .into_iter()
+                .zip(aliases)
+                .map(|(s, alias)| (ServerInfo::new(&s, alias), s.entry)),
+            settings,
+        );
         Upstreams {
             inner: Arc::new(Inner {
-                servers: infos,
-                by_name,
-                by_alias,
+                pool,
                 skipped,
                 warnings,
                 searched,
-                pool,
-                failed: Mutex::new(HashMap::new()),
             }),
         }
     }
 
-    /// Discover servers as the configuration says (TOML `[servers]`, `servers_file`,
-    /// `allow_self_server`, this process's `HOME` / `XDG_CONFIG_HOME` / current directory) and
-    /// build the upstream side with `upstream_call_timeout` and `upstream_idle_timeout`.
-    pub fn from_config(config: &crate::config::Config) -> Self {
-        let ctx = DiscoveryContext::from_env(
-            config.servers.clone(),
-            config.servers_file.clone(),
-            config.allow_self_server,
-        );
-        Upstreams::new(discover(&ctx), Self::settings_of(config))
-    }
-
-    /// [`Upstreams::from_config`] that also knows which TOML file defined each
-    /// `[servers.<name>]` table (the config is layered from several files), so `servers` and
-    /// the log name that file.
+    /// Discover servers as the loaded configuration says (TOML `[servers]`, `servers_file`,
+    /// `allow_self_server`, this process's `HOME` / `XDG_CONFIG_HOME` / current directory), and
+    /// build the upstream side with its timeouts. The config is layered from several files, so
+    /// each `[servers.<name>]` table keeps the file that defined it, which `servers` and the log
+    /// name.
     pub fn from_loaded(loaded: &crate::config::Loaded) -> Self {
         let config = &loaded.config;
         let mut ctx = DiscoveryContext::from_env(
@@ -178,15 +206,17 @@ impl Upstreams {
                 source.is_file().then(|| (name.clone(), source))
             })
             .collect();
-        Upstreams::new(discover(&ctx), Self::settings_of(config))
-    }
-
-    fn settings_of(config: &crate::config::Config) -> UpstreamSettings {
-        UpstreamSettings {
+        let settings = UpstreamSettings {
             call_timeout: config.upstream_call_timeout.0,
             idle_timeout: config.upstream_idle_timeout.0,
             start_timeout: config.upstream_start_timeout.0,
-        }
+        };
+        Upstreams::new(discover(&ctx), settings)
+    }
+
+    /// Every server, sorted by name.
+    fn servers(&self) -> impl Iterator<Item = &ServerInfo> {
+        self.inner.pool.slots().iter().map(|s| &s.info)
     }
 
     /// Discovery's warnings (unreadable or broken files).
@@ -253,21 +283,19 @@ impl Upstreams {
         }
         tracing::info!(
             "{} upstream server(s) discovered: {}",
-            self.inner.servers.len(),
-            self.inner
-                .servers
-                .iter()
-                .map(|s| s.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            self.inner.pool.slots().len(),
+            self.known().join(", ")
         );
+    }
+
+    /// Every discovered server's name.
+    fn known(&self) -> Vec<String> {
+        self.servers().map(|s| s.name.clone()).collect()
     }
 
     /// Every discovered server: name, alias, description (no schemas, no secrets).
     pub fn discovered(&self) -> Vec<DiscoveredServer> {
-        self.inner
-            .servers
-            .iter()
+        self.servers()
             .map(|s| DiscoveredServer {
                 name: s.name.clone(),
                 alias: s.alias.clone(),
@@ -281,9 +309,7 @@ impl Upstreams {
         SourcesReport {
             sources: SOURCES,
             servers: self
-                .inner
-                .servers
-                .iter()
+                .servers()
                 .map(|s| ServerSource {
                     name: s.name.clone(),
                     alias: s.alias.clone(),
@@ -304,38 +330,38 @@ impl Upstreams {
         &self.inner.pool
     }
 
-    /// Prepare an exec that loads `loaded`: start those servers and hydrate their tool lists
-    /// (concurrently). Names may be given as server names or aliases.
+    /// [`Upstreams::load`], its error as the one text the model or the person at the CLI reads.
     pub async fn bind(&self, loaded: &[String]) -> Result<ExecBinding, String> {
-        let mut idx: Vec<usize> = Vec::new();
+        self.load(loaded).await.map_err(|e| e.message())
+    }
+
+    /// Prepare an exec that loads `loaded`: resolve the names (server names or aliases) once,
+    /// start those servers and hydrate their tool lists (concurrently). The exec's RPC handler
+    /// keeps their slots.
+    pub async fn load(&self, loaded: &[String]) -> Result<ExecBinding, BindError> {
+        let mut slots: Vec<Arc<Slot>> = Vec::new();
         let mut unknown = Vec::new();
         for name in loaded {
             match self.lookup(name) {
-                Some(i) => {
-                    if !idx.contains(&i) {
-                        idx.push(i);
+                Some(slot) => {
+                    if !slots.iter().any(|s| Arc::ptr_eq(s, slot)) {
+                        slots.push(slot.clone());
                     }
                 }
-                None => unknown.push(name.as_str()),
+                None => unknown.push(name.clone()),
             }
         }
         if !unknown.is_empty() {
-            let list = unknown
-                .iter()
-                .map(|n| format!("'{n}'"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            return Err(format!(
-                "Unknown MCP server{} {list}; {}",
-                if unknown.len() > 1 { "s" } else { "" },
-                self.known_hint()
-            ));
+            return Err(BindError::UnknownServers {
+                names: unknown,
+                known: self.known(),
+            });
         }
-        let results = futures::future::join_all(idx.iter().map(|&i| self.server_tools(i))).await;
-        let mut servers = Vec::with_capacity(idx.len());
+        let results = futures::future::join_all(slots.iter().map(|s| self.server_tools(s))).await;
+        let mut servers = Vec::with_capacity(slots.len());
         let mut errors = Vec::new();
-        for (&i, r) in idx.iter().zip(results) {
-            let info = &self.inner.servers[i];
+        for (slot, r) in slots.iter().zip(results) {
+            let info = &slot.info;
             match r {
                 Ok(tools) => servers.push(LoadedServer {
                     name: info.name.clone(),
@@ -348,12 +374,9 @@ impl Upstreams {
             }
         }
         if !errors.is_empty() {
-            return Err(errors.join("\n"));
+            return Err(BindError::Unavailable(errors));
         }
-        let rpc = ExecRpc {
-            up: self.clone(),
-            loaded: idx,
-        };
+        let rpc = rpc::ExecRpc::new(self.clone(), slots);
         Ok(ExecBinding {
             servers,
             discovered: self.discovered(),
@@ -366,42 +389,15 @@ impl Upstreams {
         self.inner.pool.shutdown().await;
     }
 
-    fn lookup(&self, name: &str) -> Option<usize> {
-        self.inner
-            .by_name
-            .get(name)
-            .or_else(|| self.inner.by_alias.get(name))
-            .copied()
-            .or_else(|| {
-                let lower = name.to_lowercase();
-                self.inner
-                    .by_alias
-                    .get(&catalog::sanitize_identifier(&lower, "server"))
-                    .copied()
-            })
-    }
-
-    fn known_hint(&self) -> String {
-        if self.inner.servers.is_empty() {
-            "no MCP servers are configured (see `mcp-code-bridge servers` for where they are read from)"
-                .into()
-        } else {
-            format!(
-                "known servers: {}",
-                self.inner
-                    .servers
-                    .iter()
-                    .map(|s| s.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        }
+    /// The server a name means, among every discovered one.
+    fn lookup(&self, name: &str) -> Option<&Arc<Slot>> {
+        find_server(self.inner.pool.slots(), name)
     }
 
     /// The hydrated catalog of one server (starts it if its tools are not cached).
-    async fn server_tools(&self, i: usize) -> Result<ServerTools, String> {
-        let info = &self.inner.servers[i];
-        let tools = self.inner.pool.tools(&info.name).await?;
+    async fn server_tools(&self, slot: &Slot) -> Result<ServerTools, CallError> {
+        let tools = self.inner.pool.tools(slot).await?;
+        let info = &slot.info;
         Ok(ServerTools::from_tools(
             &info.name,
             &info.alias,
@@ -414,33 +410,38 @@ impl Upstreams {
     /// retried for a while).
     async fn all_tools(&self) -> Vec<ServerTools> {
         let now = Instant::now();
-        let candidates: Vec<usize> = {
-            let mut failed = self.inner.failed.lock().unwrap();
-            failed.retain(|_, at| now.duration_since(*at) < SEARCH_RETRY_AFTER);
-            (0..self.inner.servers.len())
-                .filter(|i| !failed.contains_key(&self.inner.servers[*i].name))
-                .collect()
-        };
+        let candidates: Vec<Arc<Slot>> = self
+            .inner
+            .pool
+            .slots()
+            .iter()
+            .filter(|s| {
+                let mut failed = s.search_failed.lock().unwrap();
+                if failed.is_some_and(|at| now.duration_since(at) >= SEARCH_RETRY_AFTER) {
+                    *failed = None;
+                }
+                failed.is_none()
+            })
+            .cloned()
+            .collect();
         use futures::StreamExt;
-        let mut results: Vec<(usize, Result<ServerTools, String>)> =
-            futures::stream::iter(candidates)
-                .map(|i| async move { (i, self.server_tools(i).await) })
+        let mut results: Vec<(usize, Arc<Slot>, Result<ServerTools, CallError>)> =
+            futures::stream::iter(candidates.into_iter().enumerate())
+                .map(|(i, slot)| async move {
+                    let r = self.server_tools(&slot).await;
+                    (i, slot, r)
+                })
                 .buffer_unordered(SEARCH_CONCURRENCY)
                 .collect()
                 .await;
-        results.sort_by_key(|(i, _)| *i);
+        results.sort_by_key(|(i, _, _)| *i);
         let mut out = Vec::new();
-        for (i, r) in results {
+        for (_, slot, r) in results {
             match r {
                 Ok(t) => out.push(t),
                 Err(e) => {
-                    let name = &self.inner.servers[i].name;
-                    tracing::warn!(server = %name, "skipped in search_tool_docs: {e}");
-                    self.inner
-                        .failed
-                        .lock()
-                        .unwrap()
-                        .insert(name.clone(), Instant::now());
+                    tracing::warn!(server = %slot.name(), "skipped in search_tool_docs: {}", e.message());
+                    *slot.search_failed.lock().unwrap() = Some(Instant::now());
                 }
             }
         }
@@ -448,125 +449,17 @@ impl Upstreams {
     }
 }
 
-/// The RPC handler of one exec.
-struct ExecRpc {
-    up: Upstreams,
-    /// Indices of the servers loaded for this exec.
-    loaded: Vec<usize>,
-}
-
-fn param_str<'a>(params: &'a Value, key: &str, method: &str) -> Result<&'a str, String> {
-    params
-        .get(key)
-        .and_then(Value::as_str)
-        .ok_or_else(|| format!("{method} needs a string parameter '{key}'"))
-}
-
-impl ExecRpc {
-    fn server(&self, name: &str) -> Result<usize, String> {
-        self.up
-            .lookup(name)
-            .ok_or_else(|| format!("Unknown MCP server '{name}'; {}", self.up.known_hint()))
-    }
-
-    async fn handle_inner(&self, method: &str, params: &Value) -> Result<Value, String> {
-        let inner = &self.up.inner;
-        match method {
-            "list_servers" => Ok(json!(
-                self.loaded
-                    .iter()
-                    .map(|&i| inner.servers[i].name.clone())
-                    .collect::<Vec<_>>()
-            )),
-            "list_tools" => {
-                let i = self.server(param_str(params, "server", method)?)?;
-                Ok(json!(self.up.server_tools(i).await?.list()))
-            }
-            "query_tool_docs" => {
-                let i = self.server(param_str(params, "server", method)?)?;
-                let tool = match params.get("tool") {
-                    None | Some(Value::Null) => None,
-                    Some(Value::String(s)) => Some(s.as_str()),
-                    Some(_) => return Err("query_tool_docs: 'tool' must be a string".into()),
-                };
-                let detail = Detail::parse(params.get("detail").and_then(Value::as_str));
-                Ok(json!(self.up.server_tools(i).await?.docs(tool, detail)?))
-            }
-            "search_tool_docs" => {
-                let query = param_str(params, "query", method)?;
-                let query: String = query.chars().take(MAX_QUERY_CHARS).collect();
-                let limit = match params.get("limit") {
-                    None | Some(Value::Null) => DEFAULT_SEARCH_LIMIT,
-                    Some(v) => v
-                        .as_f64()
-                        .map(|n| n.clamp(1.0, MAX_SEARCH_LIMIT as f64) as usize)
-                        .ok_or("search_tool_docs: 'limit' must be a number")?,
-                };
-                let catalogs = self.up.all_tools().await;
-                let refs: Vec<&ServerTools> = catalogs.iter().collect();
-                Ok(json!(catalog::search(&refs, &query, limit)))
-            }
-            "call_tool" => {
-                let name = param_str(params, "server", method)?;
-                let i = self.server(name)?;
-                let server = &inner.servers[i].name;
-                if !self.loaded.contains(&i) {
-                    return Err(format!(
-                        "Server '{server}' is not loaded for this call; pass \"servers\": [\"{server}\"] to run_python to load it"
-                    ));
-                }
-                let tool = param_str(params, "tool", method)?;
-                let arguments = match params.get("arguments") {
-                    None | Some(Value::Null) => None,
-                    Some(Value::Object(o)) => Some(o.clone()),
-                    Some(_) => {
-                        return Err(
-                            "call_tool: 'arguments' must be an object (keyword arguments)".into(),
-                        );
-                    }
-                };
-                // Accept the alias the proxies use; pass unknown names through for the server to judge.
-                let tool_name = match inner.pool.cached_tools(server) {
-                    // The runtime sends real names: skip building the catalog (it deep-copies
-                    // every tool's schemas, ~10 % of the bridge's CPU per proxied call).
-                    Some(tools) if tools.iter().any(|t| t.name == tool) => tool.to_string(),
-                    Some(tools) => {
-                        let st =
-                            ServerTools::from_tools(server, &inner.servers[i].alias, None, &tools);
-                        st.find(tool)
-                            .map(|t| t.name.clone())
-                            .unwrap_or_else(|| tool.to_string())
-                    }
-                    None => tool.to_string(),
-                };
-                let result = inner.pool.call_tool(server, &tool_name, arguments).await?;
-                Ok(call_result_json(&result))
-            }
-            other => Err(format!(
-                "Unknown RPC method '{other}'; the host answers list_servers, list_tools, query_tool_docs, search_tool_docs, call_tool"
-            )),
-        }
-    }
-}
-
-/// A `CallToolResult` as the sandbox gets it: `content`, `structuredContent` (when present),
-/// `isError` (always present), `_meta` (when present).
-pub fn call_result_json(result: &rmcp::model::CallToolResult) -> Value {
-    let mut v = serde_json::to_value(result)
-        .unwrap_or_else(|e| json!({"content": [], "isError": true, "error": e.to_string()}));
-    if let Some(o) = v.as_object_mut() {
-        o.remove("resultType");
-        o.entry("isError").or_insert(Value::Bool(false));
-        o.entry("content").or_insert(json!([]));
-    }
-    v
-}
-
-#[async_trait::async_trait]
-impl RpcHandler for ExecRpc {
-    async fn handle(&self, method: &str, params: Value) -> Result<Value, String> {
-        self.handle_inner(method, &params).await
-    }
+/// The server a name means: the one of that name, else of that alias, else the one whose alias
+/// the name becomes as an identifier (`My-Server` finds `my_server`).
+fn find_server<'a>(slots: &'a [Arc<Slot>], name: &str) -> Option<&'a Arc<Slot>> {
+    slots
+        .iter()
+        .find(|s| s.info.name == name)
+        .or_else(|| slots.iter().find(|s| s.info.alias == name))
+        .or_else(|| {
+            let alias = catalog::sanitize_identifier(&name.to_lowercase(), "server");
+            slots.iter().find(|s| s.info.alias == alias)
+        })
 }
 
 #[cfg(test)]
@@ -577,6 +470,8 @@ mod tests {
     #[allow(clippy::result_large_err)] // figment::Jail's closure returns figment::Error.
     fn toml_servers_keep_the_file_that_defined_them() {
         figment::Jail::expect_with(|jail| {
+            // Nothing of the machine's /etc/mcp-code-bridge/config.toml.
+            jail.set_env(crate::config::SYSTEM_CONFIG_ENV, "none");
             jail.set_env("HOME", jail.directory().display().to_string());
             jail.set_env(
                 "XDG_CONFIG_HOME",
@@ -606,7 +501,7 @@ mod tests {
         });
     }
 
-    fn ups(names: &[&str]) -> Upstreams {
+    pub(super) fn ups(names: &[&str]) -> Upstreams {
         let entries = names.iter().map(|n| {
             (
                 n.to_string(),
@@ -657,74 +552,50 @@ mod tests {
     #[tokio::test]
     async fn bind_rejects_unknown_names_listing_the_known_ones() {
         let u = ups(&["alpha", "beta"]);
-        let e = u.bind(&["gamma".into()]).await.err().unwrap();
-        assert!(e.contains("'gamma'") && e.contains("alpha, beta"), "{e}");
-        let e = ups(&[]).bind(&["x".into()]).await.err().unwrap();
-        assert!(e.contains("no MCP servers are configured"), "{e}");
+        let e = u.load(&["gamma".into()]).await.err().unwrap();
+        assert!(
+            matches!(&e, BindError::UnknownServers { names, known } if names == &["gamma"] && known == &["alpha", "beta"]),
+            "{e}"
+        );
+        assert_eq!(
+            e.message(),
+            "Unknown MCP server 'gamma'; known servers: alpha, beta"
+        );
+        let e = u
+            .load(&["gamma".into(), "delta".into()])
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .starts_with("Unknown MCP servers 'gamma', 'delta'"),
+            "{e}"
+        );
+        let e = ups(&[]).load(&["x".into()]).await.err().unwrap();
+        assert!(
+            e.hint()
+                .unwrap()
+                .text()
+                .contains("no MCP servers are configured"),
+            "{e}"
+        );
         // A server that cannot start is named with the reason.
-        let e = u.bind(&["alpha".into()]).await.err().unwrap();
-        assert!(e.contains("'alpha'") && e.contains("not found"), "{e}");
-    }
-
-    #[tokio::test]
-    async fn rpc_enforces_loaded_servers_and_validates_params() {
-        let u = ups(&["alpha", "beta"]);
-        let b = u.bind(&[]).await.unwrap();
-        assert!(b.servers.is_empty());
-        assert_eq!(b.discovered.len(), 2);
-        let rpc = b.rpc;
-        assert_eq!(
-            rpc.handle("list_servers", json!({})).await.unwrap(),
-            json!([])
-        );
-        let e = rpc
-            .handle(
-                "call_tool",
-                json!({"server": "beta", "tool": "x", "arguments": {}}),
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(
-            e,
-            "Server 'beta' is not loaded for this call; pass \"servers\": [\"beta\"] to run_python to load it"
-        );
-        let e = rpc
-            .handle("call_tool", json!({"server": "zeta", "tool": "x"}))
-            .await
-            .unwrap_err();
-        assert!(e.contains("Unknown MCP server 'zeta'"));
+        let e = u.load(&["alpha".into()]).await.err().unwrap();
+        let BindError::Unavailable(errors) = &e else {
+            panic!("{e}")
+        };
         assert!(
-            rpc.handle("list_tools", json!({}))
-                .await
-                .unwrap_err()
-                .contains("'server'")
+            matches!(
+                errors.as_slice(),
+                [CallError::Start(connection::StartError::CommandNotFound { server, .. })] if server == "alpha"
+            ),
+            "{e}"
         );
+        // The text the model gets joins each error with its advice.
+        let text = u.bind(&["alpha".into()]).await.err().unwrap();
         assert!(
-            rpc.handle("frobnicate", json!({}))
-                .await
-                .unwrap_err()
-                .contains("Unknown RPC method")
+            text.contains("'alpha'") && text.contains("not found (is it installed"),
+            "{text}"
         );
-        // Search skips servers that cannot start, and answers.
-        assert_eq!(
-            rpc.handle("search_tool_docs", json!({"query": "x"}))
-                .await
-                .unwrap(),
-            json!([])
-        );
-        assert!(
-            rpc.handle("search_tool_docs", json!({"query": "x", "limit": "a"}))
-                .await
-                .is_err()
-        );
-    }
-
-    #[test]
-    fn call_results_keep_the_protocol_fields() {
-        let r = rmcp::model::CallToolResult::success(vec![rmcp::model::ContentBlock::text("hi")]);
-        let v = call_result_json(&r);
-        assert_eq!(v["content"][0]["text"], "hi");
-        assert_eq!(v["isError"], false);
-        assert!(v.get("resultType").is_none());
     }
 }

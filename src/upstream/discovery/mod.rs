@@ -1,4 +1,6 @@
-//! Where upstream server definitions come from.
+//! Where upstream server definitions come from: [`sources`] says where to look, [`entry`]
+//! reads and checks one definition, [`jsonc`] makes commented JSON parseable, and [`discover`]
+//! (here) reads them all in order and keeps the first definition of each name.
 //!
 //! Sources are read in the order of [`SOURCES`]; the first definition of a server name wins and
 //! later definitions of the same name are reported as skipped ("already defined by ...").
@@ -29,203 +31,23 @@
 //! an entry that would start this bridge itself (unless `allow_self_server`).
 //!
 //! Values may reference secrets that are only resolved when the server is started
-//! ([`crate::upstream::pool`]): `${VAR}`, `${VAR:-default}`, `${env:VAR}`, `{env:VAR}` and
+//! ([`crate::upstream::secrets`]): `${VAR}`, `${VAR:-default}`, `${env:VAR}`, `{env:VAR}` and
 //! `{file:/path}`.
 
+pub mod entry;
+pub mod jsonc;
+pub mod sources;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
-/// One server definition, as written in an `mcpServers` JSON entry or a `[servers.<name>]` TOML
-/// table.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ServerEntry {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub command: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub args: Vec<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub env_file: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cwd: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub headers: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-}
-
-impl ServerEntry {
-    /// `"stdio"` or `"http"` (meaningful only for a validated entry).
-    pub fn transport(&self) -> &'static str {
-        if self.url.is_some() { "http" } else { "stdio" }
-    }
-
-    /// A short, secret-free description of how the server is reached: the program for stdio
-    /// servers (no arguments, which may carry tokens), scheme://host/path for HTTP servers (no
-    /// query, no user info).
-    pub fn target_summary(&self) -> String {
-        if let Some(url) = &self.url {
-            return format!("http {}", redact_url(url));
-        }
-        match &self.command {
-            Some(c) => format!("stdio {c}"),
-            None => "(nothing to start)".to_string(),
-        }
-    }
-}
-
-/// `scheme://host[:port]/path` without user info, query or fragment.
-fn redact_url(url: &str) -> String {
-    let cut = url.find(['?', '#']).map(|i| &url[..i]).unwrap_or(url);
-    match cut.split_once("://") {
-        Some((scheme, rest)) => {
-            let rest = rest.rsplit_once('@').map(|(_, r)| r).unwrap_or(rest);
-            format!("{scheme}://{rest}")
-        }
-        None => cut.to_string(),
-    }
-}
-
-/// Which kind of place a server definition came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SourceKind {
-    /// `[servers.<name>]` in the bridge's TOML config.
-    Config,
-    /// `servers_file` / `MCP_BRIDGE_SERVERS_FILE`.
-    ServersFile,
-    /// `~/MCPs/*.json`.
-    McpsDir,
-    /// `$XDG_CONFIG_HOME/mcp/mcp.json`.
-    XdgMcpJson,
-    /// `$XDG_CONFIG_HOME/mcp/servers/*.json`.
-    XdgMcpServersDir,
-    /// `~/.claude.json`.
-    ClaudeCode,
-    /// Claude Desktop's `claude_desktop_config.json`.
-    ClaudeDesktop,
-    /// `./.mcp.json`.
-    ProjectMcpJson,
-    /// `./mcp-servers/*.json`.
-    ProjectServersDir,
-    /// `./.vscode/mcp.json`.
-    VsCode,
-}
-
-/// A source of server definitions, for docs and the `servers` subcommand.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct SourceSpec {
-    pub kind: SourceKind,
-    /// Where it is, as users write it.
-    pub location: &'static str,
-    /// What is read there.
-    pub format: &'static str,
-}
-
-/// Every source of server definitions, in precedence order (the first definition of a name wins).
-pub const SOURCES: &[SourceSpec] = &[
-    SourceSpec {
-        kind: SourceKind::Config,
-        location: "[servers.<name>] in config.toml",
-        format: "TOML tables (strict keys)",
-    },
-    SourceSpec {
-        kind: SourceKind::ServersFile,
-        location: "$MCP_BRIDGE_SERVERS_FILE (servers_file)",
-        format: "{\"mcpServers\": {...}}",
-    },
-    SourceSpec {
-        kind: SourceKind::McpsDir,
-        location: "~/MCPs/*.json",
-        format: "{\"mcpServers\": {...}}",
-    },
-    SourceSpec {
-        kind: SourceKind::XdgMcpJson,
-        location: "$XDG_CONFIG_HOME/mcp/mcp.json",
-        format: "{\"mcpServers\": {...}} (home-manager programs.mcp)",
-    },
-    SourceSpec {
-        kind: SourceKind::XdgMcpServersDir,
-        location: "$XDG_CONFIG_HOME/mcp/servers/*.json",
-        format: "{\"mcpServers\": {...}}",
-    },
-    SourceSpec {
-        kind: SourceKind::ClaudeCode,
-        location: "~/.claude.json",
-        format: "projects[<cwd>].mcpServers, then mcpServers (Claude Code)",
-    },
-    SourceSpec {
-        kind: SourceKind::ClaudeDesktop,
-        location: "$XDG_CONFIG_HOME/Claude/claude_desktop_config.json, ~/Library/Application Support/Claude/claude_desktop_config.json",
-        format: "{\"mcpServers\": {...}} (Claude Desktop)",
-    },
-    SourceSpec {
-        kind: SourceKind::ProjectMcpJson,
-        location: "./.mcp.json",
-        format: "{\"mcpServers\": {...}}",
-    },
-    SourceSpec {
-        kind: SourceKind::ProjectServersDir,
-        location: "./mcp-servers/*.json",
-        format: "{\"mcpServers\": {...}}",
-    },
-    SourceSpec {
-        kind: SourceKind::VsCode,
-        location: "./.vscode/mcp.json",
-        format: "{\"servers\": {...}} (VS Code, JSONC)",
-    },
-];
-
-impl SourceKind {
-    pub fn spec(self) -> &'static SourceSpec {
-        SOURCES
-            .iter()
-            .find(|s| s.kind == self)
-            .expect("every kind is in SOURCES")
-    }
-
-    /// Project sources resolve relative paths against the project (current) directory.
-    fn is_project(self) -> bool {
-        matches!(
-            self,
-            SourceKind::ProjectMcpJson | SourceKind::ProjectServersDir | SourceKind::VsCode
-        )
-    }
-}
-
-/// Where one definition came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Origin {
-    pub kind: SourceKind,
-    /// The file, when known (a `[servers.<name>]` table whose config file was not passed in
-    /// [`DiscoveryContext::config_files`] has `None`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub path: Option<PathBuf>,
-    /// Where inside the file, when it matters (`projects["/src/app"]`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-}
-
-impl fmt::Display for Origin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.path {
-            Some(p) => write!(f, "{}", p.display())?,
-            None => write!(f, "{}", self.kind.spec().location)?,
-        }
-        if let Some(d) = &self.detail {
-            write!(f, " {d}")?;
-        }
-        Ok(())
-    }
-}
+pub use entry::{EntryError, ServerEntry, launches_self, redact_url};
+pub use jsonc::strip_jsonc;
+use sources::Place;
+pub use sources::{Origin, SOURCES, SourceKind, SourceSpec};
 
 /// What discovery needs to know about the machine.
 #[derive(Debug, Clone, Default)]
@@ -341,7 +163,6 @@ impl Discovery {
         }
     }
 }
-
 /// Read every source (see the module docs for the order and rules).
 pub fn discover(ctx: &DiscoveryContext) -> Discovery {
     let mut acc = Acc {
@@ -359,49 +180,18 @@ pub fn discover(ctx: &DiscoveryContext) -> Discovery {
         };
         acc.offer(name, entry.clone(), origin);
     }
-    if let Some(file) = &ctx.servers_file {
-        let file = expand_tilde(file, ctx.home.as_deref());
-        if !acc.read_file(SourceKind::ServersFile, &file) {
-            acc.out
-                .warnings
-                .push(format!("servers file {}: no such file", file.display()));
+    for (kind, place) in sources::places(ctx) {
+        match place {
+            Place::File(path) => {
+                if !acc.read_file(kind, &path) && kind == SourceKind::ServersFile {
+                    acc.out
+                        .warnings
+                        .push(format!("servers file {}: no such file", path.display()));
+                }
+            }
+            Place::Dir(dir) => acc.read_dir(kind, &dir),
         }
     }
-    if let Some(home) = &ctx.home {
-        acc.read_dir(SourceKind::McpsDir, &home.join("MCPs"));
-    }
-    if let Some(config) = ctx.config_dir() {
-        acc.read_file(SourceKind::XdgMcpJson, &config.join("mcp").join("mcp.json"));
-        acc.read_dir(
-            SourceKind::XdgMcpServersDir,
-            &config.join("mcp").join("servers"),
-        );
-    }
-    if let Some(home) = &ctx.home {
-        acc.read_file(SourceKind::ClaudeCode, &home.join(".claude.json"));
-    }
-    let mut desktop = Vec::new();
-    if let Some(config) = ctx.config_dir() {
-        desktop.push(config.join("Claude").join("claude_desktop_config.json"));
-    }
-    if let Some(home) = &ctx.home {
-        desktop.push(
-            home.join("Library/Application Support/Claude")
-                .join("claude_desktop_config.json"),
-        );
-    }
-    if cfg!(target_os = "macos") {
-        desktop.reverse();
-    }
-    for path in desktop {
-        acc.read_file(SourceKind::ClaudeDesktop, &path);
-    }
-    acc.read_file(SourceKind::ProjectMcpJson, &ctx.cwd.join(".mcp.json"));
-    acc.read_dir(SourceKind::ProjectServersDir, &ctx.cwd.join("mcp-servers"));
-    acc.read_file(
-        SourceKind::VsCode,
-        &ctx.cwd.join(".vscode").join("mcp.json"),
-    );
 
     let mut out = acc.out;
     out.servers.sort_by(|a, b| a.name.cmp(&b.name));
@@ -432,18 +222,13 @@ impl Acc<'_> {
             let reason = format!("already defined by {first}");
             return skip(self, reason);
         }
-        if let Err(reason) = validate(&entry) {
-            return skip(self, reason);
+        if let Err(e) = entry::validate(&entry) {
+            return skip(self, e.message());
         }
         if !self.ctx.allow_self_server
             && let Some(why) = launches_self(&entry, self.ctx.self_exe.as_deref())
         {
-            return skip(
-                self,
-                format!(
-                    "it would start this bridge itself ({why}); set MCP_BRIDGE_ALLOW_SELF_SERVER=1 to keep it"
-                ),
-            );
+            return skip(self, EntryError::LaunchesSelf(why).message());
         }
         self.taken.insert(name.to_string(), origin.clone());
         self.out.servers.push(DiscoveredEntry {
@@ -641,324 +426,27 @@ impl Acc<'_> {
             return;
         };
         for (name, value) in servers {
-            match parse_json_entry(value) {
+            match entry::parse_json_entry(value) {
                 Ok(mut entry) => {
                     if entry.description.is_none() {
                         entry.description = file_description.map(str::to_string);
                     }
-                    let entry = self.normalize_paths(entry, base);
+                    let entry = entry::normalize_paths(
+                        entry,
+                        base,
+                        &self.ctx.cwd,
+                        self.ctx.home.as_deref(),
+                    );
                     self.offer(name, entry, origin.clone());
                 }
-                Err(reason) => self.out.skipped.push(SkippedEntry {
+                Err(e) => self.out.skipped.push(SkippedEntry {
                     name: name.clone(),
                     origin: origin.clone(),
-                    reason,
+                    reason: e.message(),
                 }),
             }
         }
     }
-
-    /// `~/`, `${workspaceFolder}`, `${userHome}`, and relative `cwd` / `env_file`.
-    fn normalize_paths(&self, mut e: ServerEntry, base: &Path) -> ServerEntry {
-        let home = self.ctx.home.as_deref();
-        let ws = self.ctx.cwd.to_string_lossy().to_string();
-        let user_home = home.map(|h| h.to_string_lossy().to_string());
-        let subst = |s: &str| -> String {
-            let mut s = s.replace("${workspaceFolder}", &ws);
-            if let Some(h) = &user_home {
-                s = s.replace("${userHome}", h);
-            }
-            s
-        };
-        e.command = e.command.map(|c| {
-            let c = subst(&c);
-            if c.starts_with("~/") {
-                expand_tilde(Path::new(&c), home)
-                    .to_string_lossy()
-                    .to_string()
-            } else {
-                c
-            }
-        });
-        e.args = e.args.iter().map(|a| subst(a)).collect();
-        e.env = e.env.iter().map(|(k, v)| (k.clone(), subst(v))).collect();
-        let fix = |p: PathBuf| -> PathBuf {
-            let p = PathBuf::from(subst(&p.to_string_lossy()));
-            let p = expand_tilde(&p, home);
-            if p.is_relative() && !p.to_string_lossy().starts_with("${") {
-                base.join(p)
-            } else {
-                p
-            }
-        };
-        e.cwd = e.cwd.map(fix);
-        e.env_file = e.env_file.map(fix);
-        e
-    }
-}
-
-/// `~/x` -> `$HOME/x`.
-fn expand_tilde(p: &Path, home: Option<&Path>) -> PathBuf {
-    match (p.strip_prefix("~"), home) {
-        (Ok(rest), Some(home)) => home.join(rest),
-        _ => p.to_path_buf(),
-    }
-}
-
-/// An entry must name exactly one of `command` and `url`.
-fn validate(e: &ServerEntry) -> Result<(), String> {
-    let command = e
-        .command
-        .as_deref()
-        .map(str::trim)
-        .filter(|c| !c.is_empty());
-    let url = e.url.as_deref().map(str::trim).filter(|u| !u.is_empty());
-    match (command, url) {
-        (Some(_), Some(_)) => Err("it has both `command` and `url`; give exactly one".into()),
-        (None, None) => {
-            Err("it has neither `command` (a stdio server) nor `url` (an HTTP server)".into())
-        }
-        (None, Some(u)) => {
-            if u.starts_with("http://")
-                || u.starts_with("https://")
-                || u.starts_with("${")
-                || u.starts_with("{env:")
-            {
-                Ok(())
-            } else {
-                Err(format!(
-                    "its url {:?} is not an http:// or https:// URL",
-                    redact_url(u)
-                ))
-            }
-        }
-        (Some(_), None) => Ok(()),
-    }
-}
-
-/// One lenient `mcpServers` entry.
-fn parse_json_entry(v: &Value) -> Result<ServerEntry, String> {
-    let Some(o) = v.as_object() else {
-        return Err("the entry is not a JSON object".into());
-    };
-    if o.get("disabled").and_then(Value::as_bool) == Some(true) {
-        return Err("disabled in its file (\"disabled\": true)".into());
-    }
-    if o.get("enabled").and_then(Value::as_bool) == Some(false) {
-        return Err("disabled in its file (\"enabled\": false)".into());
-    }
-    let string = |keys: &[&str]| -> Result<Option<String>, String> {
-        for k in keys {
-            match o.get(*k) {
-                None | Some(Value::Null) => continue,
-                Some(Value::String(s)) => return Ok(Some(s.clone())),
-                Some(_) => return Err(format!("`{k}` is not a string")),
-            }
-        }
-        Ok(None)
-    };
-    let scalar = |v: &Value| -> Option<String> {
-        match v {
-            Value::String(s) => Some(s.clone()),
-            Value::Number(n) => Some(n.to_string()),
-            Value::Bool(b) => Some(b.to_string()),
-            _ => None,
-        }
-    };
-    let map = |key: &str, allow_file: bool| -> Result<BTreeMap<String, String>, String> {
-        let mut out = BTreeMap::new();
-        match o.get(key) {
-            None | Some(Value::Null) => {}
-            Some(Value::Object(m)) => {
-                for (k, v) in m {
-                    let value = match v {
-                        Value::Object(f) if allow_file => match f
-                            .get("file")
-                            .and_then(Value::as_str)
-                        {
-                            Some(path) => format!("{{file:{path}}}"),
-                            None => {
-                                return Err(format!("`{key}.{k}` is an object without \"file\""));
-                            }
-                        },
-                        Value::Null => continue,
-                        other => {
-                            scalar(other).ok_or_else(|| format!("`{key}.{k}` is not a string"))?
-                        }
-                    };
-                    out.insert(k.clone(), value);
-                }
-            }
-            Some(_) => return Err(format!("`{key}` is not an object")),
-        }
-        Ok(out)
-    };
-    let args = match o.get("args") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| scalar(v).ok_or_else(|| "`args` must be a list of strings".to_string()))
-            .collect::<Result<_, _>>()?,
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(_) => return Err("`args` is not a list".into()),
-    };
-    Ok(ServerEntry {
-        command: string(&["command"])?,
-        args,
-        env: map("env", true)?,
-        env_file: string(&["env_file", "envFile"])?.map(PathBuf::from),
-        cwd: string(&["cwd"])?.map(PathBuf::from),
-        url: string(&["url", "serverUrl", "httpUrl"])?,
-        headers: map("headers", false)?,
-        description: string(&["description"])?,
-    })
-}
-
-/// The base name of this program.
-const SELF_NAME: &str = "mcp-code-bridge";
-
-/// Why an entry would start this bridge, if it would: its command (or, for launchers such as
-/// `nix run`, `npx`, `uvx`, `sh -c`, any argument) is `mcp-code-bridge` or our own executable.
-/// An argument that is an existing directory named `mcp-code-bridge` (a checkout handed to a
-/// filesystem server) only counts for `nix`, where it is a flake reference.
-pub fn launches_self(entry: &ServerEntry, self_exe: Option<&Path>) -> Option<String> {
-    let command = entry.command.as_deref()?.trim();
-    let self_canon = self_exe.and_then(|p| std::fs::canonicalize(p).ok());
-    let is_self_path = |tok: &str| -> bool {
-        let Some(exe) = self_exe else { return false };
-        let p = Path::new(tok);
-        if p == exe {
-            return true;
-        }
-        p.is_absolute() && self_canon.is_some() && std::fs::canonicalize(p).ok() == self_canon
-    };
-    // `dirs_count`: a directory named like us counts (commands, flake references).
-    let names_self = |tok: &str, dirs_count: bool| -> bool {
-        let tok = tok.trim_matches(|c| c == '"' || c == '\'');
-        if tok.is_empty() {
-            return false;
-        }
-        if is_self_path(tok) {
-            return true;
-        }
-        // Flake references: `github:o/mcp-code-bridge`, `.#mcp-code-bridge`, `path:/x/mcp-code-bridge#default`.
-        let (base, fragment) = match tok.split_once('#') {
-            Some((b, f)) => (b, Some(f)),
-            None => (tok, None),
-        };
-        if fragment.is_some_and(|f| f == SELF_NAME || f.ends_with(&format!(".{SELF_NAME}"))) {
-            return true;
-        }
-        let base = base.split('?').next().unwrap_or(base).trim_end_matches('/');
-        let last = base.rsplit(['/', ':']).next().unwrap_or(base);
-        if last != SELF_NAME {
-            return false;
-        }
-        dirs_count || fragment.is_some() || !Path::new(base).is_dir()
-    };
-    let program = Path::new(command)
-        .file_name()
-        .and_then(|s| s.to_str())
-        .unwrap_or(command);
-    if command
-        .split_whitespace()
-        .next()
-        .is_some_and(|c| names_self(c, true))
-    {
-        return Some(format!("its command is {command:?}"));
-    }
-    let nix = matches!(program, "nix" | "nix-shell" | "nix-run");
-    for arg in &entry.args {
-        for tok in arg.split_whitespace() {
-            if names_self(tok, nix) {
-                return Some(format!("its arguments name {tok:?}"));
-            }
-        }
-    }
-    None
-}
-
-/// Remove `//` and `/* */` comments and trailing commas, outside strings (JSONC -> JSON).
-pub fn strip_jsonc(text: &str) -> String {
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let b = text.as_bytes();
-    let mut out = String::with_capacity(text.len());
-    let mut i = 0;
-    let mut in_str = false;
-    let mut start = 0; // start of the pending verbatim run
-    while i < b.len() {
-        let c = b[i];
-        if in_str {
-            if c == b'\\' {
-                i += 2;
-                continue;
-            }
-            if c == b'"' {
-                in_str = false;
-            }
-            i += 1;
-            continue;
-        }
-        match c {
-            b'"' => {
-                in_str = true;
-                i += 1;
-            }
-            b'/' if b.get(i + 1) == Some(&b'/') => {
-                out.push_str(&text[start..i]);
-                while i < b.len() && b[i] != b'\n' {
-                    i += 1;
-                }
-                start = i;
-            }
-            b'/' if b.get(i + 1) == Some(&b'*') => {
-                out.push_str(&text[start..i]);
-                let start_of_comment = i;
-                i += 2;
-                while i < b.len() && !(b[i] == b'*' && b.get(i + 1) == Some(&b'/')) {
-                    i += 1;
-                }
-                i = (i + 2).min(b.len());
-                // Keep the line count, so parse errors point at the right line.
-                out.push(' ');
-                out.extend(std::iter::repeat_n(
-                    '\n',
-                    text[start_of_comment..i].matches('\n').count(),
-                ));
-                start = i;
-            }
-            b',' => {
-                // A comma followed (after whitespace/comments) by `}` or `]` is dropped.
-                let mut j = i + 1;
-                loop {
-                    while j < b.len() && b[j].is_ascii_whitespace() {
-                        j += 1;
-                    }
-                    if b.get(j) == Some(&b'/') && b.get(j + 1) == Some(&b'/') {
-                        while j < b.len() && b[j] != b'\n' {
-                            j += 1;
-                        }
-                    } else if b.get(j) == Some(&b'/') && b.get(j + 1) == Some(&b'*') {
-                        j += 2;
-                        while j < b.len() && !(b[j] == b'*' && b.get(j + 1) == Some(&b'/')) {
-                            j += 1;
-                        }
-                        j = (j + 2).min(b.len());
-                    } else {
-                        break;
-                    }
-                }
-                if matches!(b.get(j), Some(b'}') | Some(b']')) {
-                    out.push_str(&text[start..i]);
-                    start = i + 1;
-                }
-                i += 1;
-            }
-            _ => i += 1,
-        }
-    }
-    out.push_str(&text[start..]);
-    out
 }
 
 #[cfg(test)]
@@ -1358,25 +846,6 @@ mod tests {
     }
 
     #[test]
-    fn self_detection_follows_symlinks_to_our_exe() {
-        let t = tree();
-        let exe = t.home.join("real-bridge");
-        fs::write(&exe, "").unwrap();
-        let link = t.home.join("bridge-link");
-        std::os::unix::fs::symlink(&exe, &link).unwrap();
-        let e = ServerEntry {
-            command: Some(link.to_string_lossy().into()),
-            ..Default::default()
-        };
-        assert!(launches_self(&e, Some(&exe)).is_some());
-        let other = ServerEntry {
-            command: Some("/bin/true".into()),
-            ..Default::default()
-        };
-        assert!(launches_self(&other, Some(&exe)).is_none());
-    }
-
-    #[test]
     fn no_home_means_only_project_and_config() {
         let t = tree();
         write(&t.project.join(".mcp.json"), &one("p", "p"));
@@ -1384,20 +853,6 @@ mod tests {
         c.home = None;
         let d = discover(&c);
         assert_eq!(d.servers.len(), 1);
-    }
-
-    #[test]
-    fn jsonc_is_stripped_outside_strings() {
-        let s = strip_jsonc("{\"a\": \"http://x//y\", // c\n \"b\": [1, 2, /* z */ ], /* q */ }");
-        let v: Value = serde_json::from_str(&s).unwrap();
-        assert_eq!(v["a"], "http://x//y");
-        assert_eq!(v["b"], serde_json::json!([1, 2]));
-        let s = strip_jsonc("{/* a\nb */\n\"x\": nope}");
-        let e = serde_json::from_str::<Value>(&s).unwrap_err();
-        assert_eq!(e.line(), 3, "{s:?}");
-        let s = strip_jsonc("{\"a\": \"q\\\"//,}\"}");
-        let v: Value = serde_json::from_str(&s).unwrap();
-        assert_eq!(v["a"], "q\"//,}");
     }
 
     #[test]
@@ -1426,21 +881,5 @@ mod tests {
             find(&d, "unknown").origin.to_string(),
             "[servers.<name>] in config.toml"
         );
-    }
-
-    #[test]
-    fn origins_display_their_file() {
-        let o = Origin {
-            kind: SourceKind::ClaudeCode,
-            path: Some("/h/.claude.json".into()),
-            detail: Some("projects[\"/p\"]".into()),
-        };
-        assert_eq!(o.to_string(), "/h/.claude.json projects[\"/p\"]");
-        let o = Origin {
-            kind: SourceKind::Config,
-            path: None,
-            detail: None,
-        };
-        assert_eq!(o.to_string(), "[servers.<name>] in config.toml");
     }
 }
