@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod config;
 pub mod logging;
+pub mod progress;
 pub mod procfs;
 pub mod protocol;
 pub mod render;

@@ -10,10 +10,9 @@ use std::sync::Arc;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CustomRequest, CustomResult,
-    ErrorData, ListResourcesResult, ListToolsResult, LoggingLevel, LoggingMessageNotificationParam,
-    PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequestParams,
-    ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ServerCapabilities,
-    ServerConfig, SetLevelRequestParams, Tool,
+    ErrorData, ListResourcesResult, ListToolsResult, LoggingLevel, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ServerCapabilities, ServerConfig, SetLevelRequestParams, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
@@ -21,7 +20,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::config::Config;
-use crate::protocol::Stream;
+use crate::progress::Forwarder;
 use crate::render;
 use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
 use crate::upstream::Upstreams;
@@ -202,49 +201,15 @@ impl Bridge {
         s
     }
 
-    /// Turn streamed output into progress (and logging, when enabled) notifications.
-    fn progress_sink(&self, context: &RequestContext<RoleServer>) -> Option<OutputSink> {
+    /// Stream output as progress (and logging, when enabled) notifications, when the client
+    /// asked for either.
+    fn progress(&self, context: &RequestContext<RoleServer>) -> Option<(Forwarder, OutputSink)> {
         let token = context.meta.get_progress_token();
-        let logging = *self.log_level.lock().unwrap();
-        if token.is_none() && logging.is_none() {
+        let logging = self.log_level.lock().unwrap().is_some();
+        if token.is_none() && !logging {
             return None;
         }
-        let peer = context.peer.clone();
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Stream, String)>();
-        tokio::spawn(async move {
-            let mut n = 0.0;
-            while let Some((stream, first)) = rx.recv().await {
-                // Coalesce what has arrived meanwhile into one notification.
-                let mut text = first;
-                while let Ok((_, more)) = rx.try_recv() {
-                    if text.len() > 16 * 1024 {
-                        break;
-                    }
-                    text.push_str(&more);
-                }
-                let text: String = text.chars().take(16 * 1024).collect();
-                n += 1.0;
-                if let Some(t) = &token {
-                    let p = ProgressNotificationParam::new(t.clone(), n).with_message(text.clone());
-                    if peer.notify_progress(p).await.is_err() {
-                        return;
-                    }
-                }
-                if logging.is_some() {
-                    let level = if stream == Stream::Stderr {
-                        LoggingLevel::Warning
-                    } else {
-                        LoggingLevel::Info
-                    };
-                    let p = LoggingMessageNotificationParam::new(level, json!(text))
-                        .with_logger("run_python");
-                    let _ = peer.notify_logging_message(p).await;
-                }
-            }
-        });
-        Some(Arc::new(move |stream, data: &str| {
-            let _ = tx.send((stream, data.to_string()));
-        }))
+        Some(Forwarder::start(context.peer.clone(), token, logging))
     }
 }
 
@@ -283,8 +248,12 @@ impl ServerHandler for Bridge {
         }
         let args =
             RunArgs::parse(request.arguments).map_err(|e| ErrorData::invalid_params(e, None))?;
-        let sink = self.progress_sink(&context);
-        Ok(self.run(args, context.ct.clone(), sink).await.into())
+        let (forwarder, sink) = self.progress(&context).unzip();
+        let result = self.run(args, context.ct.clone(), sink).await;
+        if let Some(f) = forwarder {
+            f.finish().await;
+        }
+        Ok(result.into())
     }
 
     async fn list_resources(

@@ -7,31 +7,49 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bollard::container::LogOutput;
 use futures::StreamExt;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::protocol::{self, HostFrame, LineSplitter, MAX_FRAME_BYTES, SandboxFrame, Split};
 
-/// Frames buffered between the reader task and the exec loop (back-pressure beyond this).
+/// Frames buffered between the reader task and the exec loop (back-pressure beyond this)...
 const FRAME_QUEUE: usize = 256;
+/// ... and bytes: what the sandbox can make the host hold in the queue, whatever the frame sizes.
+pub(super) const QUEUE_BYTES: usize = 32 << 20;
 /// Lines of the container's stderr kept to explain a crash.
 const STDERR_TAIL: usize = 20;
+/// The container's stderr and the runtime's log frames reach the bridge's log at most this many
+/// lines per [`LOG_WINDOW`]; the rest are counted and the count logged, so junk from the sandbox
+/// cannot make the log larger than it is.
+const LOG_LINES_PER_WINDOW: u32 = 20;
+const LOG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub(super) type AttachOutput = std::pin::Pin<
     Box<dyn futures::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
 >;
 pub(super) type AttachInput = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
 
+/// A frame from the sandbox with its share of the queue's byte budget, released when dropped.
+pub(super) struct Queued {
+    pub frame: SandboxFrame,
+    /// The line's length in bytes.
+    pub len: usize,
+    _budget: OwnedSemaphorePermit,
+}
+
 /// Both ends of the channel, and what the reader knows of the container.
 pub(super) struct Channel {
     /// Lines to the container's stdin, in order.
     pub writer: mpsc::Sender<Vec<u8>>,
-    pub frames: mpsc::Receiver<SandboxFrame>,
+    pub frames: mpsc::Receiver<Queued>,
+    /// The exec whose frames are wanted (0: none). Frames naming any other exec are dropped as
+    /// they arrive, so code left running between calls cannot make the host queue anything.
+    pub current: Arc<AtomicU64>,
     /// Set when the attach stream ends or breaks: the container is gone.
     pub dead: Arc<AtomicBool>,
     /// The container's last stderr lines.
@@ -43,14 +61,23 @@ impl Channel {
     pub fn open(output: AttachOutput, mut input: AttachInput, session: &str) -> Channel {
         let (frame_tx, frames) = mpsc::channel(FRAME_QUEUE);
         let dead = Arc::new(AtomicBool::new(false));
+        let current = Arc::new(AtomicU64::new(0));
         let stderr_tail = Arc::new(std::sync::Mutex::new(VecDeque::new()));
-        tokio::spawn(read_loop(
-            output,
-            frame_tx,
-            dead.clone(),
-            stderr_tail.clone(),
-            session.to_string(),
-        ));
+        tokio::spawn(
+            Reader {
+                tx: frame_tx,
+                budget: Arc::new(Semaphore::new(QUEUE_BYTES)),
+                current: current.clone(),
+                dead: dead.clone(),
+                stderr_tail: stderr_tail.clone(),
+                session: session.to_string(),
+                booted: false,
+                log: RateLimit::default(),
+                bad: 0,
+                stale: 0,
+            }
+            .run(output),
+        );
         let (writer, mut write_rx) = mpsc::channel::<Vec<u8>>(64);
         tokio::spawn(async move {
             while let Some(line) = write_rx.recv().await {
@@ -63,8 +90,43 @@ impl Channel {
         Channel {
             writer,
             frames,
+            current,
             dead,
             stderr_tail,
+        }
+    }
+}
+
+/// Lines allowed into the bridge's log per window; the rest counted.
+#[derive(Default)]
+struct RateLimit {
+    window_start: Option<std::time::Instant>,
+    used: u32,
+    suppressed: u64,
+}
+
+impl RateLimit {
+    /// Whether one more line may be logged now; logs how many were suppressed when a new window
+    /// opens.
+    fn allow(&mut self, session: &str) -> bool {
+        let now = std::time::Instant::now();
+        if self
+            .window_start
+            .is_none_or(|t| now.duration_since(t) >= LOG_WINDOW)
+        {
+            if self.suppressed > 0 {
+                tracing::warn!(%session, suppressed = self.suppressed, "more lines from the sandbox were not logged (at most {LOG_LINES_PER_WINDOW} per {}s)", LOG_WINDOW.as_secs());
+            }
+            self.window_start = Some(now);
+            self.used = 0;
+            self.suppressed = 0;
+        }
+        if self.used < LOG_LINES_PER_WINDOW {
+            self.used += 1;
+            true
+        } else {
+            self.suppressed += 1;
+            false
         }
     }
 }
@@ -88,61 +150,125 @@ pub(super) fn rpc_line(id: u64, answer: Result<Value, String>) -> Vec<u8> {
     .to_line()
 }
 
-/// Split the attach stream into frames. Garbage is logged (sparingly) and dropped; oversize lines
-/// are discarded whole; the container's own stderr goes to the log.
-async fn read_loop(
-    mut output: AttachOutput,
-    tx: mpsc::Sender<SandboxFrame>,
+/// The reader task: splits the attach stream into frames. Garbage is logged (sparingly) and
+/// dropped; oversize lines are discarded whole; frames of no running exec are dropped at arrival;
+/// the container's own stderr and the runtime's log frames go to the log, rate-limited.
+struct Reader {
+    tx: mpsc::Sender<Queued>,
+    budget: Arc<Semaphore>,
+    current: Arc<AtomicU64>,
     dead: Arc<AtomicBool>,
     stderr_tail: Arc<std::sync::Mutex<VecDeque<String>>>,
     session: String,
-) {
-    let mut splitter = LineSplitter::new(MAX_FRAME_BYTES);
-    let mut bad = 0u64;
-    while let Some(item) = output.next().await {
-        let chunk = match item {
-            Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => message,
-            Ok(LogOutput::StdErr { message }) => {
-                let text = String::from_utf8_lossy(&message);
-                let mut tail = stderr_tail.lock().unwrap();
-                for l in text.lines().filter(|l| !l.trim().is_empty()) {
-                    tracing::warn!(%session, "sandbox stderr: {}", l.chars().take(500).collect::<String>());
-                    tail.push_back(l.chars().take(500).collect());
-                    if tail.len() > STDERR_TAIL {
-                        tail.pop_front();
-                    }
+    /// `ready` was seen: later ones are forgeries.
+    booted: bool,
+    log: RateLimit,
+    bad: u64,
+    stale: u64,
+}
+
+impl Reader {
+    async fn run(mut self, mut output: AttachOutput) {
+        let mut splitter = LineSplitter::new(MAX_FRAME_BYTES);
+        while let Some(item) = output.next().await {
+            let chunk = match item {
+                Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => message,
+                Ok(LogOutput::StdErr { message }) => {
+                    self.stderr(&message);
+                    continue;
                 }
-                continue;
+                Ok(LogOutput::StdIn { .. }) => continue,
+                Err(e) => {
+                    tracing::debug!(session = %self.session, "attach stream ended: {e}");
+                    break;
+                }
+            };
+            let mut rest: &[u8] = &chunk;
+            while !rest.is_empty() {
+                match splitter.feed(&mut rest) {
+                    Some(Split::Oversize) if self.log.allow(&self.session) => {
+                        tracing::warn!(session = %self.session, "discarding a line over {MAX_FRAME_BYTES} bytes from the sandbox");
+                    }
+                    Some(Split::Line(line)) if !line.is_empty() => {
+                        let len = line.len();
+                        match protocol::decode(line) {
+                            Ok(frame) => {
+                                if !self.forward(frame, len).await {
+                                    self.dead.store(true, Ordering::Relaxed);
+                                    return;
+                                }
+                            }
+                            Err(e) => {
+                                self.bad += 1;
+                                if self.bad <= 5 || self.bad.is_power_of_two() {
+                                    tracing::warn!(session = %self.session, count = self.bad, "dropping a line from the sandbox that is not a frame: {e}");
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                }
             }
-            Ok(LogOutput::StdIn { .. }) => continue,
-            Err(e) => {
-                tracing::debug!(%session, "attach stream ended: {e}");
-                break;
+        }
+        self.dead.store(true, Ordering::Relaxed);
+    }
+
+    /// Queue a frame for the exec loop, or drop it here. False when the session is gone.
+    async fn forward(&mut self, frame: SandboxFrame, len: usize) -> bool {
+        let current = self.current.load(Ordering::SeqCst);
+        let wanted = match &frame {
+            SandboxFrame::Ready { .. } => !std::mem::replace(&mut self.booted, true),
+            SandboxFrame::Output { id, .. }
+            | SandboxFrame::Display { id, .. }
+            | SandboxFrame::Result { id, .. } => *id == current && current != 0,
+            // RPCs of a finished exec are answered with a refusal by the exec loop while one
+            // runs (so a waiting thread learns why); between execs nobody is there to answer.
+            SandboxFrame::Rpc { .. } => current != 0,
+            SandboxFrame::Log { level, message } => {
+                if self.log.allow(&self.session) {
+                    let end = message
+                        .char_indices()
+                        .nth(500)
+                        .map_or(message.len(), |(i, _)| i);
+                    tracing::debug!(session = %self.session, %level, "runtime: {}", &message[..end]);
+                }
+                false
             }
+            SandboxFrame::Unknown => false,
         };
-        let mut rest: &[u8] = &chunk;
-        while !rest.is_empty() {
-            match splitter.feed(&mut rest) {
-                Some(Split::Oversize) => {
-                    tracing::warn!(%session, "discarding a line over {MAX_FRAME_BYTES} bytes from the sandbox");
-                }
-                Some(Split::Line(line)) if !line.is_empty() => match protocol::decode(line) {
-                    Ok(frame) => {
-                        if tx.send(frame).await.is_err() {
-                            dead.store(true, Ordering::Relaxed);
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        bad += 1;
-                        if bad <= 5 || bad.is_power_of_two() {
-                            tracing::warn!(%session, count = bad, "dropping a line from the sandbox that is not a frame: {e}");
-                        }
-                    }
-                },
-                _ => {}
+        if !wanted {
+            self.stale += 1;
+            if self.stale.is_power_of_two() {
+                tracing::debug!(session = %self.session, dropped = self.stale, "dropping frames that belong to no running call");
+            }
+            return true;
+        }
+        let permits = len.clamp(1, QUEUE_BYTES) as u32;
+        let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
+            return false;
+        };
+        self.tx
+            .send(Queued {
+                frame,
+                len,
+                _budget: budget,
+            })
+            .await
+            .is_ok()
+    }
+
+    fn stderr(&mut self, message: &[u8]) {
+        let text = String::from_utf8_lossy(message);
+        for l in text.lines().filter(|l| !l.trim().is_empty()) {
+            let line: String = l.chars().take(500).collect();
+            if self.log.allow(&self.session) {
+                tracing::warn!(session = %self.session, "sandbox stderr: {line}");
+            }
+            let mut tail = self.stderr_tail.lock().unwrap();
+            tail.push_back(line);
+            if tail.len() > STDERR_TAIL {
+                tail.pop_front();
             }
         }
     }
-    dead.store(true, Ordering::Relaxed);
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
 
 use crate::config::Config;
@@ -28,15 +28,7 @@ pub fn owner_id() -> String {
 /// `pid:starttime` of a running process; `None` when it is gone or a zombie (a killed bridge
 /// whose parent has not reaped it yet is dead for our purposes).
 fn owner_of(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields counted after the ")" that closes the command name: state is field 3, starttime 22.
-    let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace();
-    let state = fields.next()?;
-    if state == "Z" || state == "X" {
-        return None;
-    }
-    let start = fields.nth(18)?;
-    Some(format!("{pid}:{start}"))
+    crate::procfs::running_since(pid).map(|start| format!("{pid}:{start}"))
 }
 
 /// Whether the bridge that wrote `owner` is still running on this host.
@@ -91,6 +83,13 @@ pub fn spec(config: &Config, session: &str, owner: &str) -> ContainerCreateBody 
         ]),
         tmpfs: Some(tmpfs),
         ipc_mode: Some("private".into()),
+        // No container log: the engine would otherwise persist everything the code writes to
+        // stdout/stderr on the host's disk (podman's k8s-file has no size limit), outside every
+        // tmpfs cap. The bridge reads the attach stream, which needs no log.
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("none".into()),
+            config: None,
+        }),
         auto_remove: Some(false),
         // A tiny init (catatonit, docker-init) as PID 1 reaps orphaned grandchildren, which would
         // otherwise pile up as zombies against the pids limit.
@@ -252,6 +251,7 @@ mod tests {
         assert_eq!(h.memory, Some(512 << 20));
         assert_eq!(h.memory_swap, h.memory);
         assert_eq!(h.pids_limit, Some(128));
+        assert_eq!(h.log_config.and_then(|l| l.typ).as_deref(), Some("none"));
         let tmpfs = h.tmpfs.unwrap();
         assert!(
             tmpfs["/tmp"].contains("noexec")

@@ -17,12 +17,12 @@ use bollard::query_parameters::{AttachContainerOptionsBuilder, CreateContainerOp
 use tokio::sync::{Mutex, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::channel::{Channel, rpc_line};
+use super::channel::{Channel, Queued, rpc_line};
 use super::container;
 use super::error::SandboxError;
 use super::output::{Collector, ExecOutcome, Outcome, OutputSink, limit_hint};
 use crate::config::Config;
-use crate::protocol::{ExecBinding, ExecError, ExecStatus, HostFrame, SandboxFrame};
+use crate::protocol::{ExecBinding, ExecError, ExecStatus, HostFrame, SandboxFrame, Stream};
 
 /// The Python runtime, injected into every container at start.
 pub const RUNTIME: &str = include_str!("../../image/runtime.py");
@@ -36,8 +36,43 @@ const INTERRUPT_RESEND: Duration = Duration::from_secs(1);
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Proxied calls running at once per exec; further ones queue.
 const MAX_CONCURRENT_RPCS: usize = 32;
-/// Calls queued or running per exec before new ones are refused.
+/// Calls queued or running per exec before new ones are refused...
 const MAX_PENDING_RPCS: usize = 4096;
+/// ... and bytes of their arguments: what an exec can make the host hold in calls not answered yet.
+const MAX_PENDING_RPC_BYTES: u64 = 32 << 20;
+/// Images returned per call.
+const MAX_IMAGES: usize = 16;
+/// Largest image `display()` may return, raw; the runtime refuses larger ones with the same
+/// number (`IMAGE_CAP` in image/runtime.py).
+pub const MAX_IMAGE_BYTES: usize = 6 << 20;
+
+/// Whether a `display` frame holds an image a client can show: an allowed type whose bytes are
+/// valid base64, no larger than [`MAX_IMAGE_BYTES`], and start as that type's files do.
+fn check_image(mime: &str, data: &str) -> Result<(), String> {
+    use base64::Engine as _;
+    let magic: &[&[u8]] = match mime {
+        "image/png" => &[b"\x89PNG\r\n\x1a\n"],
+        "image/jpeg" => &[b"\xff\xd8\xff"],
+        "image/gif" => &[b"GIF87a", b"GIF89a"],
+        "image/webp" => &[b"RIFF"],
+        _ => {
+            return Err(format!(
+                "type {:?} is not an image type clients accept (PNG, JPEG, GIF, WebP)",
+                mime.chars().take(60).collect::<String>()
+            ));
+        }
+    };
+    if data.len() > MAX_IMAGE_BYTES.div_ceil(3) * 4 {
+        return Err(format!("larger than {} MiB", MAX_IMAGE_BYTES >> 20));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .map_err(|_| "the data is not valid base64".to_string())?;
+    if !magic.iter().any(|m| bytes.starts_with(m)) {
+        return Err(format!("the bytes are not a {mime} file"));
+    }
+    Ok(())
+}
 
 /// What a caller asks of one exec.
 pub struct ExecRequest {
@@ -59,7 +94,9 @@ pub struct Session {
     memory_limit: String,
     pids_limit: u32,
     writer: mpsc::Sender<Vec<u8>>,
-    frames: Mutex<mpsc::Receiver<SandboxFrame>>,
+    frames: Mutex<mpsc::Receiver<Queued>>,
+    /// The exec whose frames the reader lets through (see [`Channel::current`]).
+    current: Arc<AtomicU64>,
     next_exec: AtomicU64,
     dead: Arc<AtomicBool>,
     last_used: std::sync::Mutex<Instant>,
@@ -98,13 +135,32 @@ struct ExecRun {
     rpc_slots: Arc<Semaphore>,
     /// RPCs queued, running, or being refused.
     pending: Arc<AtomicU64>,
+    /// Bytes of the lines of RPCs queued or running: their arguments are held until answered.
+    pending_bytes: Arc<AtomicU64>,
     rpcs: tokio::task::JoinSet<()>,
+    /// Images dropped, and why (the last reason): one notice for all of them.
+    images_dropped: (u32, String),
     /// Set once an interrupt was sent: why, and when the first was sent.
     interrupted: Option<(Outcome, tokio::time::Instant)>,
     interrupts_sent: u32,
 }
 
 impl ExecRun {
+    fn drop_image(&mut self, why: String) {
+        self.images_dropped.0 += 1;
+        self.images_dropped.1 = why;
+    }
+
+    /// The one notice about dropped images, if any were.
+    fn image_notice(&mut self) {
+        let (n, why) = std::mem::take(&mut self.images_dropped);
+        if n > 0 {
+            self.notices.push(format!(
+                "{n} image(s) from display() were not returned: {why}"
+            ));
+        }
+    }
+
     /// When the exec's timer fires next: its deadline; once interrupted, the resend time, then
     /// the end of the grace period.
     fn wake(&self, deadline: tokio::time::Instant) -> tokio::time::Instant {
@@ -179,6 +235,7 @@ impl Session {
         let Channel {
             writer,
             frames: mut frame_rx,
+            current,
             dead,
             stderr_tail,
         } = Channel::open(attached.output, attached.input, name);
@@ -188,7 +245,7 @@ impl Session {
             .await;
         let python = match tokio::time::timeout(START_TIMEOUT, async {
             loop {
-                match frame_rx.recv().await {
+                match frame_rx.recv().await.map(|q| q.frame) {
                     Some(SandboxFrame::Ready { python }) => return Some(python),
                     Some(_) => continue,
                     None => return None,
@@ -216,6 +273,7 @@ impl Session {
             pids_limit: config.pids,
             writer,
             frames: Mutex::new(frame_rx),
+            current,
             next_exec: AtomicU64::new(1),
             dead,
             last_used: std::sync::Mutex::new(Instant::now()),
@@ -265,20 +323,37 @@ impl Session {
             notices: Vec::new(),
             rpc_slots: Arc::new(Semaphore::new(MAX_CONCURRENT_RPCS)),
             pending: Arc::new(AtomicU64::new(0)),
+            pending_bytes: Arc::new(AtomicU64::new(0)),
+            images_dropped: (0, String::new()),
             rpcs: tokio::task::JoinSet::new(),
             interrupted: None,
             interrupts_sent: 0,
         };
-        if self.writer.send(self.exec_line(id, &req)).await.is_err() {
-            self.dead.store(true, Ordering::Relaxed);
+        self.current.store(id, Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + req.timeout;
+        // A sandbox that stopped reading its stdin fills the pipe: this send, like every other
+        // await on the sandbox, ends at the call's deadline or cancellation.
+        let sent = tokio::select! {
+            r = self.writer.send(self.exec_line(id, &req)) => r.is_ok(),
+            _ = tokio::time::sleep_until(deadline) => false,
+            _ = req.cancel.cancelled() => false,
+        };
+        if !sent {
+            self.current.store(0, Ordering::SeqCst);
+            if !self.is_dead() {
+                run.notices.push("the sandbox stopped reading its input, so the code could not be sent; its sandbox was killed. The session was reset: variables and imports are gone; the next call starts fresh.".into());
+                self.destroy().await;
+                let mut o = run.out.finish(Outcome::Crashed, started, run.notices);
+                o.session_reset = true;
+                return o;
+            }
             return self.crashed(run.out, started, run.notices).await;
         }
-        let deadline = tokio::time::Instant::now() + req.timeout;
         let result = loop {
             tokio::select! {
                 frame = frames.recv() => {
-                    let Some(frame) = frame else { break None };
-                    if let Some(end) = self.on_frame(&mut run, &req, frame) {
+                    let Some(q) = frame else { break None };
+                    if let Some(end) = self.on_frame(&mut run, &req, q) {
                         break Some(end);
                     }
                 }
@@ -292,6 +367,7 @@ impl Session {
                 }
             }
         };
+        self.current.store(0, Ordering::SeqCst);
         run.rpcs.abort_all();
         if run.interrupts_sent > 0 {
             tracing::debug!(session = %self.name, exec = id, interrupts = run.interrupts_sent, "the code stopped after its interrupt");
@@ -334,14 +410,10 @@ impl Session {
     }
 
     /// One frame from the sandbox during an exec; `Some` when it is the exec's result.
-    fn on_frame(
-        &self,
-        run: &mut ExecRun,
-        req: &ExecRequest,
-        frame: SandboxFrame,
-    ) -> Option<ExecEnd> {
+    fn on_frame(&self, run: &mut ExecRun, req: &ExecRequest, q: Queued) -> Option<ExecEnd> {
         let id = run.id;
-        match frame {
+        let len = q.len as u64;
+        match q.frame {
             SandboxFrame::Output {
                 id: fid,
                 stream,
@@ -356,16 +428,20 @@ impl Session {
                 id: fid,
                 mime,
                 data,
-            } if fid == id => {
-                if run.out.images.len() < 16 && data.len() <= 8 << 20 && mime.starts_with("image/")
-                {
-                    run.out.images.push((mime, data));
-                } else {
-                    run.notices.push(
-                        "an image was dropped: at most 16 images of 8 MiB each per call".into(),
-                    );
+            } if fid == id => match check_image(&mime, &data) {
+                _ if mime == "text/plain" => {
+                    // display() of something that is not an image: shown as text, in order.
+                    run.out.push(Stream::Stdout, &data);
+                    if !data.ends_with('\n') {
+                        run.out.push(Stream::Stdout, "\n");
+                    }
                 }
-            }
+                Ok(()) if run.out.images.len() < MAX_IMAGES => run.out.images.push((mime, data)),
+                Ok(()) => {
+                    run.drop_image(format!("at most {MAX_IMAGES} images are returned per call"))
+                }
+                Err(why) => run.drop_image(why),
+            },
             SandboxFrame::Rpc {
                 id: rid,
                 exec,
@@ -376,15 +452,20 @@ impl Session {
                     self.refuse(rid, "this call was made after its run_python call ended; await every tool call before the code finishes".into(), &run.pending);
                 } else if run.pending.load(Ordering::Relaxed) as usize >= MAX_PENDING_RPCS {
                     self.refuse(rid, format!("too many tool calls in flight (limit {MAX_PENDING_RPCS}); await some before starting more"), &run.pending);
+                } else if run.pending_bytes.load(Ordering::Relaxed) + len > MAX_PENDING_RPC_BYTES {
+                    self.refuse(rid, format!("too many bytes of tool-call arguments in flight (limit {} MiB); await some calls before starting more", MAX_PENDING_RPC_BYTES >> 20), &run.pending);
                 } else {
                     run.pending.fetch_add(1, Ordering::Relaxed);
+                    run.pending_bytes.fetch_add(len, Ordering::Relaxed);
                     let rpc = req.binding.rpc.clone();
                     let slots = run.rpc_slots.clone();
                     let writer = self.writer.clone();
                     let pending = run.pending.clone();
+                    let pending_bytes = run.pending_bytes.clone();
                     run.rpcs.spawn(async move {
                         let _permit = slots.acquire_owned().await;
                         let answer = rpc.handle(&method, params).await;
+                        pending_bytes.fetch_sub(len, Ordering::Relaxed);
                         let _ = writer.send(rpc_line(rid, answer)).await;
                         pending.fetch_sub(1, Ordering::Relaxed);
                     });
@@ -404,17 +485,8 @@ impl Session {
                     truncated,
                 });
             }
-            SandboxFrame::Log { level, message } => {
-                let end = message
-                    .char_indices()
-                    .nth(500)
-                    .map_or(message.len(), |(i, _)| i);
-                tracing::debug!(session = %self.name, exec = id, %level, "runtime: {}", &message[..end]);
-            }
-            SandboxFrame::Ready { .. } | SandboxFrame::Unknown => {}
-            other => {
-                tracing::debug!(session = %self.name, ?other, "dropping frame of another exec")
-            }
+            // The reader lets through only this exec's frames; a log frame never reaches here.
+            _ => {}
         }
         None
     }
@@ -440,12 +512,14 @@ impl Session {
             Some((why, _)) => {
                 // The code ignored KeyboardInterrupt: kill the container.
                 tracing::debug!(session = %self.name, exec = run.id, interrupts = run.interrupts_sent, "the code ignored its interrupts; killing the sandbox");
+                self.current.store(0, Ordering::SeqCst);
                 run.rpcs.abort_all();
                 self.destroy().await;
                 let what = match why {
                     Outcome::Cancelled => "the call was cancelled".to_string(),
                     _ => format!("the time limit of {} expired", secs(req.timeout)),
                 };
+                run.image_notice();
                 let mut notices = std::mem::take(&mut run.notices);
                 notices.push(format!(
                     "{what}, and the code did not stop within {}s of KeyboardInterrupt, so its sandbox was killed. The session was reset: variables and imports are gone; the next call starts fresh.",
@@ -461,7 +535,8 @@ impl Session {
     }
 
     /// The outcome of an exec that sent its result.
-    fn finish(&self, run: ExecRun, req: &ExecRequest, end: ExecEnd) -> ExecOutcome {
+    fn finish(&self, mut run: ExecRun, req: &ExecRequest, end: ExecEnd) -> ExecOutcome {
+        run.image_notice();
         let ExecRun {
             mut out,
             mut notices,

@@ -1,0 +1,168 @@
+//! The hostile sandbox: code that uses only what the sandbox already has (the runtime module in
+//! `sys.modules`, the real channel fd, PID 1's fds, threads that outlive a call) tries to make the
+//! host pay in disk, memory, log volume and time. Each test names the bound it attacks and
+//! asserts it (SECURITY.md lists them).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Bridge, Outcome, containers_of};
+use serde_json::json;
+
+/// Python that finds the runtime and its real stdout (the frame channel).
+const RT: &str = "import sys, os, json, threading, time\nrt = sys.modules['__mcp_bridge_runtime__']\nfd = rt._state.frame_out\n";
+
+fn vm_kib(pid: u32, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn podman(args: &[&str]) -> String {
+    let out = tokio::process::Command::new("podman")
+        .args(args)
+        .output()
+        .await
+        .expect("podman");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Bytes written to the real stdout as lines that are not frames reach no file on the host: the
+/// container has no log (the engine's log has no size limit and lies outside every tmpfs cap).
+#[tokio::test(flavor = "multi_thread")]
+async fn host_disk_junk_on_the_channel_is_not_persisted_by_the_engine() {
+    let b = Bridge::start().await;
+    let code = format!(
+        "{RT}line = b'x' * 1023 + b'\\n'\nfor _ in range(64 * 1024):\n    os.write(fd, line)\nprint('done')"
+    );
+    let r = Outcome(b.call(json!({"code": code, "timeout": 60})).await);
+    assert_eq!(r.stdout(), "done\n", "{}", r.text());
+    let ids = containers_of(b.pid).await;
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let driver = podman(&["inspect", "--format", "{{.HostConfig.LogConfig.Type}}", &ids[0]]).await;
+    assert_eq!(driver, "none");
+    let path = podman(&["inspect", "--format", "{{.LogPath}}", &ids[0]]).await;
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    assert!(size < 1 << 20, "container log {path:?} holds {size} bytes after 64 MiB of junk");
+    b.shutdown().await;
+}
+
+/// Frames forged between calls by a thread that outlives its call are dropped as they arrive:
+/// 1 GiB of well-formed output frames for a finished exec (sent whole, through the runtime's own
+/// writer) leave the bridge's peak RSS bounded.
+#[tokio::test(flavor = "multi_thread")]
+async fn bridge_memory_frames_between_calls_are_dropped_at_arrival() {
+    let b = Bridge::start().await;
+    let code = format!(
+        "{RT}eid = rt._state.running.id\nframe = (json.dumps({{'type': 'output', 'id': eid, 'stream': 'stdout', 'data': 'y' * (8 << 20)}}) + '\\n').encode()\n\
+def flood():\n    time.sleep(0.5)\n    for _ in range(128):\n        rt._send_bytes(frame)\n    open('/tmp/flood-done', 'w').close()\n\
+threading.Thread(target=flood, daemon=True).start()"
+    );
+    Outcome(b.call(json!({"code": code})).await).ok();
+    // No call runs meanwhile: everything the flood sends arrives between calls.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let r = b.py("import os\nprint(os.path.exists('/tmp/flood-done'))").await.ok();
+        if r.stdout() == "True\n" || Instant::now() > deadline {
+            assert_eq!(r.stdout(), "True\n", "the flood did not finish");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let peak = vm_kib(b.pid, "VmHWM:") >> 10;
+    assert!(peak < 160, "bridge peak RSS {peak} MiB after 1 GiB of stale frames");
+    b.shutdown().await;
+}
+
+/// Tool calls whose answers are slow hold their arguments in the bridge: past 32 MiB in flight,
+/// further calls are refused at once, with a message saying why, instead of held.
+#[tokio::test(flavor = "multi_thread")]
+async fn bridge_memory_pending_tool_call_arguments_are_bounded_in_bytes() {
+    let home = common::Home::new();
+    common::write_servers(&home, json!({"fx": common::misbehaving_server("normal", &[])}));
+    let b = Bridge::start_with(home, &[("MCP_BRIDGE_UPSTREAM_CALL_TIMEOUT", "3s")], None).await;
+    let code = "import asyncio
+from mcp import runtime
+pad = 'z' * (1 << 20)
+async def one():
+    try:
+        await runtime.call_tool('fx', 'hang', {'pad': pad})
+        return 'answered'
+    except Exception as e:
+        return 'bytes' if 'bytes of tool-call arguments' in str(e) else 'other'
+r = await asyncio.gather(*[one() for _ in range(200)])
+print(r.count('bytes') > 100, r.count('bytes') < 200)";
+    let r = Outcome(b.call(json!({"code": code, "servers": ["fx"], "timeout": 60})).await);
+    assert_eq!(r.stdout(), "True True\n", "{}", r.text());
+    let peak = vm_kib(b.pid, "VmHWM:") >> 10;
+    assert!(peak < 160, "bridge peak RSS {peak} MiB with 200 MiB of arguments sent");
+    b.shutdown().await;
+}
+
+/// A sandbox that stops reading its stdin cannot hang the next call: the code is sent under
+/// the call's deadline, and a sandbox that does not take it is killed and the session reset.
+#[tokio::test(flavor = "multi_thread")]
+async fn time_a_sandbox_that_stops_reading_cannot_hang_a_call() {
+    let b = Bridge::start().await;
+    let code = "import os, signal, threading, time\n\
+def stop():\n    time.sleep(0.5)\n    os.kill(os.getpid(), signal.SIGSTOP)\n\
+threading.Thread(target=stop, daemon=True).start()";
+    Outcome(b.call(json!({"code": code})).await).ok();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let big = format!("x = '{}'\nprint(len(x))", "a".repeat(3 << 20));
+    let t0 = Instant::now();
+    let r = Outcome(b.call(json!({"code": big, "timeout": 2})).await);
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(2 + 3 + 10),
+        "the call took {took:?}"
+    );
+    assert!(r.is_error(), "{}", r.text());
+    assert_eq!(r.sc()["session_reset"], true, "{}", r.text());
+    assert_eq!(b.py("print(1 + 1)").await.ok().stdout(), "2\n");
+    b.shutdown().await;
+}
+
+/// Junk on the container's stderr (PID 1's fd 2) and forged log frames reach the bridge's log
+/// rate-limited: 1 MB of junk lines adds at most a few KiB of log.
+#[tokio::test(flavor = "multi_thread")]
+async fn host_logs_sandbox_junk_is_rate_limited() {
+    let b = Bridge::start().await;
+    let before = b.home.log().len();
+    let code = format!(
+        "{RT}err = os.open('/proc/1/fd/2', os.O_WRONLY)\nfor i in range(20000):\n    os.write(err, b'junk line %d\\n' % i)\n\
+for i in range(20000):\n    os.write(fd, (json.dumps({{'type': 'log', 'level': 'warning', 'message': 'forged %d' % i}}) + '\\n').encode())\nprint('ok')"
+    );
+    let r = Outcome(b.call(json!({"code": code, "timeout": 60})).await);
+    assert_eq!(r.stdout(), "ok\n", "{}", r.text());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let grown = b.home.log().len() - before;
+    assert!(grown < 16 << 10, "the bridge's log grew by {grown} bytes");
+    b.shutdown().await;
+}
+
+/// Only real images of allowed types come back as image content; display() of text is shown as
+/// text, and forged display frames are refused with one notice.
+#[tokio::test(flavor = "multi_thread")]
+async fn images_are_checked_and_text_displays_are_kept() {
+    let b = Bridge::start().await;
+    let code = format!(
+        "{RT}eid = rt._state.running.id\n\
+def forge(mime, data):\n    os.write(fd, (json.dumps({{'type': 'display', 'id': eid, 'mime': mime, 'data': data}}) + '\\n').encode())\n\
+forge('image/svg+xml', 'PHN2Zz48L3N2Zz4=')\nforge('image/png', '!!! not base64 !!!')\nforge('image/png', 'aGVsbG8=')\n\
+display('some text')\ndisplay({{'a': 1}})"
+    );
+    let r = b.call(json!({"code": code})).await;
+    let images = r.content.iter().filter(|c| c.as_image().is_some()).count();
+    let r = Outcome(r);
+    assert_eq!(images, 0, "{}", r.text());
+    assert!(r.stdout().contains("some text\n") && r.stdout().contains("{'a': 1}"), "{}", r.text());
+    assert!(r.text().contains("3 image(s) from display() were not returned"), "{}", r.text());
+    b.shutdown().await;
+}
