@@ -1,4 +1,4 @@
-//! Issue 6, the faults: resource exhaustion inside the sandbox, upstream servers that misbehave
+//! The faults: resource exhaustion inside the sandbox, upstream servers that misbehave
 //! (`tests/fixtures/misbehaving_server.py`, a real process speaking stdio JSON-RPC badly on
 //! purpose) and clients that misbehave (raw bytes on the bridge's stdin, concurrency,
 //! cancellation). Each test asserts the clear outcome, that the bridge keeps serving, and that

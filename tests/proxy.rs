@@ -1,4 +1,4 @@
-//! Issue 3 end to end: the user's MCP servers proxied into the sandbox, through the real bridge
+//! The user's MCP servers proxied into the sandbox, through the real bridge
 //! binary, rmcp's real client, real podman and the real reference servers
 //! (`@modelcontextprotocol/server-everything` and `server-filesystem` from npm, `mcp-server-time`
 //! and `mcp-server-git` from PyPI).

@@ -1,4 +1,4 @@
-//! Issue 5 end to end: what comes back from `run_python` — TOON, notebook values, images,
+//! End to end, what comes back from `run_python` — TOON, notebook values, images,
 //! progress while running, cancellation — through the real binary and rmcp's client.
 
 mod common;

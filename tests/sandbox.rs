@@ -1,4 +1,4 @@
-//! Issue 2 end to end: the real binary, a real MCP client, real podman, the real image.
+//! The sandbox end to end: the real binary, a real MCP client, real podman, the real image.
 
 mod common;
 

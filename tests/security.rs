@@ -1,4 +1,4 @@
-//! Issue 6, the attacks: every isolation claim of SECURITY.md attacked from inside the sandbox,
+//! The attacks: every isolation claim of SECURITY.md attacked from inside the sandbox,
 //! through the real binary, rmcp's real client, real podman and the real image. Each test asserts
 //! the specific refusal (errno, missing interface, dropped frame) and that the bridge keeps serving.
 
