@@ -1,15 +1,16 @@
-//! Issue 6, lifecycle faults: the bridge terminated or killed, sessions idling out, a hundred
+//! Lifecycle faults: the bridge terminated or killed, sessions idling out, a hundred
 //! sessions coming and going, and the podman service dying under a live session. The invariant
 //! under test: no container outlives its session, its idle timeout or its bridge (a killed
-//! bridge's containers are reaped by the next one).
+//! bridge's containers are reaped by the next one), and the podman service a bridge starts for
+//! itself does not outlive the bridge, rootful or rootless, however the bridge ends.
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{Bridge, Home, Outcome};
+use common::{Bridge, Home, Outcome, RawBridge};
 use serde_json::json;
 
 /// Wait until process `pid` is gone (or a zombie); false when it is still running after `within`.
@@ -286,4 +287,599 @@ async fn lifecycle_podman_service_restarted_under_a_live_session() {
     assert_ne!(now, first, "the old container should have been replaced");
     b.shutdown_clean().await;
     service.stop().await;
+}
+
+// ---- The bridge's own podman service never outlives the bridge ----
+//
+// With no engine socket answering (the harness's private state dir, and no podman.socket on the
+// test host), the bridge starts `podman system service` on `<state_dir>/podman-<pid>.sock`. Every
+// process of that service carries the socket path on its command line: the guard shell, podman,
+// and, rootless, the podman it re-executes inside its user namespace, which is the one holding
+// the socket. None may remain once the bridge is gone, however it went.
+
+/// How a test ends the bridge.
+#[derive(Debug, Clone, Copy)]
+enum End {
+    Signal(i32),
+    CloseStdin,
+}
+
+/// Live processes whose command line contains `needle`, with their `ps` line for messages.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(needle) && common::process_alive(pid) {
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            let fields: Vec<&str> = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .collect();
+            let (ppid, pgid) = (fields.get(1).copied(), fields.get(2).copied());
+            let short: String = cmdline.chars().take(200).collect();
+            out.push(format!(
+                "pid {pid} ppid {} pgid {}: {short}",
+                ppid.unwrap_or("?"),
+                pgid.unwrap_or("?")
+            ));
+        }
+    }
+    out
+}
+
+/// Wait until no live process mentions `needle`; returns what is left after `within`.
+async fn wait_no_process_mentioning(needle: &str, within: Duration) -> Vec<String> {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = processes_mentioning(needle);
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The socket of the bridge's own podman service, from its log once the service answered.
+fn own_service_socket(log: &str) -> Option<String> {
+    let line = log
+        .lines()
+        .find(|l| l.contains("own podman service is up"))?;
+    let url = line.split("unix://").nth(1)?;
+    Some(
+        url.split(|c: char| c.is_whitespace() || c == '"')
+            .next()?
+            .to_string(),
+    )
+}
+
+/// Wait (bounded) for the bridge's own service to be up; panics with the log when it is not.
+async fn wait_own_service(log: impl Fn() -> String, pid: u32) -> String {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let text = log();
+        if let Some(sock) = own_service_socket(&text) {
+            assert!(
+                sock.ends_with(&format!("/podman-{pid}.sock")),
+                "the service's socket {sock} does not name bridge {pid}"
+            );
+            return sock;
+        }
+        assert!(
+            !text.contains("container engine found"),
+            "this test needs the bridge to start its own podman service, but an engine socket \
+             answered (a running podman.socket or docker); stop it (`systemctl stop \
+             podman.socket`) for this test:\n{text}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the bridge's own podman service did not come up:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Send `end` to a bridge: a signal to `pid`, or EOF on its stdin.
+fn end_bridge(end: End, pid: u32, stdin: &mut Option<tokio::process::ChildStdin>) {
+    match end {
+        End::Signal(sig) => {
+            assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0, "kill {pid}");
+        }
+        End::CloseStdin => *stdin = None,
+    }
+}
+
+/// A bridge (root, rootful podman) runs code on its own podman service, is ended by `end`, and
+/// within a few seconds of its exit no process of that service is left.
+async fn own_service_dies_with_the_bridge(end: End) {
+    let mut b = RawBridge::start(Home::new(), &[]).await;
+    let r = b.run_python(1, json!({"code": "print('up')"})).await;
+    assert_eq!(
+        r["result"]["structuredContent"]["stdout"],
+        json!("up\n"),
+        "{r}\n{}",
+        b.home.log()
+    );
+    let sock = wait_own_service(|| b.home.log(), b.pid).await;
+    let running = processes_mentioning(&sock);
+    assert!(
+        running.iter().any(|p| p.contains(" system service ")),
+        "no podman service process for {sock}: {running:?}"
+    );
+    end_bridge(end, b.pid, &mut b.stdin);
+    let status = b.wait_exit(Duration::from_secs(60)).await;
+    assert!(status.is_some(), "the bridge did not exit after {end:?}");
+    let left = wait_no_process_mentioning(&sock, Duration::from_secs(10)).await;
+    assert!(
+        left.is_empty(),
+        "the podman service outlived its bridge ({end:?}):\n{}\nbridge log:\n{}",
+        left.join("\n"),
+        b.home.log()
+    );
+    // A killed bridge leaves its container for the next one to reap; do it here.
+    for id in common::containers_of(b.pid).await {
+        let _ = tokio::process::Command::new("podman")
+            .args(["rm", "-f", &id])
+            .output()
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn own_service_dies_with_a_sigkilled_bridge() {
+    own_service_dies_with_the_bridge(End::Signal(libc::SIGKILL)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn own_service_dies_with_a_sigtermed_bridge() {
+    own_service_dies_with_the_bridge(End::Signal(libc::SIGTERM)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn own_service_dies_with_a_siginted_bridge() {
+    own_service_dies_with_the_bridge(End::Signal(libc::SIGINT)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn own_service_dies_with_a_bridge_whose_stdin_closed() {
+    own_service_dies_with_the_bridge(End::CloseStdin).await;
+}
+
+/// A `podman system service` in a bridge's state dir whose bridge is gone (one a guard did not stop:
+/// the guard killed along with its bridge, or a bridge without one) is stopped by the next bridge,
+/// and its socket removed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_service_left_by_a_dead_bridge_is_stopped_by_the_next() {
+    let home = Home::new();
+    let state = home.path().join(".local/state/mcp-code-bridge");
+    std::fs::create_dir_all(&state).unwrap();
+    // A pid no process has now: one that just exited and was reaped.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    gone.wait().unwrap();
+    let dead = gone.id();
+    let sock = state.join(format!("podman-{dead}.sock"));
+    let url = format!("unix://{}", sock.display());
+    let mut stale = tokio::process::Command::new("podman")
+        .args(["system", "service", "--time=0", &url])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("podman system service");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the stale service did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stale_pid = stale.id().unwrap();
+    let b = Bridge::start_with(home, &[], None).await;
+    b.py("print('next')").await.ok();
+    tokio::time::timeout(Duration::from_secs(10), stale.wait())
+        .await
+        .expect("the stale service was left running")
+        .unwrap();
+    let log = b.home.log();
+    assert!(
+        log.lines().any(
+            |l| l.contains("stopping a podman service left by a bridge that is gone")
+                && l.contains(&format!("pid={stale_pid} bridge={dead}"))
+        ),
+        "{log}"
+    );
+    assert!(processes_mentioning(&url).is_empty());
+    assert!(!sock.exists(), "the stale socket was not removed");
+    // The bridge's own service is not taken for a stale one.
+    let own = wait_own_service(|| b.home.log(), b.pid).await;
+    assert!(!processes_mentioning(&own).is_empty());
+    b.shutdown_clean().await;
+    let left = wait_no_process_mentioning(&own, Duration::from_secs(10)).await;
+    assert!(left.is_empty(), "{}", left.join("\n"));
+}
+
+/// The rootless test user (`mcb-rootless`, or `MCP_BRIDGE_TEST_ROOTLESS_USER`), created when
+/// missing as tests/security_rootless.rs does (`useradd -m` gives it subordinate ids), and its
+/// home; once per test process.
+fn rootless_user() -> (String, PathBuf) {
+    static ONCE: std::sync::OnceLock<(String, PathBuf)> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        let name = std::env::var("MCP_BRIDGE_TEST_ROOTLESS_USER")
+            .unwrap_or_else(|_| "mcb-rootless".into());
+        let exists = |name: &str| {
+            std::process::Command::new("id")
+                .args(["-u", name])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .unwrap()
+                .success()
+        };
+        if !exists(&name) {
+            assert_eq!(
+                unsafe { libc::geteuid() },
+                0,
+                "user {name} does not exist and only root can create it: `sudo useradd -m {name}`"
+            );
+            let ok = std::process::Command::new("useradd")
+                .args(["-m", "-s", "/bin/sh", &name])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "useradd -m {name} failed");
+        }
+        let out = std::process::Command::new("getent")
+            .args(["passwd", &name])
+            .output()
+            .unwrap();
+        let home = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .split(':')
+            .nth(5)
+            .unwrap_or_default()
+            .to_string();
+        assert!(!home.is_empty(), "no home for {name}");
+        (name, PathBuf::from(home))
+    })
+    .clone()
+}
+
+/// The pid of a child of `parent`, waited for (bounded).
+async fn child_of(parent: u32) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .nth(1);
+            if ppid == Some(&parent.to_string()) {
+                return pid;
+            }
+        }
+        assert!(Instant::now() < deadline, "{parent} has no child");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The rootless tests one at a time: one of them replaces the user's pause process.
+static ROOTLESS_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The bridge run as the rootless test user, through `runuser` (as an MCP client configured
+/// with another account would), sent one `run_python` (id 1) so that it starts its own rootless
+/// podman service.
+struct RootlessBridge {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+    runuser: tokio::process::Child,
+    stdin: Option<tokio::process::ChildStdin>,
+    replies: tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+    /// The bridge itself, `runuser`'s child.
+    pid: u32,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl RootlessBridge {
+    /// Start it; with `podman` given, that executable is found first on the bridge's PATH; with
+    /// `fresh_namespace`, podman creates the user namespace anew ([`fresh_user_namespace`]).
+    async fn start(podman: Option<&str>, fresh_namespace: bool) -> RootlessBridge {
+        use std::os::unix::fs::PermissionsExt;
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let turn = ROOTLESS_TURN.lock().await;
+        if fresh_namespace {
+            fresh_user_namespace();
+        }
+        let (user, home) = rootless_user();
+        let dir = tempfile::Builder::new()
+            .prefix("mcb-rootless-svc-")
+            .tempdir()
+            .unwrap();
+        let exe = |path: &Path| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap()
+        };
+        exe(dir.path());
+        let bin = dir.path().join("mcp-code-bridge");
+        std::fs::copy(common::BIN, &bin).unwrap();
+        exe(&bin);
+        let mut path = std::env::var("PATH").unwrap_or_default();
+        if let Some(script) = podman {
+            let wrapper = dir.path().join("bin");
+            std::fs::create_dir(&wrapper).unwrap();
+            exe(&wrapper);
+            std::fs::write(wrapper.join("podman"), script).unwrap();
+            exe(&wrapper.join("podman"));
+            path = format!("{}:{path}", wrapper.display());
+        }
+        let log = dir.path().join("bridge.log");
+        let mut runuser = tokio::process::Command::new("runuser")
+            .args(["-u", &user, "--", "env", "-i"])
+            .arg(format!("HOME={}", home.display()))
+            .arg(format!("USER={user}"))
+            .arg(format!("PATH={path}"))
+            .arg(format!(
+                "MCP_BRIDGE_IMAGE_ARCHIVE={}",
+                common::image_archive().display()
+            ))
+            .arg("MCP_BRIDGE_LOG_LEVEL=debug")
+            // No system config file either, as for every bridge a test starts.
+            .arg("MCP_BRIDGE_SYSTEM_CONFIG=none")
+            .arg(&bin)
+            .arg("run")
+            .current_dir(dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("runuser (util-linux) to start the bridge as the test user");
+        let pid = child_of(runuser.id().unwrap()).await;
+        let mut stdin = runuser.stdin.take();
+        let mut lines = tokio::io::BufReader::new(runuser.stdout.take().unwrap()).lines();
+        let (tx, replies) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok(Some(l)) = lines.next_line().await {
+                if let Ok(v) = serde_json::from_str(&l) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        let w = stdin.as_mut().unwrap();
+        for msg in [
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "t", "version": "0"}}}),
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            // The first call starts the service. Its answer does not matter to most tests
+            // (rootless on cgroup v1 refuses to run for want of limits, after the service is up).
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "run_python", "arguments": {"code": "print(1)"}}}),
+        ] {
+            w.write_all(format!("{msg}\n").as_bytes()).await.unwrap();
+        }
+        w.flush().await.unwrap();
+        RootlessBridge {
+            _turn: turn,
+            runuser,
+            stdin,
+            replies,
+            pid,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The reply to request `id`.
+    async fn reply(&mut self, id: i64, within: Duration) -> serde_json::Value {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let next = tokio::time::timeout_at(deadline, self.replies.recv()).await;
+            match next {
+                Ok(Some(v)) if v["id"] == json!(id) => return v,
+                Ok(Some(_)) => continue,
+                _ => panic!("no reply to {id} within {within:?}:\n{}", self.log()),
+            }
+        }
+    }
+
+    /// End the bridge and wait for it (and `runuser`) to exit.
+    async fn end(&mut self, end: End) {
+        end_bridge(end, self.pid, &mut self.stdin);
+        let status = tokio::time::timeout(Duration::from_secs(60), self.runuser.wait()).await;
+        assert!(
+            status.is_ok(),
+            "the bridge did not exit after {end:?}:\n{}",
+            self.log()
+        );
+    }
+}
+
+/// Ended by `end` once its own rootless podman service is up, the bridge leaves no process of
+/// that service behind.
+async fn rootless_own_service_dies_with_the_bridge(end: End) {
+    let mut b = RootlessBridge::start(None, false).await;
+    let sock = wait_own_service(|| b.log(), b.pid).await;
+    let running = processes_mentioning(&sock);
+    // The podman started in the user's namespace and the one it re-executed in a new one.
+    assert!(
+        running
+            .iter()
+            .filter(|p| p.contains(" system service "))
+            .count()
+            >= 2,
+        "expected rootless podman's two processes for {sock}: {running:?}"
+    );
+    b.end(end).await;
+    let left = wait_no_process_mentioning(&sock, Duration::from_secs(10)).await;
+    assert!(
+        left.is_empty(),
+        "the rootless podman service outlived its bridge ({end:?}):\n{}\nbridge log:\n{}",
+        left.join("\n"),
+        b.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rootless_own_service_dies_with_a_sigkilled_bridge() {
+    rootless_own_service_dies_with_the_bridge(End::Signal(libc::SIGKILL)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rootless_own_service_dies_with_a_sigtermed_bridge() {
+    rootless_own_service_dies_with_the_bridge(End::Signal(libc::SIGTERM)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rootless_own_service_dies_with_a_bridge_whose_stdin_closed() {
+    rootless_own_service_dies_with_the_bridge(End::CloseStdin).await;
+}
+
+/// A rootless service that never answers on the bridge's socket (this podman listens beside it)
+/// is stopped, both of its processes, when the bridge gives up on it after 20s; the bridge lives
+/// on and says why. The user namespace is created afresh, as by the first podman after boot, where
+/// the re-executed podman has no parent-death signal.
+#[tokio::test(flavor = "multi_thread")]
+async fn rootless_service_that_never_answers_is_stopped_when_the_bridge_gives_up() {
+    let real = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join("podman"))
+        .find(|p| p.is_file())
+        .expect("podman on PATH");
+    let script = format!(
+        "#!/bin/sh\n# Listens beside the socket the bridge asked for.\nexec {} \"$1\" \"$2\" \"$3\" \"$4.beside\"\n",
+        real.display()
+    );
+    let mut b = RootlessBridge::start(Some(&script), true).await;
+    let needle = format!("/podman-{}.sock", b.pid);
+    // Both podman processes run, listening where the bridge does not look.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while processes_mentioning(&format!("{needle}.beside"))
+        .iter()
+        .filter(|p| !p.contains("/bin/sh "))
+        .count()
+        < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the wrapped podman did not start: {:?}\n{}",
+            processes_mentioning(&needle),
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = b.reply(1, Duration::from_secs(60)).await;
+    assert!(
+        r.to_string().contains("no answer within 20s"),
+        "{r}\n{}",
+        b.log()
+    );
+    let left = wait_no_process_mentioning(&needle, Duration::from_secs(10)).await;
+    assert!(
+        left.is_empty(),
+        "the service the bridge gave up on is still running:\n{}\n{}",
+        left.join("\n"),
+        b.log()
+    );
+    assert!(common::process_alive(b.pid), "the bridge died: {}", b.log());
+    b.end(End::CloseStdin).await;
+}
+
+/// When the outer podman is killed outright (SIGKILL cannot be forwarded), the process it
+/// re-executed in a user namespace created afresh, which holds the socket and has no parent-death
+/// signal, goes with it at once; then the bridge still ends cleanly.
+#[tokio::test(flavor = "multi_thread")]
+async fn rootless_killing_podman_takes_its_user_namespace_child_down() {
+    let mut b = RootlessBridge::start(None, true).await;
+    let sock = wait_own_service(|| b.log(), b.pid).await;
+    let outer = outer_podman(&sock);
+    assert_eq!(unsafe { libc::kill(outer as i32, libc::SIGKILL) }, 0);
+    let left = wait_no_process_mentioning(&sock, Duration::from_secs(5)).await;
+    assert!(
+        left.is_empty(),
+        "podman's user-namespace child outlived it:\n{}",
+        left.join("\n")
+    );
+    assert!(common::process_alive(b.pid), "the bridge died: {}", b.log());
+    b.end(End::CloseStdin).await;
+}
+
+/// The pid of the podman started for `sock` (rootless, the outer one: the podman whose parent is
+/// not a podman).
+fn outer_podman(sock: &str) -> u32 {
+    let procs = processes_mentioning(sock);
+    let field = |line: &str, n: usize| -> u32 {
+        line.split_whitespace()
+            .nth(n)
+            .and_then(|f| f.parse().ok())
+            .unwrap()
+    };
+    let podmans: Vec<&String> = procs
+        .iter()
+        .filter(|l| l.contains(" system service ") && !l.contains("/bin/sh "))
+        .collect();
+    let pids: Vec<u32> = podmans.iter().map(|l| field(l, 1)).collect();
+    podmans
+        .iter()
+        .find(|l| !pids.contains(&field(l, 3)))
+        .map(|l| field(l, 1))
+        .unwrap_or_else(|| panic!("no podman for {sock}: {procs:?}"))
+}
+
+/// Make the test user's next podman create its user namespace afresh, as the first podman after
+/// boot does, by stopping the user's pause process (which podman otherwise joins). In that path
+/// the process podman re-executes in the new namespace gets no parent-death signal, so only a
+/// group kill takes it down with the outer podman. Processes already in the old namespace keep
+/// it; podman starts a new pause process.
+fn fresh_user_namespace() {
+    let (user, _) = rootless_user();
+    let out = std::process::Command::new("id")
+        .args(["-u", &user])
+        .output()
+        .unwrap();
+    let uid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        use std::os::unix::fs::MetadataExt;
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if entry.metadata().map(|m| m.uid()).ok() != Some(uid) {
+            continue;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let pause = (args[0].ends_with(b"catatonit") && args.contains(&&b"-P"[..]))
+            || args.starts_with(&[b"podman", b"pause"]);
+        if pause {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
 }

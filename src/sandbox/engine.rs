@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use bollard::{API_DEFAULT_VERSION, Docker};
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStderr, ChildStdin, Command};
 
 use crate::config::Config;
 
@@ -31,8 +31,9 @@ pub struct Engine {
     /// Where that endpoint came from ("DOCKER_HOST", "rootful podman socket", ...).
     pub origin: String,
     pub version: String,
-    /// A podman service we started, stopped when the engine is dropped or shut down.
-    service: tokio::sync::Mutex<Option<Child>>,
+    /// A podman service we started: stopped by [`Engine::shutdown`], and by its guard when the
+    /// engine is dropped or the bridge dies.
+    service: tokio::sync::Mutex<Option<OwnService>>,
     /// For [`Engine::get_json`]; see [`Engine::http`].
     http: std::sync::OnceLock<(reqwest::Client, String)>,
 }
@@ -142,6 +143,193 @@ pub fn own_socket(state_dir: &Path) -> PathBuf {
     state_dir.join(format!("podman-{}.sock", std::process::id()))
 }
 
+/// The shell that runs our podman service and stops it when the bridge goes, however it goes.
+///
+/// Its stdin is a pipe whose writing end only the bridge holds (close-on-exec, so no other child
+/// inherits it): EOF there means the bridge closed it ([`Engine::shutdown`], or the engine was
+/// dropped) or the bridge died, by any signal, SIGKILL included, or a panic. The bridge starts it
+/// as the leader of a process group of its own, which podman joins, and with podman the process
+/// rootless podman re-executes inside its user namespace: that inner process is the one holding
+/// the socket. On EOF the guard sends the whole group SIGTERM and, five seconds later, SIGKILL;
+/// when podman ends by itself (it failed to start, or was killed), the guard kills the rest of
+/// the group, itself included. The guard and its reader ignore SIGTERM, and SIGPIPE (their stderr
+/// is a pipe to a bridge that may be gone); podman is started before that and keeps the defaults.
+/// The group is apart from the bridge's, so a terminal's Ctrl-C reaches the bridge alone, which
+/// then removes its containers while the engine is still there.
+///
+/// `PR_SET_PDEATHSIG` on podman would not do: it fires when the *thread* that forked the child
+/// exits, not the process, and it reaches the outer podman only. That one forwards SIGTERM to the
+/// inner one but cannot forward SIGKILL, and when podman creates the user namespace afresh (its
+/// first run after boot, no pause process yet) the inner one has no parent-death signal of its
+/// own: killed outright, the outer podman leaves it serving the socket, reparented to init.
+const GUARD: &str = r#"exec 3<&0 </dev/null
+"$@" 3<&- &
+svc=$!
+trap '' TERM PIPE
+(
+    while read -r _; do :; done
+    kill -TERM 0
+    sleep 5
+    kill -KILL 0
+) <&3 &
+exec 3<&-
+wait "$svc"
+echo "podman system service exited with status $?" >&2
+kill -KILL 0
+"#;
+
+/// How long [`OwnService::stop`] waits for the guard (its own grace is 5s) before it kills the
+/// group itself.
+const GUARD_WAIT: Duration = Duration::from_secs(10);
+
+/// A podman service we started, under its [`GUARD`].
+struct OwnService {
+    guard: Child,
+    /// Closing this tells the guard to stop the service.
+    lifeline: Option<ChildStdin>,
+}
+
+impl OwnService {
+    /// Start `program args` under a [`GUARD`]; the second value is its stderr (the guard's and the
+    /// service's).
+    fn spawn(program: &Path, args: &[&str]) -> std::io::Result<(OwnService, Option<ChildStderr>)> {
+        let mut guard = Command::new("/bin/sh")
+            .args(["-c", GUARD, "mcp-code-bridge-podman-guard"])
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()?;
+        let stderr = guard.stderr.take();
+        let lifeline = guard.stdin.take();
+        Ok((OwnService { guard, lifeline }, stderr))
+    }
+
+    /// Stop the service and wait until its whole process group is gone.
+    async fn stop(mut self) {
+        drop(self.lifeline.take());
+        if tokio::time::timeout(GUARD_WAIT, self.guard.wait())
+            .await
+            .is_err()
+        {
+            // Not reaped yet, so its pid still names the group and cannot have been reused.
+            if let Some(pid) = self.guard.id() {
+                unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+            }
+            let _ = self.guard.wait().await;
+        }
+    }
+}
+
+/// The socket URL of a bridge's own service in `state_dir`, as it appears on podman's command
+/// line, and the bridge's pid when `url` is one.
+fn own_socket_pid(state_dir: &Path, url: &str) -> Option<u32> {
+    let prefix = format!("unix://{}/podman-", state_dir.display());
+    url.strip_prefix(&prefix)?
+        .strip_suffix(".sock")?
+        .parse()
+        .ok()
+}
+
+/// Whether the bridge `bridge` that a service started at `service_start` names in its socket is
+/// gone: not running (a zombie counts as gone), or a process started after the service (the pid
+/// was reused).
+fn bridge_gone(bridge: u32, service_start: u64) -> bool {
+    crate::procfs::running_since(bridge).is_none_or(|start| start > service_start)
+}
+
+/// Processes of this user that run (or guard) the podman service of a bridge that is gone, on a
+/// socket in `state_dir`: `(process, bridge)` pids. Normally there are none, as each service's
+/// guard stops it with its bridge; this catches what an older bridge, or a guard killed on its
+/// own, left.
+fn stale_services(state_dir: &Path) -> Vec<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let me = std::process::id();
+    let uid = unsafe { libc::geteuid() };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if entry.metadata().map(|m| m.uid()).ok() != Some(uid) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_service = args
+            .windows(2)
+            .any(|w| w == [&b"system"[..], &b"service"[..]]);
+        let bridge = args
+            .iter()
+            .filter_map(|a| std::str::from_utf8(a).ok())
+            .find_map(|a| own_socket_pid(state_dir, a));
+        if let (true, Some(bridge)) = (is_service, bridge)
+            && bridge != me
+            && let Some(start) = crate::procfs::running_since(pid)
+            && bridge_gone(bridge, start)
+        {
+            out.push((pid, bridge));
+        }
+    }
+    out
+}
+
+/// Stop podman services in `state_dir` left by bridges that are gone (SIGTERM, then SIGKILL after
+/// 3s), and remove the sockets of bridges that are gone. Returns how many processes were stopped.
+async fn reap_stale_services(state_dir: &Path) -> usize {
+    let stale = stale_services(state_dir);
+    for (pid, bridge) in &stale {
+        tracing::info!(
+            pid,
+            bridge,
+            "stopping a podman service left by a bridge that is gone"
+        );
+        unsafe { libc::kill(*pid as i32, libc::SIGTERM) };
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let left: Vec<u32> = stale
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| crate::procfs::is_running(*p))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            for p in left {
+                unsafe { libc::kill(p as i32, libc::SIGKILL) };
+            }
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if let Ok(dir) = std::fs::read_dir(state_dir) {
+        let me = std::process::id();
+        for entry in dir.flatten() {
+            let url = format!("unix://{}", entry.path().display());
+            if let Some(bridge) = own_socket_pid(state_dir, &url)
+                && bridge != me
+                && !crate::procfs::is_running(bridge)
+            {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    stale.len()
+}
+
 /// Whether an executable named `name` is on PATH.
 pub fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
@@ -155,6 +343,13 @@ impl Engine {
     /// answering, starts `podman system service` on a socket in the state dir.
     pub async fn connect(config: &Config) -> Result<Engine, EngineError> {
         let choice = config.runtime.trim();
+        let reaped = reap_stale_services(&config.state_dir).await;
+        if reaped > 0 {
+            tracing::info!(
+                reaped,
+                "stopped podman services left by bridges that are gone"
+            );
+        }
         let mut tried = Vec::new();
         let cands = if matches!(choice, "auto" | "podman" | "docker") {
             candidates(choice)
@@ -212,26 +407,14 @@ impl Engine {
         let _ = std::fs::remove_file(&sock);
         let url = format!("unix://{}", sock.display());
         tracing::info!(%url, "no engine socket answered; starting `podman system service`");
-        let mut cmd = Command::new(podman);
-        cmd.args(["system", "service", "--time=0", &url])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        // If the bridge is killed outright, the service must not outlive it.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().map_err(|e| {
-            EngineError(format!(
-                "could not start {} system service: {e}",
-                podman.display()
-            ))
-        })?;
-        if let Some(err) = child.stderr.take() {
+        let (mut service, stderr) =
+            OwnService::spawn(podman, &["system", "service", "--time=0", &url]).map_err(|e| {
+                EngineError(format!(
+                    "could not start {} system service (under /bin/sh): {e}",
+                    podman.display()
+                ))
+            })?;
+        if let Some(err) = stderr {
             tokio::spawn(crate::logging::forward_lines(
                 err,
                 "podman service".to_string(),
@@ -239,9 +422,9 @@ impl Engine {
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
-            if let Ok(Some(status)) = child.try_wait() {
+            if let Ok(Some(_)) = service.guard.try_wait() {
                 tried.push(format!(
-                    "  {url} (own podman service): exited with {status}"
+                    "  {url} (own podman service): exited before answering (its output is in the log, source \"podman service\")"
                 ));
                 break;
             }
@@ -255,12 +438,12 @@ impl Engine {
                     endpoint: url,
                     origin: "own podman service".into(),
                     version,
-                    service: tokio::sync::Mutex::new(Some(child)),
+                    service: tokio::sync::Mutex::new(Some(service)),
                     http: Default::default(),
                 });
             }
             if tokio::time::Instant::now() > deadline {
-                let _ = child.kill().await;
+                service.stop().await;
                 tried.push(format!(
                     "  {url} (own podman service): no answer within 20s"
                 ));
@@ -340,14 +523,8 @@ impl Engine {
 
     /// Stop the podman service we started, if any.
     pub async fn shutdown(&self) {
-        if let Some(mut child) = self.service.lock().await.take() {
-            unsafe { libc::kill(child.id().unwrap_or(0) as i32, libc::SIGTERM) };
-            if tokio::time::timeout(Duration::from_secs(5), child.wait())
-                .await
-                .is_err()
-            {
-                let _ = child.kill().await;
-            }
+        if let Some(service) = self.service.lock().await.take() {
+            service.stop().await;
             if let Some(path) = self.endpoint.strip_prefix("unix://") {
                 let _ = std::fs::remove_file(path);
             }
@@ -419,5 +596,117 @@ impl Enforcement {
             out.push(format!("cpus ({}): {why}", config.cpus.unwrap_or_default()));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_sockets_name_their_bridge() {
+        let dir = Path::new("/home/u/.local/state/mcp-code-bridge");
+        let url = format!("unix://{}", own_socket(dir).display());
+        assert_eq!(own_socket_pid(dir, &url), Some(std::process::id()));
+        for other in [
+            "unix:///home/u/.local/state/mcp-code-bridge/podman-12.sock.beside",
+            "unix:///home/u/.local/state/mcp-code-bridge/podman-x.sock",
+            "unix:///home/u/.local/state/mcp-code-bridge/sub/podman-12.sock",
+            "unix:///elsewhere/podman-12.sock",
+            "/home/u/.local/state/mcp-code-bridge/podman-12.sock",
+        ] {
+            assert_eq!(own_socket_pid(dir, other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_bridge_is_gone_when_dead_or_younger_than_its_service() {
+        let me = std::process::id();
+        let my_start = crate::procfs::running_since(me).unwrap();
+        // A service this process started (later than it) has a live bridge.
+        assert!(!bridge_gone(me, my_start + 100));
+        // A service older than the process now at that pid: the pid was reused.
+        assert!(bridge_gone(me, my_start - 1));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(bridge_gone(pid, my_start));
+    }
+
+    /// Live (not zombie) processes in process group `pgid`.
+    fn live_in_group(pgid: u32) -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                    return false;
+                };
+                let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+                    .split_whitespace()
+                    .collect();
+                fields[0] != "Z" && fields[2] == pgid.to_string()
+            })
+            .collect()
+    }
+
+    /// A stand-in service: a shell with a child of its own, like rootless podman and the podman it
+    /// re-executes, optionally ignoring SIGTERM (inherited by the child).
+    fn service(script: &str) -> (OwnService, u32) {
+        let (s, _) = OwnService::spawn(Path::new("/bin/sh"), &["-c", script]).unwrap();
+        let pgid = s.guard.id().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while live_in_group(pgid).len() < 4 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the service did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (s, pgid)
+    }
+
+    #[tokio::test]
+    async fn the_guard_stops_the_whole_group_when_its_pipe_closes() {
+        // Guard, reader, the service's shell and its child.
+        let (mut s, pgid) = service("sleep 600 & wait");
+        let start = std::time::Instant::now();
+        drop(s.lifeline.take());
+        tokio::time::timeout(Duration::from_secs(3), s.guard.wait())
+            .await
+            .expect("the guard did not end")
+            .unwrap();
+        assert!(start.elapsed() < Duration::from_secs(3));
+        assert_eq!(live_in_group(pgid), Vec::<u32>::new());
+    }
+
+    #[tokio::test]
+    async fn the_guard_kills_what_ignores_sigterm_after_its_grace() {
+        let (s, pgid) = service("trap '' TERM; sleep 600 & wait");
+        let start = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(15), s.stop())
+            .await
+            .expect("stop did not return");
+        assert!(
+            start.elapsed() >= Duration::from_secs(4),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(live_in_group(pgid), Vec::<u32>::new());
+    }
+
+    #[tokio::test]
+    async fn the_guard_ends_the_group_when_the_service_ends() {
+        // The service's shell exits and leaves its child behind, as an outer podman killed
+        // outright leaves the one in the user namespace; the guard takes the rest down.
+        let (mut s, pgid) = service("sleep 600 & sleep 1");
+        tokio::time::timeout(Duration::from_secs(5), s.guard.wait())
+            .await
+            .expect("the guard did not end with its service")
+            .unwrap();
+        assert_eq!(live_in_group(pgid), Vec::<u32>::new());
+        // The pipe is still open: nothing but the service's end stopped it.
+        assert!(s.lifeline.is_some());
     }
 }
