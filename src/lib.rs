@@ -4,8 +4,8 @@
 pub mod cli;
 pub mod config;
 pub mod logging;
-pub mod progress;
 pub mod procfs;
+pub mod progress;
 pub mod protocol;
 pub mod render;
 pub mod sandbox;

@@ -44,11 +44,20 @@ async fn host_disk_junk_on_the_channel_is_not_persisted_by_the_engine() {
     assert_eq!(r.stdout(), "done\n", "{}", r.text());
     let ids = containers_of(b.pid).await;
     assert_eq!(ids.len(), 1, "{ids:?}");
-    let driver = podman(&["inspect", "--format", "{{.HostConfig.LogConfig.Type}}", &ids[0]]).await;
+    let driver = podman(&[
+        "inspect",
+        "--format",
+        "{{.HostConfig.LogConfig.Type}}",
+        &ids[0],
+    ])
+    .await;
     assert_eq!(driver, "none");
     let path = podman(&["inspect", "--format", "{{.LogPath}}", &ids[0]]).await;
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-    assert!(size < 1 << 20, "container log {path:?} holds {size} bytes after 64 MiB of junk");
+    assert!(
+        size < 1 << 20,
+        "container log {path:?} holds {size} bytes after 64 MiB of junk"
+    );
     b.shutdown().await;
 }
 
@@ -68,7 +77,10 @@ threading.Thread(target=flood, daemon=True).start()"
     tokio::time::sleep(Duration::from_secs(10)).await;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let r = b.py("import os\nprint(os.path.exists('/tmp/flood-done'))").await.ok();
+        let r = b
+            .py("import os\nprint(os.path.exists('/tmp/flood-done'))")
+            .await
+            .ok();
         if r.stdout() == "True\n" || Instant::now() > deadline {
             assert_eq!(r.stdout(), "True\n", "the flood did not finish");
             break;
@@ -76,7 +88,10 @@ threading.Thread(target=flood, daemon=True).start()"
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let peak = vm_kib(b.pid, "VmHWM:") >> 10;
-    assert!(peak < 160, "bridge peak RSS {peak} MiB after 1 GiB of stale frames");
+    assert!(
+        peak < 160,
+        "bridge peak RSS {peak} MiB after 1 GiB of stale frames"
+    );
     b.shutdown().await;
 }
 
@@ -85,7 +100,10 @@ threading.Thread(target=flood, daemon=True).start()"
 #[tokio::test(flavor = "multi_thread")]
 async fn bridge_memory_pending_tool_call_arguments_are_bounded_in_bytes() {
     let home = common::Home::new();
-    common::write_servers(&home, json!({"fx": common::misbehaving_server("normal", &[])}));
+    common::write_servers(
+        &home,
+        json!({"fx": common::misbehaving_server("normal", &[])}),
+    );
     let b = Bridge::start_with(home, &[("MCP_BRIDGE_UPSTREAM_CALL_TIMEOUT", "3s")], None).await;
     let code = "import asyncio
 from mcp import runtime
@@ -98,10 +116,16 @@ async def one():
         return 'bytes' if 'bytes of tool-call arguments' in str(e) else 'other'
 r = await asyncio.gather(*[one() for _ in range(200)])
 print(r.count('bytes') > 100, r.count('bytes') < 200)";
-    let r = Outcome(b.call(json!({"code": code, "servers": ["fx"], "timeout": 60})).await);
+    let r = Outcome(
+        b.call(json!({"code": code, "servers": ["fx"], "timeout": 60}))
+            .await,
+    );
     assert_eq!(r.stdout(), "True True\n", "{}", r.text());
     let peak = vm_kib(b.pid, "VmHWM:") >> 10;
-    assert!(peak < 160, "bridge peak RSS {peak} MiB with 200 MiB of arguments sent");
+    assert!(
+        peak < 160,
+        "bridge peak RSS {peak} MiB with 200 MiB of arguments sent"
+    );
     b.shutdown().await;
 }
 
@@ -162,7 +186,16 @@ display('some text')\ndisplay({{'a': 1}})"
     let images = r.content.iter().filter(|c| c.as_image().is_some()).count();
     let r = Outcome(r);
     assert_eq!(images, 0, "{}", r.text());
-    assert!(r.stdout().contains("some text\n") && r.stdout().contains("{'a': 1}"), "{}", r.text());
-    assert!(r.text().contains("3 image(s) from display() were not returned"), "{}", r.text());
+    assert!(
+        r.stdout().contains("some text\n") && r.stdout().contains("{'a': 1}"),
+        "{}",
+        r.text()
+    );
+    assert!(
+        r.text()
+            .contains("3 image(s) from display() were not returned"),
+        "{}",
+        r.text()
+    );
     b.shutdown().await;
 }

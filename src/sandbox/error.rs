@@ -60,6 +60,7 @@ impl SandboxError {
             SandboxError::Create { .. } | SandboxError::ExitedAtStart { .. } => {
                 Some("`mcp-code-bridge doctor` checks the engine and the image.".into())
             }
+            SandboxError::Image(e) => e.hint(),
             _ => None,
         }
     }
