@@ -465,6 +465,8 @@ impl Home {
     fn env(&self) -> Vec<(String, String)> {
         let h = self.path();
         vec![
+            // Nothing of the machine's /etc/mcp-code-bridge/config.toml.
+            ("MCP_BRIDGE_SYSTEM_CONFIG".into(), "none".into()),
             ("HOME".into(), h.display().to_string()),
             (
                 "XDG_CONFIG_HOME".into(),

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, Config, KEYS, Overrides};
-use crate::sandbox::engine::{Enforcement, Engine};
 use crate::protocol::Stream;
+use crate::sandbox::engine::{Enforcement, Engine};
 use crate::sandbox::{ExecRequest, Outcome, Sandbox, image};
 use crate::server::{self, Bridge};
 use crate::upstream::Upstreams;
@@ -132,7 +132,17 @@ pub async fn main(cli: Cli) -> ExitCode {
     };
     crate::logging::init(loaded.config.log_level);
     let config = Arc::new(loaded.config.clone());
-    match cli.command.unwrap_or(Command::Run) {
+    let command = cli.command.unwrap_or(Command::Run);
+    // `doctor` and `config` show these in their report; everything else logs them.
+    if !matches!(command, Command::Doctor { .. } | Command::Config) {
+        for w in &loaded.warnings {
+            tracing::warn!("{w}");
+        }
+        for n in &loaded.notes {
+            tracing::info!("{n}");
+        }
+    }
+    match command {
         Command::Run => {
             let sandbox = Sandbox::new(config.clone());
             let ups = Upstreams::from_loaded(&loaded);
@@ -341,12 +351,11 @@ fn print_config(loaded: &config::Loaded) {
             serde_json::Value::String(s) => s.clone(),
             other => other.to_string(),
         };
-        println!(
-            "{:width$} = {:24} # {}",
-            k.name,
-            val,
-            loaded.source_of(k.name)
-        );
+        let mut source = loaded.source_of(k.name);
+        if k.name == "image_sha256" && loaded.config.image_sha256.is_none() && source != "default" {
+            source.push_str(", ignored (see the note below)");
+        }
+        println!("{:width$} = {:24} # {source}", k.name, val);
     }
     for (name, entry) in &loaded.config.servers {
         let what = entry
@@ -359,15 +368,38 @@ fn print_config(loaded: &config::Loaded) {
             loaded.source_of(&format!("servers.{name}"))
         );
     }
+    let list = |files: &[PathBuf]| {
+        files
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     if loaded.files.is_empty() {
         println!(
             "# no config file found; looked at: {}",
-            config::config_files(None)
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            list(&config::config_files(None))
         );
+    } else {
+        println!("# config files read: {}", list(&loaded.files));
+    }
+    match &loaded.system {
+        config::SystemConfig::Default(_) => {}
+        config::SystemConfig::FromEnv(p) => println!(
+            "# system config file {} (from {})",
+            p.display(),
+            config::SYSTEM_CONFIG_ENV
+        ),
+        config::SystemConfig::Disabled => println!(
+            "# no system config file ({}=none)",
+            config::SYSTEM_CONFIG_ENV
+        ),
+    }
+    for n in &loaded.notes {
+        println!("# note: {n}");
+    }
+    for w in &loaded.warnings {
+        println!("# warning: {w}");
     }
 }
 
@@ -404,11 +436,22 @@ async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: bool) -> Ex
         failed: 0,
         paint: std::io::stdout().is_terminal(),
     };
+    let system = match &loaded.system {
+        config::SystemConfig::Default(_) => String::new(),
+        config::SystemConfig::FromEnv(_) => {
+            format!(" (the system file from {})", config::SYSTEM_CONFIG_ENV)
+        }
+        config::SystemConfig::Disabled => {
+            format!(" (no system file: {}=none)", config::SYSTEM_CONFIG_ENV)
+        }
+    };
     if loaded.files.is_empty() {
-        c.ok("configuration: built-in defaults and environment (no config file)");
+        c.ok(&format!(
+            "configuration: built-in defaults and environment (no config file){system}"
+        ));
     } else {
         c.ok(&format!(
-            "configuration: {}",
+            "configuration: {}{system}",
             loaded
                 .files
                 .iter()
@@ -416,6 +459,12 @@ async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: bool) -> Ex
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
+    }
+    for w in &loaded.warnings {
+        c.note(&format!("warning: {w}"));
+    }
+    for n in &loaded.notes {
+        c.note(&format!("note: {n}"));
     }
     let engine = match Engine::connect(&config).await {
         Ok(e) => {
@@ -455,7 +504,18 @@ async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: bool) -> Ex
                         missing.join("; ")
                     ));
                 } else {
-                    c.bad(&format!("limits the host cannot enforce: {}", missing.join("; ")), "use cgroup v2 with controller delegation (rootless) or a rootful engine; or accept it with MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1");
+                    c.bad(
+                        &format!(
+                            "limits the host cannot enforce: {} (memory {} from {}, pids {} from {})",
+                            missing.join("; "),
+                            config.memory,
+                            loaded.source("memory"),
+                            config.pids,
+                            loaded.source("pids"),
+                        ),
+                        "use cgroup v2 with controller delegation (rootless) or a rootful engine; or accept \
+                         unenforced limits with MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1",
+                    );
                 }
             }
             Err(e) => c.bad(
@@ -463,13 +523,41 @@ async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: bool) -> Ex
                 "check the engine with `podman info`",
             ),
         }
+    }
+    let archive_ok = check_archive(&mut c, loaded, quick).await;
+    if let Some(engine) = &engine {
+        let image_src = loaded.source("image");
         match engine.docker.inspect_image(&config.image).await {
-            Ok(img) => c.ok(&format!("image {} present ({} MiB)", config.image, img.size.unwrap_or(0) >> 20)),
+            Ok(img) => c.ok(&format!(
+                "image {} present ({} MiB)",
+                config.image,
+                img.size.unwrap_or(0) >> 20
+            )),
             Err(_) => match &config.image_archive {
-                Some(a) if a.exists() => c.ok(&format!("image {} not loaded yet; will load from {} on first use", config.image, a.display())),
-                Some(a) => c.bad(&format!("image archive {} does not exist", a.display()), "fix MCP_BRIDGE_IMAGE_ARCHIVE, or build one with image/build-debian.sh"),
-                None if image::names_registry(&config.image) => c.ok(&format!("image {} will be pulled on first use", config.image)),
-                None => c.bad(&format!("image {} missing and no archive configured", config.image), "build one with `image/build-debian.sh --output sandbox.tar` and set MCP_BRIDGE_IMAGE_ARCHIVE, or `mcp-code-bridge image load --archive FILE`"),
+                Some(a) if archive_ok => c.ok(&format!(
+                    "image {} not loaded yet; will load from {} on first use",
+                    config.image,
+                    a.display()
+                )),
+                // The archive's own check failed above and says how to repair it.
+                Some(_) => c.note(&format!(
+                    "image {} is not loaded, and its archive cannot load it (above)",
+                    config.image
+                )),
+                None if image::names_registry(&config.image) => c.ok(&format!(
+                    "image {} will be pulled on first use",
+                    config.image
+                )),
+                None => c.bad(
+                    &format!(
+                        "image {} (from {image_src}) is not in the engine and no image_archive is configured",
+                        config.image
+                    ),
+                    "on Debian or Ubuntu, run `scripts/setup-debian.sh --configure` (as root, or with sudo) \
+                     from a checkout of mcp-code-bridge: it builds the image archive and configures it; \
+                     elsewhere build one with `image/build-debian.sh --output sandbox.tar` and run \
+                     `mcp-code-bridge image load --archive sandbox.tar`",
+                ),
             },
         }
     }
@@ -530,9 +618,121 @@ async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: bool) -> Ex
     }
 }
 
+/// The one command that repairs `key`'s value, by where it came from.
+fn repair(loaded: &config::Loaded, key: &str) -> String {
+    let env = format!("{}{}", config::ENV_PREFIX, key.to_ascii_uppercase());
+    match loaded.source(key) {
+        src @ config::Source::File(_) if src.written_by_setup() => format!(
+            "run `scripts/setup-debian.sh --configure` (as root, or with sudo) from a checkout of \
+             mcp-code-bridge: it rebuilds the image archive and rewrites {src}"
+        ),
+        config::Source::File(p) if p.starts_with("/nix/store") => format!(
+            "{} comes from your Nix configuration: rebuild it (`nixos-rebuild switch` or \
+             `home-manager switch`)",
+            p.display()
+        ),
+        config::Source::File(p) => format!(
+            "edit `{key}` in {}: build an archive with `image/build-debian.sh --output FILE` \
+             (or run `scripts/setup-debian.sh --configure`, which writes both keys to {})",
+            p.display(),
+            config::SYSTEM_CONFIG
+        ),
+        config::Source::Env(var) => format!(
+            "unset {var}, or set it to the right value (`image/build-debian.sh --output FILE` builds an archive)"
+        ),
+        config::Source::CommandLine(flag) => format!("pass the right value to {flag}"),
+        config::Source::Default => format!("set {env}"),
+    }
+}
+
+/// Check the configured image archive: it exists and (unless `quick`) matches `image_sha256`.
+/// Returns whether it can be loaded.
+async fn check_archive(c: &mut Checklist, loaded: &config::Loaded, quick: bool) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let config = &loaded.config;
+    let Some(archive) = &config.image_archive else {
+        return true;
+    };
+    let from = loaded.source("image_archive");
+    let meta = match std::fs::metadata(archive) {
+        Ok(m) if m.is_file() => m,
+        Ok(_) | Err(_) => {
+            c.bad(
+                &format!(
+                    "image archive {} (image_archive from {from}) does not exist",
+                    archive.display()
+                ),
+                &repair(loaded, "image_archive"),
+            );
+            return false;
+        }
+    };
+    let mib = meta.len() >> 20;
+    if meta.permissions().mode() & 0o111 != 0 {
+        c.ok(&format!(
+            "image archive {} is a stream script (image_archive from {from}); its output is checked while it loads",
+            archive.display()
+        ));
+        return true;
+    }
+    let Some(want) = &config.image_sha256 else {
+        c.ok(&format!(
+            "image archive {} ({mib} MiB, image_archive from {from}; no image_sha256 to check it against)",
+            archive.display()
+        ));
+        return true;
+    };
+    if quick {
+        c.ok(&format!(
+            "image archive {} ({mib} MiB, from {from}; sha256 not checked with --quick)",
+            archive.display()
+        ));
+        return true;
+    }
+    match image::file_sha256(archive).await {
+        Ok(got) if got.eq_ignore_ascii_case(want) => {
+            c.ok(&format!(
+                "image archive {} ({mib} MiB, from {from}) matches its sha256",
+                archive.display()
+            ));
+            true
+        }
+        Ok(got) => {
+            let digest_from = loaded.source("image_sha256");
+            let fix = if digest_from == from {
+                repair(loaded, "image_archive")
+            } else {
+                format!(
+                    "the two keys come from different places: {}; or {}",
+                    repair(loaded, "image_archive"),
+                    repair(loaded, "image_sha256")
+                )
+            };
+            c.bad(
+                &format!(
+                    "image archive {} has sha256 {got}, but image_sha256 (from {digest_from}) expects {want}",
+                    archive.display()
+                ),
+                &fix,
+            );
+            false
+        }
+        Err(e) => {
+            c.bad(
+                &format!("image archive {}: {e}", archive.display()),
+                &repair(loaded, "image_archive"),
+            );
+            false
+        }
+    }
+}
+
 async fn image_load(config: Arc<Config>, archive: Option<PathBuf>) -> ExitCode {
     let Some(archive) = archive.or(config.image_archive.clone()) else {
-        eprintln!("error: no archive: pass --archive FILE or set MCP_BRIDGE_IMAGE_ARCHIVE");
+        eprintln!(
+            "error: no image archive to load\nhint: pass --archive FILE, or set image_archive \
+             (MCP_BRIDGE_IMAGE_ARCHIVE); `scripts/setup-debian.sh --configure` builds and configures one"
+        );
         return ExitCode::from(2);
     };
     let engine = match Engine::connect(&config).await {
@@ -542,8 +742,21 @@ async fn image_load(config: Arc<Config>, archive: Option<PathBuf>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The configured digest is of the configured archive: another one is loaded unchecked.
+    let image_sha256 = if config.image_archive.as_ref() == Some(&archive) {
+        config.image_sha256.clone()
+    } else {
+        if config.image_sha256.is_some() {
+            tracing::info!(
+                "not checking {} against image_sha256: that is the digest of the configured archive",
+                archive.display()
+            );
+        }
+        None
+    };
     let config = Arc::new(Config {
         image_archive: Some(archive.clone()),
+        image_sha256,
         ..(*config).clone()
     });
     let bar = load_bar(&config);
@@ -569,6 +782,9 @@ async fn image_load(config: Arc<Config>, archive: Option<PathBuf>) -> ExitCode {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
+            if let Some(h) = e.hint() {
+                eprintln!("hint: {h}");
+            }
             ExitCode::FAILURE
         }
     }

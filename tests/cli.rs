@@ -39,6 +39,35 @@ fn bad_config_values_name_key_value_and_source() {
         "{err}"
     );
 
+    // Each thing said once, in plain words.
+    let out = home
+        .command()
+        .env("MCP_BRIDGE_OUTPUT_MODE", "fancy")
+        .arg("config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.trim_end(),
+        "error: invalid value for `output_mode` from environment variable \
+         MCP_BRIDGE_OUTPUT_MODE: `fancy` is not one of: compact, toon"
+    );
+    let out = home
+        .command()
+        .env("MCP_BRIDGE_CONTAINER_USER", "0:0")
+        .arg("config")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with(
+            "error: invalid value for `container_user` from environment variable \
+             MCP_BRIDGE_CONTAINER_USER: the sandbox never runs as root"
+        ),
+        "{err}"
+    );
+
     let out = home
         .command()
         .env("MCP_BRIDGE_LOG_LEVEL", "WARNING")
@@ -167,10 +196,18 @@ async fn the_image_is_loaded_from_its_archive_on_first_use() {
         .unwrap();
     assert!(!before.success(), "{tag} exists before the first call");
     b.py("print('loaded')").await.ok();
+    let log = b.home.log();
+    assert!(log.contains("sandbox image loaded"), "{log}");
+    // Progress is logged while the archive streams, each amount once.
+    let progress: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("loading sandbox image…"))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
     assert!(
-        b.home.log().contains("sandbox image loaded"),
-        "{}",
-        b.home.log()
+        progress.iter().all(|l| seen.insert(l.split("mib=").nth(1))),
+        "a progress line repeats:\n{}",
+        progress.join("\n")
     );
     assert!(
         Command::new("podman")
@@ -262,10 +299,46 @@ fn an_executable_archive_is_run_and_its_output_loaded() {
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let tag = format!("mcp-code-bridge-sandbox:stream-{}", std::process::id());
+    let exists = || {
+        Command::new("podman")
+            .args(["image", "exists", &tag])
+            .status()
+            .unwrap()
+            .success()
+    };
+
+    // A stream cannot be hashed before it is sent: the digest is checked as it streams, and a
+    // mismatch ends the upload. That is what the error says, not how the upload broke.
     let out = home
         .command()
         .env("MCP_BRIDGE_IMAGE", &tag)
         .env("MCP_BRIDGE_IMAGE_ARCHIVE", &script)
+        .env("MCP_BRIDGE_IMAGE_SHA256", "0".repeat(64))
+        .args(["exec", "print('streamed')"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let digest = archive_sha256();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "error: sha256 mismatch: image archive {} has {digest}, but image_sha256 expects {}; nothing was loaded. \
+             The archive is damaged or is not the one configured: `mcp-code-bridge doctor` says",
+            script.display(),
+            "0".repeat(64)
+        )),
+        "{err}"
+    );
+    for transport in ["hyper", "SendRequest", "failed after"] {
+        assert!(!err.contains(transport), "{err}");
+    }
+    assert!(!exists(), "a mismatching stream must load nothing");
+
+    let out = home
+        .command()
+        .env("MCP_BRIDGE_IMAGE", &tag)
+        .env("MCP_BRIDGE_IMAGE_ARCHIVE", &script)
+        .env("MCP_BRIDGE_IMAGE_SHA256", &digest)
         .args(["exec", "print('streamed')"])
         .output()
         .unwrap();
@@ -295,6 +368,284 @@ fn a_missing_image_without_an_archive_says_how_to_get_one() {
         err.contains("no-such-sandbox-image:never")
             && err.contains("build-debian.sh")
             && err.contains("MCP_BRIDGE_IMAGE_ARCHIVE"),
+        "{err}"
+    );
+}
+
+/// The sha256 of the test image archive, in hex.
+fn archive_sha256() -> String {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut h = sha2::Sha256::new();
+    let mut f = std::fs::File::open(common::image_archive()).unwrap();
+    let mut buf = vec![0; 1 << 20];
+    loop {
+        match f.read(&mut buf).unwrap() {
+            0 => return hex::encode(h.finalize()),
+            n => h.update(&buf[..n]),
+        }
+    }
+}
+
+/// A config file as a hostile or stale machine would have it: another image, an archive that is
+/// not there and its digest, a memory limit no test expects, and a server.
+fn hostile_system_config(home: &Home) -> std::path::PathBuf {
+    let path = home.path().join("etc-config.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "image = \"hostile-image:never\"\nimage_archive = \"/nonexistent/hostile.tar\"\n\
+             image_sha256 = \"{}\"\nmemory = \"3g\"\n\n[servers.hostile]\ncommand = \"hostile-server\"\n",
+            "0".repeat(64)
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn config_output(cmd: &mut Command) -> String {
+    let out = cmd.arg("config").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_harness_reads_no_system_config_and_the_variable_moves_it() {
+    let home = Home::new();
+    let hostile = hostile_system_config(&home);
+
+    // Unset, the system file is /etc/mcp-code-bridge/config.toml: `config` names it (read, or
+    // looked at when it does not exist).
+    let text = config_output(home.command().env_remove(common::NO_SYSTEM_CONFIG.0));
+    assert!(text.contains("/etc/mcp-code-bridge/config.toml"), "{text}");
+
+    // The harness's environment turns it off: nothing of it, and `config` says so.
+    let text = config_output(&mut home.command());
+    assert!(!text.contains("/etc/mcp-code-bridge"), "{text}");
+    assert!(
+        text.contains("# no system config file (MCP_BRIDGE_SYSTEM_CONFIG=none)"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("memory ") && l.contains("512m") && l.ends_with("# default")),
+        "{text}"
+    );
+
+    // Pointed at a file, that file is the system layer, below the environment.
+    let text = config_output(
+        home.command()
+            .env(common::NO_SYSTEM_CONFIG.0, &hostile)
+            .env("MCP_BRIDGE_IMAGE", "from-env:1"),
+    );
+    let from = format!("# {}", hostile.display());
+    for key in ["memory ", "servers.hostile "] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(key) && l.ends_with(&from)),
+            "{key}: {text}"
+        );
+    }
+    assert!(
+        text.lines().any(|l| l.starts_with("image ")
+            && l.contains("from-env:1")
+            && l.ends_with("# environment variable MCP_BRIDGE_IMAGE")),
+        "{text}"
+    );
+    // The harness's archive (environment) is not the one the file's digest belongs to.
+    assert!(
+        text.lines().any(|l| l.starts_with("image_sha256 ")
+            && l.contains("(unset)")
+            && l.ends_with("etc-config.toml, ignored (see the note below)")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "# note: ignoring image_sha256 from {}: it is the digest of the image_archive that layer names (/nonexistent/hostile.tar)",
+            hostile.display()
+        )),
+        "{text}"
+    );
+
+    // A path that is not there is an error, not a silently empty layer.
+    let out = home
+        .command()
+        .env(common::NO_SYSTEM_CONFIG.0, home.path().join("nope.toml"))
+        .arg("config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("nope.toml (from MCP_BRIDGE_SYSTEM_CONFIG) does not exist")
+            && err.contains("hint: "),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_hostile_system_config_does_not_break_a_bridge_given_its_own_archive() {
+    // What a machine set up with `scripts/setup-debian.sh --configure` does to a bridge started
+    // with another archive: the file's image archive is missing and its digest is of that one.
+    // The archive from the environment loads, unchecked by the other archive's digest.
+    let home = Home::new();
+    let hostile = hostile_system_config(&home);
+    let tag = format!("mcp-code-bridge-sandbox:hostile-{}", std::process::id());
+    let out = home
+        .command()
+        .env(common::NO_SYSTEM_CONFIG.0, &hostile)
+        .env("MCP_BRIDGE_IMAGE", &tag)
+        .env("MCP_BRIDGE_MEMORY", "512m")
+        .args(["exec", "print('despite it')"])
+        .output()
+        .unwrap();
+    let _ = Command::new("podman").args(["rmi", "-f", &tag]).output();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "despite it\n");
+    assert!(err.contains("ignoring image_sha256 from"), "{err}");
+}
+
+/// `doctor` with an engine that is not there (so it checks the configuration only), with the
+/// harness's environment minus its image archive, plus `env`.
+fn doctor(home: &Home, env: &[(&str, &std::ffi::OsStr)], quick: bool) -> String {
+    let mut cmd = home.command();
+    cmd.env_remove("MCP_BRIDGE_IMAGE_ARCHIVE")
+        .env("MCP_BRIDGE_RUNTIME", "unix:///nonexistent/engine.sock")
+        .envs(env.iter().copied())
+        .arg("doctor");
+    if quick {
+        cmd.arg("--quick");
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "the engine check fails");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn doctor_checks_the_archive_and_names_where_it_came_from_and_what_rebuilds_it() {
+    use std::ffi::OsStr;
+    let home = Home::new();
+    let sys = home.path().join("system.toml");
+    let sys_env = |p: &std::path::Path| (common::NO_SYSTEM_CONFIG.0, p.as_os_str().to_owned());
+
+    // Written by the set-up script, whose archive is gone: re-run it.
+    std::fs::write(
+        &sys,
+        format!(
+            "# Written by mcp-code-bridge's scripts/setup-debian.sh --configure.\n\
+             image_archive = \"/nonexistent/cache/sandbox.tar\"\nimage_sha256 = \"{}\"\n",
+            "1".repeat(64)
+        ),
+    )
+    .unwrap();
+    let (k, v) = sys_env(&sys);
+    let text = doctor(&home, &[(k, &v)], true);
+    assert!(
+        text.contains(&format!(
+            "✗ image archive /nonexistent/cache/sandbox.tar (image_archive from {}) does not exist\n    fix: run `scripts/setup-debian.sh --configure`",
+            sys.display()
+        )),
+        "{text}"
+    );
+
+    // Another file: edit it.
+    std::fs::write(&sys, "image_archive = \"/nonexistent/mine.tar\"\n").unwrap();
+    let text = doctor(&home, &[(k, &v)], true);
+    assert!(
+        text.contains(&format!("fix: edit `image_archive` in {}", sys.display())),
+        "{text}"
+    );
+
+    // The environment: name the variable.
+    let text = doctor(
+        &home,
+        &[(
+            "MCP_BRIDGE_IMAGE_ARCHIVE",
+            OsStr::new("/nonexistent/env.tar"),
+        )],
+        true,
+    );
+    assert!(
+        text.contains(
+            "✗ image archive /nonexistent/env.tar (image_archive from environment variable MCP_BRIDGE_IMAGE_ARCHIVE) does not exist\n    fix: unset MCP_BRIDGE_IMAGE_ARCHIVE, or set it"
+        ),
+        "{text}"
+    );
+
+    // An archive that is there but is not what its digest says; `--quick` does not hash it.
+    let archive = home.path().join("sandbox.tar");
+    std::fs::write(&archive, b"not the archive the digest is of").unwrap();
+    let actual = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(std::fs::read(&archive).unwrap()))
+    };
+    std::fs::write(
+        &sys,
+        format!(
+            "# Written by mcp-code-bridge's scripts/setup-debian.sh --configure.\n\
+             image_archive = \"{}\"\nimage_sha256 = \"{}\"\n",
+            archive.display(),
+            "1".repeat(64)
+        ),
+    )
+    .unwrap();
+    let text = doctor(&home, &[(k, &v)], false);
+    assert!(
+        text.contains(&format!(
+            "✗ image archive {} has sha256 {actual}, but image_sha256 (from {}) expects {}\n    fix: run `scripts/setup-debian.sh --configure`",
+            archive.display(),
+            sys.display(),
+            "1".repeat(64)
+        )),
+        "{text}"
+    );
+    let text = doctor(&home, &[(k, &v)], true);
+    assert!(text.contains("sha256 not checked with --quick"), "{text}");
+    assert!(!text.contains("✗ image archive"), "{text}");
+
+    // The right digest, from the environment this time.
+    let text = doctor(
+        &home,
+        &[(k, &v), ("MCP_BRIDGE_IMAGE_SHA256", OsStr::new(&actual))],
+        false,
+    );
+    assert!(
+        text.contains(&format!(
+            "✓ image archive {} (0 MiB, from {}) matches its sha256",
+            archive.display(),
+            sys.display()
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_unknown_variable_is_a_warning_naming_the_closest_key() {
+    let home = Home::new();
+    let text = config_output(home.command().env("MCP_BRIDGE_TIMOUT", "5"));
+    assert!(
+        text.contains(
+            "# warning: MCP_BRIDGE_TIMOUT is not a setting and is ignored; did you mean MCP_BRIDGE_TIMEOUT?"
+        ),
+        "{text}"
+    );
+    let out = home
+        .command()
+        .env("MCP_BRIDGE_MEM", "1g")
+        .arg("servers")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("WARN")
+            && err.contains("MCP_BRIDGE_MEM is not a setting")
+            && err.contains("MCP_BRIDGE_MEMORY?"),
         "{err}"
     );
 }

@@ -117,25 +117,9 @@ fn tree() -> (Home, PathBuf, PathBuf, Vec<(&'static str, PathBuf)>) {
 }
 
 /// The environment of a `servers` run: only the private tree and PATH (no image is needed, so
-/// `Home::env`'s image archive is left out).
+/// `Home::env`'s image archive is left out), and no system config file.
 fn discovery_env(home: &Home) -> Vec<(String, String)> {
-    let h = home.path();
-    vec![
-        ("HOME".into(), h.display().to_string()),
-        (
-            "XDG_CONFIG_HOME".into(),
-            h.join(".config").display().to_string(),
-        ),
-        (
-            "XDG_STATE_HOME".into(),
-            h.join(".local/state").display().to_string(),
-        ),
-        (
-            "XDG_CACHE_HOME".into(),
-            h.join(".cache").display().to_string(),
-        ),
-        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
-    ]
+    home.base_env()
 }
 
 fn servers_cmd(home: &Home, project: &Path, servers_file: &Path, extra: &[(&str, &str)]) -> String {

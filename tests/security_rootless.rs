@@ -119,6 +119,11 @@ impl Rootless {
             format!("PATH={}", std::env::var("PATH").unwrap_or_default()),
             format!("MCP_BRIDGE_IMAGE_ARCHIVE={}", archive.display()),
             "MCP_BRIDGE_LOG_LEVEL=debug".into(),
+            format!(
+                "{}={}",
+                common::NO_SYSTEM_CONFIG.0,
+                common::NO_SYSTEM_CONFIG.1
+            ),
         ];
         env.extend(extra_env.iter().map(|(k, v)| format!("{k}={v}")));
         let (transport, _) =

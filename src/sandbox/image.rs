@@ -16,9 +16,35 @@ use tokio_util::io::ReaderStream;
 
 use crate::config::Config;
 
+/// Why the image could not be made present. The message says what happened; the hint, when
+/// there is one, what to do.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ImageError(pub String);
+#[error("{message}")]
+pub struct ImageError {
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl ImageError {
+    fn new(message: impl Into<String>) -> Self {
+        ImageError {
+            message: message.into(),
+            hint: None,
+        }
+    }
+
+    fn hinted(message: impl Into<String>, hint: impl Into<String>) -> Self {
+        ImageError {
+            message: message.into(),
+            hint: Some(hint.into()),
+        }
+    }
+
+    /// What to do about it, when there is something to do.
+    pub fn hint(&self) -> Option<String> {
+        self.hint.clone()
+    }
+}
 
 /// How the image came to be there.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,17 +85,21 @@ pub async fn ensure(
             .build();
         let mut s = docker.create_image(Some(opts), None, None);
         while let Some(item) = s.next().await {
-            item.map_err(|e| ImageError(format!("pulling {} failed: {e}", config.image)))?;
+            item.map_err(|e| ImageError::new(format!("pulling {} failed: {e}", config.image)))?;
         }
         return Ok(Provenance::Pulled);
     }
-    Err(ImageError(format!(
-        "the sandbox image {:?} is not in the container engine, and no archive is configured to load it from. \
-         Build one with `image/build-debian.sh --output sandbox.tar` and set MCP_BRIDGE_IMAGE_ARCHIVE=/path/to/sandbox.tar \
-         (or run `mcp-code-bridge image load --archive sandbox.tar`), use the Nix package which sets it, \
-         or set MCP_BRIDGE_IMAGE to an image that has python3 (e.g. docker.io/library/python:3.14-slim).",
-        config.image
-    )))
+    Err(ImageError::hinted(
+        format!(
+            "the sandbox image {:?} is not in the container engine, and no archive is configured to load it from.",
+            config.image
+        ),
+        "On Debian or Ubuntu, `scripts/setup-debian.sh --configure` (from a checkout, as root) builds one \
+         and configures it; elsewhere build one with `image/build-debian.sh --output sandbox.tar` and set \
+         MCP_BRIDGE_IMAGE_ARCHIVE=/path/to/sandbox.tar (or run `mcp-code-bridge image load --archive sandbox.tar`), \
+         use the Nix package, which sets it, or set MCP_BRIDGE_IMAGE to an image that has python3 \
+         (e.g. docker.io/library/python:3.14-slim).",
+    ))
 }
 
 /// Load `archive` (docker-archive, gzipped or not, or an executable printing one) and check that
@@ -82,7 +112,7 @@ pub async fn load(
 ) -> Result<Provenance, ImageError> {
     let started = Instant::now();
     let kind = sniff(archive).map_err(|e| {
-        ImageError(format!(
+        ImageError::new(format!(
             "cannot read image archive {}: {e}",
             archive.display()
         ))
@@ -93,7 +123,7 @@ pub async fn load(
         ArchiveKind::Tar | ArchiveKind::Gzip => Box::pin(
             tokio::fs::File::open(archive)
                 .await
-                .map_err(|e| ImageError(format!("cannot open {}: {e}", archive.display())))?,
+                .map_err(|e| ImageError::new(format!("cannot open {}: {e}", archive.display())))?,
         ),
         ArchiveKind::Executable => {
             let mut c = tokio::process::Command::new(archive)
@@ -103,7 +133,7 @@ pub async fn load(
                 .kill_on_drop(true)
                 .spawn()
                 .map_err(|e| {
-                    ImageError(format!(
+                    ImageError::new(format!(
                         "cannot run image stream script {}: {e}",
                         archive.display()
                     ))
@@ -127,6 +157,7 @@ pub async fn load(
     // Engines load only plain tars (podman refuses a gzipped one), so gzip is undone here.
     let verifier = Verify::new(raw, stream_check);
     let counted = verifier.counter.clone();
+    let mismatched = verifier.mismatch.clone();
     let reader: Pin<Box<dyn tokio::io::AsyncRead + Send>> = match kind {
         ArchiveKind::Gzip => Box::pin(async_compression::tokio::bufread::GzipDecoder::new(
             tokio::io::BufReader::with_capacity(1 << 20, verifier),
@@ -136,54 +167,80 @@ pub async fn load(
     let opts = ImportImageOptionsBuilder::default().quiet(true).build();
     let body = ReaderStream::with_capacity(reader, 1 << 20);
     let mut s = docker.import_image_stream(opts, body, None);
-    let mut last_report = Instant::now();
+    // Progress while the upload runs (the engine answers only at its end), each value once.
+    let mut ticks = tokio::time::interval(std::time::Duration::from_secs(1));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut reported = 0;
+    let mut report = |n: u64| {
+        if n != reported {
+            reported = n;
+            progress(n);
+        }
+    };
     let mut messages = Vec::new();
-    while let Some(item) = s.next().await {
+    let mut failure = None;
+    loop {
+        let item = tokio::select! {
+            item = s.next() => item,
+            _ = ticks.tick() => {
+                report(counted.load(std::sync::atomic::Ordering::Relaxed));
+                continue;
+            }
+        };
         match item {
-            Ok(info) => {
+            None => break,
+            Some(Ok(info)) => {
                 if let Some(m) = info.stream.or(info.status) {
                     messages.push(m.trim().to_string());
                 }
                 if let Some(e) = info.error_detail.and_then(|d| d.message) {
-                    return Err(ImageError(format!(
+                    failure = Some(format!(
                         "the engine refused image archive {}: {e}",
                         archive.display()
-                    )));
+                    ));
+                    break;
                 }
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 let n = counted.load(std::sync::atomic::Ordering::Relaxed);
-                for loaded in messages.iter().filter_map(|m| loaded_reference(m)) {
-                    let _ = docker
-                        .remove_image(
-                            loaded,
-                            None::<bollard::query_parameters::RemoveImageOptions>,
-                            None,
-                        )
-                        .await;
-                }
-                return Err(ImageError(format!(
+                failure = Some(format!(
                     "loading image archive {} failed after {n} bytes: {e}",
                     archive.display()
-                )));
+                ));
+                break;
             }
         }
-        if last_report.elapsed().as_millis() >= 250 {
-            progress(counted.load(std::sync::atomic::Ordering::Relaxed));
-            last_report = Instant::now();
+    }
+    drop(s);
+    // The digest check ends the upload with an error, which the engine and the HTTP client
+    // report in their own words (a broken request): the mismatch is what happened.
+    let failure = match (mismatched.get(), failure) {
+        (Some((got, want)), _) => Some(mismatch(archive, got, want)),
+        (None, why) => why.map(ImageError::new),
+    };
+    if let Some(e) = failure {
+        for loaded in messages.iter().filter_map(|m| loaded_reference(m)) {
+            let _ = docker
+                .remove_image(
+                    loaded,
+                    None::<bollard::query_parameters::RemoveImageOptions>,
+                    None,
+                )
+                .await;
         }
+        return Err(e);
     }
     if let Some(mut c) = child {
-        let status = c.wait().await.map_err(|e| ImageError(e.to_string()))?;
+        let status = c.wait().await.map_err(|e| ImageError::new(e.to_string()))?;
         if !status.success() {
-            return Err(ImageError(format!(
+            return Err(ImageError::new(format!(
                 "image stream script {} failed with {status}",
                 archive.display()
             )));
         }
     }
     let bytes = counted.load(std::sync::atomic::Ordering::Relaxed);
-    progress(bytes);
+    report(bytes);
     if docker.inspect_image(&config.image).await.is_err() {
         // The archive may carry another tag (or none): tag its one image as configured.
         let loaded: Vec<&str> = messages
@@ -204,12 +261,15 @@ pub async fn load(
         }
     }
     if docker.inspect_image(&config.image).await.is_err() {
-        return Err(ImageError(format!(
-            "archive {} loaded ({}), but it does not contain image {:?}. Set MCP_BRIDGE_IMAGE to the tag it has.",
-            archive.display(),
-            messages.join("; "),
-            config.image
-        )));
+        return Err(ImageError::hinted(
+            format!(
+                "archive {} loaded ({}), but it does not contain image {:?}.",
+                archive.display(),
+                messages.join("; "),
+                config.image
+            ),
+            "Set MCP_BRIDGE_IMAGE to the name it has.",
+        ));
     }
     let seconds = started.elapsed().as_secs_f64();
     tracing::info!(image = %config.image, bytes, seconds, "sandbox image loaded");
@@ -222,8 +282,18 @@ pub async fn load(
 
 /// Hash a file and compare with `want` (hex).
 async fn check_file_digest(path: &Path, want: &str) -> Result<(), ImageError> {
+    let got = file_sha256(path).await?;
+    if got.eq_ignore_ascii_case(want) {
+        Ok(())
+    } else {
+        Err(mismatch(path, &got, want))
+    }
+}
+
+/// The sha256 of a file, in hex (hashed on a blocking thread).
+pub async fn file_sha256(path: &Path) -> Result<String, ImageError> {
     let p = path.to_path_buf();
-    let got = tokio::task::spawn_blocking(move || -> io::Result<String> {
+    tokio::task::spawn_blocking(move || -> io::Result<String> {
         use std::io::Read;
         let mut f = std::fs::File::open(&p)?;
         let mut h = Sha256::new();
@@ -237,17 +307,19 @@ async fn check_file_digest(path: &Path, want: &str) -> Result<(), ImageError> {
         }
     })
     .await
-    .map_err(|e| ImageError(e.to_string()))?
-    .map_err(|e| ImageError(format!("cannot read {}: {e}", path.display())))?;
-    if got.eq_ignore_ascii_case(want) {
-        Ok(())
-    } else {
-        Err(ImageError(format!(
-            "sha256 mismatch: image archive {} has {got}, MCP_BRIDGE_IMAGE_SHA256 expects {want}; \
-             the archive is corrupt or not the one configured. Nothing was loaded.",
-            path.display()
-        )))
-    }
+    .map_err(|e| ImageError::new(e.to_string()))?
+    .map_err(|e| ImageError::new(format!("cannot read {}: {e}", path.display())))
+}
+
+fn mismatch(archive: &Path, got: &str, want: &str) -> ImageError {
+    ImageError::hinted(
+        format!(
+            "sha256 mismatch: image archive {} has {got}, but image_sha256 expects {want}; nothing was loaded.",
+            archive.display()
+        ),
+        "The archive is damaged or is not the one configured: `mcp-code-bridge doctor` says where each \
+         value comes from and which command rebuilds the archive.",
+    )
 }
 
 /// The image a load message names: `Loaded image: X`, `Loaded image(s): X`, `Loaded image ID: X`.
@@ -295,12 +367,15 @@ fn sniff(path: &Path) -> io::Result<ArchiveKind> {
 }
 
 /// A reader that hashes what passes and, when the digest does not match at the end, fails
-/// instead of reaching a clean end, so the engine sees a broken upload and loads nothing.
+/// instead of reaching a clean end, so the engine sees a broken upload and loads nothing. The
+/// digests of a mismatch are also left in `mismatch`, for the caller to report.
 struct Verify<R> {
     inner: R,
     hasher: Option<Sha256>,
     expected: Option<String>,
     counter: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// (got, expected) when the digest did not match.
+    mismatch: std::sync::Arc<std::sync::OnceLock<(String, String)>>,
 }
 
 impl<R> Verify<R> {
@@ -310,6 +385,7 @@ impl<R> Verify<R> {
             hasher: Some(Sha256::new()),
             expected: expected.map(|e| e.to_ascii_lowercase()),
             counter: Default::default(),
+            mismatch: Default::default(),
         }
     }
 }
@@ -338,14 +414,14 @@ impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Verify<R> {
                     return Poll::Ready(Ok(()));
                 };
                 let got = hex::encode(h.finalize());
-                match &self.expected {
-                    Some(want) if *want != got => Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "sha256 mismatch: the archive has {got}, MCP_BRIDGE_IMAGE_SHA256 expects {want}; \
-                             the archive is corrupt or not the one configured"
-                        ),
-                    ))),
+                match self.expected.clone() {
+                    Some(want) if want != got => {
+                        let msg = format!(
+                            "sha256 mismatch: the archive has {got}, but image_sha256 expects {want}"
+                        );
+                        let _ = self.mismatch.set((got, want));
+                        Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, msg)))
+                    }
                     _ => Poll::Ready(Ok(())),
                 }
             }
@@ -398,10 +474,14 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(out, b"hello");
-        let err = Verify::new(&b"hello"[..], Some("00".repeat(32)))
-            .read_to_end(&mut Vec::new())
-            .await
-            .unwrap_err();
+        let mut v = Verify::new(&b"hello"[..], Some("00".repeat(32)));
+        let err = v.read_to_end(&mut Vec::new()).await.unwrap_err();
         assert!(err.to_string().contains("sha256 mismatch"), "{err}");
+        let (got, want) = v
+            .mismatch
+            .get()
+            .expect("the mismatch is kept for the caller");
+        assert_eq!(got, &hex::encode(Sha256::digest(b"hello")));
+        assert_eq!(want, &"00".repeat(32));
     }
 }

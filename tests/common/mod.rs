@@ -30,7 +30,12 @@ pub fn image_archive() -> PathBuf {
     p
 }
 
-/// A private HOME/XDG tree so no user configuration leaks into a test.
+/// What keeps the machine's system config file (`/etc/mcp-code-bridge/config.toml`, which
+/// `scripts/setup-debian.sh --configure` writes) away from every bridge a test starts. Every
+/// environment built for a bridge here has it; so must any other.
+pub const NO_SYSTEM_CONFIG: (&str, &str) = ("MCP_BRIDGE_SYSTEM_CONFIG", "none");
+
+/// A private HOME/XDG tree so no user configuration leaks into a test, and no system one either.
 pub struct Home {
     pub dir: TempDir,
 }
@@ -60,8 +65,21 @@ impl Home {
     }
     /// The environment a bridge process gets: only this tree, the image archive, and PATH.
     pub fn env(&self) -> Vec<(String, String)> {
+        let mut env = self.base_env();
+        env.extend([
+            (
+                "MCP_BRIDGE_IMAGE_ARCHIVE".into(),
+                image_archive().display().to_string(),
+            ),
+            ("MCP_BRIDGE_LOG_LEVEL".into(), "debug".into()),
+        ]);
+        env
+    }
+    /// The environment without an image: this tree (HOME, XDG), PATH, and no system config.
+    pub fn base_env(&self) -> Vec<(String, String)> {
         let h = self.path();
         vec![
+            (NO_SYSTEM_CONFIG.0.into(), NO_SYSTEM_CONFIG.1.into()),
             ("HOME".into(), h.display().to_string()),
             (
                 "XDG_CONFIG_HOME".into(),
@@ -76,11 +94,6 @@ impl Home {
                 h.join(".cache").display().to_string(),
             ),
             ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
-            (
-                "MCP_BRIDGE_IMAGE_ARCHIVE".into(),
-                image_archive().display().to_string(),
-            ),
-            ("MCP_BRIDGE_LOG_LEVEL".into(), "debug".into()),
         ]
     }
 }
