@@ -2,9 +2,9 @@
 # Build the mcp-code-bridge sandbox image from Debian packages (for hosts without Nix) and write it
 # as a docker-archive tarball that `mcp-code-bridge image load`, `podman load` or `docker load` read.
 #
-# The image: Debian sid's python3 (3.14) + numpy + pandas (+ --extra packages), user 65534:65534,
-# workdir /workspace, CMD ["python3"]. The Python runtime of the bridge is not in the image: the
-# bridge injects it at session start, so any image with python3 works.
+# The image: Debian sid's python3 (3.14) + numpy + pandas + matplotlib (+ --extra packages), user
+# 65534:65534, workdir /workspace, CMD ["python3"]. The Python runtime of the bridge is not in the
+# image: the bridge injects it at session start, so any image with python3 works.
 #
 # Needs: mmdebstrap, podman (rootful or rootless). The script never touches the podman image store
 # you use: it imports, saves and smoke-tests the image in a throwaway store that it deletes.
@@ -33,7 +33,8 @@ docker-archive tarball (a plain tar whose layer is gzip-compressed).
 Options:
   --output PATH   where to write the archive (default: ./mcp-code-bridge-sandbox.tar)
   --tag NAME:TAG  the image's name in the archive (default: mcp-code-bridge-sandbox:latest)
-  --extra PKG     an extra Debian package to install (repeatable), e.g. python3-matplotlib
+  --extra PKG     an extra Debian package to install (repeatable), e.g. python3-scipy
+                  (python3, numpy, pandas and matplotlib are always installed)
   --mirror URL    the Debian mirror (default: the Debian mirror apt on this host is configured with)
   --suite SUITE   the Debian suite (default: sid, whose python3 is 3.14)
   --keep-rootfs PATH  also keep the root filesystem tarball at PATH
@@ -103,8 +104,12 @@ if command -v apt-config >/dev/null; then
     done
 fi
 
-include="python3,python3-numpy,python3-pandas"
-for pkg in ${extras[@]+"${extras[@]}"}; do include+=",$pkg"; done
+# The default packages: what the tool description promises (display() of a matplotlib figure).
+defaults=(python3 python3-numpy python3-pandas python3-matplotlib)
+include=$(IFS=,; printf '%s' "${defaults[*]}")
+for pkg in ${extras[@]+"${extras[@]}"}; do
+    [[ ",$include," == *",$pkg,"* ]] || include+=",$pkg"
+done
 
 output_dir=$(dirname -- "$output")
 mkdir -p -- "$output_dir"
@@ -132,16 +137,34 @@ start=$(date +%s)
 log "suite $suite from $mirror; packages: $include"
 
 # Slimming: dpkg never unpacks docs (but copyright), man/info pages and translations; the customize
-# hook drops apt's lists and caches, logs, and the numpy/pandas test suites, and prepares /workspace.
+# hook drops apt's lists and caches, logs, the test suites of numpy, pandas and matplotlib, and
+# prepares /workspace. It also drops what the image cannot use: extension modules and standard
+# library directories of Python versions other than the image's python3 (sid builds packages for
+# every supported version), and what matplotlib's dependencies bring along but matplotlib never
+# loads: sympy and mpmath and lxml (optional extras of fontTools), the Unicode Character Database
+# text files, Tcl/Tk (there is no display), and the AV1 codecs of Pillow's AVIF plugin. The smoke
+# test below draws PNG, SVG and PDF figures to show that plotting survives it.
 # Byte-compiled .pyc files stay: the root filesystem is read-only at run time.
 # shellcheck disable=SC2016 # expanded by mmdebstrap's hook shell
 slim_hook='set -e; root="$1"
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/var/cache/debconf/*-old \
        "$root"/var/log/apt "$root"/var/log/dpkg.log "$root"/var/log/alternatives.log \
        "$root"/var/log/bootstrap.log
-for d in numpy pandas matplotlib; do
-    [ -d "$root/usr/lib/python3/dist-packages/$d" ] || continue
-    find "$root/usr/lib/python3/dist-packages/$d" -depth -type d -name tests -exec rm -rf {} +
+site="$root/usr/lib/python3/dist-packages"
+for d in numpy pandas matplotlib mpl_toolkits; do
+    [ -d "$site/$d" ] || continue
+    find "$site/$d" -depth -type d -name tests -exec rm -rf {} +
+done
+py=$(readlink "$root/usr/bin/python3"); py=${py##*/}
+tag="cpython-$(printf %s "${py#python}" | tr -d .)"
+find "$site" -name "*.cpython-3*" ! -name "*.$tag[-.]*" -delete
+for d in "$root"/usr/lib/python3.*; do [ "${d##*/}" = "$py" ] || rm -rf "$d"; done
+rm -rf "$site"/sympy "$site"/sympy-* "$site"/mpmath "$site"/mpmath-* "$site"/lxml "$site"/lxml-* \
+       "$root"/usr/bin/isympy "$root"/usr/share/unicode "$root"/usr/share/tcltk
+rm -f "$site"/PIL/_avif.* "$site"/PIL/_imagingtk.* "$root"/usr/lib/"$py"/lib-dynload/_tkinter.*
+for lib in libaom libSvtAv1Enc librav1e libgav1 libdav1d libyuv libabsl_ libavif libtk8 libtcl8 \
+           libxslt libexslt; do
+    rm -f "$root"/usr/lib/*/"$lib"*.so*
 done
 mkdir -p "$root/workspace" "$root/tmp"
 chmod 1777 "$root/workspace" "$root/tmp"'
@@ -175,7 +198,7 @@ log "importing into a throwaway podman store as $tag"
     --change 'ENV MPLCONFIGDIR=/tmp/.matplotlib' \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'LABEL org.opencontainers.image.title=mcp-code-bridge-sandbox' \
-    --change "LABEL org.opencontainers.image.description=mcp-code-bridge sandbox: Debian $suite python3 + numpy + pandas" \
+    --change "LABEL org.opencontainers.image.description=mcp-code-bridge sandbox: Debian $suite python3 + numpy + pandas + matplotlib" \
     --change 'CMD ["python3"]' \
     "$rootfs" "$tag" >/dev/null
 rm -f -- "$rootfs"
@@ -209,12 +232,25 @@ versions=$("${P[@]}" run --rm --network none --read-only --cap-drop ALL \
     --security-opt no-new-privileges --user 65534:65534 \
     --tmpfs /tmp:rw,noexec,nosuid,nodev,size=64m --tmpfs /workspace:rw,noexec,nosuid,nodev,size=64m \
     "$tag" python3 -c '
-import sys, os, numpy, pandas
+import io, sys, os, numpy, pandas, matplotlib
 assert os.getcwd() == "/workspace", os.getcwd()
 assert (os.getuid(), os.getgid()) == (65534, 65534)
+import matplotlib.pyplot as plt, PIL.Image
+fig, ax = plt.subplots(figsize=(2, 2), dpi=50)
+ax.plot([1, 3, 2])
+ax.set_title("smoke \u00e9\u03bb")
+for fmt, magic in (("png", b"\x89PNG"), ("svg", b"<?xml"), ("pdf", b"%PDF")):
+    out = io.BytesIO()
+    fig.savefig(out, format=fmt)
+    assert out.getvalue().startswith(magic), "matplotlib drew no " + fmt
+PIL.Image.init()
+out = io.BytesIO()
+fig.savefig(out, format="png")
+assert PIL.Image.open(out).size == (100, 100)
 print("python", sys.version.split()[0])
 print("numpy", numpy.__version__)
 print("pandas", pandas.__version__)
+print("matplotlib", matplotlib.__version__, "(" + matplotlib.get_backend() + ")")
 ')
 mv -f -- "$tmp_out" "$output"
 

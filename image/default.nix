@@ -1,4 +1,4 @@
-# The sandbox image: Python 3.14 with pandas and numpy, nothing of this repository.
+# The sandbox image: Python 3.14 with pandas, numpy and matplotlib, nothing of this repository.
 # The bridge injects its Python runtime (image/runtime.py) at container start, so the image
 # only has to provide `python3` on PATH, an unprivileged user and the /tmp and /workspace
 # mount points. The result is a docker-archive (.tar.gz) that `mcp-code-bridge image load`
@@ -6,13 +6,13 @@
 # loads as, the tag derived from the image's content.
 #
 #   lib.callPackageWith pkgs ./image { }
-#   (lib.callPackageWith pkgs ./image { }).override { extraPythonPackages = ps: [ ps.matplotlib ]; }
+#   (lib.callPackageWith pkgs ./image { }).override { extraPythonPackages = ps: [ ps.scipy ]; }
 {
   lib,
   dockerTools,
   runCommand,
   python314,
-  # Python packages added on top of pandas and numpy: a function of the package set.
+  # Python packages added on top of pandas, numpy and matplotlib: a function of the package set.
   extraPythonPackages ? (_ps: [ ]),
   # Other store paths to put in the image (their bin/ lands in /bin), e.g. [ coreutils ].
   extraContents ? [ ],
@@ -24,7 +24,18 @@
 }:
 
 let
-  python = python314.withPackages (ps: [ ps.pandas ps.numpy ] ++ extraPythonPackages ps);
+  # matplotlib: the tool description promises that display() of a figure returns an image.
+  # `optional`: the offline evaluation stub of nixpkgs (docs/nix.md) has no matplotlib; nixpkgs
+  # has, so it is never left out there.
+  python = python314.withPackages (
+    ps:
+    [
+      ps.pandas
+      ps.numpy
+    ]
+    ++ lib.optional (ps ? matplotlib) ps.matplotlib
+    ++ extraPythonPackages ps
+  );
 
   # /etc/passwd, /etc/group and nsswitch for uid/gid 65534 (nobody/nogroup), so that
   # getpass.getuser(), pwd.getpwuid() and friends work for the sandbox user.
@@ -76,6 +87,7 @@ let
         "PYTHONDONTWRITEBYTECODE=1"
         "PYTHONUNBUFFERED=1"
         "MPLCONFIGDIR=/tmp/matplotlib"
+        "MPLBACKEND=Agg"
       ];
       Labels = {
         "org.opencontainers.image.title" = "mcp-code-bridge-sandbox";

@@ -124,9 +124,9 @@ rec {
       type = types.functionTo (types.listOf types.package);
       default = _: [ ];
       defaultText = literalExpression "ps: [ ]";
-      example = literalExpression "ps: [ ps.matplotlib ps.scipy ]";
+      example = literalExpression "ps: [ ps.scipy ]";
       description = ''
-        Python packages added to the sandbox image besides pandas and numpy (applied with
+        Python packages added to the sandbox image besides pandas, numpy and matplotlib (applied with
         `image.override`, so the image must come from image/default.nix).
       '';
     };

@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# One-time setup of a Debian 12 (or later) host for mcp-code-bridge, as root:
+# One-time setup of a Debian 12 (or later) host for mcp-code-bridge, as root (run as another user,
+# it runs itself again with sudo):
 #   - installs podman, runc, catatonit, mmdebstrap (apt),
 #   - configures podman for this kind of host (runc as the OCI runtime, because crun refuses cgroup v1
 #     hybrid hosts; default ulimits at or below the host's, because podman cannot raise them here),
 #   - builds the sandbox image archive with image/build-debian.sh into a cache directory (rebuilt only
-#     when that script or the package list changes),
+#     when that script or the package list changes); an older archive is deleted unless
+#     /etc/mcp-code-bridge/config.toml still names it,
+#   - with --configure, points the bridge at the archive in /etc/mcp-code-bridge/config.toml (`image`,
+#     `image_archive`, `image_sha256`; only those keys of a file it wrote, replaced atomically),
 #   - with --test-deps, installs the real MCP servers the integration tests talk to (npm and PyPI)
 #     and the Python `mcp` SDK, and checks that each one answers initialize + tools/list.
 # It ends by printing (and writing to <cache>/setup.env) the variables to use, e.g.
-#   MCP_BRIDGE_IMAGE_ARCHIVE=... MCP_BRIDGE_IMAGE_SHA256=...
-# Safe to run again: every step is idempotent.
+#   MCP_BRIDGE_IMAGE=... MCP_BRIDGE_IMAGE_ARCHIVE=... MCP_BRIDGE_IMAGE_SHA256=...
+# Safe to run again, with or without the other options: every step is idempotent, and no run
+# deletes the archive a configured bridge uses.
 set -euo pipefail
 
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd -- "$here/.." && pwd)
+args=("$@")
 
 cache_dir="${MCP_CODE_BRIDGE_CACHE_DIR:-/var/cache/mcp-code-bridge}"
 test_deps=0
@@ -42,14 +48,16 @@ die() { printf '[setup-debian] error: %s\n' "$*" >&2; exit 1; }
 
 usage() {
     cat <<'EOF'
-Usage: scripts/setup-debian.sh [options]     (as root)
+Usage: scripts/setup-debian.sh [options]     (as root; as another user it runs itself with sudo)
 
   --configure        point the bridge at the image archive in /etc/mcp-code-bridge/config.toml
-                     (so `mcp-code-bridge` works with no other setting)
+                     (so `mcp-code-bridge` works with no other setting); in a file this script
+                     wrote, only the image keys are replaced
   --test-deps        also install the MCP servers and the Python mcp SDK used by the tests
   --cache-dir DIR    where the image archive and test servers go
                      (default: $MCP_CODE_BRIDGE_CACHE_DIR or /var/cache/mcp-code-bridge)
-  --extra PKG        extra Debian package for the image (repeatable), e.g. python3-matplotlib
+  --extra PKG        extra Debian package for the image (repeatable), e.g. python3-scipy
+                     (python3, numpy, pandas and matplotlib are always in it)
   --mirror URL       Debian mirror for the image (default: the one apt on this host uses)
   --no-image         do not build the image archive
   -h, --help         this help
@@ -70,7 +78,20 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-[[ $(id -u) -eq 0 ]] || die "run as root (e.g. with sudo): it installs packages and configures rootful podman"
+if [[ $(id -u) -ne 0 ]]; then
+    # It installs packages and configures podman for root. sudo resets the environment, so the
+    # cache directory (perhaps from MCP_CODE_BRIDGE_CACHE_DIR) goes along as an argument, and a
+    # moved system configuration file as the variable.
+    command -v sudo >/dev/null \
+        || die "run as root: it installs packages and configures podman (and sudo is not installed)"
+    keep_env=()
+    if [[ -v MCP_BRIDGE_SYSTEM_CONFIG ]]; then
+        keep_env+=("MCP_BRIDGE_SYSTEM_CONFIG=$MCP_BRIDGE_SYSTEM_CONFIG")
+    fi
+    printf '[setup-debian] not root: running it again with sudo\n' >&2
+    exec sudo -- env ${keep_env[@]+"${keep_env[@]}"} bash "$here/setup-debian.sh" \
+        ${args[@]+"${args[@]}"} --cache-dir "$cache_dir"
+fi
 command -v apt-get >/dev/null || die "apt-get not found: this script is for Debian hosts"
 export DEBIAN_FRONTEND=noninteractive
 mkdir -p -- "$cache_dir"
@@ -137,6 +158,33 @@ fi
 env_lines=()
 
 # --- the sandbox image archive -----------------------------------------------------------------
+# The bridge's system configuration file; MCP_BRIDGE_SYSTEM_CONFIG moves it, for this script as for
+# the bridge (`none` turns it off for the bridge; here it leaves nothing to configure).
+system_etc=/etc/mcp-code-bridge/config.toml
+etc="${MCP_BRIDGE_SYSTEM_CONFIG-$system_etc}"
+case "${etc,,}" in
+    ""|none) etc="" ;;
+esac
+marker="# Written by mcp-code-bridge's scripts/setup-debian.sh --configure."
+
+# The value of a top-level string key in a TOML file (before any [table]), or nothing.
+toml_string() {
+    [[ -f "$2" ]] || return 0
+    awk -v key="$1" '
+        /^[[:space:]]*\[/ { exit }
+        {
+            line = $0
+            if (match(line, "^[[:space:]]*" key "[[:space:]]*=[[:space:]]*")) {
+                v = substr(line, RLENGTH + 1)
+                q = substr(v, 1, 1)
+                if (q == "\"" || q == "\047") {
+                    v = substr(v, 2); i = index(v, q)
+                    if (i > 0) { print substr(v, 1, i - 1); exit }
+                }
+            }
+        }' "$2"
+}
+
 if [[ $build_image -eq 1 ]]; then
     build_script="$repo/image/build-debian.sh"
     [[ -x "$build_script" ]] || die "$build_script not found or not executable"
@@ -155,29 +203,86 @@ if [[ $build_image -eq 1 ]]; then
         "$build_script" --output "$archive" ${build_args[@]+"${build_args[@]}"} >&2
         sha256sum < "$archive" | cut -d' ' -f1 > "$archive.sha256"
         log "built in $(( $(date +%s) - start ))s"
-        # Drop archives built by other versions of the script.
-        find "$image_dir" -maxdepth 1 -name 'mcp-code-bridge-sandbox-*.tar*' \
-            ! -name "$(basename -- "$archive")" ! -name "$(basename -- "$archive").sha256" -delete
     fi
     [[ -s "$archive" ]] || die "no image archive at $archive"
-    log "$(du -h "$archive" | cut -f1) $archive sha256 $(cat "$archive.sha256")"
-    env_lines+=("MCP_BRIDGE_IMAGE_ARCHIVE=$archive" "MCP_BRIDGE_IMAGE_SHA256=$(cat "$archive.sha256")")
+    sha=$(cat "$archive.sha256")
+    # The image's name in the engine: tagged with the archive's digest, so that a bridge configured
+    # with this archive never runs an image another archive loaded under the same name.
+    image="mcp-code-bridge-sandbox:${sha:0:16}"
+    log "$(du -h "$archive" | cut -f1) $archive sha256 $sha"
+    env_lines+=("MCP_BRIDGE_IMAGE=$image" "MCP_BRIDGE_IMAGE_ARCHIVE=$archive" "MCP_BRIDGE_IMAGE_SHA256=$sha")
 fi
 
 # --- the bridge's system configuration ---------------------------------------------------------
-if [[ $configure -eq 1 && $build_image -eq 1 ]]; then
-    etc=/etc/mcp-code-bridge/config.toml
-    marker="# Written by mcp-code-bridge's scripts/setup-debian.sh --configure."
-    if [[ -f "$etc" ]] && ! grep -qxF "$marker" "$etc"; then
+# Replace the three image keys of a config file this script wrote, keeping everything else (top
+# level keys before any [table] are the image keys' neighbours; the new ones go right after the
+# header comments), in one rename.
+write_config() {
+    local tmp
+    mkdir -p "$(dirname -- "$etc")"
+    tmp=$(mktemp "$etc.XXXXXX")
+    { if [[ -f "$etc" ]]; then cat -- "$etc"; else printf '%s\n' "$marker"; fi; } | awk \
+        -v marker="$marker" -v image="$image" -v archive="$archive" -v sha="$sha" '
+        function keys() {
+            print "# The three image keys below are rewritten by each run of it; edit the rest"
+            print "# freely, or remove the line above to keep this script away from this file."
+            printf "image = \"%s\"\nimage_archive = \"%s\"\nimage_sha256 = \"%s\"\n", image, archive, sha
+            done = 1
+        }
+        /^[[:space:]]*\[/ { table = 1 }
+        !table && /^[[:space:]]*(image|image_archive|image_sha256)[[:space:]]*=/ { next }
+        /^# (Edit freely; remove the line above|The three image keys below|freely, or remove the line above)/ { next }
+        header && !done && !/^#/ { keys() }
+        { print }
+        $0 == marker { header = 1 }
+        END { if (!done) keys() }
+    ' > "$tmp"
+    chmod 644 -- "$tmp"
+    mv -f -- "$tmp" "$etc"
+}
+
+if [[ $build_image -eq 1 ]]; then
+    ours=0
+    if [[ -n "$etc" && -f "$etc" ]] && grep -qxF "$marker" "$etc"; then ours=1; fi
+    if [[ $configure -eq 1 && -z "$etc" ]]; then
+        die "--configure, but MCP_BRIDGE_SYSTEM_CONFIG=none: there is no system configuration file to write"
+    elif [[ $configure -eq 1 && -f "$etc" && $ours -eq 0 ]]; then
         log "$etc exists and was not written by this script: left alone. Add to it:"
+        log "  image = \"$image\""
         log "  image_archive = \"$archive\""
-        log "  image_sha256 = \"$(cat "$archive.sha256")\""
-    else
-        step "writing $etc (image archive and its sha256)"
-        mkdir -p "$(dirname -- "$etc")"
-        printf '%s\n# Edit freely; remove the line above to keep this script from rewriting it.\nimage_archive = "%s"\nimage_sha256 = "%s"\n' \
-            "$marker" "$archive" "$(cat "$archive.sha256")" > "$etc"
+        log "  image_sha256 = \"$sha\""
+    elif [[ $configure -eq 1 ]]; then
+        step "writing $etc (image, image archive and its sha256)"
+        write_config
+        log "image = \"$image\"; image_archive = \"$archive\""
+    elif [[ $ours -eq 1 && "$(toml_string image_archive "$etc")" == "$archive" ]] \
+        && [[ "$(toml_string image_sha256 "$etc")" != "$sha" || "$(toml_string image "$etc")" != "$image" ]]; then
+        # The configured archive was rebuilt in place: its digest (and image name) follow.
+        step "updating $etc: its archive was rebuilt (new sha256 $sha)"
+        write_config
     fi
+fi
+
+# Drop archives built by other versions of the script or with other options, except one that a
+# system configuration still names (a bridge set up with --configure keeps working).
+if [[ $build_image -eq 1 ]]; then
+    for old in "$image_dir"/mcp-code-bridge-sandbox-*.tar; do
+        [[ -e "$old" && "$old" != "$archive" ]] || continue
+        keep=""
+        for file in "$etc" "$system_etc"; do
+            named=$(toml_string image_archive "$file")
+            if [[ -n "$named" && "$(realpath -m -- "$named")" == "$(realpath -m -- "$old")" ]]; then
+                keep=$file
+                break
+            fi
+        done
+        if [[ -n "$keep" ]]; then
+            log "keeping $old: $keep names it (run with --configure to move the bridge to the new archive)"
+            continue
+        fi
+        log "deleting $old (an older build)"
+        rm -f -- "$old" "$old.sha256"
+    done
 fi
 
 # --- MCP servers for the tests -----------------------------------------------------------------

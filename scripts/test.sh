@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The test command: `sudo scripts/test.sh` from a checkout on a Debian 12 (or later) host.
+# The test command: `scripts/test.sh` as root (or `sudo scripts/test.sh`; run as another user, it
+# runs itself again with sudo) from a checkout on a Debian 12 (or later) host.
 # Installs podman/runc/mmdebstrap and the test MCP servers (scripts/setup-debian.sh --test-deps),
 # builds (or reuses) the sandbox image archive, then runs the runtime's pytest suite and the Rust
 # test suite against real podman and real MCP servers. Nothing is skipped: a missing podman, image
-# or server is a failure. CI (.ci/run) runs exactly this.
+# or server is a failure. It builds the same archive as `scripts/setup-debian.sh --configure`, never
+# touches /etc/mcp-code-bridge/config.toml, and the tests do not read it (MCP_BRIDGE_SYSTEM_CONFIG),
+# so a bridge set up before keeps working. CI (.ci/run) runs exactly this.
 set -euo pipefail
 
 step() { printf '\n==> [test] %s\n' "$*" >&2; }
@@ -13,6 +16,13 @@ cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.."
 repo=$(pwd)
 start=$(date +%s)
 
+if [[ $(id -u) -ne 0 ]]; then
+    # The set-up installs packages, and the tests use rootful podman and create a test user.
+    command -v sudo >/dev/null || die "run as root (and sudo is not installed)"
+    printf '[test] not root: running it again with sudo\n' >&2
+    exec sudo -- bash "$repo/scripts/test.sh" "$@"
+fi
+
 export DEBIAN_FRONTEND=noninteractive
 export CI="${CI:-true}"
 # Outside the repository, reused across runs on the same machine.
@@ -21,8 +31,8 @@ if [[ -d "${HOME:-/root}/.cargo/bin" ]]; then export PATH="${HOME:-/root}/.cargo
 
 step "host: $(. /etc/os-release && echo "$PRETTY_NAME"), $(uname -r), $(nproc) cpus, user $(id -un)"
 
-step "setup: scripts/setup-debian.sh --test-deps --extra python3-matplotlib"
-bash scripts/setup-debian.sh --test-deps --extra python3-matplotlib --cache-dir "$cache_dir" < /dev/null
+step "setup: scripts/setup-debian.sh --test-deps"
+bash scripts/setup-debian.sh --test-deps --cache-dir "$cache_dir" < /dev/null
 # Read (not export) what setup wrote: the tests get only the MCP_BRIDGE_TEST_* variables, so that
 # config tests see no stray MCP_BRIDGE_* settings.
 MCP_BRIDGE_IMAGE_ARCHIVE="" MCP_BRIDGE_TEST_SERVERS_BIN=""
@@ -37,12 +47,13 @@ podman info >/dev/null || die "podman does not work"
 for exe in mcp-server-everything mcp-server-filesystem mcp-server-time mcp-server-git mcp-python; do
     [[ -x "$MCP_BRIDGE_TEST_SERVERS_BIN/$exe" ]] || die "missing test server $exe"
 done
-command -v cargo >/dev/null || die "cargo not found"
+command -v cargo >/dev/null \
+    || die "cargo not found for $(id -un): install Rust for this user (https://rustup.rs)"
 [[ -f Cargo.toml ]] || die "no Cargo.toml in $repo"
 
 export MCP_BRIDGE_TEST_IMAGE_ARCHIVE="$MCP_BRIDGE_IMAGE_ARCHIVE"
 export MCP_BRIDGE_TEST_SERVERS_BIN
-unset MCP_BRIDGE_IMAGE_ARCHIVE MCP_BRIDGE_IMAGE_SHA256
+unset MCP_BRIDGE_IMAGE MCP_BRIDGE_IMAGE_ARCHIVE MCP_BRIDGE_IMAGE_SHA256
 export PATH="$MCP_BRIDGE_TEST_SERVERS_BIN:$PATH"
 printf '    MCP_BRIDGE_TEST_IMAGE_ARCHIVE=%s\n    MCP_BRIDGE_TEST_SERVERS_BIN=%s\n    setup took %ss\n' \
     "$MCP_BRIDGE_TEST_IMAGE_ARCHIVE" "$MCP_BRIDGE_TEST_SERVERS_BIN" "$(( $(date +%s) - start ))" >&2
