@@ -1,4 +1,4 @@
-//! The bridge benchmark (issue 7) and the load test (issue 6): starts the real release binary,
+//! The bridge benchmark and its load test: starts the real release binary,
 //! drives it with rmcp's real client and raw JSON-RPC, against real podman and the real MCP
 //! reference servers, and prints ONE Markdown table. Every figure is a median and a p95 over the
 //! N repetitions named in its row; nothing here is asserted, the table is the product.

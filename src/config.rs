@@ -650,7 +650,7 @@ impl Config {
         Ok(())
     }
 
-    /// A per-call timeout, clamped to `[1s, max_timeout]`.
+    /// A per-call timeout, clamped to `[100ms, max_timeout]`.
     pub fn clamp_timeout(&self, requested: Option<f64>) -> Duration {
         match requested {
             // `try_from` refuses values too large for a Duration; they clamp to the maximum too.

@@ -1,4 +1,4 @@
-//! Issue 6, rootless podman on a normal user account: the real binary run as an unprivileged
+//! Rootless podman on a normal user account: the real binary run as an unprivileged
 //! user (created when missing: `mcb-rootless`, or `MCP_BRIDGE_TEST_ROOTLESS_USER`), talking to
 //! that user's own podman, driven by rmcp's client. Where the host cannot enforce the limits
 //! rootless (cgroup v1), the bridge must refuse to run and name them, and run only when
