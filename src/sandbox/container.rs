@@ -128,13 +128,28 @@ pub fn spec(config: &Config, session: &str, owner: &str) -> ContainerCreateBody 
     }
 }
 
+/// How long removing a container may take before it is left to the reaper.
+const REMOVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Remove a container, whatever its state. Errors are logged, not returned: removal is cleanup.
 pub async fn remove(docker: &Docker, id: &str) {
     let opts = RemoveContainerOptionsBuilder::default()
         .force(true)
         .v(true)
         .build();
-    if let Err(e) = docker.remove_container(id, Some(opts)).await {
+    // Bounded like every other await a call can reach: an engine that hangs here leaves a stray,
+    // which the reaper removes later (`Sandbox::reap_strays`).
+    let removed =
+        tokio::time::timeout(REMOVE_TIMEOUT, docker.remove_container(id, Some(opts))).await;
+    let Ok(removed) = removed else {
+        tracing::warn!(
+            container = id,
+            "the engine did not remove the container within {}s; it is retried later",
+            REMOVE_TIMEOUT.as_secs()
+        );
+        return;
+    };
+    if let Err(e) = removed {
         let msg = e.to_string();
         if !msg.contains("No such container")
             && !msg.contains("no such container")

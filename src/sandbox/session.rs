@@ -624,11 +624,11 @@ impl Session {
             None::<bollard::query_parameters::WaitContainerOptions>,
         );
         let _ = tokio::time::timeout(Duration::from_secs(5), wait.into_future()).await;
-        let state = self
-            .docker
-            .inspect_container(&self.container_id, None)
+        let inspect = self.docker.inspect_container(&self.container_id, None);
+        let state = tokio::time::timeout(Duration::from_secs(10), inspect)
             .await
             .ok()
+            .and_then(Result::ok)
             .and_then(|c| c.state);
         let oom = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
         let code = state.as_ref().and_then(|s| s.exit_code);
