@@ -208,3 +208,55 @@ async fn a_matplotlib_figure_arrives_as_png_image_content() {
     assert!(!r.text().contains("iVBOR"));
     b.shutdown().await;
 }
+
+/// No notification of a request follows its response: over many calls whose last output comes
+/// right before the end, every progress notification of a call is read before its result.
+#[tokio::test(flavor = "multi_thread")]
+async fn progress_notifications_never_follow_their_response() {
+    let mut b = common::RawBridge::start(Home::new(), &[]).await;
+    let wait = Duration::from_secs(60);
+    let mut late = Vec::new();
+    let mut streamed = 0;
+    for id in 1..=30i64 {
+        b.send_json(
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+                "name": "run_python",
+                "arguments": {"code": "for i in range(20):\n    print('line', i)\nprint('end')"},
+                "_meta": {"progressToken": format!("t{id}")}
+            }}),
+        )
+        .await;
+        let mut answered = false;
+        // Read in order until the response, then briefly past it.
+        loop {
+            let Some(msg) = b
+                .next(if answered {
+                    Duration::from_millis(200)
+                } else {
+                    wait
+                })
+                .await
+            else {
+                assert!(answered, "no response to call {id}");
+                break;
+            };
+            if msg.get("id") == Some(&json!(id)) {
+                answered = true;
+            } else if msg.get("method") == Some(&json!("notifications/progress")) {
+                let token = msg["params"]["progressToken"].clone();
+                if answered && token == json!(format!("t{id}")) {
+                    late.push(id);
+                }
+                streamed += 1;
+            }
+        }
+    }
+    assert!(
+        streamed >= 30,
+        "only {streamed} progress notifications in 30 calls"
+    );
+    assert!(
+        late.is_empty(),
+        "calls whose progress followed their response: {late:?}"
+    );
+}
