@@ -8,6 +8,7 @@
 # newuidmap helpers).
 {
   config,
+  options,
   lib,
   pkgs,
   ...
@@ -20,7 +21,16 @@ let
 
   image = common.effectiveImage cfg;
 
-  mcpCfg = config.programs.mcp;
+  # home-manager's programs.mcp (a shared list of MCP servers for every client) is newer than
+  # many home-manager releases in use, and its typed servers with `lib.hm.mcp` newer still
+  # (nix-community/home-manager#9081). Both are looked up, never assumed: without programs.mcp
+  # the module works with its own `servers`, and registerWithMcp is refused with a message.
+  hasMcp = options ? programs.mcp.servers;
+  canImportMcp = hasMcp && lib ? hm.mcp.transformMcpServer && lib ? hm.mcp.resolveEnabled;
+  mcpCfg = lib.attrByPath [ "programs" "mcp" ] {
+    enable = false;
+    servers = { };
+  } config;
 
   # A programs.mcp entry that would start this bridge again.
   isBridge =
@@ -51,7 +61,7 @@ let
       description = t.description or null;
     };
 
-  mcpServers = lib.optionalAttrs (cfg.enableMcpIntegration && mcpCfg.enable) (
+  mcpServers = lib.optionalAttrs (cfg.enableMcpIntegration && canImportMcp && mcpCfg.enable) (
     lib.mapAttrs fromMcp (
       lib.filterAttrs (
         name: server: !(isBridge name server) && lib.hm.mcp.resolveEnabled server != false
@@ -60,8 +70,9 @@ let
   );
 
   configFile = common.configFile {
-    inherit (cfg) settings;
+    inherit (cfg) settings package;
     inherit image;
+    check = cfg.checkConfig;
   };
 
   inherit (lib)
@@ -126,15 +137,35 @@ in
           inherit configFile;
         };
 
-        assertions = common.serverAssertions opt cfg.servers;
-        warnings = common.serverWarnings opt cfg.servers;
+        assertions = common.serverAssertions opt cfg.servers ++ [
+          {
+            assertion = cfg.registerWithMcp -> hasMcp;
+            message = ''
+              ${opt}.registerWithMcp needs home-manager's programs.mcp module, which this
+              home-manager does not have. Update home-manager, or set registerWithMcp = false and
+              register the bridge with each MCP client yourself (command
+              "${lib.getExe cfg.package}", args [ "run" ]).
+            '';
+          }
+        ];
+        warnings =
+          common.serverWarnings opt cfg.servers
+          ++ lib.optional (
+            cfg.enableMcpIntegration && hasMcp && !canImportMcp && mcpCfg.enable && mcpCfg.servers != { }
+          ) (
+            "${opt}: programs.mcp.servers are not used as upstream servers: this home-manager's "
+            + "programs.mcp predates its typed servers (lib.hm.mcp). Update home-manager, or declare "
+            + "them in ${opt}.servers (and set ${opt}.enableMcpIntegration = false to silence this)."
+          );
 
         home.packages = [ cfg.package ];
         xdg.configFile."mcp-code-bridge/config.toml".source = configFile;
       }
 
-      (mkIf cfg.registerWithMcp {
-        programs.mcp = {
+      # optionalAttrs, not mkIf: a definition under an option that does not exist is an error
+      # even when its mkIf condition is false.
+      (lib.optionalAttrs hasMcp {
+        programs.mcp = mkIf cfg.registerWithMcp {
           enable = mkDefault true;
           servers.${cfg.mcpServerName} = {
             command = lib.getExe cfg.package;

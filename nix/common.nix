@@ -93,10 +93,15 @@ let
     };
   };
 
-  # A literal env value whose name suggests a secret.
+  # A name (env variable or HTTP header) that suggests a secret: one of its parts, split at `_`
+  # and `-`, is KEY, TOKEN, SECRET, ... So OPENAI_API_KEY, GITHUB_TOKEN, CLIENT_SECRET,
+  # Authorization and X-Api-Key match; KEYBOARD_LAYOUT, MAX_TOKENS, TOKENIZERS_PARALLELISM and
+  # GIT_AUTHOR_NAME do not.
   secretLike =
     n:
-    builtins.match ".*(TOKEN|SECRET|PASSW|API_?KEY|PRIVATE|CREDENTIAL|AUTH).*" (lib.toUpper n) != null;
+    builtins.match "(.*[_-])?(KEY|APIKEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|AUTH|AUTHORIZATION|COOKIE)([_-].*)?" (
+      lib.toUpper n
+    ) != null;
   # A value that the bridge resolves at start (`{file:/path}`, `''${VAR}`, `{env:VAR}`) is no secret.
   isReference = v: lib.hasInfix "{file:" v || lib.hasInfix "\${" v || lib.hasInfix "{env:" v;
   isStorePath = p: lib.hasPrefix builtins.storeDir (toString p);
@@ -104,7 +109,7 @@ let
   nonEmpty = lib.filterAttrs (_: v: v != null && v != [ ] && v != { });
 in
 rec {
-  inherit tomlFormat serverModule;
+  inherit tomlFormat serverModule secretLike;
 
   # The options both modules declare, given the prefix used in descriptions.
   options = {
@@ -167,51 +172,75 @@ rec {
       '';
     };
 
+    # Each typed option below defaults to `null`, which writes nothing to config.toml, so the
+    # bridge's own default holds (src/config.rs is its one source; `mcp-code-bridge config`
+    # prints the effective values and where each came from). A value set here is written with
+    # `mkDefault`, so a value given in `settings` wins.
     limits = {
       memory = mkOption {
-        type = size;
-        default = "512m";
-        description = "Memory limit of a sandbox container, swap included (`memory`).";
+        type = types.nullOr size;
+        default = null;
+        example = "1g";
+        description = "Memory limit of a sandbox container, swap included (`memory`). `null`: the bridge's default.";
       };
       pids = mkOption {
-        type = types.ints.positive;
-        default = 128;
-        description = "Process/thread limit of a sandbox container (`pids`).";
+        type = types.nullOr types.ints.positive;
+        default = null;
+        example = 256;
+        description = "Process/thread limit of a sandbox container (`pids`). `null`: the bridge's default.";
       };
       cpus = mkOption {
         type = types.nullOr (types.either types.ints.positive types.float);
         default = null;
         example = 1.5;
-        description = "CPU limit of a sandbox container (`cpus`); `null` means no CPU limit.";
+        description = "CPU limit of a sandbox container (`cpus`). `null`: the bridge's default (no CPU limit).";
       };
       timeout = mkOption {
-        type = duration;
-        default = "30s";
-        description = "Default time limit of one run_python call (`timeout`).";
+        type = types.nullOr duration;
+        default = null;
+        example = "60s";
+        description = "Default time limit of one run_python call (`timeout`). `null`: the bridge's default.";
       };
       maxTimeout = mkOption {
-        type = duration;
-        default = "120s";
-        description = "Upper bound of the per-call `timeout` argument (`max_timeout`).";
+        type = types.nullOr duration;
+        default = null;
+        example = "300s";
+        description = "Upper bound of the per-call `timeout` argument (`max_timeout`). `null`: the bridge's default.";
       };
       maxSessions = mkOption {
-        type = types.ints.positive;
-        default = 8;
+        type = types.nullOr types.ints.positive;
+        default = null;
+        example = 4;
         description = ''
           Most sandbox sessions (containers) alive at once (`max_sessions`). A new session beyond
           it closes the least recently used idle one; with every session running code it is
-          refused. Host memory in use is at most this times `memory`.
+          refused. Host memory in use is at most this times `memory`. `null`: the bridge's default.
         '';
       };
     };
 
     outputMode = mkOption {
-      type = types.enum [
-        "compact"
-        "toon"
-      ];
-      default = "compact";
-      description = "Format of run_python's text output (`output_mode`).";
+      type = types.nullOr (
+        types.enum [
+          "compact"
+          "toon"
+        ]
+      );
+      default = null;
+      example = "toon";
+      description = "Format of run_python's text output (`output_mode`). `null`: the bridge's default.";
+    };
+
+    checkConfig = mkOption {
+      type = types.bool;
+      default = true;
+      description = ''
+        Check the generated config.toml with the bridge itself when it is built
+        (`mcp-code-bridge --config FILE config`, reading no other file), so that a value the
+        bridge rejects (an unknown key, a bad duration or size, a typo in `runtime`) fails the
+        build rather than the bridge's first start. Skipped when cross-compiling, where the
+        binary cannot run on the build machine.
+      '';
     };
 
     settings = mkOption {
@@ -344,27 +373,54 @@ rec {
 
   # config.toml. When `image_archive` is the image, `image_sha256` (the sha256 of the archive's
   # bytes) is computed here at build time and put first in the file (a top-level key must come
-  # before the [servers.*] tables).
+  # before the [servers.*] tables). With `check`, the bridge (`package`) then loads the file, and
+  # with no other file, environment or flag in play any value it rejects fails the build with
+  # the bridge's own message (as nixpkgs' modules check configs with the program, e.g.
+  # prometheus' `promtool check config`). `MCP_BRIDGE_SYSTEM_CONFIG=none` and a fresh HOME keep
+  # /etc and the builder's home out of it; `config` reads and prints, it starts no engine.
   configFile =
     {
       settings,
       image ? null,
+      package ? null,
+      check ? package != null,
       name ? "mcp-code-bridge-config.toml",
     }:
     let
       generated = tomlFormat.generate "mcp-code-bridge-settings.toml" settings;
       addSha =
         image != null && !(settings ? image_sha256) && (settings.image_archive or null) == "${image}";
+      canRun = pkgs.stdenv.buildPlatform.canExecute pkgs.stdenv.hostPlatform;
+      doCheck = check && package != null && canRun;
     in
-    if addSha then
-      pkgs.runCommand name { } ''
-        sha=$(sha256sum ${image} | cut -d' ' -f1)
-        {
-          echo "# sha256 of ${image}, computed when this file was built"
-          echo "image_sha256 = \"$sha\""
-          cat ${generated}
-        } > $out
-      ''
+    if !addSha && !doCheck then
+      generated
     else
-      generated;
+      pkgs.runCommand name { } (
+        (
+          if addSha then
+            ''
+              sha=$(sha256sum ${image} | cut -d' ' -f1)
+              {
+                echo "# sha256 of ${image}, computed when this file was built"
+                echo "image_sha256 = \"$sha\""
+                cat ${generated}
+              } > $out
+            ''
+          else
+            ''
+              cp ${generated} $out
+            ''
+        )
+        + lib.optionalString doCheck ''
+          export HOME=$(mktemp -d) MCP_BRIDGE_SYSTEM_CONFIG=none
+          unset XDG_CONFIG_HOME XDG_STATE_HOME
+          if ! ${lib.getExe package} --config $out config > check.log 2>&1; then
+            cat check.log >&2
+            echo "mcp-code-bridge rejects the generated config.toml (above). Fix the option or" \
+              "settings value it names; checkConfig = false skips this check." >&2
+            exit 1
+          fi
+        ''
+      );
 }

@@ -18,9 +18,38 @@ let
 
   image = common.effectiveImage cfg;
   configFile = common.configFile {
-    inherit (cfg) settings;
+    inherit (cfg) settings package;
     inherit image;
+    check = cfg.checkConfig;
   };
+
+  # Which engine the bridge will use, from `settings.runtime` as the bridge reads it (unset is
+  # the bridge's `auto`: podman's sockets first, then docker's, then a podman service of its
+  # own). A socket URL names its engine by its path (/run/podman/podman.sock,
+  # /run/docker.sock); any other URL (tcp://, a socket elsewhere) is the user's to run, and
+  # nothing is asserted about it.
+  runtime = cfg.settings.runtime or null;
+  isUrl = runtime != null && builtins.match "(unix|tcp|http)://.*|/.*" runtime != null;
+  engine =
+    if runtime == null || runtime == "auto" then
+      "auto"
+    else if runtime == "podman" || (isUrl && lib.hasInfix "podman" runtime) then
+      "podman"
+    else if runtime == "docker" || (isUrl && lib.hasSuffix "/docker.sock" runtime) then
+      "docker"
+    else
+      "other";
+  podmanOn = config.virtualisation.podman.enable;
+  # `or false`: the offline evaluation stub of NixOS (docs/nix.md) does not declare docker's
+  # options; NixOS does (default false), so there this is always the option's value.
+  dockerOn =
+    (config.virtualisation.docker.enable or false)
+    || (config.virtualisation.docker.rootless.enable or false);
+  # The socket units the preload unit starts after.
+  engineSockets =
+    lib.optional (podmanOn && engine != "docker") "podman.socket"
+    ++ lib.optional (dockerOn && engine != "podman") "docker.socket";
+  runtimeText = if runtime == null then "unset (the bridge's `auto`)" else "\"${runtime}\"";
 
   inherit (lib)
     literalExpression
@@ -73,16 +102,37 @@ in
         '';
       }
       {
-        assertion = config.virtualisation.podman.enable;
+        assertion = engine != "podman" || podmanOn;
         message = ''
-          ${opt} runs its sandbox in podman; keep virtualisation.podman.enable = true (the module
-          sets it by default).
+          ${opt}.settings.runtime is ${runtimeText}, which is podman, but
+          virtualisation.podman.enable is false. Remove the line that sets it to false (this
+          module enables podman by default), or point ${opt}.settings.runtime at the engine you
+          run (e.g. "docker" with virtualisation.docker.enable = true).
+        '';
+      }
+      {
+        assertion = engine != "docker" || dockerOn;
+        message = ''
+          ${opt}.settings.runtime is ${runtimeText}, which is docker, but neither
+          virtualisation.docker.enable nor virtualisation.docker.rootless.enable is set. Set
+          virtualisation.docker.enable = true (and add the bridge's users to the "docker" group),
+          or remove ${opt}.settings.runtime to use podman, which this module enables.
+        '';
+      }
+      {
+        assertion = engine != "auto" || podmanOn || dockerOn;
+        message = ''
+          ${opt}: no container engine is enabled. The bridge's runtime is ${runtimeText},
+          which uses podman or docker: keep virtualisation.podman.enable = true (this module
+          enables it by default), or enable virtualisation.docker and set
+          ${opt}.settings.runtime = "docker".
         '';
       }
     ];
     warnings = common.serverWarnings opt cfg.servers;
 
-    virtualisation.podman.enable = mkDefault true;
+    # podman unless the configuration chose docker (or an engine elsewhere) in settings.runtime.
+    virtualisation.podman.enable = mkDefault (engine == "auto" || engine == "podman");
 
     environment.etc."mcp-code-bridge/config.toml".source = configFile;
     environment.systemPackages = [ cfg.package ];
@@ -90,13 +140,13 @@ in
     systemd.services.mcp-code-bridge-image = mkIf cfg.preloadImage {
       description = "Load the mcp-code-bridge sandbox image into podman";
       wantedBy = [ "multi-user.target" ];
-      wants = [ "podman.socket" ];
-      after = [ "podman.socket" ];
+      wants = engineSockets;
+      after = engineSockets;
       # Load again when the image (hence config.toml) changes.
       restartTriggers = [ configFile ];
       # `or`: the offline evaluation stub of NixOS (docs/nix.md) does not declare podman's options;
       # NixOS does, so there this is always virtualisation.podman.package.
-      path = [ (config.virtualisation.podman.package or pkgs.podman) ];
+      path = lib.optional podmanOn (config.virtualisation.podman.package or pkgs.podman);
       environment = {
         MCP_BRIDGE_STATE_DIR = "/var/lib/mcp-code-bridge";
         HOME = "/var/lib/mcp-code-bridge";
