@@ -136,6 +136,12 @@
           nixos-sandbox = import ./tests/nixos/sandbox.nix testArgs;
           nixos-mcp-client = import ./tests/nixos/mcp-client.nix testArgs;
           home-manager = (exampleHome system).activationPackage;
+          # What the modules write into config.toml, assert and warn, checked at evaluation.
+          module-tests = import ./nix/module-tests.nix {
+            inherit lib pkgs home-manager;
+            nixosModule = self.nixosModules.default;
+            homeModule = self.homeModules.default;
+          };
         }
       );
 

@@ -130,10 +130,12 @@ in
     lib.mkMerge [
       {
         programs.mcp-code-bridge = {
-          settings = lib.mapAttrs (_: mkDefault) (common.typedSettings cfg) // {
-            servers = lib.mapAttrs (_: mkDefault) mcpServers
-              // lib.mapAttrs (_: common.serverToToml) cfg.servers;
-          };
+          settings =
+            lib.mapAttrs (_: mkDefault) (common.typedSettings cfg)
+            // lib.optionalAttrs (mcpServers != { } || cfg.servers != { }) {
+              servers =
+                lib.mapAttrs (_: mkDefault) mcpServers // lib.mapAttrs (_: common.serverToToml) cfg.servers;
+            };
           inherit configFile;
         };
 

@@ -49,7 +49,6 @@ let
   engineSockets =
     lib.optional (podmanOn && engine != "docker") "podman.socket"
     ++ lib.optional (dockerOn && engine != "podman") "docker.socket";
-  runtimeText = if runtime == null then "unset (the bridge's `auto`)" else "\"${runtime}\"";
 
   inherit (lib)
     literalExpression
@@ -87,9 +86,11 @@ in
 
   config = mkIf cfg.enable {
     services.mcp-code-bridge = {
-      settings = lib.mapAttrs (_: mkDefault) (common.typedSettings cfg) // {
-        servers = lib.mapAttrs (_: common.serverToToml) cfg.servers;
-      };
+      settings =
+        lib.mapAttrs (_: mkDefault) (common.typedSettings cfg)
+        // lib.optionalAttrs (cfg.servers != { }) {
+          servers = lib.mapAttrs (_: common.serverToToml) cfg.servers;
+        };
       inherit configFile;
     };
 
@@ -104,28 +105,27 @@ in
       {
         assertion = engine != "podman" || podmanOn;
         message = ''
-          ${opt}.settings.runtime is ${runtimeText}, which is podman, but
-          virtualisation.podman.enable is false. Remove the line that sets it to false (this
-          module enables podman by default), or point ${opt}.settings.runtime at the engine you
-          run (e.g. "docker" with virtualisation.docker.enable = true).
+          ${opt}.settings.runtime = "${runtime}" uses podman, but virtualisation.podman.enable
+          is false. Remove the line that sets it to false (this module enables podman), or point
+          ${opt}.settings.runtime at the engine you run (e.g. "docker", with
+          virtualisation.docker.enable = true).
         '';
       }
       {
         assertion = engine != "docker" || dockerOn;
         message = ''
-          ${opt}.settings.runtime is ${runtimeText}, which is docker, but neither
-          virtualisation.docker.enable nor virtualisation.docker.rootless.enable is set. Set
-          virtualisation.docker.enable = true (and add the bridge's users to the "docker" group),
-          or remove ${opt}.settings.runtime to use podman, which this module enables.
+          ${opt}.settings.runtime = "${runtime}" uses docker, but neither
+          virtualisation.docker.enable nor virtualisation.docker.rootless.enable is true. Set
+          virtualisation.docker.enable = true (and add the bridge's users to the "docker"
+          group), or remove ${opt}.settings.runtime to use podman, which this module then enables.
         '';
       }
       {
         assertion = engine != "auto" || podmanOn || dockerOn;
         message = ''
-          ${opt}: no container engine is enabled. The bridge's runtime is ${runtimeText},
-          which uses podman or docker: keep virtualisation.podman.enable = true (this module
-          enables it by default), or enable virtualisation.docker and set
-          ${opt}.settings.runtime = "docker".
+          ${opt}: no container engine is enabled. With settings.runtime unset (or "auto") the
+          bridge uses podman or docker: keep virtualisation.podman.enable = true (this module
+          enables it), or enable virtualisation.docker and set ${opt}.settings.runtime = "docker".
         '';
       }
     ];

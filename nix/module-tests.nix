@@ -1,0 +1,384 @@
+# Evaluation tests of the NixOS and home-manager modules: what they write into config.toml, what
+# they assert and what they warn about. They run when the check is evaluated (`nix flake check`,
+# and the offline evaluation check that CI runs), so a failure needs no build to show; the
+# derivation only records how many passed. Each NixOS case evaluates the module alone with the
+# real module system and every option it does not declare accepted free-form (as the offline
+# stub of NixOS does), so the cases are the same with real nixpkgs; the home-manager cases use
+# home-manager's real module system, and one stand-in without programs.mcp (an older home-manager).
+{
+  lib,
+  pkgs,
+  home-manager,
+  nixosModule,
+  homeModule,
+}:
+
+let
+  common = import ./common.nix { inherit lib pkgs; };
+
+  # Declares what the modules read besides their own options; the rest is free-form.
+  shim = {
+    options = {
+      assertions = lib.mkOption {
+        type = lib.types.listOf lib.types.unspecified;
+        default = [ ];
+      };
+      warnings = lib.mkOption {
+        type = lib.types.listOf lib.types.str;
+        default = [ ];
+      };
+    };
+    config = {
+      _module.freeformType = lib.types.lazyAttrsOf lib.types.anything;
+      _module.args.pkgs = pkgs;
+    };
+  };
+
+  nixos =
+    cfg:
+    (lib.evalModules {
+      modules = [
+        shim
+        nixosModule
+        { services.mcp-code-bridge = { enable = true; } // cfg; }
+      ];
+    }).config;
+  nixosWith =
+    extra: cfg:
+    (lib.evalModules {
+      modules = [
+        shim
+        nixosModule
+        extra
+        { services.mcp-code-bridge = { enable = true; } // cfg; }
+      ];
+    }).config;
+
+  home =
+    cfg:
+    (home-manager.lib.homeManagerConfiguration {
+      inherit pkgs;
+      modules = [
+        homeModule
+        {
+          home = {
+            username = "alice";
+            homeDirectory = "/home/alice";
+            stateVersion = "26.05";
+          };
+        }
+        cfg
+      ];
+    }).config;
+
+  # A home-manager without programs.mcp (nor lib.hm): the module alone on plain nixpkgs lib.
+  homeWithoutMcp =
+    cfg:
+    (lib.evalModules {
+      modules = [
+        shim
+        homeModule
+        cfg
+      ];
+    }).config;
+
+  failed = c: map (a: a.message) (lib.filter (a: !a.assertion) c.assertions);
+  # The needle when one of the messages holds it, else the messages themselves (so a failure
+  # shows what was said instead).
+  saying = needle: msgs: if lib.any (lib.hasInfix needle) msgs then needle else msgs;
+  # The build script of a config file: `buildCommand` of nixpkgs' runCommand, `cmd` in the
+  # offline stub's.
+  script = drv: drv.buildCommand or drv.cmd or "";
+  withoutImage = s: removeAttrs s [ "image" "image_archive" ];
+
+  noImage = {
+    image = null;
+  };
+
+  tests = {
+    # Typed options left alone write nothing: the bridge's own defaults hold.
+    testNullOptionsWriteNothing = {
+      expr = (nixos noImage).services.mcp-code-bridge.settings;
+      expected = { };
+    };
+    testImageIsWrittenWithItsArchive = {
+      expr = lib.attrNames (nixos { }).services.mcp-code-bridge.settings;
+      expected = [
+        "image"
+        "image_archive"
+      ];
+    };
+    testTypedOptionsAreWrittenUnderTheirKeys = {
+      expr =
+        (nixos (
+          noImage
+          // {
+            limits = {
+              memory = "1g";
+              pids = 256;
+              cpus = 1.5;
+              timeout = "45s";
+              maxTimeout = "5m";
+              maxSessions = 4;
+            };
+            outputMode = "toon";
+            stateDir = "/var/lib/mcp-code-bridge";
+          }
+        )).services.mcp-code-bridge.settings;
+      expected = {
+        memory = "1g";
+        pids = 256;
+        cpus = 1.5;
+        timeout = "45s";
+        max_timeout = "5m";
+        max_sessions = 4;
+        output_mode = "toon";
+        state_dir = "/var/lib/mcp-code-bridge";
+      };
+    };
+    testSettingsWinOverTypedOptions = {
+      expr =
+        (nixos (
+          noImage
+          // {
+            limits.memory = "1g";
+            settings.memory = "2g";
+          }
+        )).services.mcp-code-bridge.settings;
+      expected = {
+        memory = "2g";
+      };
+    };
+    testServersAreTablesWithoutEmptyKeys = {
+      expr =
+        (nixos (
+          noImage
+          // {
+            servers = {
+              github = {
+                command = "github-mcp-server";
+                args = [ "stdio" ];
+                envFile = "/run/secrets/github-mcp.env";
+              };
+              docs.url = "https://mcp.example.com/mcp";
+            };
+          }
+        )).services.mcp-code-bridge.settings;
+      expected = {
+        servers = {
+          github = {
+            command = "github-mcp-server";
+            args = [ "stdio" ];
+            env_file = "/run/secrets/github-mcp.env";
+          };
+          docs.url = "https://mcp.example.com/mcp";
+        };
+      };
+    };
+
+    # The generated file is loaded by the bridge when it is built, unless checkConfig = false.
+    testConfigFileIsCheckedWithTheBridge = {
+      expr = lib.hasInfix "/bin/mcp-code-bridge --config $out config" (
+        script (nixos { }).services.mcp-code-bridge.configFile
+      );
+      expected = true;
+    };
+    testCheckConfigFalseSkipsTheCheck = {
+      expr = lib.hasInfix "--config" (
+        script (nixos { checkConfig = false; }).services.mcp-code-bridge.configFile
+      );
+      expected = false;
+    };
+
+    # The engine assertions follow settings.runtime.
+    testDefaultRuntimeEnablesPodmanAndAssertsNothing = {
+      expr = {
+        failed = failed (nixos { });
+        podman = (nixos { }).virtualisation.podman.enable;
+      };
+      expected = {
+        failed = [ ];
+        podman = true;
+      };
+    };
+    testDockerSocketNeedsNoPodman =
+      let
+        c = nixosWith { virtualisation.docker.enable = true; } {
+          settings.runtime = "unix:///run/docker.sock";
+        };
+      in
+      {
+        expr = {
+          failed = failed c;
+          podman = c.virtualisation.podman.enable;
+        };
+        expected = {
+          failed = [ ];
+          podman = false;
+        };
+      };
+    testDockerRuntimeWithoutDockerSaysWhatToSet = {
+      expr = saying "Set\nvirtualisation.docker.enable = true" (
+        failed (nixos { settings.runtime = "docker"; })
+      );
+      expected = "Set\nvirtualisation.docker.enable = true";
+    };
+    testPodmanRuntimeWithPodmanOffSaysWhatToDo = {
+      expr = saying "uses podman, but virtualisation.podman.enable" (
+        failed (
+          nixosWith { virtualisation.podman.enable = false; } { settings.runtime = "podman"; }
+        )
+      );
+      expected = "uses podman, but virtualisation.podman.enable";
+    };
+    testAutoWithNoEngineSaysWhatToEnable = {
+      expr = saying "no container engine is enabled" (
+        failed (nixosWith { virtualisation.podman.enable = false; } { })
+      );
+      expected = "no container engine is enabled";
+    };
+    testRemoteEngineIsNotAsserted = {
+      expr = failed (
+        nixosWith { virtualisation.podman.enable = false; } { settings.runtime = "tcp://builder:2375"; }
+      );
+      expected = [ ];
+    };
+    testServerWithCommandAndUrlIsRefused = {
+      expr = saying "set exactly one of `command`" (
+        failed (
+          nixos {
+            servers.both = {
+              command = "x";
+              url = "https://x";
+            };
+          }
+        )
+      );
+      expected = "set exactly one of `command`";
+    };
+
+    # Secret-looking names warn when their value is a literal, not when it is a reference.
+    testSecretNames = {
+      expr = lib.filter common.secretLike [
+        "OPENAI_API_KEY"
+        "APIKEY"
+        "GITHUB_TOKEN"
+        "CLIENT_SECRET"
+        "DB_PASSWORD"
+        "Authorization"
+        "X-Api-Key"
+        "KEYBOARD_LAYOUT"
+        "MAX_TOKENS"
+        "TOKENIZERS_PARALLELISM"
+        "GIT_AUTHOR_NAME"
+        "MONKEY"
+        "LOG_LEVEL"
+      ];
+      expected = [
+        "OPENAI_API_KEY"
+        "APIKEY"
+        "GITHUB_TOKEN"
+        "CLIENT_SECRET"
+        "DB_PASSWORD"
+        "Authorization"
+        "X-Api-Key"
+      ];
+    };
+    testLiteralSecretWarnsAndReferenceDoesNot = {
+      expr =
+        map (w: lib.head (lib.splitString " " w))
+          (nixos {
+            servers.s = {
+              command = "s";
+              env = {
+                OPENAI_API_KEY = "sk-literal";
+                GITHUB_TOKEN = "{file:/run/secrets/gh}";
+                KEYBOARD_LAYOUT = "us";
+              };
+            };
+          }).warnings;
+      expected = [ "services.mcp-code-bridge.servers.s.env.OPENAI_API_KEY" ];
+    };
+
+    # home-manager: programs.mcp.servers become upstream servers, the bridge itself does not.
+    testHomeImportsProgramsMcpAndWritesNoDefaults =
+      let
+        c = home {
+          programs.mcp = {
+            enable = true;
+            servers.time.command = "mcp-server-time";
+            servers.off = {
+              command = "off";
+              enabled = false;
+            };
+          };
+          programs.mcp-code-bridge = {
+            enable = true;
+            image = null;
+            registerWithMcp = true;
+          };
+        };
+      in
+      {
+        expr = {
+          settings = c.programs.mcp-code-bridge.settings;
+          registered = c.programs.mcp.servers ? mcp-code-bridge;
+        };
+        expected = {
+          settings.servers.time.command = "mcp-server-time";
+          registered = true;
+        };
+      };
+    testHomeWithoutProgramsMcpEvaluates = {
+      expr =
+        let
+          c = homeWithoutMcp {
+            programs.mcp-code-bridge = {
+              enable = true;
+              limits.memory = "1g";
+              servers.docs.url = "https://mcp.example.com/mcp";
+            };
+          };
+        in
+        {
+          inherit (c.programs.mcp-code-bridge) settings;
+          failed = failed c;
+        };
+      expected = {
+        settings = {
+          image = (pkgs.mcp-code-bridge-sandbox-image).imageName + ":" + pkgs.mcp-code-bridge-sandbox-image.imageTag;
+          image_archive = "${pkgs.mcp-code-bridge-sandbox-image}";
+          memory = "1g";
+          servers.docs.url = "https://mcp.example.com/mcp";
+        };
+        failed = [ ];
+      };
+    };
+    testHomeRegisterWithoutProgramsMcpSaysWhatToDo = {
+      expr = saying "needs home-manager's programs.mcp module" (
+        failed (
+          homeWithoutMcp {
+            programs.mcp-code-bridge = {
+              enable = true;
+              registerWithMcp = true;
+            };
+          }
+        )
+      );
+      expected = "needs home-manager's programs.mcp module";
+    };
+  };
+
+  failures = lib.runTests tests;
+  count = toString (lib.length (lib.attrNames tests));
+in
+if failures == [ ] then
+  pkgs.runCommand "mcp-code-bridge-module-tests" { } ''
+    echo "${count} module evaluation tests passed" > $out
+  ''
+else
+  throw "mcp-code-bridge module tests: ${toString (lib.length failures)} of ${count} failed:\n${
+    lib.concatMapStringsSep "\n" (
+      f: "${f.name}:\n  expected ${lib.generators.toPretty { } f.expected}\n  got      ${lib.generators.toPretty { } f.result}"
+    ) failures
+  }"
