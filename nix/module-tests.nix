@@ -377,8 +377,12 @@ if failures == [ ] then
     echo "${count} module evaluation tests passed" > $out
   ''
 else
+  # One line per failure: the offline check shows the first lines of an error.
   throw "mcp-code-bridge module tests: ${toString (lib.length failures)} of ${count} failed:\n${
     lib.concatMapStringsSep "\n" (
-      f: "${f.name}:\n  expected ${lib.generators.toPretty { } f.expected}\n  got      ${lib.generators.toPretty { } f.result}"
+      f:
+      "${f.name}: expected ${lib.generators.toPretty { multiline = false; } f.expected}, got ${
+        lib.generators.toPretty { multiline = false; } f.result
+      }"
     ) failures
   }"
