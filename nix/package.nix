@@ -12,9 +12,16 @@ let
   root = ../.;
   cargoToml = lib.importTOML (root + "/Cargo.toml");
   lockedPackages = (lib.importTOML (root + "/Cargo.lock")).package or [ ];
-  # Every dependency is pure Rust (TLS is rustls), so the build needs no C library. Should one
-  # start linking OpenSSL, say so here rather than fail deep inside cargo.
-  linksOpenssl = lib.any (p: p.name == "openssl-sys") lockedPackages;
+  # No dependency links a library of the system, but two compile vendored C and assembly in
+  # their build scripts: aws-lc-sys (rustls' crypto provider, through aws-lc-rs) and ring. On
+  # x86_64 and aarch64 Linux both need only the C compiler that stdenv provides: aws-lc-sys
+  # takes its `cc` builder and its pre-generated bindings there, so no CMake, Go, Perl, NASM or
+  # libclang (those are for its FIPS variant, for other targets, or for
+  # AWS_LC_SYS_CMAKE_BUILDER=1), and ring ships its assembly pre-generated. Should the lock
+  # file gain a crate that needs more, say so here rather than fail deep inside cargo.
+  lockedNames = map (p: p.name) lockedPackages;
+  linksOpenssl = lib.elem "openssl-sys" lockedNames;
+  usesAwsLcFips = lib.elem "aws-lc-fips-sys" lockedNames;
   hasLib = builtins.pathExists (root + "/src/lib.rs");
 
   inherit (lib) fileset;
@@ -22,6 +29,11 @@ in
 assert lib.assertMsg (!linksOpenssl) ''
   mcp-code-bridge: Cargo.lock now has openssl-sys; add `pkg-config` to nativeBuildInputs and
   `openssl` to buildInputs in nix/package.nix (or keep the dependency on rustls).
+'';
+assert lib.assertMsg (!usesAwsLcFips) ''
+  mcp-code-bridge: Cargo.lock now has aws-lc-fips-sys, which builds with CMake and Go; add
+  `cmake` and `go` to nativeBuildInputs with `dontUseCmakeConfigure = true;` (the build is
+  cargo's, not CMake's) and `rustPlatform.bindgenHook` in nix/package.nix.
 '';
 rustPlatform.buildRustPackage {
   pname = cargoToml.package.name;
