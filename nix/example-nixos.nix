@@ -22,7 +22,6 @@
       cpus = 2;
       timeout = "45s";
     };
-    outputMode = "compact";
     servers = {
       time = {
         # `if`: the offline evaluation stub of nixpkgs (docs/nix.md) has no mcp-server-time;
