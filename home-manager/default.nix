@@ -21,9 +21,9 @@ let
 
   image = common.effectiveImage cfg;
 
-  # home-manager's programs.mcp (a shared list of MCP servers for every client) is newer than
-  # many home-manager releases in use, and its typed servers with `lib.hm.mcp` newer still
-  # (nix-community/home-manager#9081). Both are looked up, never assumed: without programs.mcp
+  # home-manager's programs.mcp (a shared list of MCP servers for every client) exists only in
+  # recent home-manager, and its typed servers with `lib.hm.mcp` only since
+  # nix-community/home-manager#9081. Both are looked up, never assumed: without programs.mcp
   # the module works with its own `servers`, and registerWithMcp is refused with a message.
   hasMcp = options ? programs.mcp.servers;
   canImportMcp = hasMcp && lib ? hm.mcp.transformMcpServer && lib ? hm.mcp.resolveEnabled;

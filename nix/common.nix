@@ -193,7 +193,7 @@ rec {
         type = types.nullOr (types.either types.ints.positive types.float);
         default = null;
         example = 1.5;
-        description = "CPU limit of a sandbox container (`cpus`). `null`: the bridge's default (no CPU limit).";
+        description = "CPU limit of a sandbox container (`cpus`). `null`: the bridge's default.";
       };
       timeout = mkOption {
         type = types.nullOr duration;
@@ -237,7 +237,7 @@ rec {
       description = ''
         Check the generated config.toml with the bridge itself when it is built
         (`mcp-code-bridge --config FILE config`, reading no other file), so that a value the
-        bridge rejects (an unknown key, a bad duration or size, a typo in `runtime`) fails the
+        bridge rejects (an unknown key, a bad duration, size or output mode) fails the
         build rather than the bridge's first start. Skipped when cross-compiling, where the
         binary cannot run on the build machine.
       '';

@@ -1,9 +1,10 @@
 # services.mcp-code-bridge: the bridge for every user of the machine.
 # Writes /etc/mcp-code-bridge/config.toml (the lowest-precedence config file the bridge reads;
 # a user's ~/.config/mcp-code-bridge/config.toml and MCP_BRIDGE_* variables still override it),
-# enables podman, and can preload the sandbox image into root's podman storage at boot. Users'
-# MCP clients start `mcp-code-bridge` themselves (as that user, rootless); it loads the image
-# archive named in config.toml into their own storage on first use.
+# enables podman (unless settings.runtime picks docker), and can preload the sandbox image into
+# root's storage of that engine at boot. Users' MCP clients start `mcp-code-bridge` themselves
+# (as that user, rootless); it loads the image archive named in config.toml into their own
+# storage on first use.
 {
   config,
   lib,
@@ -70,7 +71,8 @@ in
       type = types.bool;
       default = false;
       description = ''
-        Load the sandbox image into root's podman storage at boot (a oneshot unit,
+        Load the sandbox image into root's storage of the engine (podman, or docker when
+        {option}`settings.runtime` says so) at boot (a oneshot unit,
         `mcp-code-bridge-image.service`, running `mcp-code-bridge image load`), and again whenever
         the image changes. Rootless users load it into their own storage on first use either way.
       '';
@@ -138,7 +140,7 @@ in
     environment.systemPackages = [ cfg.package ];
 
     systemd.services.mcp-code-bridge-image = mkIf cfg.preloadImage {
-      description = "Load the mcp-code-bridge sandbox image into podman";
+      description = "Load the mcp-code-bridge sandbox image into the container engine";
       wantedBy = [ "multi-user.target" ];
       wants = engineSockets;
       after = engineSockets;
