@@ -354,6 +354,39 @@ let
         failed = [ ];
       };
     };
+    # An older home-manager: programs.mcp with free-form servers, no lib.hm.mcp.
+    testHomeOlderProgramsMcpWarnsAndImportsNothing =
+      let
+        c = homeWithoutMcp {
+          options.programs.mcp = {
+            enable = lib.mkEnableOption "mcp";
+            servers = lib.mkOption {
+              type = lib.types.attrsOf lib.types.anything;
+              default = { };
+            };
+          };
+          config.programs = {
+            mcp = {
+              enable = true;
+              servers.time.command = "mcp-server-time";
+            };
+            mcp-code-bridge = {
+              enable = true;
+              image = null;
+            };
+          };
+        };
+      in
+      {
+        expr = {
+          inherit (c.programs.mcp-code-bridge) settings;
+          warned = saying "programs.mcp.servers are not used as upstream servers" c.warnings;
+        };
+        expected = {
+          settings = { };
+          warned = "programs.mcp.servers are not used as upstream servers";
+        };
+      };
     testHomeRegisterWithoutProgramsMcpSaysWhatToDo = {
       expr = saying "needs home-manager's programs.mcp module" (
         failed (
