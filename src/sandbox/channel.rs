@@ -20,7 +20,7 @@ use crate::protocol::{self, HostFrame, LineSplitter, MAX_FRAME_BYTES, SandboxFra
 /// Frames buffered between the reader task and the exec loop (back-pressure beyond this)...
 const FRAME_QUEUE: usize = 256;
 /// ... and bytes: what the sandbox can make the host hold in the queue, whatever the frame sizes.
-pub(super) const QUEUE_BYTES: usize = 32 << 20;
+pub(super) const QUEUE_BYTES: usize = 16 << 20;
 /// Lines of the container's stderr kept to explain a crash.
 const STDERR_TAIL: usize = 20;
 /// The container's stderr and the runtime's log frames reach the bridge's log at most this many

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
-use bollard::query_parameters::RemoveContainerOptionsBuilder;
+use bollard::query_parameters::{KillContainerOptionsBuilder, RemoveContainerOptionsBuilder};
 
 use crate::config::Config;
 use crate::sandbox::engine::Engine;
@@ -130,9 +130,18 @@ pub fn spec(config: &Config, session: &str, owner: &str) -> ContainerCreateBody 
 
 /// How long removing a container may take before it is left to the reaper.
 const REMOVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long the SIGKILL before a removal may take; the removal follows whatever it answered.
+const KILL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Remove a container, whatever its state. Errors are logged, not returned: removal is cleanup.
 pub async fn remove(docker: &Docker, id: &str) {
+    // SIGKILL first: a forced removal of a running container stops it the polite way (SIGTERM,
+    // a wait, then SIGKILL), which costs seconds when the code ignores SIGTERM or is stopped
+    // (SIGSTOP), and a call whose sandbox is killed replies only after this.
+    let kill = KillContainerOptionsBuilder::default()
+        .signal("SIGKILL")
+        .build();
+    let _ = tokio::time::timeout(KILL_TIMEOUT, docker.kill_container(id, Some(kill))).await;
     let opts = RemoveContainerOptionsBuilder::default()
         .force(true)
         .v(true)

@@ -39,9 +39,13 @@ const MAX_CONCURRENT_RPCS: usize = 32;
 /// Calls queued or running per exec before new ones are refused...
 const MAX_PENDING_RPCS: usize = 4096;
 /// ... and bytes of their arguments: what an exec can make the host hold in calls not answered yet.
-const MAX_PENDING_RPC_BYTES: u64 = 32 << 20;
+const MAX_PENDING_RPC_BYTES: u64 = 16 << 20;
 /// Images returned per call.
 const MAX_IMAGES: usize = 16;
+/// Base64 bytes of all images of one reply together: with the output cap's text (which appears
+/// twice, as content and as structured content) a reply stays within the 16 MiB of one message
+/// that stdio clients such as rmcp's accept; a larger one would never be read.
+const MAX_IMAGES_TOTAL: usize = 12 << 20;
 /// Largest image `display()` may return, raw; the runtime refuses larger ones with the same
 /// number (`IMAGE_CAP` in image/runtime.py).
 pub const MAX_IMAGE_BYTES: usize = 6 << 20;
@@ -436,10 +440,19 @@ impl Session {
                         run.out.push(Stream::Stdout, "\n");
                     }
                 }
-                Ok(()) if run.out.images.len() < MAX_IMAGES => run.out.images.push((mime, data)),
-                Ok(()) => {
+                Ok(()) if run.out.images.len() >= MAX_IMAGES => {
                     run.drop_image(format!("at most {MAX_IMAGES} images are returned per call"))
                 }
+                Ok(())
+                    if run.out.images.iter().map(|(_, d)| d.len()).sum::<usize>() + data.len()
+                        > MAX_IMAGES_TOTAL =>
+                {
+                    run.drop_image(format!(
+                        "the images of one call may total {} MiB of base64 (split them over calls, or save smaller ones)",
+                        MAX_IMAGES_TOTAL >> 20
+                    ))
+                }
+                Ok(()) => run.out.images.push((mime, data)),
                 Err(why) => run.drop_image(why),
             },
             SandboxFrame::Rpc {
