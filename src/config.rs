@@ -11,7 +11,9 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::{Figment, Metadata};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::upstream::discovery::ServerEntry;
+pub mod servers;
+
+use servers::ServerEntry;
 
 /// One configuration key: its name (TOML key; env is `MCP_BRIDGE_` + upper case), its default as
 /// shown to people, and what it means.
