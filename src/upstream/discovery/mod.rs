@@ -34,6 +34,7 @@
 //! ([`crate::upstream::secrets`]): `${VAR}`, `${VAR:-default}`, `${env:VAR}`, `{env:VAR}` and
 //! `{file:/path}`.
 
+pub mod entry;
 pub mod jsonc;
 pub mod sources;
 
@@ -43,8 +44,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::Value;
 
-pub use crate::config::servers::{EntryError, ServerEntry, launches_self, redact_url};
-use crate::config::servers as entry;
+pub use crate::config::servers::{ServerEntry, redact_url};
+pub use entry::{EntryError, launches_self};
 pub use jsonc::strip_jsonc;
 use sources::Place;
 pub use sources::{Origin, SOURCES, SourceKind, SourceSpec};

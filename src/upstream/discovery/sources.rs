@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::DiscoveryContext;
-use crate::config::servers::expand_tilde;
+use super::entry::expand_tilde;
 
 /// Which kind of place a server definition came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
