@@ -6,7 +6,7 @@
 //! exits with 2 when it could not set up (bad configuration, unreadable code, unknown server,
 //! no engine); `doctor` exits with 1 when a check fails.
 //!
-//! One module per command group: [`exec`], [`doctor`], [`show`] (`config`), [`image`].
+//! One module per command group: `exec`, `doctor`, `show` (`config`), `image`.
 
 mod doctor;
 mod exec;
