@@ -2,9 +2,10 @@
 //! `config` and `image load`. Everything printed for people goes to stdout except in `run`,
 //! where stdout is the MCP channel and only the log (stderr) speaks.
 //!
-//! Exit codes: `exec` exits with 0 (ran), 1 (the code failed), 124 (timed out); every command
-//! exits with 2 when it could not set up (bad configuration, unreadable code, unknown server,
-//! no engine); `doctor` exits with 1 when a check fails.
+//! Exit codes: every command exits with 2 when the configuration is refused; `exec` exits with
+//! 0 (ran), 1 (the code failed), 124 (timed out), or 2 when it could not set up (code to read,
+//! server names, engine, image); `image load` with 2 without an archive or an engine; `doctor`
+//! with 1 when a check fails.
 //!
 //! One module per command group: `exec`, `doctor`, `show` (`config`), `image`.
 
