@@ -9,7 +9,7 @@ use std::time::Duration;
 use bollard::{API_DEFAULT_VERSION, Docker};
 use tokio::process::{Child, ChildStderr, ChildStdin, Command};
 
-use crate::config::Config;
+use crate::config::{Config, Runtime};
 
 /// Seconds bollard waits for one API request. Image loads of a few hundred MB need a while.
 const REQUEST_TIMEOUT_SECS: u64 = 600;
@@ -38,10 +38,59 @@ pub struct Engine {
     http: std::sync::OnceLock<(reqwest::Client, String)>,
 }
 
-/// Why no engine could be had, phrased for the user.
+/// Why no engine could be had. The message says what was tried; [`EngineError::hint`] says what
+/// to do next.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct EngineError(pub String);
+pub enum EngineError {
+    /// No candidate socket answered and no podman service could be started.
+    #[error("no container engine answered (runtime = {:?}). Tried:\n{}", .runtime.to_string(), .tried.join("\n"))]
+    NoneAnswered {
+        runtime: Runtime,
+        /// One line per candidate: URL, where it came from, why it failed.
+        tried: Vec<String>,
+    },
+    /// The state dir, where our own podman service keeps its socket, cannot be created.
+    #[error("cannot create state dir {}: {source}", .dir.display())]
+    StateDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// `podman system service` could not be spawned.
+    #[error("could not start {} system service (under /bin/sh): {source}", .podman.display())]
+    ServiceSpawn {
+        podman: PathBuf,
+        source: std::io::Error,
+    },
+    /// Our own podman service exited or did not answer in time.
+    #[error("podman is installed but no engine answered. Tried:\n{}", .tried.join("\n"))]
+    ServiceSilent { tried: Vec<String> },
+}
+
+impl EngineError {
+    /// What to do about it.
+    pub fn hint(&self) -> Option<String> {
+        Some(match self {
+            EngineError::NoneAnswered {
+                runtime: Runtime::Socket(_),
+                ..
+            } => "Check that the engine behind that socket is running, or set MCP_BRIDGE_RUNTIME=auto.".into(),
+            EngineError::NoneAnswered { .. } => "Install podman (Debian/Ubuntu: `sudo apt-get install podman`; Fedora: `sudo dnf install podman`; macOS: `brew install podman && podman machine init && podman machine start`) or start Docker, or point MCP_BRIDGE_RUNTIME at a socket URL.".into(),
+            EngineError::StateDir { .. } => "set MCP_BRIDGE_STATE_DIR to a writable directory".into(),
+            EngineError::ServiceSpawn { .. } => return None,
+            EngineError::ServiceSilent { .. } => "Run `podman info` to see what is wrong (on hosts where crun fails, set runtime = \"runc\" in /etc/containers/containers.conf).".into(),
+        })
+    }
+
+    /// The message and its hint, as `doctor` and `image load` print them: the hint on its own
+    /// line, or after `; ` for the state dir, as before hints were apart.
+    pub fn with_hint(&self) -> String {
+        match (self, self.hint()) {
+            (EngineError::StateDir { .. }, Some(h)) => format!("{self}; {h}"),
+            (_, Some(h)) => format!("{self}\n{h}"),
+            (_, None) => self.to_string(),
+        }
+    }
+}
 
 /// One place an engine may listen, with the reason we look there.
 #[derive(Debug, Clone)]
@@ -50,11 +99,19 @@ pub struct Candidate {
     pub origin: &'static str,
 }
 
-/// The sockets `auto` tries, in order.
-pub fn candidates(choice: &str) -> Vec<Candidate> {
+/// The sockets an engine name (`auto`, `podman`, `docker`) tries, in order; a socket URL is
+/// its only candidate.
+pub fn candidates(choice: &Runtime) -> Vec<Candidate> {
     let mut out = Vec::new();
-    let want_podman = matches!(choice, "auto" | "podman");
-    let want_docker = matches!(choice, "auto" | "docker");
+    if let Runtime::Socket(url) = choice {
+        out.push(Candidate {
+            url: url.clone(),
+            origin: "runtime setting",
+        });
+        return out;
+    }
+    let want_podman = choice.wants_podman();
+    let want_docker = choice.wants_docker();
     if want_podman
         && let Ok(h) = std::env::var("CONTAINER_HOST")
         && !h.is_empty()
@@ -66,7 +123,7 @@ pub fn candidates(choice: &str) -> Vec<Candidate> {
     }
     if let Ok(h) = std::env::var("DOCKER_HOST")
         && !h.is_empty()
-        && (want_docker || choice == "auto")
+        && want_docker
     {
         out.push(Candidate {
             url: h,
@@ -342,7 +399,7 @@ impl Engine {
     /// Connect as `config.runtime` says. Tries each candidate; with `auto` or `podman` and none
     /// answering, starts `podman system service` on a socket in the state dir.
     pub async fn connect(config: &Config) -> Result<Engine, EngineError> {
-        let choice = config.runtime.trim();
+        let choice = &config.runtime;
         let reaped = reap_stale_services(&config.state_dir).await;
         if reaped > 0 {
             tracing::info!(
@@ -351,15 +408,7 @@ impl Engine {
             );
         }
         let mut tried = Vec::new();
-        let cands = if matches!(choice, "auto" | "podman" | "docker") {
-            candidates(choice)
-        } else {
-            vec![Candidate {
-                url: choice.to_string(),
-                origin: "runtime setting",
-            }]
-        };
-        for c in &cands {
+        for c in &candidates(choice) {
             match probe(&c.url).await {
                 Ok((docker, kind, version)) => {
                     tracing::info!(endpoint = %c.url, origin = c.origin, ?kind, %version, "container engine found");
@@ -376,20 +425,15 @@ impl Engine {
                 Err(e) => tried.push(format!("  {} ({}): {e}", c.url, c.origin)),
             }
         }
-        if matches!(choice, "auto" | "podman")
+        if choice.wants_podman()
             && let Some(podman) = on_path("podman")
         {
             return Self::start_service(&podman, config, tried).await;
         }
-        let what = if matches!(choice, "auto" | "podman" | "docker") {
-            "Install podman (Debian/Ubuntu: `sudo apt-get install podman`; Fedora: `sudo dnf install podman`; macOS: `brew install podman && podman machine init && podman machine start`) or start Docker, or point MCP_BRIDGE_RUNTIME at a socket URL."
-        } else {
-            "Check that the engine behind that socket is running, or set MCP_BRIDGE_RUNTIME=auto."
-        };
-        Err(EngineError(format!(
-            "no container engine answered (runtime = {choice:?}). Tried:\n{}\n{what}",
-            tried.join("\n")
-        )))
+        Err(EngineError::NoneAnswered {
+            runtime: choice.clone(),
+            tried,
+        })
     }
 
     async fn start_service(
@@ -398,22 +442,20 @@ impl Engine {
         mut tried: Vec<String>,
     ) -> Result<Engine, EngineError> {
         let sock = own_socket(&config.state_dir);
-        std::fs::create_dir_all(&config.state_dir).map_err(|e| {
-            EngineError(format!(
-                "cannot create state dir {}: {e}; set MCP_BRIDGE_STATE_DIR to a writable directory",
-                config.state_dir.display()
-            ))
+        std::fs::create_dir_all(&config.state_dir).map_err(|source| EngineError::StateDir {
+            dir: config.state_dir.clone(),
+            source,
         })?;
         let _ = std::fs::remove_file(&sock);
         let url = format!("unix://{}", sock.display());
         tracing::info!(%url, "no engine socket answered; starting `podman system service`");
         let (mut service, stderr) =
-            OwnService::spawn(podman, &["system", "service", "--time=0", &url]).map_err(|e| {
-                EngineError(format!(
-                    "could not start {} system service (under /bin/sh): {e}",
-                    podman.display()
-                ))
-            })?;
+            OwnService::spawn(podman, &["system", "service", "--time=0", &url]).map_err(
+                |source| EngineError::ServiceSpawn {
+                    podman: podman.to_path_buf(),
+                    source,
+                },
+            )?;
         if let Some(err) = stderr {
             tokio::spawn(crate::logging::forward_lines(
                 err,
@@ -451,10 +493,7 @@ impl Engine {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(EngineError(format!(
-            "podman is installed but no engine answered. Tried:\n{}\nRun `podman info` to see what is wrong (on hosts where crun fails, set runtime = \"runc\" in /etc/containers/containers.conf).",
-            tried.join("\n")
-        )))
+        Err(EngineError::ServiceSilent { tried })
     }
 
     /// An HTTP client for the endpoint and the base URL to put paths on; built at first use

@@ -61,12 +61,17 @@ impl SandboxError {
                 Some("`mcp-code-bridge doctor` checks the engine and the image.".into())
             }
             SandboxError::Image(e) => e.hint(),
+            SandboxError::Engine(e) => e.hint(),
             _ => None,
         }
     }
 
     /// The message and the hint, as one text for the model or a person.
     pub fn with_hint(&self) -> String {
+        // The engine's message lists what it tried, a line each: its hint goes on a line of its own.
+        if let SandboxError::Engine(e) = self {
+            return e.with_hint();
+        }
         match self.hint() {
             Some(h) => format!("{self} {h}"),
             None => self.to_string(),

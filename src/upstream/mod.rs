@@ -206,12 +206,7 @@ impl Upstreams {
                 source.is_file().then(|| (name.clone(), source))
             })
             .collect();
-        let settings = UpstreamSettings {
-            call_timeout: config.upstream_call_timeout.0,
-            idle_timeout: config.upstream_idle_timeout.0,
-            start_timeout: config.upstream_start_timeout.0,
-        };
-        Upstreams::new(discover(&ctx), settings)
+        Upstreams::new(discover(&ctx), UpstreamSettings::from(config))
     }
 
     /// Every server, sorted by name.

@@ -33,6 +33,7 @@ use super::ServerInfo;
 use super::connection::{CancelOnDrop, Conn, StartError, ToolCache, connect};
 use super::discovery::ServerEntry;
 use super::error::{Hint, Hinted, stderr_suffix};
+use crate::config::Config;
 
 /// Limits of the pool.
 #[derive(Debug, Clone)]
@@ -47,13 +48,20 @@ pub struct UpstreamSettings {
     pub start_timeout: Duration,
 }
 
+impl From<&Config> for UpstreamSettings {
+    fn from(config: &Config) -> Self {
+        UpstreamSettings {
+            call_timeout: config.upstream_call_timeout.0,
+            idle_timeout: config.upstream_idle_timeout.0,
+            start_timeout: config.upstream_start_timeout.0,
+        }
+    }
+}
+
+/// The configuration's defaults: they are written once, in `Config::default`.
 impl Default for UpstreamSettings {
     fn default() -> Self {
-        UpstreamSettings {
-            call_timeout: Duration::from_secs(60),
-            idle_timeout: Duration::from_secs(600),
-            start_timeout: Duration::from_secs(120),
-        }
+        UpstreamSettings::from(&Config::default())
     }
 }
 

@@ -1,72 +1,13 @@
-//! One server definition: the [`ServerEntry`] schema (`[servers.<name>]` tables and
-//! `mcpServers` entries alike), reading a lenient JSON entry into it, checking it, making its
-//! paths absolute, and recognising an entry that would start this bridge itself.
-//!
-//! Nothing here reads a source or resolves a secret: references such as `${VAR}` stay as written
-//! until the server starts. The file depends on nothing else of the bridge, so the schema can
-//! live beside the rest of the configuration.
+//! One `mcpServers` entry: reading a lenient JSON entry into the [`ServerEntry`] schema (which
+//! lives in config), checking it, making its paths absolute, and recognising an entry that would
+//! start this bridge itself.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// One server definition, as written in an `mcpServers` JSON entry or a `[servers.<name>]` TOML
-/// table.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ServerEntry {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub command: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub args: Vec<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub env_file: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cwd: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub headers: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-}
-
-impl ServerEntry {
-    /// `"stdio"` or `"http"` (meaningful only for a validated entry).
-    pub fn transport(&self) -> &'static str {
-        if self.url.is_some() { "http" } else { "stdio" }
-    }
-
-    /// A short, secret-free description of how the server is reached: the program for stdio
-    /// servers (no arguments, which may carry tokens), scheme://host/path for HTTP servers (no
-    /// query, no user info).
-    pub fn target_summary(&self) -> String {
-        if let Some(url) = &self.url {
-            return format!("http {}", redact_url(url));
-        }
-        match &self.command {
-            Some(c) => format!("stdio {c}"),
-            None => "(nothing to start)".to_string(),
-        }
-    }
-}
-
-/// `scheme://host[:port]/path` without user info, query or fragment: a URL as logs and error
-/// messages may show it (tokens often ride in the query or the user info).
-pub fn redact_url(url: &str) -> String {
-    let cut = url.find(['?', '#']).map(|i| &url[..i]).unwrap_or(url);
-    match cut.split_once("://") {
-        Some((scheme, rest)) => {
-            let rest = rest.rsplit_once('@').map(|(_, r)| r).unwrap_or(rest);
-            format!("{scheme}://{rest}")
-        }
-        None => cut.to_string(),
-    }
-}
+use crate::config::servers::{ServerEntry, redact_url};
 
 /// Why an entry is not offered. The text is the skip reason `servers` shows.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -392,14 +333,5 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(validate(&ftp), Err(EntryError::NotHttp("ftp://h/x".into())));
-    }
-
-    #[test]
-    fn urls_are_redacted_to_scheme_host_and_path() {
-        assert_eq!(
-            redact_url("https://user:pw@example.com:8443/mcp?token=t#f"),
-            "https://example.com:8443/mcp"
-        );
-        assert_eq!(redact_url("not a url?x"), "not a url");
     }
 }

@@ -44,7 +44,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::Value;
 
-pub use entry::{EntryError, ServerEntry, launches_self, redact_url};
+pub use crate::config::servers::{ServerEntry, redact_url};
+pub use entry::{EntryError, launches_self};
 pub use jsonc::strip_jsonc;
 use sources::Place;
 pub use sources::{Origin, SOURCES, SourceKind, SourceSpec};

@@ -1,0 +1,335 @@
+//! `doctor`: check the configuration, engine, limits, image archive, image and servers, then
+//! (unless `--quick`) start a sandbox, and say for each failure what repairs it.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use crate::config::{self, Config};
+use crate::sandbox::engine::{Enforcement, Engine};
+use crate::sandbox::{ExecRequest, Outcome, Sandbox, image};
+use crate::upstream::Upstreams;
+
+struct Checklist {
+    failed: usize,
+    paint: bool,
+}
+
+impl Checklist {
+    fn ok(&self, what: &str) {
+        let mark = if self.paint {
+            "\x1b[32m✓\x1b[0m"
+        } else {
+            "✓"
+        };
+        println!("{mark} {what}");
+    }
+    fn bad(&mut self, what: &str, fix: &str) {
+        self.failed += 1;
+        let mark = if self.paint {
+            "\x1b[31m✗\x1b[0m"
+        } else {
+            "✗"
+        };
+        println!("{mark} {what}\n    fix: {fix}");
+    }
+    fn note(&self, what: &str) {
+        println!("  {what}");
+    }
+}
+
+pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: bool) -> ExitCode {
+    let mut c = Checklist {
+        failed: 0,
+        paint: std::io::stdout().is_terminal(),
+    };
+    let system = match &loaded.system {
+        config::SystemConfig::Default(_) => String::new(),
+        config::SystemConfig::FromEnv(_) => {
+            format!(" (the system file from {})", config::SYSTEM_CONFIG_ENV)
+        }
+        config::SystemConfig::Disabled => {
+            format!(" (no system file: {}=none)", config::SYSTEM_CONFIG_ENV)
+        }
+    };
+    if loaded.files.is_empty() {
+        c.ok(&format!(
+            "configuration: built-in defaults and environment (no config file){system}"
+        ));
+    } else {
+        c.ok(&format!(
+            "configuration: {}{system}",
+            loaded
+                .files
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    for w in &loaded.warnings {
+        c.note(&format!("warning: {w}"));
+    }
+    for n in &loaded.notes {
+        c.note(&format!("note: {n}"));
+    }
+    let engine = match Engine::connect(&config).await {
+        Ok(e) => {
+            c.ok(&format!(
+                "container engine: {:?} {} at {} ({})",
+                e.kind, e.version, e.endpoint, e.origin
+            ));
+            Some(e)
+        }
+        Err(e) => {
+            c.bad("container engine: none answered", &e.with_hint());
+            None
+        }
+    };
+    if let Some(engine) = &engine {
+        match Enforcement::query(&engine.docker).await {
+            Ok(enf) => {
+                c.ok(&format!(
+                    "cgroup v{}, {}",
+                    enf.cgroup_version,
+                    if enf.rootless { "rootless" } else { "rootful" }
+                ));
+                let missing = enf.missing(&config);
+                if missing.is_empty() {
+                    c.ok(&format!(
+                        "limits enforceable: memory {}, pids {}{}",
+                        config.memory,
+                        config.pids,
+                        config
+                            .cpus
+                            .map(|x| format!(", cpus {x}"))
+                            .unwrap_or_default()
+                    ));
+                } else if config.allow_unenforced_limits {
+                    c.ok(&format!(
+                        "limits NOT enforced (allowed by allow_unenforced_limits): {}",
+                        missing.join("; ")
+                    ));
+                } else {
+                    c.bad(
+                        &format!(
+                            "limits the host cannot enforce: {} (memory {} from {}, pids {} from {})",
+                            missing.join("; "),
+                            config.memory,
+                            loaded.source("memory"),
+                            config.pids,
+                            loaded.source("pids"),
+                        ),
+                        "use cgroup v2 with controller delegation (rootless) or a rootful engine; or accept \
+                         unenforced limits with MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1",
+                    );
+                }
+            }
+            Err(e) => c.bad(
+                &format!("engine info: {e}"),
+                "check the engine with `podman info`",
+            ),
+        }
+    }
+    let archive_ok = check_archive(&mut c, loaded, quick).await;
+    if let Some(engine) = &engine {
+        let image_src = loaded.source("image");
+        match engine.docker.inspect_image(&config.image).await {
+            Ok(img) => c.ok(&format!(
+                "image {} present ({} MiB)",
+                config.image,
+                img.size.unwrap_or(0) >> 20
+            )),
+            Err(_) => match &config.image_archive {
+                Some(a) if archive_ok => c.ok(&format!(
+                    "image {} not loaded yet; will load from {} on first use",
+                    config.image,
+                    a.display()
+                )),
+                // The archive's own check failed above and says how to repair it.
+                Some(_) => c.note(&format!(
+                    "image {} is not loaded, and its archive cannot load it (above)",
+                    config.image
+                )),
+                None if image::names_registry(&config.image) => c.ok(&format!(
+                    "image {} will be pulled on first use",
+                    config.image
+                )),
+                None => c.bad(
+                    &format!(
+                        "image {} (from {image_src}) is not in the engine and no image_archive is configured",
+                        config.image
+                    ),
+                    "on Debian or Ubuntu, run `scripts/setup-debian.sh --configure` (as root, or with sudo) \
+                     from a checkout of mcp-code-bridge: it builds the image archive and configures it; \
+                     elsewhere build one with `image/build-debian.sh --output sandbox.tar` and run \
+                     `mcp-code-bridge image load --archive sandbox.tar`",
+                ),
+            },
+        }
+    }
+    let ups = Upstreams::from_loaded(loaded);
+    let servers = ups.discovered();
+    c.ok(&format!(
+        "{} MCP server(s) discovered (details: `mcp-code-bridge servers`)",
+        servers.len()
+    ));
+    for w in ups.warnings() {
+        c.note(&format!("warning: {w}"));
+    }
+    if engine.is_some() && c.failed == 0 && !quick {
+        let sandbox = Sandbox::new(config.clone());
+        let req = ExecRequest {
+            code: "import sys, os\nprint(sys.version.split()[0], os.getuid())".into(),
+            timeout: std::time::Duration::from_secs(60),
+            max_timeout: config.max_timeout.0,
+            output_cap: 4096,
+            binding: crate::protocol::ExecBinding::empty(),
+            cancel: Default::default(),
+            on_output: None,
+        };
+        let started = std::time::Instant::now();
+        match sandbox.run("doctor", false, req).await {
+            Ok(o) if o.outcome == Outcome::Ok => {
+                let out = o.stdout.trim().to_string();
+                c.ok(&format!(
+                    "sandbox runs: python {} as uid {} (first call {:.1}s)",
+                    out.split(' ').next().unwrap_or(""),
+                    out.split(' ').nth(1).unwrap_or("?"),
+                    started.elapsed().as_secs_f64()
+                ));
+            }
+            Ok(o) => c.bad(
+                &format!(
+                    "sandbox ran but failed: {}",
+                    crate::render::compact_text(&o)
+                ),
+                "run with MCP_BRIDGE_LOG_LEVEL=debug for details",
+            ),
+            Err(e) => c.bad(
+                &format!("sandbox did not start: {e}"),
+                &e.hint().unwrap_or_else(|| "see the message above".into()),
+            ),
+        }
+        sandbox.shutdown().await;
+    }
+    if let Some(e) = engine {
+        e.shutdown().await;
+    }
+    if c.failed == 0 {
+        println!("all checks passed");
+        ExitCode::SUCCESS
+    } else {
+        println!("{} check(s) failed", c.failed);
+        ExitCode::FAILURE
+    }
+}
+
+/// The one command that repairs `key`'s value, by where it came from.
+fn repair(loaded: &config::Loaded, key: &str) -> String {
+    let env = format!("{}{}", config::ENV_PREFIX, key.to_ascii_uppercase());
+    match loaded.source(key) {
+        src @ config::Source::File(_) if src.written_by_setup() => format!(
+            "run `scripts/setup-debian.sh --configure` (as root, or with sudo) from a checkout of \
+             mcp-code-bridge: it rebuilds the image archive and rewrites {src}"
+        ),
+        config::Source::File(p) if p.starts_with("/nix/store") => format!(
+            "{} comes from your Nix configuration: rebuild it (`nixos-rebuild switch` or \
+             `home-manager switch`)",
+            p.display()
+        ),
+        config::Source::File(p) => format!(
+            "edit `{key}` in {}: build an archive with `image/build-debian.sh --output FILE` \
+             (or run `scripts/setup-debian.sh --configure`, which writes both keys to {})",
+            p.display(),
+            config::SYSTEM_CONFIG
+        ),
+        config::Source::Env(var) => format!(
+            "unset {var}, or set it to the right value (`image/build-debian.sh --output FILE` builds an archive)"
+        ),
+        config::Source::CommandLine(flag) => format!("pass the right value to {flag}"),
+        config::Source::Default => format!("set {env}"),
+    }
+}
+
+/// Check the configured image archive: it exists and (unless `quick`) matches `image_sha256`.
+/// Returns whether it can be loaded.
+async fn check_archive(c: &mut Checklist, loaded: &config::Loaded, quick: bool) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let config = &loaded.config;
+    let Some(archive) = &config.image_archive else {
+        return true;
+    };
+    let from = loaded.source("image_archive");
+    let meta = match std::fs::metadata(archive) {
+        Ok(m) if m.is_file() => m,
+        Ok(_) | Err(_) => {
+            c.bad(
+                &format!(
+                    "image archive {} (image_archive from {from}) does not exist",
+                    archive.display()
+                ),
+                &repair(loaded, "image_archive"),
+            );
+            return false;
+        }
+    };
+    let mib = meta.len() >> 20;
+    if meta.permissions().mode() & 0o111 != 0 {
+        c.ok(&format!(
+            "image archive {} is a stream script (image_archive from {from}); its output is checked while it loads",
+            archive.display()
+        ));
+        return true;
+    }
+    let Some(want) = &config.image_sha256 else {
+        c.ok(&format!(
+            "image archive {} ({mib} MiB, image_archive from {from}; no image_sha256 to check it against)",
+            archive.display()
+        ));
+        return true;
+    };
+    if quick {
+        c.ok(&format!(
+            "image archive {} ({mib} MiB, from {from}; sha256 not checked with --quick)",
+            archive.display()
+        ));
+        return true;
+    }
+    match image::file_sha256(archive).await {
+        Ok(got) if got.eq_ignore_ascii_case(want) => {
+            c.ok(&format!(
+                "image archive {} ({mib} MiB, from {from}) matches its sha256",
+                archive.display()
+            ));
+            true
+        }
+        Ok(got) => {
+            let digest_from = loaded.source("image_sha256");
+            let fix = if digest_from == from {
+                repair(loaded, "image_archive")
+            } else {
+                format!(
+                    "the two keys come from different places: {}; or {}",
+                    repair(loaded, "image_archive"),
+                    repair(loaded, "image_sha256")
+                )
+            };
+            c.bad(
+                &format!(
+                    "image archive {} has sha256 {got}, but image_sha256 (from {digest_from}) expects {want}",
+                    archive.display()
+                ),
+                &fix,
+            );
+            false
+        }
+        Err(e) => {
+            c.bad(
+                &format!("image archive {}: {e}", archive.display()),
+                &repair(loaded, "image_archive"),
+            );
+            false
+        }
+    }
+}

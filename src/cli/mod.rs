@@ -1,0 +1,191 @@
+//! The command line: `run` (the stdio MCP server, default), `exec`, `doctor`, `servers`,
+//! `config` and `image load`. Everything printed for people goes to stdout except in `run`,
+//! where stdout is the MCP channel and only the log (stderr) speaks.
+//!
+//! Exit codes: every command exits with 2 when the configuration is refused; `exec` exits with
+//! 0 (ran), 1 (the code failed), 124 (timed out), or 2 when it could not set up (code to read,
+//! server names, engine, image); `image load` with 2 without an archive or an engine; `doctor`
+//! with 1 when a check fails.
+//!
+//! One module per command group: `exec`, `doctor`, `show` (`config`), `image`.
+
+mod doctor;
+mod exec;
+mod image;
+mod show;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, Config, Overrides};
+use crate::sandbox::Sandbox;
+use crate::server::{self, Bridge};
+use crate::upstream::Upstreams;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "mcp-code-bridge",
+    version,
+    about = "An MCP server with one tool, run_python: code mode over your MCP servers, in a hardened container"
+)]
+pub struct Cli {
+    /// Extra TOML config file, read after /etc/mcp-code-bridge/config.toml and the user's.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Command-line values: the last layer, above environment and files.
+    #[command(flatten)]
+    pub overrides: Overrides,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve MCP over stdio (the default).
+    Run,
+    /// Run code once in a fresh sandbox and print what it prints.
+    Exec {
+        /// The code; without it and without -f, it is read from stdin.
+        code: Option<String>,
+        /// Read the code from this file.
+        #[arg(short = 'f', long = "file")]
+        file: Option<PathBuf>,
+        /// MCP servers to load, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        servers: Vec<String>,
+    },
+    /// Check the runtime, socket, image, limits and servers, and say what is wrong.
+    Doctor {
+        /// Skip starting a sandbox.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// List discovered MCP servers, each with the file it came from.
+    Servers,
+    /// Show the effective configuration and where each value came from.
+    Config,
+    /// Manage the sandbox image.
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Load the image archive into the engine (even if the image is present).
+    Load {
+        /// Archive to load instead of the configured one.
+        #[arg(long)]
+        archive: Option<PathBuf>,
+    },
+}
+
+pub async fn main(cli: Cli) -> ExitCode {
+    let loaded = match config::load(cli.config.as_deref(), &cli.overrides) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {}", e.with_hint());
+            return ExitCode::from(2);
+        }
+    };
+    crate::logging::init(loaded.config.log_level);
+    let config = Arc::new(loaded.config.clone());
+    let command = cli.command.unwrap_or(Command::Run);
+    // `doctor` and `config` show these in their report; everything else logs them.
+    if !matches!(command, Command::Doctor { .. } | Command::Config) {
+        for w in &loaded.warnings {
+            tracing::warn!("{w}");
+        }
+        for n in &loaded.notes {
+            tracing::info!("{n}");
+        }
+    }
+    match command {
+        Command::Run => {
+            let sandbox = Sandbox::new(config.clone());
+            let ups = Upstreams::from_loaded(&loaded);
+            ups.log_discovery();
+            let bridge = Bridge::new(config.clone(), sandbox, ups);
+            match server::serve_stdio(bridge).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Exec {
+            code,
+            file,
+            servers,
+        } => exec::exec(config, Upstreams::from_loaded(&loaded), code, file, servers).await,
+        Command::Doctor { quick } => doctor::doctor(config, &loaded, quick).await,
+        Command::Servers => {
+            print!("{}", Upstreams::from_loaded(&loaded).report());
+            ExitCode::SUCCESS
+        }
+        Command::Config => {
+            show::print_config(&loaded);
+            ExitCode::SUCCESS
+        }
+        Command::Image {
+            command: ImageCommand::Load { archive },
+        } => image::image_load(config, archive).await,
+    }
+}
+
+/// Colour for a terminal, plain text otherwise.
+struct Paint {
+    on: bool,
+}
+
+impl Paint {
+    fn red(&self, s: &str) -> String {
+        if self.on {
+            format!("\x1b[31m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    }
+    fn dim(&self, s: &str) -> String {
+        if self.on {
+            format!("\x1b[2m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    }
+}
+
+/// A progress bar for loading the image archive, on a terminal only.
+fn load_bar(config: &Config) -> Option<(indicatif::ProgressBar, crate::sandbox::LoadProgress)> {
+    use std::os::unix::fs::PermissionsExt;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    // A stream script (executable archive) has no size to show: a spinner with bytes then.
+    let total = config
+        .image_archive
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .filter(|m| m.permissions().mode() & 0o111 == 0);
+    let style = |t: &str| {
+        indicatif::ProgressStyle::with_template(t)
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    };
+    let bar = match total {
+        Some(m) => indicatif::ProgressBar::new(m.len()).with_style(style(
+            "loading sandbox image {bar:30} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+        )),
+        None => indicatif::ProgressBar::new_spinner().with_style(style(
+            "{spinner} loading sandbox image {bytes} ({bytes_per_sec})",
+        )),
+    };
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    let b = bar.clone();
+    Some((bar, Arc::new(move |bytes| b.set_position(bytes))))
+}

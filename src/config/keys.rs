@@ -1,0 +1,207 @@
+//! The one list of configuration keys: the env filter, `config` output, unknown-key hints and the
+//! README's reference all come from [`KEYS`]; a unit test keeps it equal to [`Config`]'s fields.
+
+use super::Config;
+
+/// One configuration key: its name (TOML key; env is `MCP_BRIDGE_` + upper case) and what it
+/// means. Its default is not written here: [`Key::default`] shows [`Config::default`]'s value, so
+/// each default is written once.
+pub struct Key {
+    pub name: &'static str,
+    pub doc: &'static str,
+}
+
+impl Key {
+    /// The default as shown to people (`config`, the README): [`Config::default`]'s value,
+    /// except `state_dir`, whose default depends on the machine and is shown as its rule.
+    pub fn default(&self) -> String {
+        if self.name == "state_dir" {
+            return "$XDG_STATE_HOME/mcp-code-bridge".to_string();
+        }
+        match serde_json::to_value(Config::default())
+            .ok()
+            .and_then(|mut v| v.get_mut(self.name).map(serde_json::Value::take))
+        {
+            Some(serde_json::Value::String(s)) => s,
+            Some(serde_json::Value::Null) | None => String::new(),
+            Some(other) => other.to_string(),
+        }
+    }
+}
+
+/// Every scalar key, in the order the docs show them. `servers` (tables) is documented apart.
+pub const KEYS: &[Key] = &[
+    Key {
+        name: "runtime",
+        doc: "Container engine: auto, podman, docker, or a socket URL (unix:///run/podman/podman.sock, tcp://host:2375).",
+    },
+    Key {
+        name: "image",
+        doc: "Sandbox image reference. Must contain python3.",
+    },
+    Key {
+        name: "image_archive",
+        doc: "docker-archive (tar or tar.gz), or an executable printing one, loaded when the image is missing.",
+    },
+    Key {
+        name: "image_sha256",
+        doc: "Expected sha256 of the archive bytes; checked while loading.",
+    },
+    Key {
+        name: "timeout",
+        doc: "Default time limit of one run_python call.",
+    },
+    Key {
+        name: "max_timeout",
+        doc: "Upper bound for the per-call `timeout` argument.",
+    },
+    Key {
+        name: "memory",
+        doc: "Memory limit of a sandbox container (swap included).",
+    },
+    Key {
+        name: "pids",
+        doc: "Process/thread limit of a sandbox container.",
+    },
+    Key {
+        name: "cpus",
+        doc: "CPU limit (e.g. 1.5); unset means no CPU limit.",
+    },
+    Key {
+        name: "container_user",
+        doc: "UID:GID the sandbox runs as.",
+    },
+    Key {
+        name: "max_sessions",
+        doc: "Most sandbox sessions alive at once; a new one beyond it closes the least recently used idle one.",
+    },
+    Key {
+        name: "runtime_idle_timeout",
+        doc: "A session's container is removed after this long without a call.",
+    },
+    Key {
+        name: "state_dir",
+        doc: "Where the bridge keeps its own podman socket and state. Never shared with the sandbox.",
+    },
+    Key {
+        name: "output_mode",
+        doc: "Response text format: compact or toon.",
+    },
+    Key {
+        name: "output_cap",
+        doc: "stdout+stderr kept per call; beyond it the head and tail are kept with a marker.",
+    },
+    Key {
+        name: "log_level",
+        doc: "error, warning, info, debug or trace (any case).",
+    },
+    Key {
+        name: "allow_self_server",
+        doc: "Keep server entries that would launch this bridge again.",
+    },
+    Key {
+        name: "allow_unenforced_limits",
+        doc: "Run even when the host cannot enforce a resource limit (doctor says which).",
+    },
+    Key {
+        name: "tmp_size",
+        doc: "Size cap of the sandbox's /tmp tmpfs.",
+    },
+    Key {
+        name: "workspace_size",
+        doc: "Size cap of the sandbox's /workspace tmpfs.",
+    },
+    Key {
+        name: "nofile",
+        doc: "Open-files ulimit inside the sandbox (must not exceed the host's).",
+    },
+    Key {
+        name: "servers_file",
+        doc: "An extra mcpServers JSON file, read before the usual places.",
+    },
+    Key {
+        name: "upstream_call_timeout",
+        doc: "Time limit of one proxied tool call.",
+    },
+    Key {
+        name: "upstream_idle_timeout",
+        doc: "An upstream server is stopped after this long unused.",
+    },
+    Key {
+        name: "upstream_start_timeout",
+        doc: "Time limit for starting an upstream server and its MCP handshake (npx/uvx may download it first).",
+    },
+];
+
+pub const DEFAULT_IMAGE: &str = "mcp-code-bridge-sandbox:latest";
+pub const ENV_PREFIX: &str = "MCP_BRIDGE_";
+
+/// The key nearest to `name`: one that contains it (or is contained in it) first, then the
+/// smallest edit distance; ties go to the key listed first.
+pub fn closest_key(name: &str) -> &'static str {
+    let name = name.to_ascii_lowercase();
+    KEYS.iter()
+        .map(|k| k.name)
+        .min_by_key(|k| {
+            let contains = !name.is_empty() && (k.contains(name.as_str()) || name.contains(k));
+            (!contains, edit_distance(&name, k))
+        })
+        .unwrap_or("timeout")
+}
+
+/// Levenshtein distance (insertions, deletions, substitutions), on bytes.
+pub(super) fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, &x) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, &y) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(x != y))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_table_matches_config_fields() {
+        let v = serde_json::to_value(Config::default()).unwrap();
+        let mut fields: Vec<&str> = v
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|s| s.as_str())
+            .filter(|k| *k != "servers")
+            .collect();
+        fields.sort();
+        let mut keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+        keys.sort();
+        assert_eq!(fields, keys);
+    }
+
+    #[test]
+    fn readme_documents_every_key_with_its_default() {
+        let readme = include_str!("../../README.md");
+        for k in KEYS {
+            let default = match k.default() {
+                d if d.is_empty() => "—".to_string(),
+                d => format!("`{d}`"),
+            };
+            let row = format!(
+                "| `{}` | `{ENV_PREFIX}{}` | {default} |",
+                k.name,
+                k.name.to_ascii_uppercase()
+            );
+            assert!(
+                readme.contains(&row),
+                "README.md lacks the row starting {row:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! Configuration, the ground floor of the bridge: built-in defaults < TOML files <
+//! `MCP_BRIDGE_*` environment < command-line flags, layered with figment.
+//!
+//! - [`keys`]: the one list of keys ([`KEYS`]) with their docs;
+//! - [`load`]: the layering, where each value came from, the system file, unknown variables;
+//! - [`values`]: value types and their lenient spellings ([`Secs`], [`Size`], [`Runtime`], ...);
+//! - [`servers`]: the `[servers.<name>]` schema ([`ServerEntry`]);
+//! - [`error`]: why a configuration was refused;
+//! - here: the [`Config`] struct, its defaults and checks, and the command-line [`Overrides`].
+//!
+//! This module imports nothing from `sandbox` or `upstream`: both read their settings from here.
+//!
+//! Adding a key: a field of [`Config`] with its default in `Config::default` (the only place the
+//! default is written), a row in [`KEYS`] (name and doc), a check in `Config::validate` if its
+//! range is limited, a row in the README's table (a unit test lists any missing row), and a
+//! field of [`Overrides`] only if it should also be a flag.
+
+pub mod error;
+pub mod keys;
+pub mod load;
+pub mod servers;
+pub mod values;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use error::{ConfigError, Problem};
+pub use keys::{DEFAULT_IMAGE, ENV_PREFIX, KEYS, Key, closest_key};
+pub use load::{
+    Loaded, SETUP_MARKER, SYSTEM_CONFIG, SYSTEM_CONFIG_ENV, Source, SystemConfig, config_files,
+    load,
+};
+pub use servers::ServerEntry;
+pub use values::{LogLevel, OutputMode, Runtime, Secs, Size};
+use values::{empty_as_none, empty_as_none_f64, flexible_bool, flexible_u32};
+
+/// The effective configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub runtime: Runtime,
+    pub image: String,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub image_archive: Option<PathBuf>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub image_sha256: Option<String>,
+    pub timeout: Secs,
+    pub max_timeout: Secs,
+    pub memory: Size,
+    #[serde(deserialize_with = "flexible_u32")]
+    pub pids: u32,
+    #[serde(default, deserialize_with = "empty_as_none_f64")]
+    pub cpus: Option<f64>,
+    pub container_user: String,
+    #[serde(deserialize_with = "flexible_u32")]
+    pub max_sessions: u32,
+    pub runtime_idle_timeout: Secs,
+    pub state_dir: PathBuf,
+    pub output_mode: OutputMode,
+    pub output_cap: Size,
+    pub log_level: LogLevel,
+    #[serde(deserialize_with = "flexible_bool")]
+    pub allow_self_server: bool,
+    #[serde(deserialize_with = "flexible_bool")]
+    pub allow_unenforced_limits: bool,
+    pub tmp_size: Size,
+    pub workspace_size: Size,
+    #[serde(deserialize_with = "flexible_u32")]
+    pub nofile: u32,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub servers_file: Option<PathBuf>,
+    pub upstream_call_timeout: Secs,
+    pub upstream_idle_timeout: Secs,
+    pub upstream_start_timeout: Secs,
+    #[serde(default)]
+    pub servers: BTreeMap<String, ServerEntry>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            runtime: Runtime::Auto,
+            image: DEFAULT_IMAGE.into(),
+            image_archive: None,
+            image_sha256: None,
+            timeout: Secs(Duration::from_secs(30)),
+            max_timeout: Secs(Duration::from_secs(120)),
+            memory: Size(512 << 20),
+            pids: 128,
+            cpus: None,
+            container_user: "65534:65534".into(),
+            max_sessions: 8,
+            runtime_idle_timeout: Secs(Duration::from_secs(300)),
+            state_dir: default_state_dir(),
+            output_mode: OutputMode::Compact,
+            output_cap: Size(1 << 20),
+            log_level: LogLevel::Info,
+            allow_self_server: false,
+            allow_unenforced_limits: false,
+            tmp_size: Size(64 << 20),
+            workspace_size: Size(256 << 20),
+            nofile: 1024,
+            servers_file: None,
+            upstream_call_timeout: Secs(Duration::from_secs(60)),
+            upstream_idle_timeout: Secs(Duration::from_secs(600)),
+            upstream_start_timeout: Secs(Duration::from_secs(120)),
+            servers: BTreeMap::new(),
+        }
+    }
+}
+
+fn default_state_dir() -> PathBuf {
+    directories::BaseDirs::new()
+        .and_then(|d| d.state_dir().map(Path::to_path_buf))
+        .map(|d| d.join("mcp-code-bridge"))
+        .unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("mcp-code-bridge-{}", unsafe { libc::getuid() }))
+        })
+}
+
+/// Values given on the command line, the last layer; `None` leaves the lower layers in force.
+/// The flags are derived from this struct, so a flag and the key it sets cannot drift apart;
+/// figment names their source `--flag` (see `load::source_from`).
+#[derive(Debug, Default, Clone, Serialize, clap::Args)]
+pub struct Overrides {
+    /// Container engine: auto, podman, docker, or a socket URL.
+    #[arg(long, global = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    /// Sandbox image reference.
+    #[arg(long, global = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Image archive to load when the image is missing.
+    #[arg(long, global = true, value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_archive: Option<PathBuf>,
+    /// Default time limit of a call (30, 30s, 2m).
+    #[arg(long, global = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// Memory limit of the sandbox (512m, 1g).
+    #[arg(long, global = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    /// Response format: compact or toon.
+    #[arg(long, global = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_mode: Option<String>,
+    /// Log level: error, warning, info, debug, trace.
+    #[arg(long, global = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<String>,
+    /// State directory of the bridge.
+    #[arg(long, global = true, value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    /// Run even where the host cannot enforce a resource limit.
+    #[arg(long, global = true)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub allow_unenforced_limits: bool,
+}
+
+impl Config {
+    /// Checks serde cannot make: ranges and relations between keys. The error is the key at
+    /// fault and why; `load` adds where the value came from.
+    pub(super) fn validate(&self) -> Result<(), (&'static str, String)> {
+        let bad = |key: &'static str, why: String| Err((key, why));
+        if self.timeout.0 > self.max_timeout.0 {
+            return bad(
+                "timeout",
+                format!(
+                    "{} is above max_timeout ({}); raise max_timeout or lower timeout",
+                    self.timeout, self.max_timeout
+                ),
+            );
+        }
+        if self.timeout.0.is_zero() {
+            return bad("timeout", "must be more than 0s".into());
+        }
+        if self.memory.0 < 16 << 20 {
+            return bad(
+                "memory",
+                format!("{} is too small for Python; use at least 16m", self.memory),
+            );
+        }
+        if self.pids < 8 {
+            return bad(
+                "pids",
+                format!("{} is too small for Python; use at least 8", self.pids),
+            );
+        }
+        if self.max_sessions == 0 {
+            return bad(
+                "max_sessions",
+                "0 would refuse every call; use at least 1".into(),
+            );
+        }
+        if self.upstream_start_timeout.0.is_zero() {
+            return bad(
+                "upstream_start_timeout",
+                "must be more than 0s; servers started by npx or uvx may need a minute the first time".into(),
+            );
+        }
+        if let Some(c) = self.cpus
+            && !(c > 0.0 && c.is_finite())
+        {
+            return bad(
+                "cpus",
+                format!("{c} must be a positive number such as 1 or 0.5"),
+            );
+        }
+        let user_ok = self
+            .container_user
+            .split(':')
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        if !user_ok || self.container_user.split(':').count() > 2 {
+            return bad(
+                "container_user",
+                format!(
+                    "{:?} must be UID or UID:GID in digits, e.g. 65534:65534",
+                    self.container_user
+                ),
+            );
+        }
+        if self.container_user.split(':').next() == Some("0") {
+            return bad(
+                "container_user",
+                "the sandbox never runs as root (uid 0); use e.g. 65534:65534".into(),
+            );
+        }
+        if let Some(h) = &self.image_sha256
+            && (h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return bad("image_sha256", format!("{h:?} is not 64 hex digits"));
+        }
+        if self.image.trim().is_empty() {
+            return bad("image", "must not be empty".into());
+        }
+        Ok(())
+    }
+
+    /// A per-call timeout, clamped to `[100ms, max_timeout]`.
+    pub fn clamp_timeout(&self, requested: Option<f64>) -> Duration {
+        match requested {
+            // `try_from` refuses values too large for a Duration; they clamp to the maximum too.
+            Some(s) if s.is_finite() && s > 0.0 => Duration::try_from_secs_f64(s)
+                .unwrap_or(self.max_timeout.0)
+                .min(self.max_timeout.0)
+                .max(Duration::from_millis(100)),
+            _ => self.timeout.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_clamp() {
+        let c = Config::default();
+        assert_eq!(c.clamp_timeout(None), Duration::from_secs(30));
+        assert_eq!(c.clamp_timeout(Some(1e6)), Duration::from_secs(120));
+        assert_eq!(c.clamp_timeout(Some(5.0)), Duration::from_secs(5));
+        assert_eq!(c.clamp_timeout(Some(-1.0)), Duration::from_secs(30));
+        assert_eq!(c.clamp_timeout(Some(f64::MAX)), Duration::from_secs(120));
+    }
+}

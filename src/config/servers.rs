@@ -1,0 +1,80 @@
+//! The [`ServerEntry`] schema: one server definition, as a `[servers.<name>]` table of the
+//! bridge's TOML config or (read by upstream discovery) an `mcpServers` JSON entry.
+//!
+//! Nothing here reads a source or resolves a secret: references such as `${VAR}` stay as written
+//! until the server starts (`upstream::secrets`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// One server definition, as written in an `mcpServers` JSON entry or a `[servers.<name>]` TOML
+/// table.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServerEntry {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+impl ServerEntry {
+    /// `"stdio"` or `"http"` (meaningful only for a validated entry).
+    pub fn transport(&self) -> &'static str {
+        if self.url.is_some() { "http" } else { "stdio" }
+    }
+
+    /// A short, secret-free description of how the server is reached: the program for stdio
+    /// servers (no arguments, which may carry tokens), scheme://host/path for HTTP servers (no
+    /// query, no user info).
+    pub fn target_summary(&self) -> String {
+        if let Some(url) = &self.url {
+            return format!("http {}", redact_url(url));
+        }
+        match &self.command {
+            Some(c) => format!("stdio {c}"),
+            None => "(nothing to start)".to_string(),
+        }
+    }
+}
+
+/// `scheme://host[:port]/path` without user info, query or fragment: a URL as logs and error
+/// messages may show it (tokens often ride in the query or the user info).
+pub fn redact_url(url: &str) -> String {
+    let cut = url.find(['?', '#']).map(|i| &url[..i]).unwrap_or(url);
+    match cut.split_once("://") {
+        Some((scheme, rest)) => {
+            let rest = rest.rsplit_once('@').map(|(_, r)| r).unwrap_or(rest);
+            format!("{scheme}://{rest}")
+        }
+        None => cut.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_redacted_to_scheme_host_and_path() {
+        assert_eq!(
+            redact_url("https://user:pw@example.com:8443/mcp?token=t#f"),
+            "https://example.com:8443/mcp"
+        );
+        assert_eq!(redact_url("not a url?x"), "not a url");
+    }
+}

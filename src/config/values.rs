@@ -1,0 +1,383 @@
+//! Value types of the configuration and their lenient spellings: durations (`30s`), sizes
+//! (`512m`), log levels (`WARNING`), the container engine (`auto`, `podman`, a socket URL),
+//! booleans written as `1` or `yes`, and empty strings meaning unset.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A duration written as `30`, `30s`, `1.5s`, `500ms`, `2m` or `1h`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Secs(pub Duration);
+
+impl Secs {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: f64 = num
+            .parse()
+            .map_err(|_| format!("{s:?} is not a duration; write e.g. 30, 30s, 500ms, 2m"))?;
+        let factor = match unit.trim() {
+            "" | "s" | "sec" | "secs" => 1.0,
+            "ms" => 0.001,
+            "m" | "min" => 60.0,
+            "h" => 3600.0,
+            u => {
+                return Err(format!(
+                    "{s:?} has an unknown unit {u:?}; use ms, s, m or h"
+                ));
+            }
+        };
+        let secs = n * factor;
+        if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
+            return Err(format!("{s:?} is out of range"));
+        }
+        Ok(Secs(Duration::from_secs_f64(secs)))
+    }
+}
+
+impl fmt::Display for Secs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_millis();
+        if ms.is_multiple_of(1000) {
+            write!(f, "{}s", ms / 1000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
+}
+
+impl Serialize for Secs {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Secs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match NumOrStr::deserialize(d)? {
+            NumOrStr::Int(n) if n >= 0 => {
+                Secs::parse(&n.to_string()).map_err(serde::de::Error::custom)
+            }
+            NumOrStr::Float(x) => Secs::parse(&x.to_string()).map_err(serde::de::Error::custom),
+            NumOrStr::Str(s) => Secs::parse(&s).map_err(serde::de::Error::custom),
+            NumOrStr::Int(n) => Err(serde::de::Error::custom(format!(
+                "{n} is negative; a duration is 0 or more"
+            ))),
+        }
+    }
+}
+
+/// A byte size written as `536870912`, `512k`, `512m`, `1g` (binary units; `mb`, `MiB` also accepted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl Size {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: f64 = num
+            .parse()
+            .map_err(|_| format!("{s:?} is not a size; write e.g. 512m, 1g, 65536"))?;
+        let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            u => return Err(format!("{s:?} has an unknown unit {u:?}; use k, m or g")),
+        };
+        let v = n * factor as f64;
+        if !v.is_finite() || !(0.0..=1e15).contains(&v) {
+            return Err(format!("{s:?} is out of range"));
+        }
+        Ok(Size(v as u64))
+    }
+}
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        match b {
+            0 => write!(f, "0"),
+            _ if b.is_multiple_of(1 << 30) => write!(f, "{}g", b >> 30),
+            _ if b.is_multiple_of(1 << 20) => write!(f, "{}m", b >> 20),
+            _ if b.is_multiple_of(1 << 10) => write!(f, "{}k", b >> 10),
+            _ => write!(f, "{b}"),
+        }
+    }
+}
+
+impl Serialize for Size {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match NumOrStr::deserialize(d)? {
+            NumOrStr::Int(n) if n >= 0 => Ok(Size(n as u64)),
+            NumOrStr::Float(x) => Size::parse(&x.to_string()).map_err(serde::de::Error::custom),
+            NumOrStr::Str(s) => Size::parse(&s).map_err(serde::de::Error::custom),
+            NumOrStr::Int(n) => Err(serde::de::Error::custom(format!(
+                "{n} is negative; a size is 0 or more"
+            ))),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumOrStr {
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+/// How `run_python` renders its text content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputMode {
+    Compact,
+    Toon,
+}
+
+/// The container engine to talk to: one of the engines found by looking in the usual places, or
+/// one socket. Parsed at load, so a misspelt engine name is a configuration error naming the
+/// key, not a socket URL that fails at the first call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Runtime {
+    /// Podman's sockets, then Docker's, then a podman service of our own.
+    Auto,
+    Podman,
+    Docker,
+    /// `unix:///path`, `tcp://host:port`, `http://host:port`, or a bare absolute socket path.
+    Socket(String),
+}
+
+impl Runtime {
+    /// The engine names accepted besides a socket URL.
+    pub const NAMES: [&'static str; 3] = ["auto", "podman", "docker"];
+
+    pub fn parse(s: &str) -> Result<Runtime, String> {
+        let t = s.trim();
+        Ok(match t {
+            "auto" => Runtime::Auto,
+            "podman" => Runtime::Podman,
+            "docker" => Runtime::Docker,
+            _ if ["unix://", "tcp://", "http://", "/"]
+                .iter()
+                .any(|p| t.starts_with(p)) =>
+            {
+                Runtime::Socket(t.to_string())
+            }
+            _ => {
+                let closest = if t.contains("://") {
+                    String::new()
+                } else {
+                    let lower = t.to_ascii_lowercase();
+                    let near = Self::NAMES
+                        .iter()
+                        .min_by_key(|n| super::keys::edit_distance(&lower, n))
+                        .unwrap_or(&"auto");
+                    format!("; did you mean `{near}`?")
+                };
+                return Err(format!(
+                    "`{t}` is not one of: auto, podman, docker, or a socket URL \
+                     (unix:///path/to.sock, tcp://host:port){closest}"
+                ));
+            }
+        })
+    }
+
+    /// Whether podman's sockets are looked for (and a podman service started when none answers).
+    pub fn wants_podman(&self) -> bool {
+        matches!(self, Runtime::Auto | Runtime::Podman)
+    }
+
+    /// Whether Docker's socket is looked for.
+    pub fn wants_docker(&self) -> bool {
+        matches!(self, Runtime::Auto | Runtime::Docker)
+    }
+}
+
+impl fmt::Display for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Runtime::Auto => f.write_str("auto"),
+            Runtime::Podman => f.write_str("podman"),
+            Runtime::Docker => f.write_str("docker"),
+            Runtime::Socket(url) => f.write_str(url),
+        }
+    }
+}
+
+impl Serialize for Runtime {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Runtime {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Runtime::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Log verbosity. Accepts the seed's spellings (`INFO`, `warning`, `critical`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn as_filter(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+impl Serialize for LogLevel {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_filter())
+    }
+}
+
+impl<'de> Deserialize<'de> for LogLevel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "error" | "critical" | "fatal" => LogLevel::Error,
+            "warn" | "warning" => LogLevel::Warn,
+            "info" => LogLevel::Info,
+            "debug" => LogLevel::Debug,
+            "trace" => LogLevel::Trace,
+            _ => {
+                return Err(serde::de::Error::custom(format!(
+                    "{s:?} is not a log level; use error, warning, info, debug or trace"
+                )));
+            }
+        })
+    }
+}
+
+pub(super) fn flexible_bool<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum B {
+        Bool(bool),
+        Int(i64),
+        Str(String),
+    }
+    match B::deserialize(d)? {
+        B::Bool(b) => Ok(b),
+        B::Int(0) => Ok(false),
+        B::Int(1) => Ok(true),
+        B::Str(s) => match s.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" | "" => Ok(false),
+            _ => Err(serde::de::Error::custom(format!(
+                "{s:?} is not a boolean; use true/false or 1/0"
+            ))),
+        },
+        B::Int(n) => Err(serde::de::Error::custom(format!(
+            "{n} is not a boolean; use true/false or 1/0"
+        ))),
+    }
+}
+
+pub(super) fn flexible_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    match NumOrStr::deserialize(d)? {
+        NumOrStr::Int(n) => u32::try_from(n).map_err(|_| {
+            serde::de::Error::custom(format!("{n} is out of range (0 to {})", u32::MAX))
+        }),
+        NumOrStr::Str(s) => s
+            .trim()
+            .parse()
+            .map_err(|_| serde::de::Error::custom(format!("{s:?} is not a whole number"))),
+        NumOrStr::Float(x) => Err(serde::de::Error::custom(format!(
+            "{x} is not a whole number"
+        ))),
+    }
+}
+
+pub(super) fn empty_as_none<'de, D: Deserializer<'de>, T: From<String>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    let s: Option<String> = Option::deserialize(d)?;
+    Ok(s.filter(|s| !s.trim().is_empty()).map(T::from))
+}
+
+pub(super) fn empty_as_none_f64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    match Option::<NumOrStr>::deserialize(d)? {
+        None => Ok(None),
+        Some(NumOrStr::Int(n)) => Ok(Some(n as f64)),
+        Some(NumOrStr::Float(x)) => Ok(Some(x)),
+        Some(NumOrStr::Str(s)) if s.trim().is_empty() => Ok(None),
+        Some(NumOrStr::Str(s)) => s.trim().parse().map(Some).map_err(|_| {
+            serde::de::Error::custom(format!("{s:?} is not a number; write e.g. 1 or 0.5"))
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(Secs::parse("30").unwrap().0, Duration::from_secs(30));
+        assert_eq!(Secs::parse("30s").unwrap().0, Duration::from_secs(30));
+        assert_eq!(Secs::parse("500ms").unwrap().0, Duration::from_millis(500));
+        assert_eq!(Secs::parse("2m").unwrap().0, Duration::from_secs(120));
+        assert!(Secs::parse("abc").is_err());
+        assert!(Secs::parse("3 parsecs").is_err());
+        assert_eq!(Size::parse("512m").unwrap().0, 512 << 20);
+        assert_eq!(Size::parse("1G").unwrap().0, 1 << 30);
+        assert_eq!(Size::parse("65536").unwrap().0, 65536);
+        assert!(Size::parse("lots").is_err());
+        assert_eq!(Size(512 << 20).to_string(), "512m");
+        assert_eq!(Secs(Duration::from_secs(30)).to_string(), "30s");
+    }
+
+    #[test]
+    fn runtime_is_an_engine_name_or_a_socket_and_a_typo_names_the_closest() {
+        assert_eq!(Runtime::parse(" podman ").unwrap(), Runtime::Podman);
+        assert_eq!(
+            Runtime::parse("unix:///run/podman/podman.sock").unwrap(),
+            Runtime::Socket("unix:///run/podman/podman.sock".into())
+        );
+        assert_eq!(
+            Runtime::parse("tcp://h:2375").unwrap().to_string(),
+            "tcp://h:2375"
+        );
+        let err = Runtime::parse("podmn").unwrap_err();
+        assert!(
+            err.contains("`podmn`")
+                && err.contains("auto, podman, docker")
+                && err.ends_with("did you mean `podman`?"),
+            "{err}"
+        );
+        assert!(
+            !Runtime::parse("ftp://h")
+                .unwrap_err()
+                .contains("did you mean")
+        );
+    }
+}
