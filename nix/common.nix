@@ -12,7 +12,7 @@ let
 
   tomlFormat = pkgs.formats.toml { };
 
-  # What the bridge parses (src/config.rs): durations are seconds as a number, or "30s", "1.5s",
+  # What the bridge parses (src/config/values.rs): durations are seconds as a number, or "30s", "1.5s",
   # "500ms", "2m", "1h"; sizes are bytes as a number, or "512m", "1g", "64k" (binary units).
   duration = types.either types.ints.unsigned (
     types.strMatching "[0-9]+(\\.[0-9]+)?(ms|s|sec|secs|m|min|h)?"
@@ -173,7 +173,7 @@ rec {
     };
 
     # Each typed option below defaults to `null`, which writes nothing to config.toml, so the
-    # bridge's own default holds (src/config.rs is its one source; `mcp-code-bridge config`
+    # bridge's own default holds (src/config/mod.rs is its one source; `mcp-code-bridge config`
     # prints the effective values and where each came from). A value set here is written with
     # `mkDefault`, so a value given in `settings` wins.
     limits = {
