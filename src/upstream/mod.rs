@@ -47,9 +47,9 @@ const SEARCH_RETRY_AFTER: Duration = Duration::from_secs(60);
 const SEARCH_CONCURRENCY: usize = 8;
 /// How many servers warm-up starts at once: it runs beside the user's first calls.
 const WARM_CONCURRENCY: usize = 2;
-/// The longest a search waits for servers that have no catalog entry; the ones still starting
-/// are named as skipped and keep starting in the background, for the next search.
-const SEARCH_WAIT: Duration = Duration::from_secs(10);
+/// The longest a search waits for servers that have no catalog entry, by default; the ones
+/// still starting are named as skipped and keep starting in the background, for the next search.
+pub const SEARCH_WAIT: Duration = Duration::from_secs(10);
 
 /// A server a search left out, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -257,6 +257,7 @@ impl Upstreams {
             call_timeout: config.upstream_call_timeout.0,
             idle_timeout: config.upstream_idle_timeout.0,
             start_timeout: config.upstream_start_timeout.0,
+            search_wait: SEARCH_WAIT,
         };
         let store = Arc::new(Store::open(&config.state_dir));
         Upstreams::with_store(discover(&ctx), settings, Some(store))
@@ -457,7 +458,7 @@ impl Upstreams {
 
     /// The catalogs of every server for a search, and the servers left out with why. Servers
     /// with a catalog entry are served from it; the others are started (a few at a time, each
-    /// within the start timeout) and waited for at most [`SEARCH_WAIT`]: one slow or broken
+    /// within the start timeout) and waited for at most `search_wait`: one slow or broken
     /// server does not hold back the others' results. A server that failed is not retried by
     /// searches for [`SEARCH_RETRY_AFTER`].
     async fn all_tools(&self) -> (Vec<ServerTools>, Vec<SkippedServer>) {
@@ -493,7 +494,9 @@ impl Upstreams {
             waits.push((i, self.hydration(slot.clone())));
         }
         let settings = self.inner.pool.settings();
-        let wait = SEARCH_WAIT.min(settings.start_timeout + Duration::from_secs(2));
+        let wait = settings
+            .search_wait
+            .min(settings.start_timeout + Duration::from_secs(2));
         let deadline = tokio::time::Instant::now() + wait;
         let outcomes = futures::future::join_all(
             waits
@@ -506,6 +509,8 @@ impl Upstreams {
             let reason = match outcome {
                 Ok(Ok(())) => continue,
                 Ok(Err(why)) => why,
+                // Listed between the deadline and here: it is searched.
+                Err(_) if slot.cached_tools().is_some() => continue,
                 Err(_) => format!(
                     "still starting after {:.0}s; its tools will be searched once it answers",
                     wait.as_secs_f64()

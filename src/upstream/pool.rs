@@ -49,6 +49,9 @@ pub struct UpstreamSettings {
     /// Time limit for starting a server and completing the MCP handshake (npx / uvx may download
     /// the package the first time).
     pub start_timeout: Duration,
+    /// The longest a search waits for servers that have no catalog entry (those still starting
+    /// are named as skipped and go on starting in the background); capped by `start_timeout`.
+    pub search_wait: Duration,
 }
 
 impl Default for UpstreamSettings {
@@ -57,6 +60,7 @@ impl Default for UpstreamSettings {
             call_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(600),
             start_timeout: Duration::from_secs(120),
+            search_wait: super::SEARCH_WAIT,
         }
     }
 }
