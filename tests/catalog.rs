@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Home, server_bin, write_servers};
+use common::{Home, Outcome, server_bin, write_servers};
 use mcp_code_bridge::upstream::store::{CATALOG_FILE, Store};
 use mcp_code_bridge::upstream::{Discovery, ServerEntry, UpstreamSettings, Upstreams};
 use serde_json::{Value, json};
@@ -416,4 +416,71 @@ fn servers_refresh_rebuilds_a_corrupt_catalog_with_a_warning() {
     assert!(stderr.contains("is not a tool catalog"), "{stderr}");
     let v: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     assert_eq!(v["entries"].as_object().unwrap().len(), 1);
+}
+
+/// Through the real bridge and sandbox: a second bridge in the same home answers the model's
+/// search, docs and `describe_server()` with no server process, until a tool is called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_bridge_serves_the_sandbox_from_the_catalog() {
+    use common::Bridge;
+    let home = Home::new();
+    let mark = marker();
+    write_servers(
+        &home,
+        json!({
+            "time": {"command": server_bin("mcp-server-time"), "env": {"MCB_CATALOG_MARK": mark}},
+        }),
+    );
+    let search = "from mcp import runtime\nhits = await runtime.search_tool_docs('convert time between timezones')\nprint([h['tool'] for h in hits], list(hits.skipped))";
+
+    let one = Bridge::start_with(home, &[], None).await;
+    let out = one.py(search).await.ok();
+    assert!(out.stdout().contains("convert_time"), "{}", out.text());
+    assert!(out.stdout().contains("[]"), "{}", out.text());
+    let Bridge { client, home, pid } = one;
+    let _ = client.cancel().await;
+    wait_until(
+        "the first bridge to exit",
+        Duration::from_secs(60),
+        async || !common::process_alive(pid),
+    )
+    .await;
+    assert_eq!(running(&mark), 0);
+
+    let two = Bridge::start_with(home, &[], None).await;
+    let out = two.py(search).await.ok();
+    assert!(out.stdout().contains("convert_time"), "{}", out.text());
+    let out = two
+        .py("from mcp import runtime\nd = await runtime.query_tool_docs('time', tool='convert_time', detail='full')\nprint(sorted(d[0]['inputSchema']['properties']))")
+        .await
+        .ok();
+    assert!(out.stdout().contains("'time'"), "{}", out.text());
+    let out = Outcome(
+        two.call(json!({
+            "code": "from mcp import runtime\nd = runtime.describe_server('time')\nprint(d['catalog_source'], d['catalog_age_seconds'] >= 0, d['catalog_updated_at'] > 0)\nimport inspect\nprint(inspect.signature(mcp_time.convert_time))",
+            "servers": ["time"],
+        }))
+        .await,
+    )
+    .ok();
+    assert!(
+        out.stdout().starts_with("catalog True True"),
+        "{}",
+        out.text()
+    );
+    assert!(out.stdout().contains("source_timezone"), "{}", out.text());
+    assert_eq!(running(&mark), 0, "a server process was started");
+
+    // Calling a tool starts it.
+    let out = Outcome(
+        two.call(json!({
+            "code": "r = await mcp_time.get_current_time(timezone='UTC')\nprint('UTC' in str(r))",
+            "servers": ["time"],
+        }))
+        .await,
+    )
+    .ok();
+    assert!(out.stdout().contains("True"), "{}", out.text());
+    assert_eq!(running(&mark), 1);
+    two.shutdown_clean().await;
 }
