@@ -43,8 +43,16 @@ use store::Store;
 
 /// A server that failed to start is not tried again by searches for this long.
 const SEARCH_RETRY_AFTER: Duration = Duration::from_secs(60);
-/// How many servers are started at once to list their tools (search, refresh).
-const SEARCH_CONCURRENCY: usize = 8;
+/// How many servers are started at once to list their tools (search, refresh): twice the CPUs,
+/// between 4 and 8. Starting a server is mostly CPU (an interpreter, its imports); more at once
+/// than the machine runs only makes every one of them late for a search's wait, while a few at
+/// a time lets the first ones answer in time.
+pub fn hydrate_concurrency() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get() * 2)
+        .unwrap_or(4)
+        .clamp(4, 8)
+}
 /// How many servers warm-up starts at once: it runs beside the user's first calls.
 const WARM_CONCURRENCY: usize = 2;
 /// The longest a search waits for servers that have no catalog entry, by default; the ones
@@ -222,7 +230,7 @@ impl Upstreams {
             inner: Arc::new(Inner {
                 pool,
                 store,
-                hydrate_permits: Arc::new(tokio::sync::Semaphore::new(SEARCH_CONCURRENCY)),
+                hydrate_permits: Arc::new(tokio::sync::Semaphore::new(hydrate_concurrency())),
                 hydrating: Default::default(),
                 skipped,
                 warnings,
@@ -596,7 +604,7 @@ impl Upstreams {
     }
 
     /// List every server's tools now, entry or not, and persist them (`servers --refresh`):
-    /// [`SEARCH_CONCURRENCY`] at a time, each within the start timeout; servers started for
+    /// [`hydrate_concurrency`] at a time, each within the start timeout; servers started for
     /// this are stopped again. `progress` is told of each server as it finishes.
     pub async fn refresh_catalog(&self, progress: impl Fn(&Refreshed)) -> Vec<Refreshed> {
         use futures::StreamExt;
@@ -618,7 +626,7 @@ impl Upstreams {
                     took: t.elapsed(),
                 }
             })
-            .buffer_unordered(SEARCH_CONCURRENCY);
+            .buffer_unordered(hydrate_concurrency());
         while let Some(r) = stream.next().await {
             progress(&r);
             done.push(r);
