@@ -225,7 +225,7 @@ impl CatalogState {
         self.meta.lock().unwrap().clone()
     }
 
-    /// A list just came from the server: note it, and persist it off the async threads.
+    /// A list just came from the server: note it, and persist it (soon, off the async threads).
     fn stored(self: &Arc<Self>, tools: &Arc<Vec<Tool>>) {
         let entry = {
             let mut m = self.meta.lock().unwrap();
@@ -238,20 +238,8 @@ impl CatalogState {
                 tools: tools.as_ref().clone(),
             }
         };
-        let Some(store) = self.store.clone() else {
-            return;
-        };
-        let key = self.key.clone();
-        let write = move || {
-            if let Err(e) = store.put(&key, entry) {
-                tracing::warn!("{}", e.message());
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn_blocking(write);
-            }
-            Err(_) => write(),
+        if let Some(store) = &self.store {
+            store.put_soon(&self.key, entry);
         }
     }
 

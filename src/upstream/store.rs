@@ -20,7 +20,9 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rmcp::model::Tool;
@@ -38,6 +40,8 @@ const LOCK_FILE: &str = "catalog.lock";
 pub const MAX_FILE_BYTES: usize = 32 << 20;
 /// The most one server's entry may take; a larger tool list is served live and not kept.
 pub const MAX_ENTRY_BYTES: usize = 4 << 20;
+/// How long a queued write waits for more entries to write with it.
+const WRITE_DELAY: Duration = Duration::from_millis(200);
 /// What the file says it is; anything else is foreign.
 const FORMAT: &str = "mcp-code-bridge tool catalog";
 const VERSION: u32 = 1;
@@ -145,6 +149,8 @@ pub struct Store {
     entries: Mutex<BTreeMap<String, StoredEntry>>,
     /// One writer of this process at a time (the file lock orders processes).
     write: Mutex<()>,
+    /// A write is queued (see [`Store::put_soon`]).
+    pending: AtomicBool,
 }
 
 impl Store {
@@ -164,6 +170,7 @@ impl Store {
             dir: dir.to_path_buf(),
             entries: Mutex::new(entries),
             write: Mutex::new(()),
+            pending: AtomicBool::new(false),
         }
     }
 
@@ -189,6 +196,14 @@ impl Store {
     /// Record an entry and write the file (blocking: call from a blocking thread). An entry over
     /// [`MAX_ENTRY_BYTES`] is not kept.
     pub fn put(&self, key: &str, entry: StoredEntry) -> Result<(), StoreError> {
+        if self.remember(key, entry) {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Record an entry in memory; false when it is over [`MAX_ENTRY_BYTES`] (not kept).
+    fn remember(&self, key: &str, entry: StoredEntry) -> bool {
         let size = serde_json::to_vec(&entry).map(|v| v.len()).unwrap_or(0);
         if size > MAX_ENTRY_BYTES {
             tracing::warn!(
@@ -197,10 +212,33 @@ impl Store {
                 size >> 10,
                 MAX_ENTRY_BYTES >> 20
             );
-            return Ok(());
+            return false;
         }
         self.entries.lock().unwrap().insert(key.to_string(), entry);
-        self.flush()
+        true
+    }
+
+    /// Record an entry now and write the file soon, on a blocking thread: entries recorded
+    /// meanwhile (a cold search lists many servers; a server may send `list_changed` often) are
+    /// written together, so at most one write waits while one runs.
+    pub fn put_soon(self: &Arc<Self>, key: &str, entry: StoredEntry) {
+        if !self.remember(key, entry) || self.pending.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let store = self.clone();
+        let write = move || {
+            std::thread::sleep(WRITE_DELAY);
+            store.pending.store(false, Ordering::SeqCst);
+            if let Err(e) = store.flush() {
+                tracing::warn!("{}", super::error::Hinted::message(&e));
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn_blocking(write);
+            }
+            Err(_) => write(),
+        }
     }
 
     /// Merge with the file on disk under the lock and write the result atomically.
@@ -219,7 +257,7 @@ impl Store {
             .mode(0o600)
             .open(self.dir.join(LOCK_FILE))
             .map_err(werr)?;
-        lock.lock().map_err(werr)?;
+        lock_exclusive(&lock).map_err(werr)?;
         // What another bridge wrote since: newest entry per key wins. A broken file has nothing
         // to keep (it was warned about at open).
         let on_disk = read_file(&path).ok().flatten().unwrap_or_default();
@@ -319,6 +357,22 @@ fn read_file(path: &Path) -> Result<Option<BTreeMap<String, StoredEntry>>, Store
         });
     }
     Ok(Some(file.entries))
+}
+
+/// An advisory exclusive lock on `f`, released when it is closed (`File::lock` is newer than
+/// the crate's MSRV).
+fn lock_exclusive(f: &File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: flock on a descriptor this function borrows open.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
@@ -423,6 +477,30 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn queued_writes_are_written_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Arc::new(Store::open(dir.path()));
+        for i in 0..20u64 {
+            s.put_soon(&format!("k{i}"), entry("s", i, &["t"]));
+        }
+        // Outside a runtime each write happens at once; inside, one write carries them all.
+        assert_eq!(Store::open(dir.path()).len(), 20);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let s = Arc::new(Store::open(dir.path()));
+        rt.block_on(async {
+            for i in 0..20u64 {
+                s.put_soon(&format!("k{i}"), entry("s", i, &["t"]));
+            }
+        });
+        drop(rt); // waits for the blocking write
+        assert_eq!(Store::open(dir.path()).len(), 20);
     }
 
     #[test]
