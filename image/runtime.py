@@ -1418,18 +1418,28 @@ def _public_tool(tool, full=True):
 
 
 def _public_server(meta):
-    return {
+    out = {
         "name": meta.get("name"),
         "alias": _server_alias(meta),
         "description": meta.get("description") or "",
         "cwd": meta.get("cwd"),
         "tools": [_public_tool(t) for t in meta.get("tools") or [] if isinstance(t, dict)],
     }
+    catalog = meta.get("catalog")
+    if isinstance(catalog, dict) and isinstance(catalog.get("updated_at"), (int, float)):
+        # The host sends when the tool list was taken; the age is computed here, so the
+        # metadata stays the same bytes from one call to the next.
+        out["catalog_updated_at"] = catalog["updated_at"]
+        out["catalog_age_seconds"] = max(0, int(time.time() - catalog["updated_at"]))
+        out["catalog_source"] = catalog.get("source")
+    return out
 
 
 def describe_server(name):
     """Metadata of a server loaded for this call: name, alias, description, cwd, tools
-    (each with name, alias, description, input_schema)."""
+    (each with name, alias, description, input_schema), and how old the tool list is:
+    catalog_age_seconds, catalog_updated_at (epoch seconds), catalog_source ("catalog": read
+    from the bridge's saved catalog; "live": listed from the running server)."""
     meta = _lookup_loaded(name)
     if meta is None:
         raise _not_loaded_error(name)
@@ -1500,15 +1510,36 @@ def _search_params(query, limit):
     return {"query": str(query), "limit": limit}
 
 
+class SearchResults(list):
+    """The hits of a search, best first; `.skipped` lists the servers left out of it, each as
+    {server, reason} (one that failed to start, or is still starting)."""
+
+    skipped = ()
+
+
+def _search_results(result):
+    # The host answers {results, skipped}; a bare list is an answer without skipped servers.
+    if isinstance(result, dict):
+        hits = SearchResults(result.get("results") or [])
+        hits.skipped = tuple(s for s in result.get("skipped") or () if isinstance(s, dict))
+    else:
+        hits = SearchResults(result or [])
+    for s in hits.skipped:
+        print("search_tool_docs: skipped server %r: %s" % (s.get("server"), s.get("reason")),
+              file=sys.stderr)
+    return hits
+
+
 async def search_tool_docs(query, limit=5):
     """Fuzzy, ranked search over the tools of every discovered server:
-    [{server, serverAlias, tool, toolAlias, description, score}]."""
-    return await _rpc("search_tool_docs", _search_params(query, limit))
+    [{server, serverAlias, tool, toolAlias, description, score}]. Servers left out (failed or
+    still starting) are printed to stderr and listed in the result's `.skipped`."""
+    return _search_results(await _rpc("search_tool_docs", _search_params(query, limit)))
 
 
 def search_tool_docs_sync(query, limit=5):
     """Blocking variant of search_tool_docs()."""
-    return _rpc_sync("search_tool_docs", _search_params(query, limit))
+    return _search_results(_rpc_sync("search_tool_docs", _search_params(query, limit)))
 
 
 def _resolve_call(server, tool, arguments):

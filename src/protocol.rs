@@ -63,6 +63,20 @@ pub struct LoadedServer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
     pub tools: Vec<ToolMeta>,
+    /// How old the tool list is, for `describe_server()`; a timestamp, not an age, so the
+    /// metadata stays the same bytes from one exec to the next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog: Option<CatalogInfo>,
+}
+
+/// Where a loaded server's tool list came from.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CatalogInfo {
+    /// When the list was taken from the server, seconds since the epoch.
+    pub updated_at: u64,
+    /// `"catalog"`: read from the persisted catalog, not listed by this bridge since;
+    /// `"live"`: listed by this bridge.
+    pub source: String,
 }
 
 /// One tool of a loaded server.

@@ -7,11 +7,12 @@
 //! server names, engine, image); `image load` with 2 without an archive or an engine; `doctor`
 //! with 1 when a check fails.
 //!
-//! One module per command group: `exec`, `doctor`, `show` (`config`), `image`.
+//! One module per command group: `exec`, `doctor`, `servers` (`--refresh`), `show` (`config`), `image`.
 
 mod doctor;
 mod exec;
 mod image;
+mod servers;
 mod show;
 
 use std::io::IsTerminal;
@@ -65,7 +66,11 @@ pub enum Command {
         quick: bool,
     },
     /// List discovered MCP servers, each with the file it came from.
-    Servers,
+    Servers {
+        /// Start every server to list its tools into the saved tool catalog (progress on stderr).
+        #[arg(long)]
+        refresh: bool,
+    },
     /// Show the effective configuration and where each value came from.
     Config,
     /// Manage the sandbox image.
@@ -125,8 +130,12 @@ pub async fn main(cli: Cli) -> ExitCode {
             servers,
         } => exec::exec(config, Upstreams::from_loaded(&loaded), code, file, servers).await,
         Command::Doctor { quick } => doctor::doctor(config, &loaded, quick).await,
-        Command::Servers => {
-            print!("{}", Upstreams::from_loaded(&loaded).report());
+        Command::Servers { refresh } => {
+            let ups = Upstreams::from_loaded(&loaded);
+            print!("{}", ups.report());
+            if refresh {
+                return servers::refresh_catalog(&ups).await;
+            }
             ExitCode::SUCCESS
         }
         Command::Config => {

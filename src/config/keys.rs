@@ -81,7 +81,7 @@ pub const KEYS: &[Key] = &[
     },
     Key {
         name: "state_dir",
-        doc: "Where the bridge keeps its own podman socket and state. Never shared with the sandbox.",
+        doc: "Where the bridge keeps its own podman socket and state (the tool catalog, catalog.json). Never shared with the sandbox.",
     },
     Key {
         name: "output_mode",

@@ -89,12 +89,17 @@ impl Hinted for StartError {
     }
 }
 
+/// Told of every tool list a server gave (the pool persists it in the catalog).
+pub(super) type OnStore = Box<dyn Fn(&Arc<Vec<Tool>>) + Send + Sync>;
+
 /// The cached tool list of one server.
 #[derive(Default)]
 pub(super) struct ToolCache {
     tools: Mutex<Option<Arc<Vec<Tool>>>>,
     /// Bumped by every invalidation, so a slow refresh does not overwrite a newer one.
     pub(super) generation: AtomicU64,
+    /// Called after a list from the server was stored, wherever it was fetched.
+    pub(super) on_store: std::sync::OnceLock<OnStore>,
 }
 
 impl ToolCache {
@@ -111,8 +116,16 @@ impl ToolCache {
         let mut guard = self.tools.lock().unwrap();
         if self.generation.load(Ordering::SeqCst) == generation || guard.is_none() {
             *guard = Some(tools.clone());
+            drop(guard);
+            if let Some(hook) = self.on_store.get() {
+                hook(&tools);
+            }
         }
         tools
+    }
+    /// Seed the cache with a list that did not come from the server (the persisted catalog).
+    pub(super) fn seed(&self, tools: Vec<Tool>) {
+        *self.tools.lock().unwrap() = Some(Arc::new(tools));
     }
 }
 

@@ -5,8 +5,9 @@
 //!
 //! The sandbox side sees upstreams only through [`Upstreams::bind`], which returns the metadata to
 //! send with an exec and an [`RpcHandler`] that answers the sandbox's RPCs for that exec alone:
-//! docs and search cover every discovered server (started and hydrated on demand), tool calls
-//! only the servers loaded for the exec. The handler keeps the pool slots of those servers, so a
+//! docs and search cover every discovered server (served from the persisted catalog,
+//! [`store`], and started only for a server that has no entry there), tool calls only the
+//! servers loaded for the exec. The handler keeps the pool slots of those servers, so a
 //! proxied call goes straight to its server. Nothing of a server's `env` or `headers` is ever part
 //! of what goes to the sandbox.
 //!
@@ -21,13 +22,14 @@ pub mod pool;
 pub mod rpc;
 pub mod secrets;
 pub mod stdio;
+pub mod store;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::protocol::{DiscoveredServer, ExecBinding, LoadedServer};
+use crate::protocol::{CatalogInfo, DiscoveredServer, ExecBinding, LoadedServer};
 use catalog::ServerTools;
 pub use discovery::{
     DiscoveredEntry, Discovery, DiscoveryContext, Origin, SOURCES, SearchedLocation, ServerEntry,
@@ -35,13 +37,46 @@ pub use discovery::{
 };
 pub use error::{Hint, Hinted};
 use pool::Slot;
-pub use pool::{CallError, Pool, UpstreamSettings};
+pub use pool::{CallError, CatalogMeta, Pool, UpstreamSettings};
 pub use rpc::RpcError;
+use store::Store;
 
 /// A server that failed to start is not tried again by searches for this long.
 const SEARCH_RETRY_AFTER: Duration = Duration::from_secs(60);
-/// How many servers a search starts at once.
-const SEARCH_CONCURRENCY: usize = 8;
+/// How many servers are started at once to list their tools (search, refresh): twice the CPUs,
+/// between 4 and 8. Starting a server is mostly CPU (an interpreter, its imports); more at once
+/// than the machine runs only makes every one of them late for a search's wait, while a few at
+/// a time lets the first ones answer in time.
+pub fn hydrate_concurrency() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get() * 2)
+        .unwrap_or(4)
+        .clamp(4, 8)
+}
+/// How many servers warm-up starts at once: it runs beside the user's first calls.
+const WARM_CONCURRENCY: usize = 2;
+/// The longest a search waits for servers that have no catalog entry, by default; the ones
+/// still starting are named as skipped and keep starting in the background, for the next search.
+pub const SEARCH_WAIT: Duration = Duration::from_secs(10);
+
+/// A server a search left out, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SkippedServer {
+    pub server: String,
+    pub reason: String,
+}
+
+/// One server's outcome in [`Upstreams::refresh_catalog`].
+#[derive(Debug)]
+pub struct Refreshed {
+    pub server: String,
+    /// How many tools it listed, or why it could not.
+    pub result: Result<usize, String>,
+    pub took: Duration,
+}
+
+/// A hydration in progress, shared by every search that waits for it.
+type Hydration = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), String>>>;
 /// Why [`Upstreams::load`] could not prepare an exec.
 #[derive(Debug, thiserror::Error)]
 pub enum BindError {
@@ -151,13 +186,29 @@ pub struct Upstreams {
 struct Inner {
     /// The servers, sorted by name (aliases assigned in that order), with their connections.
     pool: Pool,
+    /// The persisted catalog, when there is one.
+    store: Option<Arc<Store>>,
+    /// Bounds how many servers are being started to list their tools.
+    hydrate_permits: Arc<tokio::sync::Semaphore>,
+    /// Hydrations under way, by server name.
+    hydrating: std::sync::Mutex<std::collections::HashMap<String, Hydration>>,
     skipped: Vec<SkippedEntry>,
     warnings: Vec<String>,
     searched: Vec<SearchedLocation>,
 }
 
 impl Upstreams {
+    /// The upstream side without a persisted catalog (tool lists live in memory only).
     pub fn new(discovery: Discovery, settings: UpstreamSettings) -> Self {
+        Self::with_store(discovery, settings, None)
+    }
+
+    /// The upstream side with the persisted catalog of `store`.
+    pub fn with_store(
+        discovery: Discovery,
+        settings: UpstreamSettings,
+        store: Option<Arc<Store>>,
+    ) -> Self {
         let Discovery {
             mut servers,
             skipped,
@@ -167,16 +218,20 @@ impl Upstreams {
         servers.sort_by(|a, b| a.name.cmp(&b.name));
         servers.dedup_by(|a, b| a.name == b.name);
         let aliases = catalog::assign_aliases(servers.iter().map(|s| s.name.as_str()), "server");
-        let pool = Pool::new(
+        let pool = Pool::with_store(
             servers
                 .into_iter()
                 .zip(aliases)
                 .map(|(s, alias)| (ServerInfo::new(&s, alias), s.entry)),
             settings,
+            store.clone(),
         );
         Upstreams {
             inner: Arc::new(Inner {
                 pool,
+                store,
+                hydrate_permits: Arc::new(tokio::sync::Semaphore::new(hydrate_concurrency())),
+                hydrating: Default::default(),
                 skipped,
                 warnings,
                 searched,
@@ -206,7 +261,8 @@ impl Upstreams {
                 source.is_file().then(|| (name.clone(), source))
             })
             .collect();
-        Upstreams::new(discover(&ctx), UpstreamSettings::from(config))
+        let store = Arc::new(Store::open(&config.state_dir));
+        Upstreams::with_store(discover(&ctx), UpstreamSettings::from(config), Some(store))
     }
 
     /// Every server, sorted by name.
@@ -364,6 +420,7 @@ impl Upstreams {
                     description: info.description.clone(),
                     cwd: info.cwd.clone(),
                     tools: tools.into_tool_meta(),
+                    catalog: catalog_info(&slot.catalog.meta()),
                 }),
                 Err(e) => errors.push(e),
             }
@@ -401,47 +458,201 @@ impl Upstreams {
         ))
     }
 
-    /// The catalogs of every server for a search; servers that fail are skipped (and not
-    /// retried for a while).
-    async fn all_tools(&self) -> Vec<ServerTools> {
+    /// The catalogs of every server for a search, and the servers left out with why. Servers
+    /// with a catalog entry are served from it; the others are started (a few at a time, each
+    /// within the start timeout) and waited for at most `search_wait`: one slow or broken
+    /// server does not hold back the others' results. A server that failed is not retried by
+    /// searches for [`SEARCH_RETRY_AFTER`].
+    async fn all_tools(&self) -> (Vec<ServerTools>, Vec<SkippedServer>) {
         let now = Instant::now();
-        let candidates: Vec<Arc<Slot>> = self
+        let slots = self.inner.pool.slots();
+        let mut skipped = Vec::new();
+        let mut waits = Vec::new();
+        for (i, slot) in slots.iter().enumerate() {
+            if slot.cached_tools().is_some() {
+                continue;
+            }
+            {
+                let mut failed = slot.search_failed.lock().unwrap();
+                if let Some((at, why)) = failed.as_ref() {
+                    let ago = now.duration_since(*at);
+                    if ago < SEARCH_RETRY_AFTER {
+                        skipped.push((
+                            i,
+                            SkippedServer {
+                                server: slot.name().to_string(),
+                                reason: format!(
+                                    "{why} (failed {}s ago; searches try it again after {}s)",
+                                    ago.as_secs(),
+                                    SEARCH_RETRY_AFTER.as_secs()
+                                ),
+                            },
+                        ));
+                        continue;
+                    }
+                    *failed = None;
+                }
+            }
+            waits.push((i, self.hydration(slot.clone())));
+        }
+        let settings = self.inner.pool.settings();
+        let wait = settings
+            .search_wait
+            .min(settings.start_timeout + Duration::from_secs(2));
+        let deadline = tokio::time::Instant::now() + wait;
+        let outcomes = futures::future::join_all(
+            waits
+                .into_iter()
+                .map(|(i, h)| async move { (i, tokio::time::timeout_at(deadline, h).await) }),
+        )
+        .await;
+        for (i, outcome) in outcomes {
+            let slot = &slots[i];
+            let reason = match outcome {
+                Ok(Ok(())) => continue,
+                Ok(Err(why)) => why,
+                // Listed between the deadline and here: it is searched.
+                Err(_) if slot.cached_tools().is_some() => continue,
+                Err(_) => format!(
+                    "still starting after {:.0}s; its tools will be searched once it answers",
+                    wait.as_secs_f64()
+                ),
+            };
+            skipped.push((
+                i,
+                SkippedServer {
+                    server: slot.name().to_string(),
+                    reason,
+                },
+            ));
+        }
+        skipped.sort_by_key(|(i, _)| *i);
+        let catalogs = slots
+            .iter()
+            .filter_map(|slot| {
+                let tools = slot.cached_tools()?;
+                let info = &slot.info;
+                Some(ServerTools::from_tools(
+                    &info.name,
+                    &info.alias,
+                    info.description.as_deref(),
+                    &tools,
+                ))
+            })
+            .collect();
+        (catalogs, skipped.into_iter().map(|(_, s)| s).collect())
+    }
+
+    /// The hydration of one server's catalog entry for searches: started once (in a task of
+    /// its own, so it goes on when a search stops waiting) and shared by whoever waits for it.
+    fn hydration(&self, slot: Arc<Slot>) -> Hydration {
+        use futures::FutureExt;
+        let mut map = self.inner.hydrating.lock().unwrap();
+        if let Some(h) = map.get(slot.name()) {
+            return h.clone();
+        }
+        let up = self.clone();
+        let name = slot.name().to_string();
+        let task = tokio::spawn(async move {
+            let _permit = up.inner.hydrate_permits.clone().acquire_owned().await;
+            let r = up.inner.pool.hydrate(&slot, false).await;
+            up.inner.hydrating.lock().unwrap().remove(slot.name());
+            match r {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    let why = e.message();
+                    tracing::warn!(server = %slot.name(), "skipped in search_tool_docs: {why}");
+                    *slot.search_failed.lock().unwrap() = Some((Instant::now(), why.clone()));
+                    Err(why)
+                }
+            }
+        });
+        let h: Hydration = task
+            .map(|r| r.unwrap_or_else(|e| Err(format!("listing its tools failed: {e}"))))
+            .boxed()
+            .shared();
+        map.insert(name, h.clone());
+        h
+    }
+
+    /// Warm-up: list the tools of every server that has no catalog entry yet, a few at a time
+    /// ([`WARM_CONCURRENCY`], under the search bound too), stopping each server again unless a
+    /// call uses it by then. Meant to run in the background after start-up; servers with an
+    /// entry are not started. Returns how many servers were listed.
+    pub async fn warm_catalog(&self) -> usize {
+        use futures::StreamExt;
+        let missing: Vec<Arc<Slot>> = self
             .inner
             .pool
             .slots()
             .iter()
-            .filter(|s| {
-                let mut failed = s.search_failed.lock().unwrap();
-                if failed.is_some_and(|at| now.duration_since(at) >= SEARCH_RETRY_AFTER) {
-                    *failed = None;
-                }
-                failed.is_none()
-            })
+            .filter(|s| s.cached_tools().is_none())
             .cloned()
             .collect();
-        use futures::StreamExt;
-        let mut results: Vec<(usize, Arc<Slot>, Result<ServerTools, CallError>)> =
-            futures::stream::iter(candidates.into_iter().enumerate())
-                .map(|(i, slot)| async move {
-                    let r = self.server_tools(&slot).await;
-                    (i, slot, r)
-                })
-                .buffer_unordered(SEARCH_CONCURRENCY)
-                .collect()
-                .await;
-        results.sort_by_key(|(i, _, _)| *i);
-        let mut out = Vec::new();
-        for (_, slot, r) in results {
-            match r {
-                Ok(t) => out.push(t),
-                Err(e) => {
-                    tracing::warn!(server = %slot.name(), "skipped in search_tool_docs: {}", e.message());
-                    *slot.search_failed.lock().unwrap() = Some(Instant::now());
-                }
-            }
-        }
-        out
+        futures::stream::iter(missing)
+            .map(|slot| async move { self.hydration(slot).await.is_ok() })
+            .buffer_unordered(WARM_CONCURRENCY)
+            .filter(|ok| futures::future::ready(*ok))
+            .count()
+            .await
     }
+
+    /// List every server's tools now, entry or not, and persist them (`servers --refresh`):
+    /// [`hydrate_concurrency`] at a time, each within the start timeout; servers started for
+    /// this are stopped again. `progress` is told of each server as it finishes.
+    pub async fn refresh_catalog(&self, progress: impl Fn(&Refreshed)) -> Vec<Refreshed> {
+        use futures::StreamExt;
+        let slots: Vec<Arc<Slot>> = self.inner.pool.slots().to_vec();
+        let mut done = Vec::with_capacity(slots.len());
+        let mut stream = futures::stream::iter(slots)
+            .map(|slot| async move {
+                let t = Instant::now();
+                let result = self
+                    .inner
+                    .pool
+                    .hydrate(&slot, true)
+                    .await
+                    .map(|tools| tools.len())
+                    .map_err(|e| e.message());
+                Refreshed {
+                    server: slot.name().to_string(),
+                    result,
+                    took: t.elapsed(),
+                }
+            })
+            .buffer_unordered(hydrate_concurrency());
+        while let Some(r) = stream.next().await {
+            progress(&r);
+            done.push(r);
+        }
+        done
+    }
+}
+
+impl Upstreams {
+    /// Write the catalog file now, merged with what other bridges wrote (list results are
+    /// written in the background; call this before a short-lived process exits).
+    pub async fn flush_catalog(&self) -> Result<(), store::StoreError> {
+        let Some(store) = self.inner.store.clone() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || store.flush())
+            .await
+            .unwrap_or(Ok(()))
+    }
+
+    /// The catalog file, when there is one.
+    pub fn catalog_path(&self) -> Option<std::path::PathBuf> {
+        self.inner.store.as_ref().map(|s| s.path())
+    }
+}
+
+/// What `describe_server()` shows of a list's age.
+fn catalog_info(meta: &CatalogMeta) -> Option<CatalogInfo> {
+    Some(CatalogInfo {
+        updated_at: meta.updated_at?,
+        source: if meta.from_file { "catalog" } else { "live" }.to_string(),
+    })
 }
 
 /// The server a name means: the one of that name, else of that alias, else the one whose alias

@@ -11,6 +11,9 @@
 //!
 //! Tool lists are cached per server, hydrated on demand, kept across restarts (so search does not
 //! restart idle servers), refreshed after every (re)start and on `notifications/tools/list_changed`.
+//! With a [`Store`], every list a server gives is also persisted, and a slot whose definition has
+//! an entry there starts with that list: it is served without starting the server, which starts
+//! only when one of its tools is called (and then refreshes the entry in the background).
 //!
 //! The pool's slots are the bridge's one list of servers: each [`Slot`] holds what is shown of a
 //! server ([`ServerInfo`]), its definition, and its connection state. An exec keeps the slots of
@@ -33,6 +36,7 @@ use super::ServerInfo;
 use super::connection::{CancelOnDrop, Conn, StartError, ToolCache, connect};
 use super::discovery::ServerEntry;
 use super::error::{Hint, Hinted, stderr_suffix};
+use super::store::{ServerIdentity, Store, StoredEntry, definition_digest, now_secs};
 use crate::config::Config;
 
 /// Limits of the pool.
@@ -46,6 +50,9 @@ pub struct UpstreamSettings {
     /// Time limit for starting a server and completing the MCP handshake (npx / uvx may download
     /// the package the first time).
     pub start_timeout: Duration,
+    /// The longest a search waits for servers that have no catalog entry (those still starting
+    /// are named as skipped and go on starting in the background); capped by `start_timeout`.
+    pub search_wait: Duration,
 }
 
 impl From<&Config> for UpstreamSettings {
@@ -54,6 +61,7 @@ impl From<&Config> for UpstreamSettings {
             call_timeout: config.upstream_call_timeout.0,
             idle_timeout: config.upstream_idle_timeout.0,
             start_timeout: config.upstream_start_timeout.0,
+            search_wait: super::SEARCH_WAIT,
         }
     }
 }
@@ -191,11 +199,74 @@ pub(crate) struct Slot {
     /// The live connection; the lock is held while starting, so concurrent users share one start.
     conn: tokio::sync::Mutex<Option<Arc<Conn>>>,
     tools: Arc<ToolCache>,
+    /// Where the cached list came from and how old it is; its key in the persisted catalog.
+    pub(crate) catalog: Arc<CatalogState>,
     last_used: Mutex<Instant>,
     in_flight: AtomicUsize,
     starts: AtomicU64,
-    /// When a search last failed to start this server (searches skip it for a while).
-    pub(crate) search_failed: Mutex<Option<Instant>>,
+    /// When a search last failed to start this server, and why (searches skip it for a while).
+    pub(crate) search_failed: Mutex<Option<(Instant, String)>>,
+}
+
+/// A slot's place in the persisted catalog.
+pub(crate) struct CatalogState {
+    /// [`definition_digest`] of the slot's definition.
+    key: String,
+    server: String,
+    store: Option<Arc<Store>>,
+    meta: Mutex<CatalogMeta>,
+}
+
+/// How fresh a slot's tool list is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CatalogMeta {
+    /// When the list was taken from the server (seconds since the epoch); `None`: no list yet.
+    pub updated_at: Option<u64>,
+    /// The list came from the catalog file and this bridge has not listed the server since.
+    pub from_file: bool,
+    /// The name/version the server reported (at its last start, or when the entry was written).
+    pub reported: Option<ServerIdentity>,
+}
+
+impl CatalogState {
+    pub(crate) fn meta(&self) -> CatalogMeta {
+        self.meta.lock().unwrap().clone()
+    }
+
+    /// A list just came from the server: note it, and persist it (soon, off the async threads).
+    fn stored(self: &Arc<Self>, tools: &Arc<Vec<Tool>>) {
+        let entry = {
+            let mut m = self.meta.lock().unwrap();
+            m.updated_at = Some(now_secs());
+            m.from_file = false;
+            StoredEntry {
+                server: self.server.clone(),
+                reported: m.reported.clone(),
+                updated_at: m.updated_at.unwrap_or(0),
+                tools: tools.as_ref().clone(),
+            }
+        };
+        if let Some(store) = &self.store {
+            store.put_soon(&self.key, entry);
+        }
+    }
+
+    /// What the server said it is at a start; a different one than the entry's is logged (the
+    /// refresh that follows every start replaces the entry).
+    fn reported(&self, identity: ServerIdentity) {
+        let mut m = self.meta.lock().unwrap();
+        if m.from_file
+            && let Some(old) = &m.reported
+            && old != &identity
+        {
+            tracing::info!(
+                server = %self.server,
+                "the server now reports {} {} (the catalog has {} {}); refreshing its entry",
+                identity.name, identity.version, old.name, old.version
+            );
+        }
+        m.reported = Some(identity);
+    }
 }
 
 impl Slot {
@@ -229,18 +300,50 @@ impl Drop for InFlight<'_> {
 
 impl Pool {
     /// A pool over these servers, in this order; nothing starts until needed.
+    #[cfg(test)]
     pub(crate) fn new(
         servers: impl IntoIterator<Item = (ServerInfo, ServerEntry)>,
         settings: UpstreamSettings,
     ) -> Self {
+        Self::with_store(servers, settings, None)
+    }
+
+    /// A pool whose tool lists are seeded from, and persisted to, `store`.
+    pub(crate) fn with_store(
+        servers: impl IntoIterator<Item = (ServerInfo, ServerEntry)>,
+        settings: UpstreamSettings,
+        store: Option<Arc<Store>>,
+    ) -> Self {
         let slots = servers
             .into_iter()
             .map(|(info, entry)| {
+                let key = definition_digest(&entry);
+                let tools = Arc::new(ToolCache::default());
+                let mut meta = CatalogMeta::default();
+                if let Some(stored) = store.as_ref().and_then(|s| s.get(&key)) {
+                    meta = CatalogMeta {
+                        updated_at: Some(stored.updated_at),
+                        from_file: true,
+                        reported: stored.reported,
+                    };
+                    tools.seed(stored.tools);
+                }
+                let catalog = Arc::new(CatalogState {
+                    key,
+                    server: info.name.clone(),
+                    store: store.clone(),
+                    meta: Mutex::new(meta),
+                });
+                let hook = catalog.clone();
+                let _ = tools
+                    .on_store
+                    .set(Box::new(move |list: &Arc<Vec<Tool>>| hook.stored(list)));
                 Arc::new(Slot {
                     info,
                     entry,
                     conn: tokio::sync::Mutex::new(None),
-                    tools: Arc::new(ToolCache::default()),
+                    tools,
+                    catalog,
                     last_used: Mutex::new(Instant::now()),
                     in_flight: AtomicUsize::new(0),
                     starts: AtomicU64::new(0),
@@ -274,10 +377,15 @@ impl Pool {
 
     /// The tool list, starting the server and listing its tools if not cached.
     pub(crate) async fn tools(&self, slot: &Slot) -> Result<Arc<Vec<Tool>>, CallError> {
-        let server = slot.name();
         if let Some(t) = slot.tools.get() {
             return Ok(t);
         }
+        self.list_live(slot).await
+    }
+
+    /// The tool list as the server gives it now (starting it if needed); stored and persisted.
+    pub(crate) async fn list_live(&self, slot: &Slot) -> Result<Arc<Vec<Tool>>, CallError> {
+        let server = slot.name();
         let _busy = InFlight::new(slot);
         let mut last_err = None;
         for _attempt in 0..2 {
@@ -315,6 +423,35 @@ impl Pool {
     /// The cached tool list of a server, if any (never starts anything; diagnostics and tests).
     pub fn cached_tools(&self, server: &str) -> Option<Arc<Vec<Tool>>> {
         self.find(server)?.cached_tools()
+    }
+
+    /// How fresh a server's tool list is (never starts anything).
+    pub fn catalog_meta(&self, server: &str) -> Option<CatalogMeta> {
+        Some(self.find(server)?.catalog.meta())
+    }
+
+    /// List a server's tools for the catalog alone: a server this starts is stopped again
+    /// unless a call is using it by then, so hydrating the catalog leaves nothing running.
+    /// `fresh` lists it even when a list is cached.
+    pub(crate) async fn hydrate(
+        &self,
+        slot: &Slot,
+        fresh: bool,
+    ) -> Result<Arc<Vec<Tool>>, CallError> {
+        if !fresh && let Some(t) = slot.tools.get() {
+            return Ok(t);
+        }
+        let starts = slot.starts.load(Ordering::SeqCst);
+        let result = self.list_live(slot).await;
+        if slot.starts.load(Ordering::SeqCst) != starts
+            && slot.in_flight.load(Ordering::SeqCst) == 0
+            && let Ok(mut guard) = slot.conn.try_lock()
+            && let Some(conn) = guard.take()
+        {
+            tracing::debug!(server = %slot.name(), "stopping a server started only to list its tools");
+            conn.stop().await;
+        }
+        result
     }
 
     /// The pid of a running stdio server (its process group), for diagnostics and tests.
@@ -490,6 +627,14 @@ impl Pool {
         })?;
         let conn = Arc::new(conn);
         slot.starts.fetch_add(1, Ordering::SeqCst);
+        if let Some(info) = conn.peer.peer_info()
+            && let Some(server) = &info.server_info
+        {
+            slot.catalog.reported(ServerIdentity {
+                name: server.name.clone(),
+                version: server.version.clone(),
+            });
+        }
         *guard = Some(conn.clone());
         drop(guard);
         self.ensure_reaper();

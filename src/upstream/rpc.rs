@@ -153,9 +153,12 @@ impl ExecRpc {
                             expected: "a number",
                         })?,
                 };
-                let catalogs = self.up.all_tools().await;
+                let (catalogs, skipped) = self.up.all_tools().await;
                 let refs: Vec<&ServerTools> = catalogs.iter().collect();
-                Ok(json!(catalog::search(&refs, &query, limit)))
+                Ok(json!({
+                    "results": catalog::search(&refs, &query, limit),
+                    "skipped": skipped,
+                }))
             }
             "call_tool" => {
                 let slot = self.loaded_server(param_str(params, "server", method)?)?;
@@ -302,12 +305,33 @@ mod tests {
             matches!(&e, RpcError::UnknownMethod(m) if m == "frobnicate"),
             "{e}"
         );
-        // Search skips servers that cannot start, and answers.
-        assert_eq!(
-            rpc.handle_inner("search_tool_docs", &json!({"query": "x"}))
-                .await
-                .unwrap(),
-            json!([])
+        // Search skips servers that cannot start, says why, and answers.
+        let found = rpc
+            .handle_inner("search_tool_docs", &json!({"query": "x"}))
+            .await
+            .unwrap();
+        assert_eq!(found["results"], json!([]));
+        let skipped = found["skipped"].as_array().unwrap();
+        assert_eq!(skipped.len(), 2, "{found}");
+        assert_eq!(skipped[0]["server"], "alpha");
+        assert!(
+            skipped[0]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("command 'mcb-no-such-command-xyz' not found"),
+            "{found}"
+        );
+        // A second search does not try them again, and says so.
+        let again = rpc
+            .handle_inner("search_tool_docs", &json!({"query": "x"}))
+            .await
+            .unwrap();
+        assert!(
+            again["skipped"][1]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("searches try it again after 60s"),
+            "{again}"
         );
         let e = rpc
             .handle_inner("search_tool_docs", &json!({"query": "x", "limit": "a"}))
