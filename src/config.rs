@@ -81,7 +81,22 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "runtime_idle_timeout",
         default: "300s",
-        doc: "A session's container is removed after this long without a call.",
+        doc: "A session's container is removed after this long without a call; so is the pool of ready ones.",
+    },
+    Key {
+        name: "pool_size",
+        default: "1",
+        doc: "Sandboxes kept started and booted, ready for a new session (within max_sessions); 0 starts each on demand.",
+    },
+    Key {
+        name: "warm_start",
+        default: "true",
+        doc: "After initialize, connect the engine, make the image present and fill the pool in the background; false waits for the first call.",
+    },
+    Key {
+        name: "preload",
+        default: "numpy,pandas",
+        doc: "Modules imported in pooled sandboxes before a session gets one (comma-separated); one that fails is logged and skipped.",
     },
     Key {
         name: "state_dir",
@@ -174,6 +189,11 @@ pub struct Config {
     #[serde(deserialize_with = "flexible_u32")]
     pub max_sessions: u32,
     pub runtime_idle_timeout: Secs,
+    #[serde(deserialize_with = "flexible_u32")]
+    pub pool_size: u32,
+    #[serde(deserialize_with = "flexible_bool")]
+    pub warm_start: bool,
+    pub preload: ModuleList,
     pub state_dir: PathBuf,
     pub output_mode: OutputMode,
     pub output_cap: Size,
@@ -210,6 +230,9 @@ impl Default for Config {
             container_user: "65534:65534".into(),
             max_sessions: 8,
             runtime_idle_timeout: Secs(Duration::from_secs(300)),
+            pool_size: 1,
+            warm_start: true,
+            preload: ModuleList(vec!["numpy".into(), "pandas".into()]),
             state_dir: default_state_dir(),
             output_mode: OutputMode::Compact,
             output_cap: Size(1 << 20),
@@ -606,6 +629,14 @@ impl Config {
                 "0 would refuse every call; use at least 1".into(),
             );
         }
+        if let Some(bad_name) = self.preload.0.iter().find(|m| !ModuleList::valid(m)) {
+            return bad(
+                "preload",
+                format!(
+                    "{bad_name:?} is not a module name; write dotted Python names separated by commas, e.g. numpy,pandas"
+                ),
+            );
+        }
         if self.upstream_start_timeout.0.is_zero() {
             return bad(
                 "upstream_start_timeout",
@@ -946,6 +977,57 @@ fn flexible_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     }
 }
 
+/// Python modules to import ahead of need: a list in TOML, comma-separated in the environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModuleList(pub Vec<String>);
+
+impl ModuleList {
+    /// A dotted Python name: only such names are ever imported, and none holds a comma.
+    pub fn valid(name: &str) -> bool {
+        !name.is_empty()
+            && name.split('.').all(|p| {
+                p.chars()
+                    .next()
+                    .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+                    && p.chars().all(|c| c == '_' || c.is_ascii_alphanumeric())
+            })
+    }
+}
+
+impl fmt::Display for ModuleList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join(","))
+    }
+}
+
+impl Serialize for ModuleList {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for ModuleList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum L {
+            List(Vec<String>),
+            Str(String),
+        }
+        let names = match L::deserialize(d)? {
+            L::List(v) => v,
+            L::Str(s) => s.split(',').map(str::to_string).collect(),
+        };
+        Ok(ModuleList(
+            names
+                .into_iter()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect(),
+        ))
+    }
+}
+
 fn empty_as_none<'de, D: Deserializer<'de>, T: From<String>>(d: D) -> Result<Option<T>, D::Error> {
     let s: Option<String> = Option::deserialize(d)?;
     Ok(s.filter(|s| !s.trim().is_empty()).map(T::from))
@@ -1099,6 +1181,31 @@ mod tests {
             let l = load_c()?;
             assert_eq!(l.config.upstream_start_timeout.0, Duration::from_secs(300));
             assert_eq!(l.config.max_sessions, 3);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn preload_is_a_list_in_toml_and_comma_separated_in_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            isolate(jail);
+            jail.create_file(
+                "c.toml",
+                "preload = [\"numpy\", \"scipy.linalg\"]\npool_size = 2\n",
+            )?;
+            let l = load_c()?;
+            assert_eq!(l.config.preload.0, ["numpy", "scipy.linalg"]);
+            assert_eq!(l.config.pool_size, 2);
+            assert!(l.config.warm_start);
+            jail.set_env("MCP_BRIDGE_PRELOAD", "pandas, json");
+            jail.set_env("MCP_BRIDGE_WARM_START", "false");
+            let l = load_c()?;
+            assert_eq!(l.config.preload.0, ["pandas", "json"]);
+            assert!(!l.config.warm_start);
+            jail.set_env("MCP_BRIDGE_PRELOAD", "");
+            assert!(load_c()?.config.preload.0.is_empty());
+            jail.set_env("MCP_BRIDGE_PRELOAD", "numpy,os; import x");
+            assert_load_c_names(&["`preload`", "environment", "os; import x"]);
             Ok(())
         });
     }
