@@ -117,7 +117,7 @@ async fn pool_first_call_gets_the_warmed_up_preloaded_sandbox_and_the_pool_refil
         o.text()
     );
     // The pool refills; the sandbox the session uses is no longer waiting in it.
-    let second = wait_for_pooled(b.pid, &[first.clone()]).await;
+    let second = wait_for_pooled(b.pid, std::slice::from_ref(&first)).await;
     assert_ne!(second, first);
     let pooled = pooled_of(b.pid).await;
     assert!(
@@ -138,7 +138,7 @@ async fn pool_reset_takes_a_pooled_sandbox() {
     let first = wait_for_pooled(b.pid, &[]).await;
     let o = host_of(&b, "default", "x = 1").await;
     assert_eq!(first_line(&o), first);
-    let second = wait_for_pooled(b.pid, &[first.clone()]).await;
+    let second = wait_for_pooled(b.pid, std::slice::from_ref(&first)).await;
     let o = Outcome(
         b.call(json!({
             "code": "import socket\nprint(socket.gethostname(), 'x' in globals())",
@@ -167,7 +167,7 @@ async fn pool_and_sessions_stay_within_max_sessions() {
     let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_MAX_SESSIONS", "2")], None).await;
     let p1 = wait_for_pooled(b.pid, &[]).await;
     assert_eq!(first_line(&host_of(&b, "a", "").await), p1);
-    let p2 = wait_for_pooled(b.pid, &[p1.clone()]).await;
+    let p2 = wait_for_pooled(b.pid, std::slice::from_ref(&p1)).await;
     assert_eq!(first_line(&host_of(&b, "b", "").await), p2);
     // Two sessions: no room for a pooled one.
     tokio::time::sleep(Duration::from_secs(3)).await;

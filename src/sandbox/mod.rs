@@ -442,6 +442,9 @@ impl Sandbox {
     /// Remove every container (sessions and pool) and stop our podman service.
     pub async fn shutdown(&self) {
         self.pool.closed.store(true, Ordering::SeqCst);
+        // A refill that checked `closed` before this reserves its start under `starting`: let
+        // it, so that the count below sees it (bounded: a session start holds the lock too).
+        let _ = tokio::time::timeout(Duration::from_secs(15), self.starting.lock()).await;
         // A pooled sandbox being started is removed by its filler once started (it sees
         // `closed`); wait for that, boundedly, so that it is not created after the sweep below.
         let deadline = std::time::Instant::now() + Duration::from_secs(15);
