@@ -8,6 +8,7 @@
 //! BENCH_QUICK=1 cargo bench --bench bridge                       # few repetitions, CI smoke (~40 s)
 //! BENCH_ONLY=proxy,load cargo bench --bench bridge               # a subset of the sections
 //! BENCH_ONLY=catalog cargo bench --bench bridge                  # first search, cold and warm catalog (also CATALOG_RUNS)
+//! BENCH_ONLY=pool cargo bench --bench bridge                      # first calls with and without the pool
 //! BENCH_PROXY_RUNS=50 BENCH_ONLY=proxy cargo bench --bench bridge # more of one (also LOAD_RUNS, LOAD_CALLS, WARM)
 //! ```
 //!
@@ -62,6 +63,10 @@ struct Opts {
     load_calls: usize,
     /// Cold/warm bridge pairs per server count in the catalog rows.
     catalog_runs: usize,
+    /// Fresh bridges per configuration for the first call after `initialize`.
+    pool_fresh: usize,
+    /// New sessions per configuration (section 8).
+    pool_sessions: usize,
 }
 
 impl Opts {
@@ -90,6 +95,8 @@ impl Opts {
                 load_sessions: 8,
                 load_calls: 50,
                 catalog_runs: 1,
+                pool_fresh: 2,
+                pool_sessions: 3,
             }
         } else {
             Opts {
@@ -109,6 +116,8 @@ impl Opts {
                 load_sessions: 8,
                 load_calls: 200,
                 catalog_runs: 3,
+                pool_fresh: 5,
+                pool_sessions: 10,
             }
         }
     }
@@ -494,6 +503,9 @@ impl Home {
             // The bench opens more sessions than the default cap; closing old ones to make room
             // would be timed as part of a new session's start.
             ("MCP_BRIDGE_MAX_SESSIONS".into(), "64".into()),
+            // Sections 2-6 time sandboxes started on demand, back to back; section 8 times the
+            // pool (and sets this again), with the think time a pool needs to refill.
+            ("MCP_BRIDGE_POOL_SIZE".into(), "0".into()),
         ]
     }
 
@@ -655,7 +667,13 @@ struct Live {
 
 impl Live {
     async fn start(home: Home) -> Live {
-        let cmd = home.command();
+        Self::start_with(home, &[]).await
+    }
+
+    /// Start with extra environment (configuration keys as `MCP_BRIDGE_*`).
+    async fn start_with(home: Home, env: &[(&str, &str)]) -> Live {
+        let mut cmd = home.command();
+        cmd.envs(env.iter().copied());
         Live::spawn(home, cmd).await
     }
 
@@ -1868,6 +1886,94 @@ threading.Thread(target=stop, daemon=True).start()"}))
     );
     live.shutdown().await;
 }
+// 7. The first call: warm-up and the pool of ready sandboxes
+// ---------------------------------------------------------------------------------------------
+
+/// The model's thinking time before a call, as the bench gives it: the warm-up and the pool's
+/// refill happen in it.
+const THINK: Duration = Duration::from_millis(1500);
+
+/// A call's round trip in ms (after `THINK`), on a bridge whose engine and image are ready.
+async fn first_calls(o: &Opts, pool: &str, t: &mut Table) {
+    let env = [("MCP_BRIDGE_POOL_SIZE", pool)];
+    let label = if pool == "0" {
+        "pool_size = 0".to_string()
+    } else {
+        format!("pool_size = {pool}")
+    };
+    let mut fresh = Vec::new();
+    for _ in 0..o.pool_fresh {
+        let live = Live::start_with(Home::new(&[]), &env).await;
+        tokio::time::sleep(THINK).await;
+        fresh.push(live.ok(json!({"code": "print(1+1)"})).await.1);
+        live.shutdown().await;
+    }
+    t.samples(
+        &format!(
+            "first `print(1+1)` {:.1} s after `initialize`, fresh bridge ({label})",
+            THINK.as_secs_f64()
+        ),
+        &fresh,
+        Unit::Ms,
+        if pool == "0" {
+            Target::None
+        } else {
+            Target::AtMost(50.0)
+        },
+    );
+    let live = Live::start_with(Home::new(&[]), &env).await;
+    live.ok(json!({"code": "pass"})).await;
+    let tag = std::process::id();
+    let (mut new, mut pandas) = (Vec::new(), Vec::new());
+    for i in 0..o.pool_sessions {
+        tokio::time::sleep(THINK).await;
+        new.push(
+            live.ok(json!({"code": "print(1+1)", "session": format!("pool-new-{tag}-{pool}-{i}")}))
+                .await
+                .1,
+        );
+        tokio::time::sleep(THINK).await;
+        pandas.push(
+            live.ok(
+                json!({"code": "import pandas", "session": format!("pool-pd-{tag}-{pool}-{i}")}),
+            )
+            .await
+            .1,
+        );
+    }
+    let target = if pool == "0" {
+        Target::None
+    } else {
+        Target::AtMost(50.0)
+    };
+    t.samples(
+        &format!("first `print(1+1)` of a new session ({label})"),
+        &new,
+        Unit::Ms,
+        target,
+    );
+    t.samples(
+        &format!("`import pandas` in a new session ({label})"),
+        &pandas,
+        Unit::Ms,
+        target,
+    );
+    live.shutdown().await;
+}
+
+async fn pool_section(o: &Opts, t: &mut Table) {
+    t.section(
+        8,
+        &format!(
+            "8. First calls: warm-up and the pool (each after {:.1} s of model think time)",
+            THINK.as_secs_f64()
+        ),
+    );
+    first_calls(o, "1", t).await;
+    first_calls(o, "0", t).await;
+}
+
+// ---------------------------------------------------------------------------------------------
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -1897,6 +2003,10 @@ async fn main() {
     if o.wants("tokens") || o.wants("startup") {
         eprintln!("bench: context cost and start-up…");
         context_and_startup(&o, &fx, &mut t).await;
+    }
+    if o.wants("pool") {
+        eprintln!("bench: first calls and the pool…");
+        pool_section(&o, &mut t).await;
     }
     let needs_live = ["exec", "proxy", "footprint", "load"]
         .iter()

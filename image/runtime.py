@@ -2126,6 +2126,28 @@ def _install_seccomp():
     return None
 
 
+def _preload():
+    """Import the modules MCP_BRIDGE_PRELOAD names (comma-separated) before saying ready: the
+    bridge sets it on pooled sandboxes, started before any call waits, so that `import pandas`
+    in a session's first call finds it in sys.modules. Nothing is bound in the session's
+    namespace and the variable is removed; a module that fails is logged and skipped. Output
+    written meanwhile belongs to no exec and is dropped (_Router.feed), all of it before
+    `ready`."""
+    names = os.environ.pop("MCP_BRIDGE_PRELOAD", "")
+    for name in (n.strip() for n in names.split(",")):
+        if not name:
+            continue
+        try:
+            importlib.import_module(name)
+        except BaseException as e:  # SystemExit or KeyboardInterrupt from a module included
+            _log("preload: could not import %s: %s: %s" % (name, type(e).__name__, e))
+    if names:
+        # What the imports printed is still in the pipes: let the readers drop it now, before
+        # `ready`, or the first exec would find it there and take it for its own.
+        _flush_std()
+        _drain()
+
+
 def main():
     _state.main_ident = threading.get_ident()
     # First, while this is the only thread: everything started later inherits the filter.
@@ -2163,6 +2185,7 @@ def main():
         r.start()
     threading.Thread(target=_frame_reader, name="mcp-bridge-frames", daemon=True).start()
     threading.Thread(target=_interrupt_watchdog, name="mcp-bridge-interrupts", daemon=True).start()
+    _preload()
     _send({"type": "ready", "python": platform.python_version(), "pid": os.getpid()})
     while True:
         try:

@@ -214,6 +214,12 @@ impl Bridge {
 }
 
 impl ServerHandler for Bridge {
+    /// The client has its answer to `initialize`: warm up in the background (engine, image,
+    /// pool) while the model writes its first code. Returns at once and fails nothing.
+    async fn on_initialized(&self, _context: rmcp::service::NotificationContext<RoleServer>) {
+        self.sandbox.warm_up();
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().enable_logging().build())
             .with_server_info(rmcp::model::Implementation::new("mcp-code-bridge", env!("CARGO_PKG_VERSION")))

@@ -189,7 +189,16 @@ fn exec_prints_output_and_exit_status_reflects_success() {
 async fn the_image_is_loaded_from_its_archive_on_first_use() {
     // A tag no other test uses, so this bridge must load the archive itself.
     let tag = format!("mcp-code-bridge-sandbox:first-use-{}", std::process::id());
-    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_IMAGE", &tag)], None).await;
+    // No warm-up, which would load it right after initialize: this is about the first call.
+    let b = Bridge::start_with(
+        Home::new(),
+        &[
+            ("MCP_BRIDGE_IMAGE", &tag),
+            ("MCP_BRIDGE_WARM_START", "false"),
+        ],
+        None,
+    )
+    .await;
     let before = Command::new("podman")
         .args(["image", "exists", &tag])
         .status()

@@ -606,7 +606,8 @@ async fn client_concurrent_calls_to_one_session_are_serialized_and_matched() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn client_concurrent_calls_to_many_sessions_stay_apart() {
-    let b = Bridge::start().await;
+    // Counts the session containers exactly: no pool (tests/pool.rs counts the pool's).
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_POOL_SIZE", "0")], None).await;
     let calls = (0..6).flat_map(|s| (0..4).map(move |i| (s, i))).map(|(s, i)| {
         let b = &b;
         async move {
@@ -652,7 +653,8 @@ async fn client_concurrent_calls_to_many_sessions_stay_apart() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn client_cancellation_interrupts_the_code_and_keeps_the_session() {
-    let b = Bridge::start().await;
+    // Counts the session containers exactly: no pool (tests/pool.rs counts the pool's).
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_POOL_SIZE", "0")], None).await;
     b.py("kept = 'yes'").await.ok();
     let code = "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    interrupted_by_cancel = True\n    raise";
     let params = CallToolRequestParams::new("run_python").with_arguments(
@@ -692,7 +694,8 @@ async fn client_cancellation_interrupts_the_code_and_keeps_the_session() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn client_closing_stdin_ends_the_bridge_and_its_containers() {
-    let mut b = RawBridge::start(Home::new(), &[]).await;
+    // Counts the session containers exactly: no pool (tests/pool.rs counts the pool's).
+    let mut b = RawBridge::start(Home::new(), &[("MCP_BRIDGE_POOL_SIZE", "0")]).await;
     let r = b.run_python(1, json!({"code": "print(1)"})).await;
     assert_eq!(r["result"]["structuredContent"]["stdout"], "1\n");
     let r = b

@@ -27,7 +27,8 @@ async fn wait_gone(pid: u32, within: Duration) -> bool {
 
 /// Start two sessions and one call that is still running, so a signal lands mid-work.
 async fn busy_bridge() -> (Bridge, tokio::task::JoinHandle<()>) {
-    let b = Bridge::start().await;
+    // Counts the session containers exactly: no pool (tests/pool.rs counts the pool's).
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_POOL_SIZE", "0")], None).await;
     b.py("print(1)").await.ok();
     Outcome(
         b.call(json!({"code": "print(2)", "session": "second"}))
@@ -112,7 +113,11 @@ async fn lifecycle_sigkill_leaves_orphans_the_next_start_reaps() {
 async fn lifecycle_idle_timeout_removes_every_idle_container() {
     let b = Bridge::start_with(
         Home::new(),
-        &[("MCP_BRIDGE_RUNTIME_IDLE_TIMEOUT", "2s")],
+        // Counts the session containers exactly: no pool (tests/pool.rs counts the pool's).
+        &[
+            ("MCP_BRIDGE_RUNTIME_IDLE_TIMEOUT", "2s"),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ],
         None,
     )
     .await;
@@ -148,6 +153,8 @@ async fn lifecycle_a_hundred_sessions_are_created_and_reaped() {
             ("MCP_BRIDGE_RUNTIME_IDLE_TIMEOUT", "3s"),
             ("MCP_BRIDGE_MAX_SESSIONS", "6"),
             ("MCP_BRIDGE_LOG_LEVEL", "info"),
+            // Counts sandbox starts and closes exactly: no pool (tests/pool.rs covers it).
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
         ],
         None,
     )
@@ -243,6 +250,8 @@ async fn lifecycle_podman_service_restarted_under_a_live_session() {
         &[
             ("MCP_BRIDGE_RUNTIME", &url),
             ("MCP_BRIDGE_RUNTIME_IDLE_TIMEOUT", "20s"),
+            // Counts the session containers exactly: no pool.
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
         ],
         None,
     )

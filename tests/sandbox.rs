@@ -283,7 +283,8 @@ async fn containers_are_removed_when_the_bridge_exits() {
     let b = Bridge::start().await;
     b.py("print(1)").await.ok();
     let pid = b.pid;
-    assert_eq!(common::containers_of(pid).await.len(), 1);
+    // The session's container, and the pool's if it refilled already.
+    assert!(!common::containers_of(pid).await.is_empty());
     b.shutdown().await;
     let mut left = common::containers_of(pid).await;
     for _ in 0..50 {
@@ -305,7 +306,8 @@ async fn idle_sessions_are_removed() {
     )
     .await;
     b.py("z = 1").await.ok();
-    assert_eq!(common::containers_of(b.pid).await.len(), 1);
+    assert!(!common::containers_of(b.pid).await.is_empty());
+    // The session's container goes, and so does the pool's: an idle bridge holds none.
     tokio::time::sleep(std::time::Duration::from_secs(5)).await;
     assert!(
         common::containers_of(b.pid).await.is_empty(),

@@ -131,6 +131,14 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             ),
         }
     }
+    if let Some(engine) = &engine
+        && let Ok(n) = crate::sandbox::container::census(engine).await
+    {
+        c.ok(&format!(
+            "sandboxes of running bridges: {} in sessions, {} pooled (ready, pool_size = {})",
+            n.sessions, n.pooled, config.pool_size
+        ));
+    }
     let archive_ok = check_archive(&mut c, loaded, quick).await;
     if let Some(engine) = &engine {
         let image_src = loaded.source("image");

@@ -77,7 +77,19 @@ pub const KEYS: &[Key] = &[
     },
     Key {
         name: "runtime_idle_timeout",
-        doc: "A session's container is removed after this long without a call.",
+        doc: "A session's container is removed after this long without a call; so is the pool of ready ones.",
+    },
+    Key {
+        name: "pool_size",
+        doc: "Sandboxes kept started and booted, ready for a new session (within max_sessions); 0 starts each on demand.",
+    },
+    Key {
+        name: "warm_start",
+        doc: "After initialize, connect the engine, make the image present and fill the pool in the background; false waits for the first call.",
+    },
+    Key {
+        name: "preload",
+        doc: "Modules imported in pooled sandboxes before a session gets one (comma-separated); one that fails is logged and skipped.",
     },
     Key {
         name: "state_dir",

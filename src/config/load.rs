@@ -627,4 +627,29 @@ mod tests {
             Ok(())
         });
     }
+
+    #[test]
+    fn preload_is_a_list_in_toml_and_comma_separated_in_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            isolate(jail);
+            jail.create_file(
+                "c.toml",
+                "preload = [\"numpy\", \"scipy.linalg\"]\npool_size = 2\n",
+            )?;
+            let l = load_c()?;
+            assert_eq!(l.config.preload.0, ["numpy", "scipy.linalg"]);
+            assert_eq!(l.config.pool_size, 2);
+            assert!(l.config.warm_start);
+            jail.set_env("MCP_BRIDGE_PRELOAD", "pandas, json");
+            jail.set_env("MCP_BRIDGE_WARM_START", "false");
+            let l = load_c()?;
+            assert_eq!(l.config.preload.0, ["pandas", "json"]);
+            assert!(!l.config.warm_start);
+            jail.set_env("MCP_BRIDGE_PRELOAD", "");
+            assert!(load_c()?.config.preload.0.is_empty());
+            jail.set_env("MCP_BRIDGE_PRELOAD", "numpy,os; import x");
+            assert_load_c_names(&["`preload`", "environment", "os; import x"]);
+            Ok(())
+        });
+    }
 }

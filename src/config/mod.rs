@@ -34,7 +34,7 @@ pub use load::{
     load,
 };
 pub use servers::ServerEntry;
-pub use values::{LogLevel, OutputMode, Runtime, Secs, Size};
+pub use values::{LogLevel, ModuleList, OutputMode, Runtime, Secs, Size};
 use values::{empty_as_none, empty_as_none_f64, flexible_bool, flexible_u32};
 
 /// The effective configuration.
@@ -58,6 +58,11 @@ pub struct Config {
     #[serde(deserialize_with = "flexible_u32")]
     pub max_sessions: u32,
     pub runtime_idle_timeout: Secs,
+    #[serde(deserialize_with = "flexible_u32")]
+    pub pool_size: u32,
+    #[serde(deserialize_with = "flexible_bool")]
+    pub warm_start: bool,
+    pub preload: ModuleList,
     pub state_dir: PathBuf,
     pub output_mode: OutputMode,
     pub output_cap: Size,
@@ -94,6 +99,9 @@ impl Default for Config {
             container_user: "65534:65534".into(),
             max_sessions: 8,
             runtime_idle_timeout: Secs(Duration::from_secs(300)),
+            pool_size: 1,
+            warm_start: true,
+            preload: ModuleList(vec!["numpy".into(), "pandas".into()]),
             state_dir: default_state_dir(),
             output_mode: OutputMode::Compact,
             output_cap: Size(1 << 20),
@@ -197,6 +205,14 @@ impl Config {
             return bad(
                 "max_sessions",
                 "0 would refuse every call; use at least 1".into(),
+            );
+        }
+        if let Some(bad_name) = self.preload.0.iter().find(|m| !ModuleList::valid(m)) {
+            return bad(
+                "preload",
+                format!(
+                    "{bad_name:?} is not a module name; write dotted Python names separated by commas, e.g. numpy,pandas"
+                ),
             );
         }
         if self.upstream_start_timeout.0.is_zero() {

@@ -317,6 +317,57 @@ pub(super) fn flexible_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Er
     }
 }
 
+/// Python modules to import ahead of need: a list in TOML, comma-separated in the environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModuleList(pub Vec<String>);
+
+impl ModuleList {
+    /// A dotted Python name: only such names are ever imported, and none holds a comma.
+    pub fn valid(name: &str) -> bool {
+        !name.is_empty()
+            && name.split('.').all(|p| {
+                p.chars()
+                    .next()
+                    .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+                    && p.chars().all(|c| c == '_' || c.is_ascii_alphanumeric())
+            })
+    }
+}
+
+impl fmt::Display for ModuleList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join(","))
+    }
+}
+
+impl Serialize for ModuleList {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for ModuleList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum L {
+            List(Vec<String>),
+            Str(String),
+        }
+        let names = match L::deserialize(d)? {
+            L::List(v) => v,
+            L::Str(s) => s.split(',').map(str::to_string).collect(),
+        };
+        Ok(ModuleList(
+            names
+                .into_iter()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect(),
+        ))
+    }
+}
+
 pub(super) fn empty_as_none<'de, D: Deserializer<'de>, T: From<String>>(
     d: D,
 ) -> Result<Option<T>, D::Error> {

@@ -230,7 +230,13 @@ impl Reader {
                         .char_indices()
                         .nth(500)
                         .map_or(message.len(), |(i, _)| i);
-                    tracing::debug!(session = %self.session, %level, "runtime: {}", &message[..end]);
+                    // The runtime's own warnings (a preload that failed, an exec it could
+                    // not prepare) are worth seeing at the default level; still rate-limited.
+                    if matches!(level.as_str(), "warning" | "error") {
+                        tracing::warn!(session = %self.session, "runtime: {}", &message[..end]);
+                    } else {
+                        tracing::debug!(session = %self.session, %level, "runtime: {}", &message[..end]);
+                    }
                 }
                 false
             }

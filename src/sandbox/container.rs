@@ -14,8 +14,48 @@ use crate::sandbox::engine::Engine;
 pub const LABEL_MANAGED: &str = "io.mcp-code-bridge.managed";
 /// `<pid>:<process start time>` of the bridge that owns the container.
 pub const LABEL_OWNER: &str = "io.mcp-code-bridge.owner";
-/// The session name.
+/// The session name; empty on a container started for the pool, whose session is not known yet.
 pub const LABEL_SESSION: &str = "io.mcp-code-bridge.session";
+/// `true` on a container started for the pool of ready sandboxes (labels never change, so it
+/// stays on one a session took: its name, renamed at hand-out, tells the two apart).
+pub const LABEL_POOL: &str = "io.mcp-code-bridge.pool";
+/// What a pooled container's name has until a session takes it: a session's container name never
+/// holds a `.` ([`container_name`] replaces it).
+pub const POOL_NAME_MARK: &str = ".pool-";
+/// Modules the runtime imports before it says `ready` (image/runtime.py, `_preload`); set only on
+/// pooled containers, where that time is spent before any call waits for it.
+pub const ENV_PRELOAD: &str = "MCP_BRIDGE_PRELOAD";
+
+/// What a container is started for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role<'a> {
+    /// The named session, which waits for it.
+    Session(&'a str),
+    /// The pool: booted and preloaded ahead of need, handed to the next new session.
+    Pool,
+}
+
+/// The engine-side name of a container: this bridge's pid, the session (or the pool) and a serial.
+pub fn container_name(role: Role<'_>, serial: u64) -> String {
+    let pid = std::process::id();
+    match role {
+        Role::Pool => format!("mcp-code-bridge-{pid}{POOL_NAME_MARK}{serial}"),
+        Role::Session(session) => {
+            let clean: String = session
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .take(40)
+                .collect();
+            format!("mcp-code-bridge-{pid}-{clean}-{serial}")
+        }
+    }
+}
 
 /// The loader: the container's whole command. It reads the runtime's source from the first frame.
 pub const LOADER: &str = include_str!("../../image/loader.py");
@@ -39,12 +79,31 @@ fn owner_alive(owner: &str) -> bool {
     owner_of(pid).as_deref() == Some(owner)
 }
 
-/// The create body of a sandbox container. Every isolation setting lives here.
-pub fn spec(config: &Config, session: &str, owner: &str) -> ContainerCreateBody {
+/// The create body of a sandbox container. Every isolation setting lives here, and is the same
+/// for a pooled container as for a session's: only labels and the preload list differ.
+pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody {
     let mut labels = HashMap::new();
     labels.insert(LABEL_MANAGED.to_string(), "true".to_string());
     labels.insert(LABEL_OWNER.to_string(), owner.to_string());
+    let session = match role {
+        Role::Session(s) => s,
+        Role::Pool => {
+            labels.insert(LABEL_POOL.to_string(), "true".to_string());
+            ""
+        }
+    };
     labels.insert(LABEL_SESSION.to_string(), session.to_string());
+    let mut env = vec![
+        "HOME=/workspace".to_string(),
+        "PYTHONDONTWRITEBYTECODE=1".into(),
+        "PYTHONUNBUFFERED=1".into(),
+        "MPLBACKEND=Agg".into(),
+        "MPLCONFIGDIR=/tmp/.matplotlib".into(),
+        "LANG=C.UTF-8".into(),
+    ];
+    if role == Role::Pool && !config.preload.0.is_empty() {
+        env.push(format!("{ENV_PRELOAD}={}", config.preload));
+    }
 
     let tmpfs_opts = |size: u64| format!("rw,noexec,nosuid,nodev,size={size}");
     let mut tmpfs = HashMap::new();
@@ -107,14 +166,7 @@ pub fn spec(config: &Config, session: &str, owner: &str) -> ContainerCreateBody 
             LOADER.into(),
         ]),
         entrypoint: Some(vec![]),
-        env: Some(vec![
-            "HOME=/workspace".into(),
-            "PYTHONDONTWRITEBYTECODE=1".into(),
-            "PYTHONUNBUFFERED=1".into(),
-            "MPLBACKEND=Agg".into(),
-            "MPLCONFIGDIR=/tmp/.matplotlib".into(),
-            "LANG=C.UTF-8".into(),
-        ]),
+        env: Some(env),
         labels: Some(labels),
         network_disabled: Some(true),
         open_stdin: Some(true),
@@ -176,6 +228,8 @@ pub struct Listed {
     pub id: String,
     #[serde(rename = "Labels", default)]
     pub labels: Option<HashMap<String, String>>,
+    #[serde(rename = "Names", default)]
+    pub names: Option<Vec<String>>,
 }
 
 impl Listed {
@@ -217,6 +271,34 @@ pub async fn owned_by(engine: &Engine, owner: &str) -> Result<Vec<String>, Strin
         .into_iter()
         .map(|c| c.id)
         .collect())
+}
+
+/// The sandboxes of the bridges running on this host, as `doctor` shows them.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Census {
+    /// Containers serving a session.
+    pub sessions: usize,
+    /// Containers waiting in a pool, not handed to any session yet.
+    pub pooled: usize,
+}
+
+/// Count the containers of running bridges: in sessions, and pooled (a pooled container is
+/// renamed when a session takes it, so its name tells whether it still waits).
+pub async fn census(engine: &Engine) -> Result<Census, String> {
+    let mut c = Census::default();
+    for l in list(engine, &format!("{LABEL_MANAGED}=true")).await? {
+        if !owner_alive(l.label(LABEL_OWNER)) {
+            continue;
+        }
+        let waiting = l.label(LABEL_POOL) == "true"
+            && l.names.iter().flatten().any(|n| n.contains(POOL_NAME_MARK));
+        if waiting {
+            c.pooled += 1;
+        } else {
+            c.sessions += 1;
+        }
+    }
+    Ok(c)
 }
 
 /// Remove every managed container whose owning bridge is no longer running. Returns how many.
@@ -266,7 +348,7 @@ mod tests {
     #[test]
     fn spec_is_hardened() {
         let c = Config::default();
-        let s = spec(&c, "default", "1:2");
+        let s = spec(&c, Role::Session("default"), "1:2");
         let h = s.host_config.unwrap();
         assert_eq!(h.network_mode.as_deref(), Some("none"));
         assert_eq!(h.readonly_rootfs, Some(true));
@@ -285,6 +367,31 @@ mod tests {
         assert!(tmpfs["/var/tmp"].contains("noexec") && tmpfs["/var/tmp"].contains("size="));
         assert_eq!(s.user.as_deref(), Some("65534:65534"));
         assert_eq!(s.labels.unwrap()[LABEL_MANAGED], "true");
+        assert!(!s.env.unwrap().iter().any(|e| e.starts_with(ENV_PRELOAD)));
+    }
+
+    #[test]
+    fn a_pooled_container_is_isolated_as_a_sessions_and_only_labelled_apart() {
+        let c = Config::default();
+        let session = spec(&c, Role::Session("default"), "1:2");
+        let pooled = spec(&c, Role::Pool, "1:2");
+        assert_eq!(
+            serde_json::to_value(&session.host_config).unwrap(),
+            serde_json::to_value(&pooled.host_config).unwrap()
+        );
+        assert_eq!(session.user, pooled.user);
+        assert_eq!(session.cmd, pooled.cmd);
+        let labels = pooled.labels.unwrap();
+        assert_eq!(labels[LABEL_POOL], "true");
+        assert_eq!(labels[LABEL_SESSION], "");
+        assert!(
+            pooled
+                .env
+                .unwrap()
+                .contains(&format!("{ENV_PRELOAD}=numpy,pandas"))
+        );
+        assert!(container_name(Role::Pool, 3).contains(POOL_NAME_MARK));
+        assert!(!container_name(Role::Session("a.pool-b"), 3).contains('.'));
     }
 
     #[test]

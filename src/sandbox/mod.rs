@@ -1,8 +1,10 @@
-//! The sandbox: a lazily connected engine, the image made present once, and named sessions
-//! (one container each) that live until reset, idle timeout or shutdown.
+//! The sandbox: the engine (connected by the warm-up after `initialize`, or at the first call),
+//! the image made present once, named sessions (one container each) that live until reset, idle
+//! timeout or shutdown, and a pool of ready containers a new session takes at once.
 //!
-//! Invariant: every container this process creates is either in `sessions` or being removed;
-//! `shutdown` removes all of them, and the next bridge reaps any left by a killed one.
+//! Invariant: every container this process creates is in `sessions`, in the pool (ready or being
+//! started), or being removed; `shutdown` removes all of them, and the next bridge reaps any left
+//! by a killed one. Sessions plus pooled containers stay within `max_sessions`.
 
 mod channel;
 pub mod container;
@@ -10,19 +12,22 @@ pub mod engine;
 mod error;
 pub mod image;
 mod output;
+mod pool;
 pub mod session;
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Mutex, OnceCell};
 
 use crate::config::Config;
+use container::Role;
 use engine::{Enforcement, Engine};
 pub use error::SandboxError;
 pub use output::{ExecOutcome, Outcome, OutputSink};
+use pool::Pool;
 pub use session::{Claim, ExecRequest, Session};
 
 /// The session used when a call names none: one per client, and a stdio bridge has one client.
@@ -40,6 +45,9 @@ pub struct Sandbox {
     serial: AtomicU64,
     /// Shows image-load progress (bytes so far); the log when unset.
     load_progress: std::sync::OnceLock<LoadProgress>,
+    pool: Pool,
+    /// Itself, for the background tasks it spawns (warm-up, refill).
+    this: Weak<Sandbox>,
 }
 
 /// A reporter of image-load progress: bytes streamed so far.
@@ -47,7 +55,7 @@ pub type LoadProgress = Arc<dyn Fn(u64) + Send + Sync>;
 
 impl Sandbox {
     pub fn new(config: Arc<Config>) -> Arc<Self> {
-        let sb = Arc::new(Sandbox {
+        let sb = Arc::new_cyclic(|this| Sandbox {
             config,
             engine: OnceCell::new(),
             image_ready: OnceCell::new(),
@@ -56,6 +64,8 @@ impl Sandbox {
             owner: container::owner_id(),
             serial: AtomicU64::new(0),
             load_progress: std::sync::OnceLock::new(),
+            pool: Pool::new(),
+            this: this.clone(),
         });
         let weak = Arc::downgrade(&sb);
         let idle = sb.config.runtime_idle_timeout.0;
@@ -65,10 +75,119 @@ impl Sandbox {
                 tokio::time::sleep(tick).await;
                 let Some(sb) = weak.upgrade() else { return };
                 sb.reap_idle(idle).await;
-                sb.reap_strays().await;
+                sb.reap_strays(false).await;
             }
         });
         sb
+    }
+
+    /// The server is up (after `initialize`): keep a pool of ready sandboxes from now on and,
+    /// with `warm_start`, connect the engine, make the image present and fill the pool in the
+    /// background. Never waits and never fails: what goes wrong here is logged, and the first
+    /// call meets it again and reports it.
+    pub fn warm_up(&self) {
+        if self.config.pool_size > 0 {
+            self.pool.enabled.store(true, Ordering::SeqCst);
+        }
+        if !self.config.warm_start {
+            return;
+        }
+        self.pool.touch();
+        let Some(sb) = self.this.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let t0 = std::time::Instant::now();
+            match sb.prepare().await {
+                Ok(_) => {
+                    tracing::debug!(
+                        ms = t0.elapsed().as_millis() as u64,
+                        "warm-up: engine connected and image present"
+                    );
+                    sb.refill();
+                }
+                Err(e) => {
+                    tracing::info!("warm-up did not finish; the first call will try again: {e}")
+                }
+            }
+        });
+    }
+
+    /// Start pooled sandboxes in the background until the pool holds `pool_size`, within
+    /// `max_sessions` with the live sessions. Not while the bridge is idle or shutting down.
+    fn refill(&self) {
+        if !self.pool.enabled.load(Ordering::SeqCst)
+            || self.pool.closed.load(Ordering::SeqCst)
+            || self.pool.idle_for() >= self.config.runtime_idle_timeout.0
+            || self.engine.get().is_none()
+            || !self.pool.begin_refill()
+        {
+            return;
+        }
+        let Some(sb) = self.this.upgrade() else {
+            self.pool.end_refill();
+            return;
+        };
+        tokio::spawn(async move {
+            while sb.fill_one().await {}
+            sb.pool.end_refill();
+        });
+    }
+
+    /// Start one pooled sandbox if there is room; false when there is none or it failed.
+    async fn fill_one(&self) -> bool {
+        let Ok(engine) = self.prepare().await else {
+            return false;
+        };
+        {
+            let _starting = self.starting.lock().await;
+            let live = self.live_sessions().await;
+            if self.pool.closed.load(Ordering::SeqCst)
+                || self.pool.idle_for() >= self.config.runtime_idle_timeout.0
+                || self.pool.held() >= self.config.pool_size as usize
+                || live + self.pool.held() >= self.config.max_sessions as usize
+            {
+                return false;
+            }
+            self.pool.reserve();
+        }
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        let started = Session::start(
+            &engine.docker,
+            &self.config,
+            Role::Pool,
+            &self.owner,
+            serial,
+        )
+        .await;
+        match started {
+            Ok(s)
+                if self.pool.closed.load(Ordering::SeqCst)
+                    || self.pool.idle_for() >= self.config.runtime_idle_timeout.0 =>
+            {
+                s.destroy().await;
+                self.pool.filled(None);
+                false
+            }
+            Ok(s) => {
+                self.pool.filled(Some(s));
+                true
+            }
+            Err(e) => {
+                tracing::warn!("could not start a sandbox for the pool: {e}");
+                self.pool.filled(None);
+                false
+            }
+        }
+    }
+
+    async fn live_sessions(&self) -> usize {
+        self.sessions
+            .lock()
+            .await
+            .values()
+            .filter(|s| !s.is_dead())
+            .count()
     }
 
     /// Report image-load progress to `f` instead of the log (a progress bar on a terminal).
@@ -125,6 +244,7 @@ impl Sandbox {
         name: &str,
         reset: bool,
     ) -> Result<(Claim, bool, Vec<String>), SandboxError> {
+        self.pool.touch();
         let engine = self.prepare().await?;
         let _guard = self.starting.lock().await;
         let existing = self.sessions.lock().await.get(name).cloned();
@@ -135,11 +255,40 @@ impl Sandbox {
             self.sessions.lock().await.remove(name);
             s.destroy().await;
         }
+        // A pooled sandbox never served a session: it is as fresh as one started now. When none
+        // is ready, one being started is waited for when there is no room for another, or when
+        // it should be done before one started now would be.
+        let mut pooled = self.pool.take(Duration::ZERO).await;
+        if pooled.is_none()
+            && self.pool.filling() > 0
+            && (self.pool.worth_waiting()
+                || self.live_sessions().await + self.pool.held()
+                    >= self.config.max_sessions as usize)
+        {
+            pooled = self.pool.take(session::START_TIMEOUT).await;
+        }
+        if let Some(mut s) = pooled {
+            let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+            s.hand_to(name, serial);
+            let s = Arc::new(s);
+            let claim = s.claim();
+            self.sessions.lock().await.insert(name.to_string(), s);
+            return Ok((claim, true, Vec::new()));
+        }
         let notices = self.make_room(name).await?;
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        let t0 = std::time::Instant::now();
         let s = Arc::new(
-            Session::start(&engine.docker, &self.config, name, &self.owner, serial).await?,
+            Session::start(
+                &engine.docker,
+                &self.config,
+                Role::Session(name),
+                &self.owner,
+                serial,
+            )
+            .await?,
         );
+        self.pool.cold_took(t0.elapsed());
         let claim = s.claim();
         self.sessions.lock().await.insert(name.to_string(), s);
         Ok((claim, true, notices))
@@ -147,7 +296,8 @@ impl Sandbox {
 
     /// Keep within `max_sessions` before session `name` starts: close the least recently used
     /// idle sessions, or refuse when every session is running code (closing a busy one would
-    /// lose work in flight). Called with `starting` held, so no other session starts meanwhile.
+    /// lose work in flight). Called with `starting` held, so no other session starts meanwhile
+    /// and the pool can only shrink; pooled sandboxes (being started) count too.
     async fn make_room(&self, name: &str) -> Result<Vec<String>, SandboxError> {
         let max = self.config.max_sessions as usize;
         let mut notices = Vec::new();
@@ -158,7 +308,7 @@ impl Sandbox {
                     .iter()
                     .filter(|(k, s)| k.as_str() != name && !s.is_dead())
                     .collect();
-                if live.len() < max {
+                if live.len() + self.pool.held() < max {
                     return Ok(notices);
                 }
                 let victim = live
@@ -211,6 +361,8 @@ impl Sandbox {
             }
         }
         drop(session);
+        // After the call, not during it: a refill competes with the code for the CPU.
+        self.refill();
         for n in notices.into_iter().rev() {
             outcome.notices.insert(0, n);
         }
@@ -223,6 +375,12 @@ impl Sandbox {
     }
 
     async fn reap_idle(&self, idle: Duration) {
+        if self.pool.idle_for() >= idle {
+            for s in self.pool.drain() {
+                tracing::info!(container = %s.container_id, "removing a pooled sandbox: no call for {}s", idle.as_secs());
+                s.destroy().await;
+            }
+        }
         let stale: Vec<(String, Arc<Session>)> = {
             let sessions = self.sessions.lock().await;
             sessions
@@ -245,20 +403,29 @@ impl Sandbox {
     /// Remove containers of this bridge that no live session uses. A removal that failed while
     /// the engine was unreachable (a restarted podman service) leaves such a stray; this retries
     /// it (tests/faults_lifecycle.rs::lifecycle_podman_service_restarted_under_a_live_session).
-    async fn reap_strays(&self) {
+    /// With `all`, every container of this bridge goes (shutdown).
+    async fn reap_strays(&self, all: bool) {
         let Some(engine) = self.engine.get() else {
             return;
         };
-        // No session is half-started while we compare.
+        // No session is half-started while we compare...
         let _starting = self.starting.lock().await;
-        let live: std::collections::HashSet<String> = self
-            .sessions
-            .lock()
-            .await
-            .values()
-            .filter(|s| !s.is_dead())
-            .map(|s| s.container_id.clone())
-            .collect();
+        // ... and no pooled one either (it is created before the pool holds it): next time.
+        if !all && self.pool.filling() > 0 {
+            return;
+        }
+        let mut live: std::collections::HashSet<String> = HashSet::new();
+        if !all {
+            live.extend(
+                self.sessions
+                    .lock()
+                    .await
+                    .values()
+                    .filter(|s| !s.is_dead())
+                    .map(|s| s.container_id.clone()),
+            );
+            live.extend(self.pool.ready_ids());
+        }
         let ids = match container::owned_by(engine, &self.owner).await {
             Ok(ids) => ids,
             Err(e) => {
@@ -272,11 +439,27 @@ impl Sandbox {
         }
     }
 
-    /// Remove every container and stop our podman service.
+    /// Remove every container (sessions and pool) and stop our podman service.
     pub async fn shutdown(&self) {
+        self.pool.closed.store(true, Ordering::SeqCst);
+        // A refill that checked `closed` before this reserves its start under `starting`: let
+        // it, so that the count below sees it (bounded: a session start holds the lock too).
+        let _ = tokio::time::timeout(Duration::from_secs(15), self.starting.lock()).await;
+        // A pooled sandbox being started is removed by its filler once started (it sees
+        // `closed`); wait for that, boundedly, so that it is not created after the sweep below.
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while self.pool.filling() > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let pooled = self.pool.drain();
         let all: Vec<Arc<Session>> = self.sessions.lock().await.drain().map(|(_, s)| s).collect();
-        futures::future::join_all(all.iter().map(|s| s.destroy())).await;
-        self.reap_strays().await;
+        futures::future::join_all(
+            all.iter()
+                .map(|s| s.destroy())
+                .chain(pooled.iter().map(|s| s.destroy())),
+        )
+        .await;
+        self.reap_strays(true).await;
         if let Some(engine) = self.engine.get() {
             engine.shutdown().await;
         }

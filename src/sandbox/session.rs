@@ -18,7 +18,7 @@ use tokio::sync::{Mutex, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::channel::{Channel, Queued, rpc_line};
-use super::container;
+use super::container::{self, Role};
 use super::error::SandboxError;
 use super::output::{Collector, ExecOutcome, Outcome, OutputSink, limit_hint};
 use crate::config::Config;
@@ -33,7 +33,7 @@ pub const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
 /// the grace period ends in a kill.
 const INTERRUPT_RESEND: Duration = Duration::from_secs(1);
 /// How long a fresh container gets to say `ready`.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Proxied calls running at once per exec; further ones queue.
 const MAX_CONCURRENT_RPCS: usize = 32;
 /// Calls queued or running per exec before new ones are refused...
@@ -185,16 +185,23 @@ struct ExecEnd {
 }
 
 impl Session {
-    /// Create, attach and start a container, inject the runtime and wait for `ready`.
+    /// Create, attach and start a container, inject the runtime and wait for `ready`. A pooled
+    /// one (`Role::Pool`) also imports the preload list first; its name is `pool-<serial>` until
+    /// [`Session::hand_to`] gives it a session's.
     pub async fn start(
         docker: &Docker,
         config: &Config,
-        name: &str,
+        role: Role<'_>,
         owner: &str,
         serial: u64,
     ) -> Result<Session, SandboxError> {
-        let body = container::spec(config, name, owner);
-        let cname = container_name(name, serial);
+        let t0 = Instant::now();
+        let body = container::spec(config, role, owner);
+        let cname = container::container_name(role, serial);
+        let name = match role {
+            Role::Session(name) => name.to_string(),
+            Role::Pool => format!("pool-{serial}"),
+        };
         let opts = CreateContainerOptionsBuilder::default()
             .name(&cname)
             .build();
@@ -206,7 +213,8 @@ impl Session {
                 reason: e.to_string(),
             })?;
         let id = created.id;
-        match Self::attach_and_boot(docker, config, name, &id).await {
+        tracing::debug!(session = %name, ms = t0.elapsed().as_millis() as u64, "container created");
+        match Self::attach_and_boot(docker, config, &name, &id, t0).await {
             Ok(s) => Ok(s),
             Err(e) => {
                 container::remove(docker, &id).await;
@@ -215,11 +223,33 @@ impl Session {
         }
     }
 
+    /// Give a pooled sandbox to session `name`. The engine-side name follows in the background
+    /// (only `doctor` reads it), so the call that takes it does not wait for the rename.
+    pub fn hand_to(&mut self, name: &str, serial: u64) {
+        tracing::info!(session = name, container = %short(&self.container_id), pooled = %self.name, "a pooled sandbox serves the session");
+        self.name = name.to_string();
+        let docker = self.docker.clone();
+        let id = self.container_id.clone();
+        let new_name = container::container_name(Role::Session(name), serial);
+        tokio::spawn(async move {
+            let opts = bollard::query_parameters::RenameContainerOptionsBuilder::default()
+                .name(&new_name)
+                .build();
+            let renamed =
+                tokio::time::timeout(Duration::from_secs(10), docker.rename_container(&id, opts))
+                    .await;
+            if !matches!(renamed, Ok(Ok(()))) {
+                tracing::debug!(container = %short(&id), "could not rename a pooled container for its session: {renamed:?}");
+            }
+        });
+    }
+
     async fn attach_and_boot(
         docker: &Docker,
         config: &Config,
         name: &str,
         id: &str,
+        t0: Instant,
     ) -> Result<Session, SandboxError> {
         let opts = AttachContainerOptionsBuilder::default()
             .stdin(true)
@@ -235,6 +265,11 @@ impl Session {
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
             .await
             .map_err(|e| SandboxError::Start(e.to_string()))?;
+        tracing::debug!(
+            session = name,
+            ms = t0.elapsed().as_millis() as u64,
+            "container attached and started"
+        );
 
         let Channel {
             writer,
@@ -267,7 +302,7 @@ impl Session {
             }
             Err(_) => return Err(SandboxError::NotReady(START_TIMEOUT.as_secs())),
         };
-        tracing::info!(session = name, container = %short(id), %python, "sandbox ready");
+        tracing::info!(session = name, container = %short(id), %python, ms = t0.elapsed().as_millis() as u64, "sandbox ready");
         Ok(Session {
             name: name.to_string(),
             container_id: id.to_string(),
@@ -691,19 +726,4 @@ fn secs(d: Duration) -> String {
 
 fn short(id: &str) -> &str {
     &id[..id.len().min(12)]
-}
-
-fn container_name(session: &str, serial: u64) -> String {
-    let clean: String = session
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(40)
-        .collect();
-    format!("mcp-code-bridge-{}-{}-{serial}", std::process::id(), clean)
 }

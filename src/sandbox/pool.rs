@@ -1,0 +1,180 @@
+//! The pool of ready sandboxes: containers started, booted and preloaded before any call waits
+//! for them, each handed to one new session and never back (a sandbox a session used is never
+//! pooled again, so no state passes from one session to another).
+//!
+//! The pool only holds what [`super::Sandbox`] decides: it refills within `pool_size` and, with
+//! the sessions, within `max_sessions`; it empties after `runtime_idle_timeout` without a call
+//! and at shutdown. A pooled sandbox's channel is open from its start, so whatever it writes
+//! before a session takes it meets the same bounds as a session's between calls: frames of no
+//! running exec are dropped at arrival, stderr reaches the log rate-limited.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::session::Session;
+
+pub(super) struct Pool {
+    /// Booted sandboxes, oldest first.
+    ready: Mutex<VecDeque<Session>>,
+    /// Sandboxes being started for the pool: they count against `max_sessions` already.
+    filling: AtomicUsize,
+    /// Whether a refill task runs (one at a time: starts are sequential on a small machine).
+    refilling: AtomicBool,
+    /// Set by the server (`Sandbox::warm_up`); one-shot uses such as `exec` keep no pool.
+    pub enabled: AtomicBool,
+    /// Set at shutdown: nothing is added any more, and what is being started is removed.
+    pub closed: AtomicBool,
+    /// The last call (or the warm-up): the pool empties and stops refilling once this is older
+    /// than `runtime_idle_timeout`.
+    last_call: Mutex<Instant>,
+    /// Woken when a start for the pool ends, well or not.
+    filled: Notify,
+    /// When the start in progress began, and how long the last pooled and on-demand starts
+    /// took (ms): whether waiting for the one in progress beats starting another.
+    fill_began: Mutex<Option<Instant>>,
+    fill_ms: AtomicU64,
+    cold_ms: AtomicU64,
+}
+
+impl Pool {
+    pub fn new() -> Pool {
+        Pool {
+            ready: Mutex::new(VecDeque::new()),
+            filling: AtomicUsize::new(0),
+            refilling: AtomicBool::new(false),
+            enabled: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            last_call: Mutex::new(Instant::now()),
+            filled: Notify::new(),
+            fill_began: Mutex::new(None),
+            fill_ms: AtomicU64::new(0),
+            cold_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// A call came (or the bridge warmed up): the idle clock starts again.
+    pub fn touch(&self) {
+        *self.last_call.lock().unwrap() = Instant::now();
+    }
+
+    pub fn idle_for(&self) -> Duration {
+        self.last_call.lock().unwrap().elapsed()
+    }
+
+    /// Sandboxes ready plus being started.
+    pub fn held(&self) -> usize {
+        self.ready.lock().unwrap().len() + self.filling.load(Ordering::SeqCst)
+    }
+
+    pub fn filling(&self) -> usize {
+        self.filling.load(Ordering::SeqCst)
+    }
+
+    /// Container ids of the ready sandboxes.
+    pub fn ready_ids(&self) -> Vec<String> {
+        self.ready
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.container_id.clone())
+            .collect()
+    }
+
+    /// Claim the right to run the refill task; false when one runs already.
+    pub fn begin_refill(&self) -> bool {
+        !self.refilling.swap(true, Ordering::SeqCst)
+    }
+
+    pub fn end_refill(&self) {
+        self.refilling.store(false, Ordering::SeqCst);
+    }
+
+    /// Count a start for the pool (done by the caller under `Sandbox::starting`, so a session
+    /// that starts meanwhile sees it).
+    pub fn reserve(&self) {
+        self.filling.fetch_add(1, Ordering::SeqCst);
+        *self.fill_began.lock().unwrap() = Some(Instant::now());
+    }
+
+    /// A start for the pool ended: keep its sandbox if there is one, and wake waiters.
+    pub fn filled(&self, s: Option<Session>) {
+        if let Some(began) = self.fill_began.lock().unwrap().take()
+            && s.is_some()
+        {
+            self.fill_ms
+                .store(began.elapsed().as_millis() as u64, Ordering::Relaxed);
+        }
+        if let Some(s) = s {
+            self.ready.lock().unwrap().push_back(s);
+        }
+        self.filling.fetch_sub(1, Ordering::SeqCst);
+        self.filled.notify_waiters();
+    }
+
+    /// The oldest ready sandbox that is still alive; dead ones are returned apart for removal.
+    fn pop(&self) -> (Option<Session>, Vec<Session>) {
+        let mut ready = self.ready.lock().unwrap();
+        let mut dead = Vec::new();
+        while let Some(s) = ready.pop_front() {
+            if s.is_dead() {
+                dead.push(s);
+            } else {
+                return (Some(s), dead);
+            }
+        }
+        (None, dead)
+    }
+
+    /// A ready sandbox; when none is ready but one is being started, wait for it (it started
+    /// earlier than a new one would, and it counts against `max_sessions` already) at most
+    /// `wait`. `None`: start one on demand.
+    pub async fn take(&self, wait: Duration) -> Option<Session> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.filled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let (got, dead) = self.pop();
+            for d in dead {
+                tracing::info!(container = %d.container_id, "removing a pooled sandbox that died while waiting");
+                d.destroy().await;
+            }
+            if got.is_some() || self.filling() == 0 {
+                return got;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// An on-demand start took `d`.
+    pub fn cold_took(&self, d: Duration) {
+        self.cold_ms.store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Whether the start in progress is expected to end sooner than one begun now: judged by
+    /// the last start of each kind (with none measured yet, it is waited for).
+    pub fn worth_waiting(&self) -> bool {
+        let Some(began) = *self.fill_began.lock().unwrap() else {
+            return false;
+        };
+        let (fill, cold) = (
+            self.fill_ms.load(Ordering::Relaxed),
+            self.cold_ms.load(Ordering::Relaxed),
+        );
+        if fill == 0 || cold == 0 {
+            return true;
+        }
+        fill.saturating_sub(began.elapsed().as_millis() as u64) <= cold
+    }
+
+    /// Take every ready sandbox out (to remove them).
+    pub fn drain(&self) -> Vec<Session> {
+        self.ready.lock().unwrap().drain(..).collect()
+    }
+}
