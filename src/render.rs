@@ -139,11 +139,13 @@ pub fn tool_result(o: &ExecOutcome, mode: OutputMode) -> CallToolResult {
     r
 }
 
-/// A failure to get a sandbox at all (no engine, no image): an error result the model can read.
-pub fn setup_error(message: &str) -> CallToolResult {
+/// A call that could not start: no sandbox (`SandboxUnavailable`: no engine, no image), a server
+/// name not configured (`UnknownServer`), or a loaded server that could not be started
+/// (`ServerUnavailable`). An error result the model can read; `kind` is its `error.type`.
+pub fn setup_error(kind: &str, message: &str) -> CallToolResult {
     let mut r = CallToolResult::error(vec![Content::text(format!("[bridge] {message}"))]);
     r.structured_content = Some(
-        serde_json::json!({"status": "unavailable", "error": {"type": "SandboxUnavailable", "message": message}}),
+        serde_json::json!({"status": "unavailable", "error": {"type": kind, "message": message}}),
     );
     r
 }

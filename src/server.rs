@@ -23,7 +23,7 @@ use crate::config::Config;
 use crate::progress::Forwarder;
 use crate::render;
 use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
-use crate::upstream::Upstreams;
+use crate::upstream::{Hinted as _, Upstreams};
 
 pub const TOOL_NAME: &str = "run_python";
 pub const CAPABILITIES_URI: &str = "resource://mcp-code-bridge/capabilities";
@@ -160,9 +160,9 @@ impl Bridge {
         cancel: tokio_util::sync::CancellationToken,
         on_output: Option<OutputSink>,
     ) -> CallToolResult {
-        let binding = match self.upstreams.bind(&args.servers).await {
+        let binding = match self.upstreams.load(&args.servers).await {
             Ok(b) => b,
-            Err(e) => return render::setup_error(&e),
+            Err(e) => return render::setup_error(e.kind(), &e.message()),
         };
         let req = ExecRequest {
             code: args.code,
@@ -176,7 +176,7 @@ impl Bridge {
         let session = args.session.as_deref().unwrap_or(DEFAULT_SESSION);
         match self.sandbox.run(session, args.reset, req).await {
             Ok(outcome) => render::tool_result(&outcome, self.config.output_mode),
-            Err(e) => render::setup_error(&e.with_hint()),
+            Err(e) => render::setup_error("SandboxUnavailable", &e.with_hint()),
         }
     }
 

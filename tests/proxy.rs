@@ -611,6 +611,7 @@ print(json.dumps(out))
         text.contains("'nope'") && text.contains("everything, file-system, git, time"),
         "{text}"
     );
+    assert_eq!(r.sc()["error"]["type"], "UnknownServer", "{text}");
     let r = b.py("print(2)").await.ok();
     assert_eq!(r.stdout().trim(), "2");
     b.shutdown().await;

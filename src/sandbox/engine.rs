@@ -448,7 +448,10 @@ impl Engine {
         })?;
         let _ = std::fs::remove_file(&sock);
         let url = format!("unix://{}", sock.display());
-        tracing::info!(%url, "no engine socket answered; starting `podman system service`");
+        tracing::info!(
+            %url,
+            "starting the bridge's own `podman system service` (no podman or docker socket is listening; enabling podman.socket saves this start)"
+        );
         let (mut service, stderr) =
             OwnService::spawn(podman, &["system", "service", "--time=0", &url]).map_err(
                 |source| EngineError::ServiceSpawn {

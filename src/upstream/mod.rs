@@ -95,6 +95,16 @@ pub enum BindError {
     Unavailable(Vec<CallError>),
 }
 
+impl BindError {
+    /// The error's type as the reply's `structuredContent.error.type` names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BindError::UnknownServers { .. } => "UnknownServer",
+            BindError::Unavailable(_) => "ServerUnavailable",
+        }
+    }
+}
+
 impl Hinted for BindError {
     fn hint(&self) -> Option<Hint> {
         match self {
@@ -332,11 +342,16 @@ impl Upstreams {
         for s in &self.inner.skipped {
             tracing::info!(server = %s.name, origin = %s.origin, "server entry skipped: {}", s.reason);
         }
-        tracing::info!(
-            "{} upstream server(s) discovered: {}",
-            self.inner.pool.slots().len(),
-            self.known().join(", ")
-        );
+        let known = self.known();
+        if known.is_empty() {
+            tracing::info!("no upstream MCP servers configured");
+        } else {
+            tracing::info!(
+                "{} upstream server(s) discovered: {}",
+                known.len(),
+                known.join(", ")
+            );
+        }
     }
 
     /// Every discovered server's name.
@@ -379,11 +394,6 @@ impl Upstreams {
     /// The warm pool (diagnostics, tests).
     pub fn pool(&self) -> &Pool {
         &self.inner.pool
-    }
-
-    /// [`Upstreams::load`], its error as the one text the model or the person at the CLI reads.
-    pub async fn bind(&self, loaded: &[String]) -> Result<ExecBinding, String> {
-        self.load(loaded).await.map_err(|e| e.message())
     }
 
     /// Prepare an exec that loads `loaded`: resolve the names (server names or aliases) once,
@@ -798,7 +808,7 @@ mod tests {
             "{e}"
         );
         // The text the model gets joins each error with its advice.
-        let text = u.bind(&["alpha".into()]).await.err().unwrap();
+        let text = u.load(&["alpha".into()]).await.err().unwrap().message();
         assert!(
             text.contains("'alpha'") && text.contains("not found (is it installed"),
             "{text}"
