@@ -77,25 +77,31 @@ impl Home {
     }
     /// The environment without an image: this tree (HOME, XDG), PATH, and no system config.
     pub fn base_env(&self) -> Vec<(String, String)> {
-        let h = self.path();
-        vec![
-            (NO_SYSTEM_CONFIG.0.into(), NO_SYSTEM_CONFIG.1.into()),
-            ("HOME".into(), h.display().to_string()),
-            (
-                "XDG_CONFIG_HOME".into(),
-                h.join(".config").display().to_string(),
-            ),
-            (
-                "XDG_STATE_HOME".into(),
-                h.join(".local/state").display().to_string(),
-            ),
-            (
-                "XDG_CACHE_HOME".into(),
-                h.join(".cache").display().to_string(),
-            ),
-            ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
-        ]
+        private_home_env(self.path())
     }
+}
+
+/// The environment of a bridge that sees nothing of the machine's or the user's configuration:
+/// HOME and the XDG directories under `h` (which must hold `.config`, `.local/state` and
+/// `.cache`), PATH, and no system config file. The tests and the bench both start bridges so.
+pub fn private_home_env(h: &Path) -> Vec<(String, String)> {
+    vec![
+        (NO_SYSTEM_CONFIG.0.into(), NO_SYSTEM_CONFIG.1.into()),
+        ("HOME".into(), h.display().to_string()),
+        (
+            "XDG_CONFIG_HOME".into(),
+            h.join(".config").display().to_string(),
+        ),
+        (
+            "XDG_STATE_HOME".into(),
+            h.join(".local/state").display().to_string(),
+        ),
+        (
+            "XDG_CACHE_HOME".into(),
+            h.join(".cache").display().to_string(),
+        ),
+        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+    ]
 }
 
 /// A running bridge with a connected MCP client.

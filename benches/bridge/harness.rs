@@ -1,0 +1,394 @@
+//! Prerequisites, the servers' fixtures, private homes, and the bridge driven by rmcp's client.
+
+use super::*;
+
+/// The release binary: cargo builds it for this bench (the bench profile inherits `release`, so
+/// this is `target/release/mcp-code-bridge`); `MCP_BRIDGE_BENCH_BIN` points elsewhere.
+pub(crate) fn bridge_bin() -> PathBuf {
+    std::env::var_os("MCP_BRIDGE_BENCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_mcp-code-bridge")))
+}
+
+pub(crate) fn image_archive() -> PathBuf {
+    let p = std::env::var_os("MCP_BRIDGE_TEST_IMAGE_ARCHIVE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            fail("MCP_BRIDGE_TEST_IMAGE_ARCHIVE is not set: build the sandbox image with `image/build-debian.sh --output FILE` and point this variable at it")
+        });
+    if !p.is_file() {
+        fail(&format!(
+            "MCP_BRIDGE_TEST_IMAGE_ARCHIVE={} does not exist",
+            p.display()
+        ));
+    }
+    p
+}
+
+pub(crate) fn server_bin(name: &str) -> String {
+    let mut dirs = Vec::new();
+    if let Some(v) = std::env::var_os("MCP_BRIDGE_TEST_SERVERS_BIN") {
+        dirs.extend(std::env::split_paths(&v));
+    }
+    if let Some(p) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&p));
+    }
+    for d in dirs {
+        let c = d.join(name);
+        if c.is_file() {
+            return c.to_string_lossy().into_owned();
+        }
+    }
+    fail(&format!(
+        "{name} not found in MCP_BRIDGE_TEST_SERVERS_BIN or PATH; install the test servers: \
+         npm install -g @modelcontextprotocol/server-everything @modelcontextprotocol/server-filesystem; \
+         pip install mcp-server-time mcp-server-git (and put the venv's bin/ in MCP_BRIDGE_TEST_SERVERS_BIN)"
+    ))
+}
+
+pub(crate) fn fail(msg: &str) -> ! {
+    eprintln!("bench: {msg}");
+    std::process::exit(2)
+}
+
+pub(crate) fn fixture() -> String {
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/benches/fixtures/catalog_server.py"
+    )
+    .into()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Servers and homes
+// ---------------------------------------------------------------------------------------------
+
+/// One configured stdio server: name, command, arguments.
+pub(crate) type ServerDef = (String, String, Vec<String>);
+
+/// Directories the real servers work on (kept for the whole run).
+pub(crate) struct Fixtures {
+    pub(crate) _dir: TempDir,
+    pub(crate) files: PathBuf,
+    pub(crate) docs: PathBuf,
+    pub(crate) repo: PathBuf,
+}
+
+impl Fixtures {
+    pub(crate) fn new() -> Fixtures {
+        let dir = tempfile::Builder::new()
+            .prefix("mcb-bench-")
+            .tempdir()
+            .unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let (files, docs, repo) = (root.join("files"), root.join("docs"), root.join("repo"));
+        for d in [&files, &docs, &repo] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(files.join("hello.txt"), "hello\n").unwrap();
+        std::fs::write(docs.join("README.md"), "# docs\n").unwrap();
+        let ok = std::process::Command::new("git")
+            .args(["init", "-q"])
+            .arg(&repo)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            fail("`git init` failed: git is needed for mcp-server-git's repository");
+        }
+        Fixtures {
+            _dir: dir,
+            files,
+            docs,
+            repo,
+        }
+    }
+
+    /// The five real servers: name -> (command, args).
+    pub(crate) fn real(&self) -> Vec<ServerDef> {
+        let p = |x: &Path| x.to_string_lossy().into_owned();
+        vec![
+            (
+                "everything".into(),
+                server_bin("mcp-server-everything"),
+                vec![],
+            ),
+            (
+                "filesystem".into(),
+                server_bin("mcp-server-filesystem"),
+                vec![p(&self.files)],
+            ),
+            (
+                "docs".into(),
+                server_bin("mcp-server-filesystem"),
+                vec![p(&self.docs)],
+            ),
+            ("time".into(), server_bin("mcp-server-time"), vec![]),
+            (
+                "git".into(),
+                server_bin("mcp-server-git"),
+                vec!["--repository".into(), p(&self.repo)],
+            ),
+        ]
+    }
+
+    /// `count` generated servers.
+    pub(crate) fn generated(count: usize) -> Vec<ServerDef> {
+        (0..count)
+            .map(|i| {
+                let name = format!("gen-{i:02}");
+                (
+                    name.clone(),
+                    "python3".to_string(),
+                    vec![fixture(), name, i.to_string()],
+                )
+            })
+            .collect()
+    }
+}
+
+/// A private HOME/XDG tree with an `mcpServers` file, as a user would configure servers.
+pub(crate) struct Home {
+    pub(crate) dir: TempDir,
+}
+
+impl Home {
+    pub(crate) fn new(servers: &[ServerDef]) -> Home {
+        let dir = tempfile::Builder::new()
+            .prefix("mcb-bench-home-")
+            .tempdir()
+            .unwrap();
+        for d in [".config/mcp", ".local/state", ".cache"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        if !servers.is_empty() {
+            let map: serde_json::Map<String, Value> = servers
+                .iter()
+                .map(|(n, c, a)| (n.clone(), json!({"command": c, "args": a})))
+                .collect();
+            std::fs::write(
+                dir.path().join(".config/mcp/mcp.json"),
+                serde_json::to_string_pretty(&json!({ "mcpServers": map })).unwrap(),
+            )
+            .unwrap();
+        }
+        Home { dir }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub(crate) fn env(&self) -> Vec<(String, String)> {
+        let mut env = common::private_home_env(self.path());
+        env.extend([
+            (
+                "MCP_BRIDGE_IMAGE_ARCHIVE".into(),
+                image_archive().display().to_string(),
+            ),
+            // The bench opens more sessions than the default cap; closing old ones to make room
+            // would be timed as part of a new session's start.
+            ("MCP_BRIDGE_MAX_SESSIONS".into(), "64".into()),
+            // Sections 2-6 time sandboxes started on demand, back to back; section 8 times the
+            // pool (and sets this again), with the think time a pool needs to refill.
+            ("MCP_BRIDGE_POOL_SIZE".into(), "0".into()),
+        ]);
+        env
+    }
+
+    pub(crate) fn command(&self) -> Command {
+        let mut c = Command::new(bridge_bin());
+        c.arg("run")
+            .env_clear()
+            .envs(self.env())
+            .current_dir(self.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(
+                std::fs::File::create(self.path().join("bridge.log")).unwrap(),
+            ))
+            .kill_on_drop(true);
+        c
+    }
+
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(self.path().join("bridge.log")).unwrap_or_default()
+    }
+}
+
+pub(crate) fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+/// CPU time the process has used, in ms: the sum of its threads' `schedstat` run times
+/// (nanosecond resolution; threads that already exited are not counted, tokio's workers live on).
+pub(crate) fn cpu_ms(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return f64::NAN;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e6
+}
+
+pub(crate) struct Live {
+    pub(crate) client: RunningService<RoleClient, ()>,
+    pub(crate) child: Child,
+    pub(crate) pid: u32,
+    pub(crate) home: Home,
+}
+
+impl Live {
+    pub(crate) async fn start(home: Home) -> Live {
+        Self::start_with(home, &[]).await
+    }
+
+    /// Start with extra environment (configuration keys as `MCP_BRIDGE_*`).
+    pub(crate) async fn start_with(home: Home, env: &[(&str, &str)]) -> Live {
+        let mut cmd = home.command();
+        cmd.envs(env.iter().copied());
+        Live::spawn(home, cmd).await
+    }
+
+    /// Start the bridge from `cmd` (the home's command, with extra settings).
+    pub(crate) async fn spawn(home: Home, mut cmd: Command) -> Live {
+        let mut child = cmd.spawn().expect("spawn the bridge");
+        let pid = child.id().unwrap_or(0);
+        let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+        let client = match ().serve(io).await {
+            Ok(c) => c,
+            Err(e) => fail(&format!(
+                "MCP initialize with the bridge failed: {e}\n{}",
+                home.log()
+            )),
+        };
+        Live {
+            client,
+            child,
+            pid,
+            home,
+        }
+    }
+
+    pub(crate) async fn call(&self, args: Value) -> Res<CallToolResult> {
+        let params = CallToolRequestParams::new("run_python")
+            .with_arguments(args.as_object().cloned().unwrap());
+        match tokio::time::timeout(Duration::from_secs(240), self.client.call_tool(params)).await {
+            Err(_) => Err("no reply within 240 s".into()),
+            Ok(Err(e)) => Err(format!("protocol error: {e}")),
+            Ok(Ok(r)) => Ok(r),
+        }
+    }
+
+    /// Run code and insist on success; returns stdout and the wall time of the round trip.
+    pub(crate) async fn ok(&self, args: Value) -> (String, f64) {
+        let t = Instant::now();
+        let r = self.call(args.clone()).await;
+        let el = ms(t.elapsed());
+        match r {
+            Ok(r) if sc(&r, "status") == "ok" => (sc(&r, "stdout"), el),
+            Ok(r) => fail(&format!(
+                "run_python {args} did not succeed: {}\n{}",
+                text(&r),
+                self.home.log()
+            )),
+            Err(e) => fail(&format!(
+                "run_python {args} failed: {e}\n{}",
+                self.home.log()
+            )),
+        }
+    }
+
+    /// Close the client (stdin EOF: the bridge removes its containers) and wait for the exit;
+    /// the home is handed back (a later bridge may start in it).
+    pub(crate) async fn shutdown(self) -> Home {
+        let Live {
+            client,
+            mut child,
+            pid,
+            home,
+        } = self;
+        let _ = client.cancel().await;
+        if tokio::time::timeout(Duration::from_secs(60), child.wait())
+            .await
+            .is_err()
+        {
+            eprintln!("bench: bridge {pid} did not exit within 60 s of stdin EOF; killing it");
+            let _ = child.kill().await;
+        }
+        let left = containers_of(pid).await;
+        if !left.is_empty() {
+            eprintln!(
+                "bench: WARNING: bridge {pid} left containers behind: {left:?}\n{}",
+                home.log()
+            );
+        }
+        home
+    }
+}
+
+pub(crate) fn sc(r: &CallToolResult, key: &str) -> String {
+    r.structured_content
+        .as_ref()
+        .and_then(|v| v.get(key))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
+}
+
+pub(crate) fn text(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+pub(crate) async fn containers_of(pid: u32) -> Vec<String> {
+    let out = Command::new("podman")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            "label=io.mcp-code-bridge.managed=true",
+            "--format",
+            "{{.ID}} {{.Labels}}",
+        ])
+        .output()
+        .await;
+    let Ok(out) = out else { return vec![] };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("io.mcp-code-bridge.owner:{pid}:")))
+        .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
+        .collect()
+}
+
+/// Samples the bridge's RSS every 50 ms until stopped.
+pub(crate) fn sample_rss(pid: u32) -> (Arc<AtomicBool>, tokio::task::JoinHandle<Vec<f64>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let h = tokio::spawn(async move {
+        let mut v = Vec::new();
+        while !s.load(Ordering::Relaxed) {
+            let r = rss_mib(pid);
+            if !r.is_nan() {
+                v.push(r);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        v
+    });
+    (stop, h)
+}

@@ -1,0 +1,160 @@
+//! The bridge benchmark and its load test: starts the real release binary,
+//! drives it with rmcp's real client and raw JSON-RPC, against real podman and the real MCP
+//! reference servers, and prints ONE Markdown table. Every figure is a median and a p95 over the
+//! N repetitions named in its row; nothing here is asserted, the table is the product.
+//!
+//! ```text
+//! cargo build --release && cargo bench --bench bridge            # full run (~2 min on 2 cores)
+//! BENCH_QUICK=1 cargo bench --bench bridge                       # few repetitions, CI smoke (~40 s)
+//! BENCH_ONLY=proxy,load cargo bench --bench bridge               # a subset of the sections
+//! BENCH_ONLY=catalog cargo bench --bench bridge                  # first search, cold and warm catalog (also CATALOG_RUNS)
+//! BENCH_ONLY=pool cargo bench --bench bridge                      # first calls with and without the pool
+//! BENCH_PROXY_RUNS=50 BENCH_ONLY=proxy cargo bench --bench bridge # more of one (also LOAD_RUNS, LOAD_CALLS, WARM)
+//! ```
+//!
+//! Needs what the integration tests need: `MCP_BRIDGE_TEST_IMAGE_ARCHIVE` (the sandbox image
+//! archive) and `MCP_BRIDGE_TEST_SERVERS_BIN` (where `mcp-server-everything`,
+//! `mcp-server-filesystem`, `mcp-server-time` and `mcp-server-git` are), plus `podman`, `git` and
+//! `python3` on PATH. A missing prerequisite stops the bench with a message; nothing is skipped.
+//! The 50 "generated" servers are `benches/fixtures/catalog_server.py` started with 50 names.
+
+mod catalog;
+mod execution;
+mod footprint;
+mod harness;
+mod hostile;
+mod load;
+/// The integration tests' harness: the bench shares its private-home environment.
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod opts;
+mod pool;
+mod proxy;
+mod raw;
+mod startup;
+mod table;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+type Res<T> = Result<T, String>;
+
+use catalog::*;
+use execution::*;
+use footprint::*;
+use harness::*;
+use hostile::*;
+use load::*;
+use opts::*;
+use pool::*;
+use proxy::*;
+use raw::*;
+use startup::*;
+use table::*;
+
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let o = Opts::from_env().with_overrides();
+    let started = Instant::now();
+    let bin = bridge_bin();
+    if !bin.is_file() {
+        fail(&format!(
+            "{} does not exist: run `cargo build --release`",
+            bin.display()
+        ));
+    }
+    image_archive();
+    eprintln!(
+        "bench: {} mode, binary {}",
+        if o.quick { "quick" } else { "full" },
+        bin.display()
+    );
+    let fx = Fixtures::new();
+    let mut t = Table::default();
+
+    if o.wants("catalog") {
+        eprintln!("bench: first search with a cold and a warm catalog…");
+        catalog_figures(&o, &mut t).await;
+    }
+
+    if o.wants("tokens") || o.wants("startup") {
+        eprintln!("bench: context cost and start-up…");
+        context_and_startup(&o, &fx, &mut t).await;
+    }
+    if o.wants("pool") {
+        eprintln!("bench: first calls and the pool…");
+        pool_section(&o, &mut t).await;
+    }
+    let needs_live = ["exec", "proxy", "footprint", "load"]
+        .iter()
+        .any(|s| o.wants(s));
+    if needs_live {
+        let live = Live::start(Home::new(&fx.real())).await;
+        eprintln!("bench: bridge under test: pid {}", live.pid);
+        if o.wants("exec") {
+            eprintln!("bench: execution…");
+            execution(&o, &live, &mut t).await;
+        }
+        if o.wants("proxy") {
+            eprintln!("bench: proxy…");
+            proxy(&o, &live, &mut t).await;
+        }
+        let mut warm = Vec::new();
+        if o.wants("footprint") {
+            eprintln!("bench: footprint…");
+            warm = warm_rss(&o, &fx).await;
+        }
+        let mut under_load = Vec::new();
+        if o.wants("load") {
+            eprintln!("bench: load test…");
+            under_load = load_test(&o, &live, &mut t).await;
+        }
+        if o.wants("footprint") {
+            t.section(5, "5. Footprint");
+            t.samples(
+                "bridge RSS with 5 warm upstreams (fresh bridge, one call to each made)",
+                &warm,
+                Unit::MiB,
+                Target::None,
+            );
+            if !under_load.is_empty() {
+                t.samples(
+                    "bridge RSS under the load test (sampled every 50 ms)",
+                    &under_load,
+                    Unit::MiB,
+                    Target::None,
+                );
+            }
+            image_figures(&o, &mut t).await;
+        }
+        live.shutdown().await;
+    }
+    if o.wants("hostile") {
+        eprintln!("bench: hostile sandbox…");
+        hostile(&fx, &mut t).await;
+    }
+    println!();
+    println!(
+        "mcp-code-bridge bench ({} mode; N = samples per row; bridge RSS is the bridge process only)",
+        if o.quick { "quick" } else { "full" }
+    );
+    println!();
+    t.print();
+    println!();
+    println!("total bench time: {:.0} s", started.elapsed().as_secs_f64());
+}
