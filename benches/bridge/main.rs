@@ -19,14 +19,14 @@
 //! The 50 "generated" servers are `benches/fixtures/catalog_server.py` started with 50 names.
 
 mod catalog;
+/// The integration tests' harness: the bench shares its private-home environment.
+#[path = "../../tests/common/mod.rs"]
+mod common;
 mod execution;
 mod footprint;
 mod harness;
 mod hostile;
 mod load;
-/// The integration tests' harness: the bench shares its private-home environment.
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod opts;
 mod pool;
 mod proxy;

@@ -1,6 +1,5 @@
 //! Options: repetition counts and the sections asked for.
 
-
 /// Repetition counts; quick mode keeps every section but runs each a few times.
 pub(crate) struct Opts {
     pub(crate) quick: bool,
