@@ -118,18 +118,21 @@ pub fn toon_text(p: &Payload<'_>) -> String {
     }
 }
 
-/// The whole tool result.
-pub fn tool_result(o: &ExecOutcome, mode: OutputMode) -> CallToolResult {
-    let p = payload(o);
-    let text = match mode {
-        OutputMode::Compact => compact_text(o),
-        OutputMode::Toon => toon_text(&p),
+/// The whole tool result. Takes the outcome by value: its images (up to 12 MiB of base64) move
+/// into the content instead of being copied, which the bridge's memory bound counts on.
+pub fn tool_result(mut o: ExecOutcome, mode: OutputMode) -> CallToolResult {
+    let (text, structured) = {
+        let p = payload(&o);
+        let text = match mode {
+            OutputMode::Compact => compact_text(&o),
+            OutputMode::Toon => toon_text(&p),
+        };
+        (text, serde_json::to_value(&p).unwrap_or(Value::Null))
     };
     let mut content = vec![Content::text(text)];
-    for (mime, data) in &o.images {
-        content.push(Content::image(data.clone(), mime.clone()));
+    for (mime, data) in std::mem::take(&mut o.images) {
+        content.push(Content::image(data, mime));
     }
-    let structured = serde_json::to_value(&p).unwrap_or(Value::Null);
     let mut r = if matches!(o.outcome, Outcome::Ok) {
         CallToolResult::success(content)
     } else {
@@ -221,7 +224,7 @@ mod tests {
 
     #[test]
     fn images_become_image_content() {
-        let r = tool_result(&rich(), OutputMode::Compact);
+        let r = tool_result(rich(), OutputMode::Compact);
         assert_eq!(r.content.len(), 2);
         let v = serde_json::to_value(&r.content[1]).unwrap();
         assert_eq!(v["type"], "image");
@@ -238,7 +241,7 @@ mod tests {
             message: "division by zero".into(),
             traceback: "Traceback ...\nZeroDivisionError: division by zero\n".into(),
         });
-        let r = tool_result(&o, OutputMode::Compact);
+        let r = tool_result(o, OutputMode::Compact);
         assert_eq!(r.is_error, Some(true));
         let s = serde_json::to_value(&r).unwrap();
         assert!(

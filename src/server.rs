@@ -175,7 +175,7 @@ impl Bridge {
         };
         let session = args.session.as_deref().unwrap_or(DEFAULT_SESSION);
         match self.sandbox.run(session, args.reset, req).await {
-            Ok(outcome) => render::tool_result(&outcome, self.config.output_mode),
+            Ok(outcome) => render::tool_result(outcome, self.config.output_mode),
             Err(e) => render::setup_error("SandboxUnavailable", &e.with_hint()),
         }
     }
