@@ -325,9 +325,9 @@ async fn orphans_of_a_killed_bridge_are_reaped_at_next_start() {
     let pid = b.pid;
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert_eq!(
-        common::containers_of(pid).await.len(),
-        1,
+    // Its session's container, and the pool's when the refill had started one.
+    assert!(
+        !common::containers_of(pid).await.is_empty(),
         "the killed bridge's container should still exist"
     );
     let b2 = Bridge::start().await;

@@ -33,6 +33,10 @@ pub enum SandboxError {
     ExitedAtStart { image: String, stderr: Vec<String> },
     #[error("the sandbox did not become ready within {0}s")]
     NotReady(u64),
+    /// The failure of an attempt (to reach the engine, or to make the image present) that this
+    /// caller waited for, its hint included: it is not tried twice in a row.
+    #[error("{0}")]
+    Shared(String),
     /// `max_sessions` are alive and every one is running code.
     #[error(
         "cannot start session {session:?}: all {max} sessions allowed by max_sessions are running code ({})",

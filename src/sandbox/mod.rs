@@ -38,6 +38,9 @@ pub struct Sandbox {
     engine: OnceCell<Arc<Engine>>,
     /// Serializes image preparation so concurrent first calls load the archive once.
     image_ready: OnceCell<()>,
+    /// Failed attempts at either, shared with those that waited for them.
+    engine_failed: Failed,
+    image_failed: Failed,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     /// Serializes starting a session of a given name.
     starting: Mutex<()>,
@@ -59,6 +62,8 @@ impl Sandbox {
             config,
             engine: OnceCell::new(),
             image_ready: OnceCell::new(),
+            engine_failed: Failed::default(),
+            image_failed: Failed::default(),
             sessions: Mutex::new(HashMap::new()),
             starting: Mutex::new(()),
             owner: container::owner_id(),
@@ -197,43 +202,45 @@ impl Sandbox {
 
     /// The engine, connected at first use. A failure is not cached: the next call tries again.
     pub async fn engine(&self) -> Result<Arc<Engine>, SandboxError> {
-        self.engine
-            .get_or_try_init(|| async {
-                let engine = Engine::connect(&self.config).await?;
-                let reaped = container::reap_orphans(&engine).await;
-                if reaped > 0 {
-                    tracing::info!(reaped, "removed containers left by bridges that are gone");
-                }
-                Ok::<_, SandboxError>(Arc::new(engine))
-            })
-            .await
-            .cloned()
+        init_once(&self.engine, &self.engine_failed, || async {
+            let engine = Engine::connect(&self.config).await?;
+            let reaped = container::reap_orphans(&engine).await;
+            if reaped > 0 {
+                tracing::info!(reaped, "removed containers left by bridges that are gone");
+            }
+            Ok::<_, SandboxError>(Arc::new(engine))
+        })
+        .await
     }
 
     /// Connect, check enforceable limits and make the image present.
     async fn prepare(&self) -> Result<Arc<Engine>, SandboxError> {
         let engine = self.engine().await?;
-        self.image_ready
-            .get_or_try_init(|| async {
-                let enf = Enforcement::query(&engine.docker).await.map_err(|e| SandboxError::EngineQuery(e.to_string()))?;
-                let missing = enf.missing(&self.config);
-                if !missing.is_empty() {
-                    if self.config.allow_unenforced_limits {
-                        tracing::warn!("running with limits the host cannot enforce (allow_unenforced_limits): {}", missing.join("; "));
-                    } else {
-                        return Err(SandboxError::Unenforceable(missing));
-                    }
+        init_once(&self.image_ready, &self.image_failed, || async {
+            let enf = Enforcement::query(&engine.docker)
+                .await
+                .map_err(|e| SandboxError::EngineQuery(e.to_string()))?;
+            let missing = enf.missing(&self.config);
+            if !missing.is_empty() {
+                if self.config.allow_unenforced_limits {
+                    tracing::warn!(
+                        "running with limits the host cannot enforce (allow_unenforced_limits): {}",
+                        missing.join("; ")
+                    );
+                } else {
+                    return Err(SandboxError::Unenforceable(missing));
                 }
-                let report = |bytes: u64| match self.load_progress.get() {
-                    Some(f) => f(bytes),
-                    None => tracing::info!(mib = bytes >> 20, "loading sandbox image…"),
-                };
-                image::ensure(&engine.docker, &self.config, &report)
-                    .await
-                    .map(|_| ())
-                    .map_err(SandboxError::from)
-            })
-            .await?;
+            }
+            let report = |bytes: u64| match self.load_progress.get() {
+                Some(f) => f(bytes),
+                None => tracing::info!(mib = bytes >> 20, "loading sandbox image…"),
+            };
+            image::ensure(&engine.docker, &self.config, &report)
+                .await
+                .map(|_| ())
+                .map_err(SandboxError::from)
+        })
+        .await?;
         Ok(engine)
     }
 
@@ -463,5 +470,91 @@ impl Sandbox {
         if let Some(engine) = self.engine.get() {
             engine.shutdown().await;
         }
+    }
+}
+
+/// Failed attempts at one thing, counted, with the last one's message.
+#[derive(Default)]
+struct Failed {
+    count: AtomicU64,
+    last: std::sync::Mutex<String>,
+}
+
+/// `cell`'s value, initialized by `init` one attempt at a time. A failure is not cached (the
+/// next call tries again), but a caller that waited for an attempt that failed gets that
+/// failure instead of starting another: the warm-up and a first call that race would otherwise
+/// pay twice, the second attempt (a podman service started again) outliving the call's answer.
+async fn init_once<T, F, Fut>(
+    cell: &OnceCell<T>,
+    failed: &Failed,
+    init: F,
+) -> Result<T, SandboxError>
+where
+    T: Clone,
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<T, SandboxError>>,
+{
+    if let Some(v) = cell.get() {
+        return Ok(v.clone());
+    }
+    let seen = failed.count.load(Ordering::SeqCst);
+    cell.get_or_try_init(|| async {
+        if failed.count.load(Ordering::SeqCst) != seen {
+            return Err(SandboxError::Shared(failed.last.lock().unwrap().clone()));
+        }
+        init().await.inspect_err(|e| {
+            *failed.last.lock().unwrap() = e.with_hint();
+            failed.count.fetch_add(1, Ordering::SeqCst);
+        })
+    })
+    .await
+    .cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    /// A caller that waited for a failing attempt gets its failure, and no second attempt runs;
+    /// a caller that comes after the failure tries again, and a success is kept.
+    #[tokio::test]
+    async fn an_attempt_that_failed_is_shared_with_those_that_waited_not_repeated() {
+        let cell: OnceCell<u32> = OnceCell::new();
+        let failed = Failed::default();
+        let runs = AtomicUsize::new(0);
+        let attempt = |ok: bool| {
+            let runs = &runs;
+            move || async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if ok {
+                    Ok(7)
+                } else {
+                    Err(SandboxError::NotReady(20))
+                }
+            }
+        };
+        let (a, b) = tokio::join!(init_once(&cell, &failed, attempt(false)), async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            init_once(&cell, &failed, attempt(true)).await
+        });
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "the waiter started an attempt of its own"
+        );
+        assert!(matches!(a, Err(SandboxError::NotReady(20))));
+        match b {
+            Err(SandboxError::Shared(m)) => {
+                assert_eq!(m, "the sandbox did not become ready within 20s")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(init_once(&cell, &failed, attempt(true)).await.unwrap(), 7);
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        assert_eq!(init_once(&cell, &failed, attempt(false)).await.unwrap(), 7);
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
     }
 }
