@@ -15,7 +15,7 @@ const RT: &str = "import sys, os, json, threading, time\nrt = sys.modules['__mcp
 
 /// What one session can make the bridge hold above idle, in MiB, with the default output cap
 /// (SECURITY.md, "The host does not pay").
-const SESSION_BOUND_MIB: u64 = 64;
+const SESSION_BOUND_MIB: u64 = 80;
 
 fn vm_kib(pid: u32, key: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

@@ -44,7 +44,7 @@ pub(crate) fn disk_writes(pid: u32) -> u64 {
 
 /// The documented bound (SECURITY.md): what one session can make the bridge hold above idle, with
 /// the default output cap.
-pub(crate) const SESSION_BOUND_MIB: f64 = 64.0;
+pub(crate) const SESSION_BOUND_MIB: f64 = 80.0;
 
 pub(crate) fn peak_row(t: &mut Table, metric: &str, p: f64) {
     t.row(
