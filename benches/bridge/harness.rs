@@ -355,25 +355,8 @@ pub(crate) fn text(r: &CallToolResult) -> String {
         .join("\n")
 }
 
-pub(crate) async fn containers_of(pid: u32) -> Vec<String> {
-    let out = Command::new("podman")
-        .args([
-            "ps",
-            "-a",
-            "--filter",
-            "label=io.mcp-code-bridge.managed=true",
-            "--format",
-            "{{.ID}} {{.Labels}}",
-        ])
-        .output()
-        .await;
-    let Ok(out) = out else { return vec![] };
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.contains(&format!("io.mcp-code-bridge.owner:{pid}:")))
-        .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
-        .collect()
-}
+/// The bridge `pid`'s containers, as the tests see them.
+pub(crate) use super::common::containers_of;
 
 /// Samples the bridge's RSS every 50 ms until stopped.
 pub(crate) fn sample_rss(pid: u32) -> (Arc<AtomicBool>, tokio::task::JoinHandle<Vec<f64>>) {
