@@ -18,13 +18,7 @@ const RT: &str = "import sys, os, json, threading, time\nrt = sys.modules['__mcp
 const SESSION_BOUND_MIB: u64 = 80;
 
 fn vm_kib(pid: u32, key: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    common::proc_status_kib(pid, key).unwrap_or(0)
 }
 
 async fn podman(args: &[&str]) -> String {

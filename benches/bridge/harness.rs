@@ -216,16 +216,12 @@ impl Home {
 }
 
 pub(crate) fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|k| k.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(f64::NAN)
+    status_mib(pid, "VmRSS:")
+}
+
+/// A `/proc/<pid>/status` field in MiB; NaN when it cannot be read.
+pub(crate) fn status_mib(pid: u32, key: &str) -> f64 {
+    common::proc_status_kib(pid, key).map_or(f64::NAN, |kb| kb as f64 / 1024.0)
 }
 
 /// CPU time the process has used, in ms: the sum of its threads' `schedstat` run times

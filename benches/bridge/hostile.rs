@@ -7,16 +7,7 @@ pub(crate) const RT: &str = "import sys, os, json, threading, time\nrt = sys.mod
 
 /// Peak RSS of `pid` since its last reset, in MiB (`VmHWM`).
 pub(crate) fn peak_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|k| k.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(f64::NAN)
+    status_mib(pid, "VmHWM:")
 }
 
 /// Start a new peak: writing 5 to `clear_refs` resets `VmHWM` to the current RSS (Linux ≥ 4.0;
@@ -61,7 +52,7 @@ pub(crate) fn peak_row(t: &mut Table, metric: &str, p: f64) {
 /// what it held idle. Then what the whole battery made the host write: the bridge's own disk
 /// writes and those of the container's monitor (conmon, which would write an engine log), the
 /// container log's size, and the growth of the bridge's log. The bounds are SECURITY.md's.
-pub(crate) async fn hostile(_fx: &Fixtures, t: &mut Table) {
+pub(crate) async fn hostile(t: &mut Table) {
     let server: ServerDef = (
         "fx".into(),
         "python3".into(),

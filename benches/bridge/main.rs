@@ -146,7 +146,7 @@ async fn main() {
     }
     if o.wants("hostile") {
         eprintln!("bench: hostile sandbox…");
-        hostile(&fx, &mut t).await;
+        hostile(&mut t).await;
     }
     println!();
     println!(

@@ -53,8 +53,7 @@ pub fn hydrate_concurrency() -> usize {
         .unwrap_or(4)
         .clamp(4, 8)
 }
-/// How many servers warm-up starts at once: it runs beside the user's first calls.
-const WARM_CONCURRENCY: usize = 2;
+
 /// The longest a search waits for servers that have no catalog entry, by default; the ones
 /// still starting are named as skipped and keep starting in the background, for the next search.
 pub const SEARCH_WAIT: Duration = Duration::from_secs(10);
@@ -583,28 +582,6 @@ impl Upstreams {
             .shared();
         map.insert(name, h.clone());
         h
-    }
-
-    /// Warm-up: list the tools of every server that has no catalog entry yet, a few at a time
-    /// ([`WARM_CONCURRENCY`], under the search bound too), stopping each server again unless a
-    /// call uses it by then. Meant to run in the background after start-up; servers with an
-    /// entry are not started. Returns how many servers were listed.
-    pub async fn warm_catalog(&self) -> usize {
-        use futures::StreamExt;
-        let missing: Vec<Arc<Slot>> = self
-            .inner
-            .pool
-            .slots()
-            .iter()
-            .filter(|s| s.cached_tools().is_none())
-            .cloned()
-            .collect();
-        futures::stream::iter(missing)
-            .map(|slot| async move { self.hydration(slot).await.is_ok() })
-            .buffer_unordered(WARM_CONCURRENCY)
-            .filter(|ok| futures::future::ready(*ok))
-            .count()
-            .await
     }
 
     /// List every server's tools now, entry or not, and persist them (`servers --refresh`):

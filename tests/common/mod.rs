@@ -456,3 +456,16 @@ pub fn server_bin(name: &str) -> PathBuf {
             )
         })
 }
+
+/// A `/proc/<pid>/status` field in KiB (`VmRSS:`, `VmHWM:`, …); `None` when the process or the
+/// field is gone.
+pub fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with(key))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
