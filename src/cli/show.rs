@@ -8,7 +8,7 @@ pub(super) fn print_config(loaded: &config::Loaded) {
     let v = serde_json::to_value(&loaded.config).unwrap_or_default();
     let width = KEYS.iter().map(|k| k.name.len()).max().unwrap_or(10);
     for k in KEYS {
-        let val = match &v[k.name] {
+        let val = match k.name.split('.').fold(&v, |v, part| &v[part]) {
             serde_json::Value::Null => "(unset)".to_string(),
             serde_json::Value::String(s) => s.clone(),
             other => other.to_string(),

@@ -3,8 +3,9 @@
 
 use super::Config;
 
-/// One configuration key: its name (TOML key; env is `MCP_BRIDGE_` + upper case) and what it
-/// means. Its default is not written here: [`Key::default`] shows [`Config::default`]'s value, so
+/// One configuration key: its name and what it means. A name with a dot is a key of a TOML
+/// section (`policy.default` is `default` in `[policy]`); its variable replaces the dot with `_`
+/// (`MCP_BRIDGE_POLICY_DEFAULT`), see [`Key::env`]. Its default is not written here: [`Key::default`] shows [`Config::default`]'s value, so
 /// each default is written once.
 pub struct Key {
     pub name: &'static str,
@@ -18,15 +19,40 @@ impl Key {
         if self.name == "state_dir" {
             return "$XDG_STATE_HOME/mcp-code-bridge".to_string();
         }
-        match serde_json::to_value(Config::default())
-            .ok()
-            .and_then(|mut v| v.get_mut(self.name).map(serde_json::Value::take))
+        let defaults = serde_json::to_value(Config::default()).unwrap_or_default();
+        match self
+            .name
+            .split('.')
+            .try_fold(&defaults, |v, part| v.get(part))
+            .cloned()
         {
             Some(serde_json::Value::String(s)) => s,
             Some(serde_json::Value::Null) | None => String::new(),
+            Some(serde_json::Value::Array(items)) => items
+                .iter()
+                .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_string))
+                .collect::<Vec<_>>()
+                .join(","),
             Some(other) => other.to_string(),
         }
     }
+
+    /// The environment variable that sets this key: `MCP_BRIDGE_` and the name in upper case,
+    /// a section's dot written as `_`.
+    pub fn env(&self) -> String {
+        env_name(self.name)
+    }
+}
+
+/// The variable of key `name` (see [`Key::env`]); also for names that are not keys.
+pub fn env_name(name: &str) -> String {
+    format!("{ENV_PREFIX}{}", name.replace('.', "_").to_ascii_uppercase())
+}
+
+/// The key set by the variable whose name after `MCP_BRIDGE_` is `rest` (any case).
+pub fn key_of_env(rest: &str) -> Option<&'static Key> {
+    KEYS.iter()
+        .find(|k| k.name.replace('.', "_").eq_ignore_ascii_case(rest))
 }
 
 /// Every scalar key, in the order the docs show them. `servers` (tables) is documented apart.
@@ -184,13 +210,15 @@ mod tests {
     #[test]
     fn keys_table_matches_config_fields() {
         let v = serde_json::to_value(Config::default()).unwrap();
-        let mut fields: Vec<&str> = v
-            .as_object()
-            .unwrap()
-            .keys()
-            .map(|s| s.as_str())
-            .filter(|k| *k != "servers")
-            .collect();
+        // A section (an object) contributes its keys as `section.key`.
+        let mut fields: Vec<String> = Vec::new();
+        for (k, v) in v.as_object().unwrap() {
+            match v.as_object() {
+                _ if k == "servers" => {}
+                Some(section) => fields.extend(section.keys().map(|s| format!("{k}.{s}"))),
+                None => fields.push(k.clone()),
+            }
+        }
         fields.sort();
         let mut keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
         keys.sort();
@@ -205,11 +233,7 @@ mod tests {
                 d if d.is_empty() => "—".to_string(),
                 d => format!("`{d}`"),
             };
-            let row = format!(
-                "| `{}` | `{ENV_PREFIX}{}` | {default} |",
-                k.name,
-                k.name.to_ascii_uppercase()
-            );
+            let row = format!("| `{}` | `{}` | {default} |", k.name, k.env());
             assert!(
                 readme.contains(&row),
                 "README.md lacks the row starting {row:?}"

@@ -8,7 +8,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::{Figment, Metadata};
 
 use super::error::ConfigError;
-use super::keys::{ENV_PREFIX, KEYS, closest_key};
+use super::keys::{ENV_PREFIX, KEYS, closest_key, env_name, key_of_env};
 use super::{Config, Overrides};
 
 /// The system configuration file, the lowest file layer.
@@ -116,9 +116,11 @@ pub(super) fn source_from(meta: &Metadata, key: &str) -> Source {
     let top = key.split('.').next().unwrap_or(key);
     match &meta.source {
         Some(figment::Source::File(path)) => Source::File(path.clone()),
-        _ if meta.name.contains("environment") => {
-            Source::Env(format!("{ENV_PREFIX}{}", top.to_ascii_uppercase()))
-        }
+        _ if meta.name.contains("environment") => Source::Env(env_name(
+            KEYS.iter()
+                .find(|k| k.name == key)
+                .map_or(top, |k| k.name),
+        )),
         // `Serialized` providers are named after their type.
         _ if meta.name.ends_with("::Overrides") => {
             Source::CommandLine(format!("--{}", top.replace('_', "-")))
@@ -157,9 +159,24 @@ impl figment::Provider for EnvStrings {
     fn data(
         &self,
     ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        // A section's key (`policy.default`) becomes a nested dict, as TOML's `[policy]` does.
         let mut dict = figment::value::Dict::new();
         for (k, v) in self.0.iter() {
-            dict.insert(k.as_str().to_string(), figment::value::Value::from(v));
+            let mut at = &mut dict;
+            let mut parts = k.as_str().split('.').peekable();
+            while let Some(part) = parts.next() {
+                if parts.peek().is_none() {
+                    at.insert(part.to_string(), figment::value::Value::from(v.clone()));
+                    break;
+                }
+                let entry = at
+                    .entry(part.to_string())
+                    .or_insert_with(|| figment::value::Dict::new().into());
+                match entry {
+                    figment::value::Value::Dict(_, d) => at = d,
+                    _ => break,
+                }
+            }
         }
         Ok(figment::Profile::Default.collect(dict))
     }
@@ -179,11 +196,8 @@ pub fn load(explicit: Option<&Path>, overrides: &Overrides) -> Result<Loaded, Co
         return Err(ConfigError::MissingSystemFile(p.clone()));
     }
     let files = config_files(explicit);
-    let keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
     let env = EnvStrings(
-        Env::prefixed(ENV_PREFIX)
-            .only(&keys)
-            .map(|k| k.as_str().to_ascii_lowercase().into()),
+        Env::prefixed(ENV_PREFIX).filter_map(|k| key_of_env(k.as_str()).map(|k| k.name.into())),
     );
     // Every layer above the defaults, lowest first, also kept apart: which layer set what.
     let mut layers: Vec<Figment> = Vec::new();
@@ -271,15 +285,15 @@ pub(super) fn unknown_variables(names: impl Iterator<Item = std::ffi::OsString>)
                     && n != SYSTEM_CONFIG_ENV
                     && !rest.starts_with("TEST_")
                     && !rest.starts_with("BENCH_")
-                    && !KEYS.iter().any(|k| k.name.eq_ignore_ascii_case(rest))
+                    && key_of_env(rest).is_none()
             })
         })
         .map(|n| {
             let rest = n[ENV_PREFIX.len()..].to_ascii_lowercase();
             let closest = closest_key(&rest);
             format!(
-                "{n} is not a setting and is ignored; did you mean {ENV_PREFIX}{}?",
-                closest.to_ascii_uppercase()
+                "{n} is not a setting and is ignored; did you mean {}?",
+                env_name(closest)
             )
         })
         .collect();

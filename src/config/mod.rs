@@ -10,6 +10,10 @@
 //!
 //! This module imports nothing from `sandbox` or `upstream`: both read their settings from here.
 //!
+//! Adding a section (`[policy]`): a struct in its own file here, a field of [`Config`] holding it,
+//! and one row in [`KEYS`] per key, named `section.key` (the variable is derived, see
+//! [`Key::env`]).
+//!
 //! Adding a key: a field of [`Config`] with its default in `Config::default` (the only place the
 //! default is written), a row in [`KEYS`] (name and doc), a check in `Config::validate` if its
 //! range is limited, a row in the README's table (a unit test lists any missing row), and a
@@ -28,7 +32,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use error::{ConfigError, Problem};
-pub use keys::{DEFAULT_IMAGE, ENV_PREFIX, KEYS, Key, closest_key};
+pub use keys::{DEFAULT_IMAGE, ENV_PREFIX, KEYS, Key, closest_key, env_name};
 pub use load::{
     Loaded, SETUP_MARKER, SYSTEM_CONFIG, SYSTEM_CONFIG_ENV, Source, SystemConfig, config_files,
     load,
