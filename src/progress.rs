@@ -1,5 +1,6 @@
 //! Output of a running `run_python` call streamed to the client as progress (and logging)
-//! notifications.
+//! notifications, and so is the progress its proxied calls report (a line naming the server
+//! and tool, never part of the call's output).
 //!
 //! The code can write far faster than a client reads. What waits to be sent is bounded by
 //! [`BUFFER`] bytes: beyond it, output is not streamed (the reply still has it, under the output
@@ -22,6 +23,7 @@ use tokio::sync::Notify;
 
 use crate::protocol::Stream;
 use crate::sandbox::OutputSink;
+use crate::upstream::{ProgressSink, UpstreamProgress};
 
 /// Output held for streaming, at most.
 pub const BUFFER: usize = 256 << 10;
@@ -30,10 +32,17 @@ const CHUNK: usize = 16 << 10;
 /// How long the reply waits for buffered notifications to go out to a client that reads slowly.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What a notification carries: the code's output, or a proxied call's progress.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Output(Stream),
+    Upstream,
+}
+
 #[derive(Default)]
 struct Pending {
-    /// Runs of (stream, text) in order, `len` bytes in all.
-    runs: Vec<(Stream, String)>,
+    /// Runs of (kind, text) in order, `len` bytes in all.
+    runs: Vec<(Kind, String)>,
     len: usize,
     skipped: u64,
     closed: bool,
@@ -50,6 +59,43 @@ pub struct Forwarder {
     task: tokio::task::JoinHandle<()>,
 }
 
+impl Shared {
+    /// Hold `data` for sending, within [`BUFFER`]; beyond it only its size is counted.
+    fn push(&self, kind: Kind, data: &str) {
+        let mut p = self.pending.lock().unwrap();
+        if p.closed {
+            return;
+        }
+        if p.len + data.len() > BUFFER {
+            p.skipped += data.len() as u64;
+        } else {
+            p.len += data.len();
+            match p.runs.last_mut() {
+                // A proxied call's progress is one notification each.
+                Some((k, text)) if *k == kind && kind != Kind::Upstream => text.push_str(data),
+                _ => p.runs.push((kind, data.to_string())),
+            }
+        }
+        drop(p);
+        self.wake.notify_one();
+    }
+}
+
+/// A proxied call's progress as one line: `server.tool: message (3/10)`.
+fn upstream_line(p: &UpstreamProgress) -> String {
+    let mut line = format!("{}.{}:", p.server, p.tool);
+    if let Some(m) = &p.message {
+        line.push(' ');
+        line.push_str(m);
+    }
+    match p.total {
+        Some(total) => line.push_str(&format!(" ({}/{})", p.progress, total)),
+        None => line.push_str(&format!(" ({})", p.progress)),
+    }
+    line.push('\n');
+    line
+}
+
 impl Forwarder {
     /// Start forwarding to `peer`: progress notifications when the request carried `token`,
     /// logging notifications when the client set a level.
@@ -57,31 +103,30 @@ impl Forwarder {
         peer: Peer<RoleServer>,
         token: Option<ProgressToken>,
         logging: bool,
-    ) -> (Forwarder, OutputSink) {
+    ) -> (Forwarder, OutputSink, ProgressSink) {
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending::default()),
             wake: Notify::new(),
         });
         let task = tokio::spawn(forward(shared.clone(), peer, token, logging));
-        let sink_shared = shared.clone();
-        let sink: OutputSink = Arc::new(move |stream, data: &str| {
-            let mut p = sink_shared.pending.lock().unwrap();
-            if p.closed {
-                return;
-            }
-            if p.len + data.len() > BUFFER {
-                p.skipped += data.len() as u64;
-            } else {
-                p.len += data.len();
-                match p.runs.last_mut() {
-                    Some((s, text)) if *s == stream => text.push_str(data),
-                    _ => p.runs.push((stream, data.to_string())),
+        let out = shared.clone();
+        let sink: OutputSink =
+            Arc::new(move |stream, data: &str| out.push(Kind::Output(stream), data));
+        let up = shared.clone();
+        let upstream: ProgressSink = Arc::new(move |p: UpstreamProgress| {
+            // A server's message is its own text: cut it so one notification stays small.
+            let mut line = upstream_line(&p);
+            if line.len() > CHUNK {
+                let mut cut = CHUNK;
+                while !line.is_char_boundary(cut) {
+                    cut -= 1;
                 }
+                line.truncate(cut);
+                line.push_str("…\n");
             }
-            drop(p);
-            sink_shared.wake.notify_one();
+            up.push(Kind::Upstream, &line)
         });
-        (Forwarder { shared, task }, sink)
+        (Forwarder { shared, task }, sink, upstream)
     }
 
     /// Send what is still buffered, then stop; bounded by [`FLUSH_TIMEOUT`].
@@ -112,19 +157,19 @@ async fn forward(
             p.len = 0;
             (runs, std::mem::take(&mut p.skipped), p.closed)
         };
-        let mut messages: Vec<(Stream, String)> = Vec::new();
-        for (stream, text) in runs {
+        let mut messages: Vec<(Kind, String)> = Vec::new();
+        for (kind, text) in runs {
             for chunk in chunks(&text, CHUNK) {
-                messages.push((stream, chunk.to_string()));
+                messages.push((kind, chunk.to_string()));
             }
         }
         if skipped > 0 {
             messages.push((
-                Stream::Stderr,
+                Kind::Output(Stream::Stderr),
                 format!("\n… [{skipped} bytes of output not streamed: the client reads slower than the code writes; the reply has them, under the output cap] …\n"),
             ));
         }
-        for (stream, text) in messages {
+        for (kind, text) in messages {
             n += 1.0;
             if let Some(t) = &token {
                 let p = ProgressNotificationParam::new(t.clone(), n).with_message(text.clone());
@@ -133,13 +178,13 @@ async fn forward(
                 }
             }
             if logging {
-                let level = if stream == Stream::Stderr {
-                    LoggingLevel::Warning
-                } else {
-                    LoggingLevel::Info
+                let (level, logger) = match kind {
+                    Kind::Output(Stream::Stderr) => (LoggingLevel::Warning, "run_python"),
+                    Kind::Output(_) => (LoggingLevel::Info, "run_python"),
+                    Kind::Upstream => (LoggingLevel::Info, "run_python.upstream"),
                 };
-                let p = LoggingMessageNotificationParam::new(level, json!(text))
-                    .with_logger("run_python");
+                let p =
+                    LoggingMessageNotificationParam::new(level, json!(text)).with_logger(logger);
                 let _ = peer.notify_logging_message(p).await;
             }
         }

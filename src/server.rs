@@ -23,7 +23,7 @@ use crate::config::Config;
 use crate::progress::Forwarder;
 use crate::render;
 use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
-use crate::upstream::{Hinted as _, Upstreams};
+use crate::upstream::{Hinted as _, ProgressSink, Upstreams};
 
 pub const TOOL_NAME: &str = "run_python";
 pub const CAPABILITIES_URI: &str = "resource://mcp-code-bridge/capabilities";
@@ -154,13 +154,15 @@ impl Bridge {
     }
 
     /// Run one `run_python` call to completion: the result the model sees, or a setup error.
+    /// `progress` receives the code's output and its proxied calls' progress while it runs.
     pub async fn run(
         &self,
         args: RunArgs,
         cancel: tokio_util::sync::CancellationToken,
-        on_output: Option<OutputSink>,
+        progress: Option<(OutputSink, ProgressSink)>,
     ) -> CallToolResult {
-        let binding = match self.upstreams.load(&args.servers).await {
+        let (on_output, on_upstream) = progress.unzip();
+        let binding = match self.upstreams.load(&args.servers, on_upstream).await {
             Ok(b) => b,
             Err(e) => return render::setup_error(e.kind(), &e.message()),
         };
@@ -203,7 +205,10 @@ impl Bridge {
 
     /// Stream output as progress (and logging, when enabled) notifications, when the client
     /// asked for either.
-    fn progress(&self, context: &RequestContext<RoleServer>) -> Option<(Forwarder, OutputSink)> {
+    fn progress(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Option<(Forwarder, OutputSink, ProgressSink)> {
         let token = context.meta.get_progress_token();
         let logging = self.log_level.lock().unwrap().is_some();
         if token.is_none() && !logging {
@@ -254,8 +259,11 @@ impl ServerHandler for Bridge {
         }
         let args =
             RunArgs::parse(request.arguments).map_err(|e| ErrorData::invalid_params(e, None))?;
-        let (forwarder, sink) = self.progress(&context).unzip();
-        let result = self.run(args, context.ct.clone(), sink).await;
+        let (forwarder, sinks) = match self.progress(&context) {
+            Some((f, out, up)) => (Some(f), Some((out, up))),
+            None => (None, None),
+        };
+        let result = self.run(args, context.ct.clone(), sinks).await;
         if let Some(f) = forwarder {
             f.finish().await;
         }

@@ -60,7 +60,7 @@ pub(super) async fn exec(
             return ExitCode::from(2);
         }
     };
-    let binding = match ups.load(&servers).await {
+    let binding = match ups.load(&servers, None).await {
         Ok(b) => b,
         Err(e) => {
             ups.shutdown().await;

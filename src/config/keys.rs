@@ -46,7 +46,10 @@ impl Key {
 
 /// The variable of key `name` (see [`Key::env`]); also for names that are not keys.
 pub fn env_name(name: &str) -> String {
-    format!("{ENV_PREFIX}{}", name.replace('.', "_").to_ascii_uppercase())
+    format!(
+        "{ENV_PREFIX}{}",
+        name.replace('.', "_").to_ascii_uppercase()
+    )
 }
 
 /// The key set by the variable whose name after `MCP_BRIDGE_` is `rest` (any case).

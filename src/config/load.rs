@@ -117,9 +117,7 @@ pub(super) fn source_from(meta: &Metadata, key: &str) -> Source {
     match &meta.source {
         Some(figment::Source::File(path)) => Source::File(path.clone()),
         _ if meta.name.contains("environment") => Source::Env(env_name(
-            KEYS.iter()
-                .find(|k| k.name == key)
-                .map_or(top, |k| k.name),
+            KEYS.iter().find(|k| k.name == key).map_or(top, |k| k.name),
         )),
         // `Serialized` providers are named after their type.
         _ if meta.name.ends_with("::Overrides") => {

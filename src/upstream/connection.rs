@@ -6,7 +6,7 @@
 //!
 //! The pool decides when to connect, reconnect and stop; this file knows how.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,7 +15,7 @@ use std::time::Duration;
 use rmcp::model::{
     CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientJsonRpcMessage,
     ClientRequest, Implementation, LoggingLevel, LoggingMessageNotificationParam,
-    ProgressNotificationParam, ProtocolVersion, RequestId, Tool,
+    ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId, Tool,
 };
 use rmcp::service::{
     NotificationContext, Peer, RoleClient, RunningService, RxJsonRpcMessage, TxJsonRpcMessage,
@@ -142,6 +142,52 @@ pub(super) struct Conn {
     stderr: StderrTail,
     /// Changes when the server sent a message too long to read (stdio; see `stdio.rs`).
     pub(super) oversize: tokio::sync::watch::Receiver<u64>,
+    /// Where the progress of the calls in flight goes, by the token each call sent.
+    pub(super) progress: ProgressRoutes,
+}
+
+/// What a proxied call reports while it runs: the server's progress notifications for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamProgress {
+    pub server: String,
+    pub tool: String,
+    pub progress: f64,
+    pub total: Option<f64>,
+    pub message: Option<String>,
+}
+
+/// Receives a proxied call's progress (the `run_python` call's forwarder, which bounds what it
+/// holds). Called on the connection's task: it must not block.
+pub type ProgressSink = Arc<dyn Fn(UpstreamProgress) + Send + Sync>;
+
+/// The progress tokens of one connection's calls in flight, and where each one's progress goes.
+#[derive(Clone, Default)]
+pub(super) struct ProgressRoutes(Arc<Mutex<HashMap<ProgressToken, (String, ProgressSink)>>>);
+
+impl ProgressRoutes {
+    /// Route `token`'s notifications (of a call of `tool`) to `sink` until the guard is dropped.
+    pub(super) fn route(&self, token: ProgressToken, tool: &str, sink: ProgressSink) -> RouteGuard {
+        self.0
+            .lock()
+            .unwrap()
+            .insert(token.clone(), (tool.to_string(), sink));
+        RouteGuard {
+            routes: self.clone(),
+            token,
+        }
+    }
+}
+
+/// Ends a progress route when its call ends, however it ends.
+pub(super) struct RouteGuard {
+    routes: ProgressRoutes,
+    token: ProgressToken,
+}
+
+impl Drop for RouteGuard {
+    fn drop(&mut self) {
+        self.routes.0.lock().unwrap().remove(&self.token);
+    }
 }
 
 impl Conn {
@@ -225,6 +271,7 @@ fn kill_group(pgid: u32) {
 pub(super) struct Handler {
     server: String,
     tools: Arc<ToolCache>,
+    progress: ProgressRoutes,
 }
 
 impl ClientHandler for Handler {
@@ -276,11 +323,29 @@ impl ClientHandler for Handler {
         }
     }
 
+    /// Progress of a call in flight goes to that call's `run_python` progress; any other (a late
+    /// one, or a token we never sent) is only logged.
     async fn on_progress(
         &self,
         params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
+        let route = self
+            .progress
+            .0
+            .lock()
+            .unwrap()
+            .get(&params.progress_token)
+            .cloned();
+        if let Some((tool, sink)) = route {
+            sink(UpstreamProgress {
+                server: self.server.clone(),
+                tool,
+                progress: params.progress,
+                total: params.total,
+                message: params.message.clone(),
+            });
+        }
         tracing::debug!(
             server = %self.server,
             progress = params.progress,
@@ -373,9 +438,11 @@ pub(super) async fn connect(
         server: name.to_string(),
         source,
     })?;
+    let progress = ProgressRoutes::default();
     let handler = Handler {
         server: name.to_string(),
         tools,
+        progress: progress.clone(),
     };
     let sent = Arc::new(Mutex::new(HashSet::new()));
     let stderr_tail = StderrTail::default();
@@ -428,6 +495,7 @@ pub(super) async fn connect(
                     pid,
                     stderr: stderr_tail,
                     oversize,
+                    progress,
                 }),
                 Err(e) => {
                     if let Some(pid) = pid {
@@ -488,6 +556,7 @@ pub(super) async fn connect(
                 stderr: stderr_tail,
                 // rmcp's HTTP client reports an oversized response as an error of the call.
                 oversize: tokio::sync::watch::channel(0).1,
+                progress,
             })
         }
     }

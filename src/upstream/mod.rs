@@ -31,6 +31,7 @@ use serde::Serialize;
 
 use crate::protocol::{CatalogInfo, DiscoveredServer, ExecBinding, LoadedServer};
 use catalog::ServerTools;
+pub use connection::{ProgressSink, UpstreamProgress};
 pub use discovery::{
     DiscoveredEntry, Discovery, DiscoveryContext, Origin, SOURCES, SearchedLocation, ServerEntry,
     SkippedEntry, SourceKind, SourceSpec, discover,
@@ -397,8 +398,12 @@ impl Upstreams {
 
     /// Prepare an exec that loads `loaded`: resolve the names (server names or aliases) once,
     /// start those servers and hydrate their tool lists (concurrently). The exec's RPC handler
-    /// keeps their slots.
-    pub async fn load(&self, loaded: &[String]) -> Result<ExecBinding, BindError> {
+    /// keeps their slots. The progress of its proxied calls goes to `progress`, when given.
+    pub async fn load(
+        &self,
+        loaded: &[String],
+        progress: Option<ProgressSink>,
+    ) -> Result<ExecBinding, BindError> {
         let mut slots: Vec<Arc<Slot>> = Vec::new();
         let mut unknown = Vec::new();
         for name in loaded {
@@ -437,7 +442,7 @@ impl Upstreams {
         if !errors.is_empty() {
             return Err(BindError::Unavailable(errors));
         }
-        let rpc = rpc::ExecRpc::new(self.clone(), slots);
+        let rpc = rpc::ExecRpc::new(self.clone(), slots, progress);
         Ok(ExecBinding {
             servers,
             discovered: self.discovered(),
@@ -745,7 +750,7 @@ mod tests {
     #[tokio::test]
     async fn bind_rejects_unknown_names_listing_the_known_ones() {
         let u = ups(&["alpha", "beta"]);
-        let e = u.load(&["gamma".into()]).await.err().unwrap();
+        let e = u.load(&["gamma".into()], None).await.err().unwrap();
         assert!(
             matches!(&e, BindError::UnknownServers { names, known } if names == &["gamma"] && known == &["alpha", "beta"]),
             "{e}"
@@ -755,7 +760,7 @@ mod tests {
             "Unknown MCP server 'gamma'; known servers: alpha, beta"
         );
         let e = u
-            .load(&["gamma".into(), "delta".into()])
+            .load(&["gamma".into(), "delta".into()], None)
             .await
             .err()
             .unwrap();
@@ -764,7 +769,7 @@ mod tests {
                 .starts_with("Unknown MCP servers 'gamma', 'delta'"),
             "{e}"
         );
-        let e = ups(&[]).load(&["x".into()]).await.err().unwrap();
+        let e = ups(&[]).load(&["x".into()], None).await.err().unwrap();
         assert!(
             e.hint()
                 .unwrap()
@@ -773,7 +778,7 @@ mod tests {
             "{e}"
         );
         // A server that cannot start is named with the reason.
-        let e = u.load(&["alpha".into()]).await.err().unwrap();
+        let e = u.load(&["alpha".into()], None).await.err().unwrap();
         let BindError::Unavailable(errors) = &e else {
             panic!("{e}")
         };
@@ -785,7 +790,12 @@ mod tests {
             "{e}"
         );
         // The text the model gets joins each error with its advice.
-        let text = u.load(&["alpha".into()]).await.err().unwrap().message();
+        let text = u
+            .load(&["alpha".into()], None)
+            .await
+            .err()
+            .unwrap()
+            .message();
         assert!(
             text.contains("'alpha'") && text.contains("not found (is it installed"),
             "{text}"

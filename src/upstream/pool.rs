@@ -33,7 +33,7 @@ use rmcp::model::{
 use rmcp::service::{PeerRequestOptions, ServiceError};
 
 use super::ServerInfo;
-use super::connection::{CancelOnDrop, Conn, StartError, ToolCache, connect};
+use super::connection::{CancelOnDrop, Conn, ProgressSink, StartError, ToolCache, connect};
 use super::discovery::ServerEntry;
 use super::error::{Hint, Hinted, stderr_suffix};
 use super::store::{ServerIdentity, Store, StoredEntry, definition_digest, now_secs};
@@ -485,11 +485,14 @@ impl Pool {
     }
 
     /// Call a tool. A tool's own failure is `Ok` with `is_error: true`.
+    /// With `progress`, the server's progress notifications for this call go to `progress`
+    /// while it runs.
     pub(crate) async fn call_tool(
         &self,
         slot: &Slot,
         tool: &str,
         arguments: Option<JsonObject>,
+        progress: Option<&ProgressSink>,
     ) -> Result<CallToolResult, CallError> {
         let server = slot.name();
         let _busy = InFlight::new(slot);
@@ -526,6 +529,13 @@ impl Pool {
                 }
             };
             let id = handle.id.clone();
+            // rmcp gives every request a progress token of its own; the server's notifications
+            // for it go to this call's sink from here on (one sent before this line, in the
+            // moment since the request was queued, is only logged).
+            let _route = progress.map(|sink| {
+                conn.progress
+                    .route(handle.progress_token.clone(), tool, sink.clone())
+            });
             let mut guard = CancelOnDrop {
                 peer: conn.peer.clone(),
                 id: Some(id.clone()),
@@ -752,7 +762,7 @@ mod tests {
         );
         assert_eq!(e.hint().unwrap().text(), "is it installed and on PATH?");
         // Calls start it the same way, and fail the same way.
-        let e = pool.call_tool(&ghost, "x", None).await.unwrap_err();
+        let e = pool.call_tool(&ghost, "x", None, None).await.unwrap_err();
         assert!(
             matches!(e, CallError::Start(StartError::CommandNotFound { .. })),
             "{e}"
@@ -833,7 +843,7 @@ mod tests {
     async fn after_shutdown_nothing_starts() {
         let (pool, s) = one("s", stdio("true", &[]), UpstreamSettings::default());
         pool.shutdown().await;
-        let e = pool.call_tool(&s, "x", None).await.unwrap_err();
+        let e = pool.call_tool(&s, "x", None, None).await.unwrap_err();
         assert!(matches!(e, CallError::ShuttingDown), "{e}");
     }
 }

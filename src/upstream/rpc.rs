@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::catalog::{self, Detail, ServerTools, UnknownTool};
 use super::error::{Hint, Hinted};
 use super::pool::{CallError, Slot};
-use super::{Upstreams, known_servers};
+use super::{ProgressSink, Upstreams, known_servers};
 use crate::protocol::RpcHandler;
 
 /// The largest `limit` a search honours.
@@ -70,6 +70,8 @@ pub(super) struct ExecRpc {
     up: Upstreams,
     /// The servers loaded for this exec.
     loaded: Vec<Arc<Slot>>,
+    /// Where the progress of its proxied calls goes (the `run_python` call's progress).
+    progress: Option<ProgressSink>,
 }
 
 fn param_str<'a>(params: &'a Value, key: &'static str, method: &str) -> Result<&'a str, RpcError> {
@@ -83,8 +85,16 @@ fn param_str<'a>(params: &'a Value, key: &'static str, method: &str) -> Result<&
 }
 
 impl ExecRpc {
-    pub(super) fn new(up: Upstreams, loaded: Vec<Arc<Slot>>) -> Self {
-        ExecRpc { up, loaded }
+    pub(super) fn new(
+        up: Upstreams,
+        loaded: Vec<Arc<Slot>>,
+        progress: Option<ProgressSink>,
+    ) -> Self {
+        ExecRpc {
+            up,
+            loaded,
+            progress,
+        }
     }
 
     /// Any discovered server (docs cover them all).
@@ -192,7 +202,7 @@ impl ExecRpc {
                     .up
                     .inner
                     .pool
-                    .call_tool(slot, &tool_name, arguments)
+                    .call_tool(slot, &tool_name, arguments, self.progress.as_ref())
                     .await?;
                 Ok(call_result_json(&result))
             }
@@ -232,7 +242,7 @@ mod tests {
     #[tokio::test]
     async fn rpc_enforces_loaded_servers_and_validates_params() {
         let u = ups(&["alpha", "beta"]);
-        let b = u.load(&[]).await.unwrap();
+        let b = u.load(&[], None).await.unwrap();
         assert!(b.servers.is_empty());
         assert_eq!(b.discovered.len(), 2);
         // As the sandbox sees it: the message with its advice.
@@ -249,10 +259,7 @@ mod tests {
             "Server 'beta' is not loaded for this call; pass \"servers\": [\"beta\"] to run_python to load it"
         );
         // The same handler, typed.
-        let rpc = ExecRpc {
-            up: u.clone(),
-            loaded: Vec::new(),
-        };
+        let rpc = ExecRpc::new(u.clone(), Vec::new(), None);
         let call = |params: Value| {
             let rpc = &rpc;
             async move { rpc.handle_inner("call_tool", &params).await }
@@ -344,10 +351,7 @@ mod tests {
     async fn a_loaded_server_is_called_through_its_slot() {
         let u = ups(&["alpha", "beta"]);
         let beta = u.lookup("beta").unwrap().clone();
-        let rpc = ExecRpc {
-            up: u.clone(),
-            loaded: vec![beta],
-        };
+        let rpc = ExecRpc::new(u.clone(), vec![beta], None);
         assert_eq!(
             rpc.handle_inner("list_servers", &json!({})).await.unwrap(),
             json!(["beta"])
