@@ -10,9 +10,10 @@ use std::sync::Arc;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CustomRequest, CustomResult,
-    ErrorData, ListResourcesResult, ListToolsResult, LoggingLevel, PaginatedRequestParams,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
-    ResourceContents, ServerCapabilities, ServerConfig, SetLevelRequestParams, Tool,
+    ElicitRequestParams, ElicitResult, ErrorData, ListResourcesResult, ListToolsResult,
+    LoggingLevel, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
+    ReadResourceResult, Resource, ResourceContents, ServerCapabilities, ServerConfig,
+    SetLevelRequestParams, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
@@ -23,7 +24,7 @@ use crate::config::Config;
 use crate::progress::Forwarder;
 use crate::render;
 use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
-use crate::upstream::{Hinted as _, ProgressSink, Upstreams};
+use crate::upstream::{CallRelay, ClientLink, Hinted as _, ProgressSink, Upstreams};
 
 pub const TOOL_NAME: &str = "run_python";
 pub const CAPABILITIES_URI: &str = "resource://mcp-code-bridge/capabilities";
@@ -154,15 +155,16 @@ impl Bridge {
     }
 
     /// Run one `run_python` call to completion: the result the model sees, or a setup error.
-    /// `progress` receives the code's output and its proxied calls' progress while it runs.
+    /// `on_output` receives the code's output while it runs; `relay` what its proxied calls
+    /// pass on to the client (their progress, their servers' questions).
     pub async fn run(
         &self,
         args: RunArgs,
         cancel: tokio_util::sync::CancellationToken,
-        progress: Option<(OutputSink, ProgressSink)>,
+        on_output: Option<OutputSink>,
+        relay: CallRelay,
     ) -> CallToolResult {
-        let (on_output, on_upstream) = progress.unzip();
-        let binding = match self.upstreams.load(&args.servers, on_upstream).await {
+        let binding = match self.upstreams.load(&args.servers, relay).await {
             Ok(b) => b,
             Err(e) => return render::setup_error(e.kind(), &e.message()),
         };
@@ -259,11 +261,15 @@ impl ServerHandler for Bridge {
         }
         let args =
             RunArgs::parse(request.arguments).map_err(|e| ErrorData::invalid_params(e, None))?;
-        let (forwarder, sinks) = match self.progress(&context) {
-            Some((f, out, up)) => (Some(f), Some((out, up))),
-            None => (None, None),
+        let (forwarder, on_output, progress) = match self.progress(&context) {
+            Some((f, out, up)) => (Some(f), Some(out), Some(up)),
+            None => (None, None, None),
         };
-        let result = self.run(args, context.ct.clone(), sinks).await;
+        let relay = CallRelay {
+            progress,
+            client: Some(Arc::new(PeerLink(context.peer.clone()))),
+        };
+        let result = self.run(args, context.ct.clone(), on_output, relay).await;
         if let Some(f) = forwarder {
             f.finish().await;
         }
@@ -334,6 +340,38 @@ impl ServerHandler for Bridge {
             format!("unknown method {m:?}; this server implements {METHODS}"),
             None,
         ))
+    }
+}
+
+/// The client of a `run_python` request, as its proxied calls reach it: a server's question
+/// goes to the user through this peer (stdio has one client, so one identity).
+struct PeerLink(rmcp::service::Peer<RoleServer>);
+
+#[async_trait::async_trait]
+impl ClientLink for PeerLink {
+    fn identity(&self) -> &str {
+        "stdio"
+    }
+
+    fn can_elicit(&self, request: &ElicitRequestParams) -> bool {
+        use rmcp::service::ElicitationMode;
+        let modes = self.0.supported_elicitation_modes();
+        match request {
+            ElicitRequestParams::FormElicitationParams { .. } => {
+                modes.contains(&ElicitationMode::Form)
+            }
+            ElicitRequestParams::UrlElicitationParams { .. } => {
+                modes.contains(&ElicitationMode::Url)
+            }
+            _ => false,
+        }
+    }
+
+    async fn elicit(&self, request: ElicitRequestParams) -> Result<ElicitResult, String> {
+        self.0
+            .create_elicitation(request)
+            .await
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -1,5 +1,6 @@
-//! What proxied calls relay to the bridge's client while `run_python` runs: their progress,
-//! through the real binary, the official Python SDK client, and server-everything.
+//! What proxied calls relay to the bridge's client while `run_python` runs: their progress and
+//! their servers' questions (elicitation), through the real binary, the official Python SDK
+//! client, and server-everything.
 
 mod common;
 
@@ -8,10 +9,15 @@ use std::process::Command;
 use common::*;
 use serde_json::{Value, json};
 
-/// The Python SDK client of `tests/fixtures/sdk_progress_client.py` against a bridge of `home`.
-fn sdk_progress_call(home: &Home, code: &str, servers: &[&str]) -> Value {
-    let out = Command::new(server_bin("mcp-python"))
-        .arg(fixture("sdk_progress_client.py"))
+/// One `run_python` call by the Python SDK client of `tests/fixtures/sdk_client.py` against a
+/// bridge of `home`; with `answer`, the client accepts every question with it.
+fn sdk_call(home: &Home, answer: Option<Value>, code: &str, servers: &[&str]) -> Value {
+    let mut cmd = Command::new(server_bin("mcp-python"));
+    cmd.arg(fixture("sdk_client.py"));
+    if let Some(a) = answer {
+        cmd.arg("--answer").arg(a.to_string());
+    }
+    let out = cmd
         .arg(BIN)
         .arg(code)
         .args(servers)
@@ -33,20 +39,26 @@ fn sdk_progress_call(home: &Home, code: &str, servers: &[&str]) -> Value {
     })
 }
 
-/// server-everything's long-running tool reports each step; the Python SDK client sees them as
-/// progress of its `run_python` call, named by server and tool, before the result, apart from
-/// the code's own output.
-#[test]
-fn a_proxied_calls_progress_reaches_the_client_before_the_result() {
+/// A home whose only upstream server is server-everything.
+fn everything_home() -> Home {
     let home = Home::new();
     write_servers(
         &home,
         json!({"everything": {"command": server_bin("mcp-server-everything"), "args": []}}),
     );
+    home
+}
+
+/// server-everything's long-running tool reports each step; the Python SDK client sees them as
+/// progress of its `run_python` call, named by server and tool, before the result, apart from
+/// the code's own output.
+#[test]
+fn a_proxied_calls_progress_reaches_the_client_before_the_result() {
+    let home = everything_home();
     let code = "print('before')\n\
                 r = await mcp_everything.trigger_long_running_operation(duration=2, steps=4)\n\
                 print('after')";
-    let v = sdk_progress_call(&home, code, &["everything"]);
+    let v = sdk_call(&home, None, code, &["everything"]);
     assert_eq!(v["is_error"], false, "{v}");
     assert_eq!(v["structured"]["status"], "ok", "{v}");
     assert_eq!(v["structured"]["stdout"], "before\nafter\n", "{v}");
@@ -84,11 +96,7 @@ fn a_proxied_calls_progress_reaches_the_client_before_the_result() {
 /// progress: the server's notifications are dropped and its answer still arrives.
 #[test]
 fn without_a_progress_token_the_proxied_call_still_answers() {
-    let home = Home::new();
-    write_servers(
-        &home,
-        json!({"everything": {"command": server_bin("mcp-server-everything"), "args": []}}),
-    );
+    let home = everything_home();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let b = Bridge::start_with(home, &[], None).await;
@@ -104,4 +112,43 @@ fn without_a_progress_token_the_proxied_call_still_answers() {
         assert!(r.stdout().to_lowercase().contains("completed"), "{}", r.stdout());
         b.shutdown().await;
     });
+}
+
+const ELICIT: &str = "r = await mcp_everything.trigger_elicitation_request()\n\
+                      print(r)";
+
+/// server-everything asks its client for a form; the bridge asks its own client (the Python SDK
+/// with an elicitation callback), naming the server, and the answer reaches the tool.
+#[test]
+fn a_servers_question_is_asked_of_the_bridges_client_naming_the_server() {
+    let home = everything_home();
+    let answer = json!({"name": "Ada Lovelace", "check": true, "integer": 7});
+    let v = sdk_call(&home, Some(answer), ELICIT, &["everything"]);
+    assert_eq!(v["structured"]["status"], "ok", "{v}");
+    let asked = v["asked"].as_array().unwrap();
+    assert_eq!(asked.len(), 1, "{v}");
+    let message = asked[0]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("MCP server 'everything' asks: "),
+        "{message}"
+    );
+    let stdout = v["structured"]["stdout"].as_str().unwrap();
+    assert!(
+        stdout.contains("User provided the requested information"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Name: Ada Lovelace"), "{stdout}");
+    assert!(stdout.contains("Favorite Integer: 7"), "{stdout}");
+}
+
+/// A client that declared no elicitation is not asked: the server gets a decline at once, its
+/// tool says so, and the bridge's log says why.
+#[test]
+fn a_client_without_elicitation_gets_the_server_a_decline() {
+    let home = everything_home();
+    let v = sdk_call(&home, None, ELICIT, &["everything"]);
+    assert_eq!(v["structured"]["status"], "ok", "{v}");
+    assert_eq!(v["asked"], json!([]), "{v}");
+    let stdout = v["structured"]["stdout"].as_str().unwrap();
+    assert!(stdout.contains("declined"), "{stdout}");
 }

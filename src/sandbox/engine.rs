@@ -693,6 +693,19 @@ mod tests {
             .collect()
     }
 
+    /// The group's live members once it has had `within` to go: a SIGKILLed process leaves
+    /// `/proc` a moment after the signal, later on a loaded machine.
+    fn left_in_group(pgid: u32, within: Duration) -> Vec<u32> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let left = live_in_group(pgid);
+            if left.is_empty() || std::time::Instant::now() >= deadline {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// A stand-in service: a shell with a child of its own, like rootless podman and the podman it
     /// re-executes, optionally ignoring SIGTERM (inherited by the child).
     fn service(script: &str) -> (OwnService, u32) {
@@ -720,7 +733,10 @@ mod tests {
             .expect("the guard did not end")
             .unwrap();
         assert!(start.elapsed() < Duration::from_secs(3));
-        assert_eq!(live_in_group(pgid), Vec::<u32>::new());
+        assert_eq!(
+            left_in_group(pgid, Duration::from_secs(2)),
+            Vec::<u32>::new()
+        );
     }
 
     #[tokio::test]
@@ -735,7 +751,10 @@ mod tests {
             "{:?}",
             start.elapsed()
         );
-        assert_eq!(live_in_group(pgid), Vec::<u32>::new());
+        assert_eq!(
+            left_in_group(pgid, Duration::from_secs(2)),
+            Vec::<u32>::new()
+        );
     }
 
     #[tokio::test]
@@ -747,7 +766,10 @@ mod tests {
             .await
             .expect("the guard did not end with its service")
             .unwrap();
-        assert_eq!(live_in_group(pgid), Vec::<u32>::new());
+        assert_eq!(
+            left_in_group(pgid, Duration::from_secs(2)),
+            Vec::<u32>::new()
+        );
         // The pipe is still open: nothing but the service's end stopped it.
         assert!(s.lifeline.is_some());
     }

@@ -6,7 +6,7 @@
 //!
 //! The pool decides when to connect, reconnect and stop; this file knows how.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,11 +14,12 @@ use std::time::Duration;
 #[allow(deprecated)] // Logging is deprecated by SEP-2577; servers still send it.
 use rmcp::model::{
     CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientJsonRpcMessage,
-    ClientRequest, Implementation, LoggingLevel, LoggingMessageNotificationParam,
-    ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId, Tool,
+    ClientRequest, ElicitRequestParams, ElicitResult, ErrorData, Implementation, LoggingLevel,
+    LoggingMessageNotificationParam, ProgressNotificationParam, ProtocolVersion, RequestId, Tool,
 };
 use rmcp::service::{
-    NotificationContext, Peer, RoleClient, RunningService, RxJsonRpcMessage, TxJsonRpcMessage,
+    NotificationContext, Peer, RequestContext, RoleClient, RunningService, RxJsonRpcMessage,
+    TxJsonRpcMessage,
 };
 use rmcp::transport::Transport;
 use rmcp::{ClientHandler, ServiceExt};
@@ -26,6 +27,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead};
 
 use super::discovery::{ServerEntry, redact_url};
 use super::error::{Hint, Hinted, stderr_suffix};
+use super::relay::{Routes, UpstreamProgress};
 use super::secrets::{ResolveError, Resolved, resolve};
 
 /// How many stderr lines of a server are kept for error messages.
@@ -142,52 +144,9 @@ pub(super) struct Conn {
     stderr: StderrTail,
     /// Changes when the server sent a message too long to read (stdio; see `stdio.rs`).
     pub(super) oversize: tokio::sync::watch::Receiver<u64>,
-    /// Where the progress of the calls in flight goes, by the token each call sent.
-    pub(super) progress: ProgressRoutes,
-}
-
-/// What a proxied call reports while it runs: the server's progress notifications for it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct UpstreamProgress {
-    pub server: String,
-    pub tool: String,
-    pub progress: f64,
-    pub total: Option<f64>,
-    pub message: Option<String>,
-}
-
-/// Receives a proxied call's progress (the `run_python` call's forwarder, which bounds what it
-/// holds). Called on the connection's task: it must not block.
-pub type ProgressSink = Arc<dyn Fn(UpstreamProgress) + Send + Sync>;
-
-/// The progress tokens of one connection's calls in flight, and where each one's progress goes.
-#[derive(Clone, Default)]
-pub(super) struct ProgressRoutes(Arc<Mutex<HashMap<ProgressToken, (String, ProgressSink)>>>);
-
-impl ProgressRoutes {
-    /// Route `token`'s notifications (of a call of `tool`) to `sink` until the guard is dropped.
-    pub(super) fn route(&self, token: ProgressToken, tool: &str, sink: ProgressSink) -> RouteGuard {
-        self.0
-            .lock()
-            .unwrap()
-            .insert(token.clone(), (tool.to_string(), sink));
-        RouteGuard {
-            routes: self.clone(),
-            token,
-        }
-    }
-}
-
-/// Ends a progress route when its call ends, however it ends.
-pub(super) struct RouteGuard {
-    routes: ProgressRoutes,
-    token: ProgressToken,
-}
-
-impl Drop for RouteGuard {
-    fn drop(&mut self) {
-        self.routes.0.lock().unwrap().remove(&self.token);
-    }
+    /// The calls in flight, by the progress token each one sent: where their progress and
+    /// their server's questions go.
+    pub(super) routes: Routes,
 }
 
 impl Conn {
@@ -271,13 +230,15 @@ fn kill_group(pgid: u32) {
 pub(super) struct Handler {
     server: String,
     tools: Arc<ToolCache>,
-    progress: ProgressRoutes,
+    routes: Routes,
 }
 
 impl ClientHandler for Handler {
+    /// Elicitation is declared: a server's question goes to the client of the `run_python`
+    /// call that made the server busy (see `relay.rs`), which may still decline it.
     fn get_info(&self) -> ClientConfig {
         ClientConfig::new(
-            ClientCapabilities::default(),
+            ClientCapabilities::builder().enable_elicitation().build(),
             Implementation::new("mcp-code-bridge", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
@@ -323,6 +284,16 @@ impl ClientHandler for Handler {
         }
     }
 
+    /// A server's question goes to the client of the call in flight that it belongs to; see
+    /// [`Routes::elicit`].
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        Ok(self.routes.elicit(&self.server, request).await)
+    }
+
     /// Progress of a call in flight goes to that call's `run_python` progress; any other (a late
     /// one, or a token we never sent) is only logged.
     async fn on_progress(
@@ -330,14 +301,7 @@ impl ClientHandler for Handler {
         params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        let route = self
-            .progress
-            .0
-            .lock()
-            .unwrap()
-            .get(&params.progress_token)
-            .cloned();
-        if let Some((tool, sink)) = route {
+        if let Some((tool, sink)) = self.routes.progress_of(&params.progress_token) {
             sink(UpstreamProgress {
                 server: self.server.clone(),
                 tool,
@@ -438,11 +402,11 @@ pub(super) async fn connect(
         server: name.to_string(),
         source,
     })?;
-    let progress = ProgressRoutes::default();
+    let routes = Routes::default();
     let handler = Handler {
         server: name.to_string(),
         tools,
-        progress: progress.clone(),
+        routes: routes.clone(),
     };
     let sent = Arc::new(Mutex::new(HashSet::new()));
     let stderr_tail = StderrTail::default();
@@ -495,7 +459,7 @@ pub(super) async fn connect(
                     pid,
                     stderr: stderr_tail,
                     oversize,
-                    progress,
+                    routes,
                 }),
                 Err(e) => {
                     if let Some(pid) = pid {
@@ -556,7 +520,7 @@ pub(super) async fn connect(
                 stderr: stderr_tail,
                 // rmcp's HTTP client reports an oversized response as an error of the call.
                 oversize: tokio::sync::watch::channel(0).1,
-                progress,
+                routes,
             })
         }
     }

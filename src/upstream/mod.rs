@@ -19,6 +19,7 @@ pub mod connection;
 pub mod discovery;
 pub mod error;
 pub mod pool;
+mod relay;
 pub mod rpc;
 pub mod secrets;
 pub mod stdio;
@@ -31,7 +32,6 @@ use serde::Serialize;
 
 use crate::protocol::{CatalogInfo, DiscoveredServer, ExecBinding, LoadedServer};
 use catalog::ServerTools;
-pub use connection::{ProgressSink, UpstreamProgress};
 pub use discovery::{
     DiscoveredEntry, Discovery, DiscoveryContext, Origin, SOURCES, SearchedLocation, ServerEntry,
     SkippedEntry, SourceKind, SourceSpec, discover,
@@ -39,6 +39,7 @@ pub use discovery::{
 pub use error::{Hint, Hinted};
 use pool::Slot;
 pub use pool::{CallError, CatalogMeta, Pool, UpstreamSettings};
+pub use relay::{CallRelay, ClientLink, ProgressSink, UpstreamProgress};
 pub use rpc::RpcError;
 use store::Store;
 
@@ -398,11 +399,12 @@ impl Upstreams {
 
     /// Prepare an exec that loads `loaded`: resolve the names (server names or aliases) once,
     /// start those servers and hydrate their tool lists (concurrently). The exec's RPC handler
-    /// keeps their slots. The progress of its proxied calls goes to `progress`, when given.
+    /// keeps their slots. Its proxied calls relay their progress and their servers' questions
+    /// to `relay`.
     pub async fn load(
         &self,
         loaded: &[String],
-        progress: Option<ProgressSink>,
+        relay: CallRelay,
     ) -> Result<ExecBinding, BindError> {
         let mut slots: Vec<Arc<Slot>> = Vec::new();
         let mut unknown = Vec::new();
@@ -442,7 +444,7 @@ impl Upstreams {
         if !errors.is_empty() {
             return Err(BindError::Unavailable(errors));
         }
-        let rpc = rpc::ExecRpc::new(self.clone(), slots, progress);
+        let rpc = rpc::ExecRpc::new(self.clone(), slots, relay);
         Ok(ExecBinding {
             servers,
             discovered: self.discovered(),
@@ -750,7 +752,11 @@ mod tests {
     #[tokio::test]
     async fn bind_rejects_unknown_names_listing_the_known_ones() {
         let u = ups(&["alpha", "beta"]);
-        let e = u.load(&["gamma".into()], None).await.err().unwrap();
+        let e = u
+            .load(&["gamma".into()], CallRelay::default())
+            .await
+            .err()
+            .unwrap();
         assert!(
             matches!(&e, BindError::UnknownServers { names, known } if names == &["gamma"] && known == &["alpha", "beta"]),
             "{e}"
@@ -760,7 +766,7 @@ mod tests {
             "Unknown MCP server 'gamma'; known servers: alpha, beta"
         );
         let e = u
-            .load(&["gamma".into(), "delta".into()], None)
+            .load(&["gamma".into(), "delta".into()], CallRelay::default())
             .await
             .err()
             .unwrap();
@@ -769,7 +775,11 @@ mod tests {
                 .starts_with("Unknown MCP servers 'gamma', 'delta'"),
             "{e}"
         );
-        let e = ups(&[]).load(&["x".into()], None).await.err().unwrap();
+        let e = ups(&[])
+            .load(&["x".into()], CallRelay::default())
+            .await
+            .err()
+            .unwrap();
         assert!(
             e.hint()
                 .unwrap()
@@ -778,7 +788,11 @@ mod tests {
             "{e}"
         );
         // A server that cannot start is named with the reason.
-        let e = u.load(&["alpha".into()], None).await.err().unwrap();
+        let e = u
+            .load(&["alpha".into()], CallRelay::default())
+            .await
+            .err()
+            .unwrap();
         let BindError::Unavailable(errors) = &e else {
             panic!("{e}")
         };
@@ -791,7 +805,7 @@ mod tests {
         );
         // The text the model gets joins each error with its advice.
         let text = u
-            .load(&["alpha".into()], None)
+            .load(&["alpha".into()], CallRelay::default())
             .await
             .err()
             .unwrap()

@@ -33,9 +33,10 @@ use rmcp::model::{
 use rmcp::service::{PeerRequestOptions, ServiceError};
 
 use super::ServerInfo;
-use super::connection::{CancelOnDrop, Conn, ProgressSink, StartError, ToolCache, connect};
+use super::connection::{CancelOnDrop, Conn, StartError, ToolCache, connect};
 use super::discovery::ServerEntry;
 use super::error::{Hint, Hinted, stderr_suffix};
+use super::relay::CallRelay;
 use super::store::{ServerIdentity, Store, StoredEntry, definition_digest, now_secs};
 use crate::config::Config;
 
@@ -485,14 +486,14 @@ impl Pool {
     }
 
     /// Call a tool. A tool's own failure is `Ok` with `is_error: true`.
-    /// With `progress`, the server's progress notifications for this call go to `progress`
-    /// while it runs.
+    /// While it runs, the server's progress notifications for it and its questions go to
+    /// `relay` (see `relay.rs`).
     pub(crate) async fn call_tool(
         &self,
         slot: &Slot,
         tool: &str,
         arguments: Option<JsonObject>,
-        progress: Option<&ProgressSink>,
+        relay: &CallRelay,
     ) -> Result<CallToolResult, CallError> {
         let server = slot.name();
         let _busy = InFlight::new(slot);
@@ -529,13 +530,12 @@ impl Pool {
                 }
             };
             let id = handle.id.clone();
-            // rmcp gives every request a progress token of its own; the server's notifications
-            // for it go to this call's sink from here on (one sent before this line, in the
-            // moment since the request was queued, is only logged).
-            let _route = progress.map(|sink| {
-                conn.progress
-                    .route(handle.progress_token.clone(), tool, sink.clone())
-            });
+            // rmcp gives every request a progress token of its own; what the server says of
+            // this call goes to its relay from here on (a notification sent before this line,
+            // in the moment since the request was queued, is only logged).
+            let _route = conn
+                .routes
+                .route(handle.progress_token.clone(), tool, relay);
             let mut guard = CancelOnDrop {
                 peer: conn.peer.clone(),
                 id: Some(id.clone()),
@@ -762,7 +762,10 @@ mod tests {
         );
         assert_eq!(e.hint().unwrap().text(), "is it installed and on PATH?");
         // Calls start it the same way, and fail the same way.
-        let e = pool.call_tool(&ghost, "x", None, None).await.unwrap_err();
+        let e = pool
+            .call_tool(&ghost, "x", None, &CallRelay::default())
+            .await
+            .unwrap_err();
         assert!(
             matches!(e, CallError::Start(StartError::CommandNotFound { .. })),
             "{e}"
@@ -843,7 +846,10 @@ mod tests {
     async fn after_shutdown_nothing_starts() {
         let (pool, s) = one("s", stdio("true", &[]), UpstreamSettings::default());
         pool.shutdown().await;
-        let e = pool.call_tool(&s, "x", None, None).await.unwrap_err();
+        let e = pool
+            .call_tool(&s, "x", None, &CallRelay::default())
+            .await
+            .unwrap_err();
         assert!(matches!(e, CallError::ShuttingDown), "{e}");
     }
 }

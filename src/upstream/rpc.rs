@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::catalog::{self, Detail, ServerTools, UnknownTool};
 use super::error::{Hint, Hinted};
 use super::pool::{CallError, Slot};
-use super::{ProgressSink, Upstreams, known_servers};
+use super::{CallRelay, Upstreams, known_servers};
 use crate::protocol::RpcHandler;
 
 /// The largest `limit` a search honours.
@@ -70,8 +70,8 @@ pub(super) struct ExecRpc {
     up: Upstreams,
     /// The servers loaded for this exec.
     loaded: Vec<Arc<Slot>>,
-    /// Where the progress of its proxied calls goes (the `run_python` call's progress).
-    progress: Option<ProgressSink>,
+    /// What its proxied calls relay to the `run_python` call (progress, questions).
+    relay: CallRelay,
 }
 
 fn param_str<'a>(params: &'a Value, key: &'static str, method: &str) -> Result<&'a str, RpcError> {
@@ -85,16 +85,8 @@ fn param_str<'a>(params: &'a Value, key: &'static str, method: &str) -> Result<&
 }
 
 impl ExecRpc {
-    pub(super) fn new(
-        up: Upstreams,
-        loaded: Vec<Arc<Slot>>,
-        progress: Option<ProgressSink>,
-    ) -> Self {
-        ExecRpc {
-            up,
-            loaded,
-            progress,
-        }
+    pub(super) fn new(up: Upstreams, loaded: Vec<Arc<Slot>>, relay: CallRelay) -> Self {
+        ExecRpc { up, loaded, relay }
     }
 
     /// Any discovered server (docs cover them all).
@@ -202,7 +194,7 @@ impl ExecRpc {
                     .up
                     .inner
                     .pool
-                    .call_tool(slot, &tool_name, arguments, self.progress.as_ref())
+                    .call_tool(slot, &tool_name, arguments, &self.relay)
                     .await?;
                 Ok(call_result_json(&result))
             }
@@ -242,7 +234,7 @@ mod tests {
     #[tokio::test]
     async fn rpc_enforces_loaded_servers_and_validates_params() {
         let u = ups(&["alpha", "beta"]);
-        let b = u.load(&[], None).await.unwrap();
+        let b = u.load(&[], CallRelay::default()).await.unwrap();
         assert!(b.servers.is_empty());
         assert_eq!(b.discovered.len(), 2);
         // As the sandbox sees it: the message with its advice.
@@ -259,7 +251,7 @@ mod tests {
             "Server 'beta' is not loaded for this call; pass \"servers\": [\"beta\"] to run_python to load it"
         );
         // The same handler, typed.
-        let rpc = ExecRpc::new(u.clone(), Vec::new(), None);
+        let rpc = ExecRpc::new(u.clone(), Vec::new(), CallRelay::default());
         let call = |params: Value| {
             let rpc = &rpc;
             async move { rpc.handle_inner("call_tool", &params).await }
@@ -351,7 +343,7 @@ mod tests {
     async fn a_loaded_server_is_called_through_its_slot() {
         let u = ups(&["alpha", "beta"]);
         let beta = u.lookup("beta").unwrap().clone();
-        let rpc = ExecRpc::new(u.clone(), vec![beta], None);
+        let rpc = ExecRpc::new(u.clone(), vec![beta], CallRelay::default());
         assert_eq!(
             rpc.handle_inner("list_servers", &json!({})).await.unwrap(),
             json!(["beta"])
