@@ -20,10 +20,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::config::Config;
+use crate::policy::{Approval, ApprovalRequest, Approver};
 use crate::progress::Forwarder;
 use crate::render;
 use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
-use crate::upstream::{Hinted as _, Upstreams};
+use crate::upstream::{CallContext, Hinted as _, Upstreams};
 
 pub const TOOL_NAME: &str = "run_python";
 pub const CAPABILITIES_URI: &str = "resource://mcp-code-bridge/capabilities";
@@ -154,13 +155,35 @@ impl Bridge {
     }
 
     /// Run one `run_python` call to completion: the result the model sees, or a setup error.
+    /// No one can be asked about its proxied calls: the policy's `ask_fallback` answers.
     pub async fn run(
         &self,
         args: RunArgs,
         cancel: tokio_util::sync::CancellationToken,
         on_output: Option<OutputSink>,
     ) -> CallToolResult {
-        let binding = match self.upstreams.load(&args.servers).await {
+        self.run_for(args, cancel, on_output, None).await
+    }
+
+    /// [`Bridge::run`], asking `approver` (the client of the request) about the proxied calls
+    /// the policy says to ask about.
+    pub async fn run_for(
+        &self,
+        args: RunArgs,
+        cancel: tokio_util::sync::CancellationToken,
+        on_output: Option<OutputSink>,
+        approver: Option<Arc<dyn Approver>>,
+    ) -> CallToolResult {
+        let session = args
+            .session
+            .as_deref()
+            .unwrap_or(DEFAULT_SESSION)
+            .to_string();
+        if args.reset {
+            self.upstreams.forget_session(&session);
+        }
+        let call = CallContext { session, approver };
+        let binding = match self.upstreams.load_for(&args.servers, call).await {
             Ok(b) => b,
             Err(e) => return render::setup_error(e.kind(), &e.message()),
         };
@@ -198,6 +221,8 @@ impl Bridge {
                 d.description.map(|x| format!(": {x}")).unwrap_or_default()
             ));
         }
+        s.push_str("\n## Tool policy\n\nThe user decides which tool calls run (`server.tool` globs on real names):\n");
+        s.push_str(&self.upstreams.policy().markdown());
         s
     }
 
@@ -210,6 +235,69 @@ impl Bridge {
             return None;
         }
         Some(Forwarder::start(context.peer.clone(), token, logging))
+    }
+}
+
+/// Asks the human through the MCP client of a `run_python` request: an `elicitation/create`
+/// request in form mode, one field with the three choices.
+struct ClientApprover(rmcp::Peer<RoleServer>);
+
+/// The choices of an approval form, as sent (`const`) and shown (`title`).
+pub const APPROVE_ONCE: &str = "allow_once";
+pub const APPROVE_SESSION: &str = "allow_session";
+pub const APPROVE_DENY: &str = "deny";
+
+/// The approval form: one required field, `decision`, a titled single choice.
+pub fn approval_schema() -> rmcp::model::ElicitationSchema {
+    serde_json::from_value(json!({
+        "type": "object",
+        "properties": {
+            "decision": {
+                "type": "string",
+                "title": "Allow this tool call?",
+                "oneOf": [
+                    {"const": APPROVE_ONCE, "title": "Allow once"},
+                    {"const": APPROVE_SESSION, "title": "Allow for this session"},
+                    {"const": APPROVE_DENY, "title": "Deny"}
+                ]
+            }
+        },
+        "required": ["decision"]
+    }))
+    .expect("the approval form is a valid elicitation schema")
+}
+
+#[async_trait::async_trait]
+impl Approver for ClientApprover {
+    fn can_ask(&self) -> bool {
+        self.0
+            .supported_elicitation_modes()
+            .contains(&rmcp::service::ElicitationMode::Form)
+    }
+
+    async fn ask(&self, request: &ApprovalRequest) -> Approval {
+        use rmcp::model::{ElicitRequestParams, ElicitationAction};
+        let params = ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message: request.message(),
+            requested_schema: approval_schema(),
+        };
+        match self.0.create_elicitation(params).await {
+            Ok(r) if r.action == ElicitationAction::Accept => {
+                match r
+                    .content
+                    .as_ref()
+                    .and_then(|c| c.get("decision"))
+                    .and_then(Value::as_str)
+                {
+                    Some(APPROVE_ONCE) => Approval::Once,
+                    Some(APPROVE_SESSION) => Approval::Session,
+                    _ => Approval::Denied,
+                }
+            }
+            Ok(_) => Approval::Denied,
+            Err(e) => Approval::Unavailable(e.to_string()),
+        }
     }
 }
 
@@ -255,7 +343,10 @@ impl ServerHandler for Bridge {
         let args =
             RunArgs::parse(request.arguments).map_err(|e| ErrorData::invalid_params(e, None))?;
         let (forwarder, sink) = self.progress(&context).unzip();
-        let result = self.run(args, context.ct.clone(), sink).await;
+        let approver: Arc<dyn Approver> = Arc::new(ClientApprover(context.peer.clone()));
+        let result = self
+            .run_for(args, context.ct.clone(), sink, Some(approver))
+            .await;
         if let Some(f) = forwarder {
             f.finish().await;
         }
@@ -367,6 +458,19 @@ mod tests {
         assert_eq!(a, b);
         // About 200 tokens: at ~4 bytes a token, well under 1.5 KB.
         assert!(a.len() < 1500, "{} bytes", a.len());
+    }
+
+    #[test]
+    fn the_approval_form_offers_three_choices() {
+        let v = serde_json::to_value(approval_schema()).unwrap();
+        let choices: Vec<&str> = v["properties"]["decision"]["oneOf"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["const"].as_str().unwrap())
+            .collect();
+        assert_eq!(choices, [APPROVE_ONCE, APPROVE_SESSION, APPROVE_DENY]);
+        assert_eq!(v["required"], json!(["decision"]));
     }
 
     #[test]

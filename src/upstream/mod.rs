@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::policy::{Approver, Grants, Policy};
 use crate::protocol::{CatalogInfo, DiscoveredServer, ExecBinding, LoadedServer};
 use catalog::ServerTools;
 pub use discovery::{
@@ -204,6 +205,18 @@ struct Inner {
     skipped: Vec<SkippedEntry>,
     warnings: Vec<String>,
     searched: Vec<SearchedLocation>,
+    /// The `[policy]` every proxied call goes through (`rpc::ExecRpc::call_tool`).
+    policy: Arc<Policy>,
+    /// "Allow for this session" answers, by session and interpreter.
+    grants: Grants,
+}
+
+/// Who a `run_python` call is for, as its proxied calls' policy needs it: the session (what
+/// "allow for this session" is remembered under) and the client to ask, when it can be asked.
+#[derive(Clone, Default)]
+pub struct CallContext {
+    pub session: String,
+    pub approver: Option<Arc<dyn Approver>>,
 }
 
 impl Upstreams {
@@ -244,8 +257,28 @@ impl Upstreams {
                 skipped,
                 warnings,
                 searched,
+                policy: Arc::new(Policy::default()),
+                grants: Grants::default(),
             }),
         }
+    }
+
+    /// The same upstream side with `policy` in force. Call before the first clone.
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.policy = Arc::new(policy);
+        }
+        self
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    /// Forget what session `name` was allowed "for this session" (its interpreter is reset).
+    pub fn forget_session(&self, name: &str) {
+        self.inner.grants.forget(name);
     }
 
     /// Discover servers as the loaded configuration says (TOML `[servers]`, `servers_file`,
@@ -272,6 +305,7 @@ impl Upstreams {
             .collect();
         let store = Arc::new(Store::open(&config.state_dir));
         Upstreams::with_store(discover(&ctx), UpstreamSettings::from(config), Some(store))
+            .with_policy(Policy::from_loaded(loaded))
     }
 
     /// Every server, sorted by name.
@@ -395,10 +429,21 @@ impl Upstreams {
         &self.inner.pool
     }
 
+    /// [`Upstreams::load_for`] with no session and no client to ask (`exec`): a call the
+    /// policy says to ask about gets `ask_fallback`.
+    pub async fn load(&self, loaded: &[String]) -> Result<ExecBinding, BindError> {
+        self.load_for(loaded, CallContext::default()).await
+    }
+
     /// Prepare an exec that loads `loaded`: resolve the names (server names or aliases) once,
     /// start those servers and hydrate their tool lists (concurrently). The exec's RPC handler
-    /// keeps their slots.
-    pub async fn load(&self, loaded: &[String]) -> Result<ExecBinding, BindError> {
+    /// keeps their slots, and applies the policy to every proxied call for `call`'s session.
+    /// Each tool's metadata says whether the policy asks before calling it or refuses it.
+    pub async fn load_for(
+        &self,
+        loaded: &[String],
+        call: CallContext,
+    ) -> Result<ExecBinding, BindError> {
         let mut slots: Vec<Arc<Slot>> = Vec::new();
         let mut unknown = Vec::new();
         for name in loaded {
@@ -428,7 +473,7 @@ impl Upstreams {
                     alias: info.alias.clone(),
                     description: info.description.clone(),
                     cwd: info.cwd.clone(),
-                    tools: tools.into_tool_meta(),
+                    tools: self.mark_policy(slot, tools.into_tool_meta()),
                     catalog: catalog_info(&slot.catalog.meta()),
                 }),
                 Err(e) => errors.push(e),
@@ -437,12 +482,32 @@ impl Upstreams {
         if !errors.is_empty() {
             return Err(BindError::Unavailable(errors));
         }
-        let rpc = rpc::ExecRpc::new(self.clone(), slots);
+        let rpc = rpc::ExecRpc::new(self.clone(), slots, call);
         Ok(ExecBinding {
             servers,
             discovered: self.discovered(),
             rpc: Arc::new(rpc),
         })
+    }
+
+    /// Set each tool's `policy` to `ask` or `deny` when the policy says so (before any grant:
+    /// what the model plans with is the rule, not a session's answers).
+    fn mark_policy(&self, slot: &Slot, mut tools: Vec<crate::protocol::ToolMeta>) -> Vec<crate::protocol::ToolMeta> {
+        let policy = &self.inner.policy;
+        if policy.allows_everything() {
+            return tools;
+        }
+        let listed = slot.cached_tools();
+        for t in &mut tools {
+            let destructive = listed
+                .as_ref()
+                .and_then(|l| l.iter().find(|x| x.name == t.name))
+                .is_some_and(crate::policy::is_destructive);
+            let action = policy.rule_for(slot.name(), &t.name, destructive).action;
+            t.policy = (action != crate::config::policy::Action::Allow)
+                .then(|| action.as_str().to_string());
+        }
+        tools
     }
 
     /// Stop every upstream server (call on exit).
