@@ -54,14 +54,20 @@ pub enum RpcError {
     #[error(transparent)]
     Call(#[from] CallError),
     /// The policy, or the user when asked, refused the call. The runtime raises `ToolDenied`.
-    #[error("{}", denied_text(server, tool, decision, fallback_origin))]
-    Denied {
-        server: String,
-        tool: String,
-        decision: Decision,
-        /// Where `ask_fallback` is set, for a call that could not be asked about.
-        fallback_origin: String,
-    },
+    #[error(transparent)]
+    Denied(Box<Denied>),
+}
+
+/// A proxied call refused by the policy or by the user (boxed in [`RpcError`]: it is the
+/// largest error and the rarest).
+#[derive(Debug, thiserror::Error)]
+#[error("{}", denied_text(.server, .tool, .decision, .fallback_origin))]
+pub struct Denied {
+    pub server: String,
+    pub tool: String,
+    pub decision: Decision,
+    /// Where `ask_fallback` is set, for a call that could not be asked about.
+    pub fallback_origin: String,
 }
 
 /// What a refusal says: the tool, why, the rule and where it is set.
@@ -93,7 +99,7 @@ impl Hinted for RpcError {
             )),
             RpcError::UnknownTool(e) => e.hint(),
             RpcError::Call(e) => e.hint(),
-            RpcError::Denied { .. } => Some(Hint::clause(
+            RpcError::Denied(_) => Some(Hint::clause(
                 "the user decides this, not the code: do not retry the call; go on without it, or tell the user what it was needed for",
             )),
             _ => None,
@@ -265,12 +271,12 @@ impl ExecRpc {
                 .map(|r| call_result_json(&r))
                 .map_err(RpcError::from)
         } else {
-            Err(RpcError::Denied {
+            Err(RpcError::Denied(Box::new(Denied {
                 server: slot.name().to_string(),
                 tool: tool_name.clone(),
                 decision: decision.clone(),
                 fallback_origin: self.up.policy().fallback().1.to_string(),
-            })
+            })))
         };
         // audit: tool_call record. Here the server (`slot.name()`), the tool (`tool_name`),
         // its `arguments`, the `decision`, the status (`outcome`) and the duration
@@ -370,7 +376,7 @@ impl RpcHandler for ExecRpc {
 
     async fn answer(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
         self.handle_inner(method, &params).await.map_err(|e| {
-            let kind = matches!(e, RpcError::Denied { .. }).then_some(RPC_DENIED);
+            let kind = matches!(e, RpcError::Denied(_)).then_some(RPC_DENIED);
             RpcFailure {
                 message: e.message(),
                 kind,
