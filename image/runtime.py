@@ -627,6 +627,12 @@ class McpToolError(McpError):
         self.mcp_result = result
 
 
+class ToolDenied(PermissionError):
+    """The user's policy, or the user when asked, refused a tool call. The message names the
+    tool, the rule and where it is set; catch it and go on without that call (retrying is
+    refused the same way)."""
+
+
 class _Pending:
     __slots__ = ("loop", "fut", "event", "msg")
 
@@ -677,6 +683,8 @@ def _rpc_unwrap(msg):
     if msg.get("ok") is True:
         return msg.get("result")
     err = msg.get("error")
+    if msg.get("kind") == "denied":
+        raise ToolDenied(str(err) if err else "the tool call was denied by the user's policy")
     raise McpError(str(err) if err else "the bridge refused the request")
 
 
@@ -1254,6 +1262,7 @@ def _install_mcp_package():
     servers = _new_module("mcp.servers", "One module per MCP server loaded for this call.", True)
     pkg.runtime = rt
     pkg.servers = servers
+    pkg.ToolDenied = ToolDenied  # `from mcp import ToolDenied`, as well as runtime.ToolDenied
     sys.modules["mcp"] = pkg
     sys.modules["mcp.runtime"] = rt
     sys.modules["mcp.servers"] = servers
@@ -1410,6 +1419,8 @@ def list_servers_sync():
 def _public_tool(tool, full=True):
     out = {"name": tool.get("name"), "alias": tool.get("alias") or _ident(tool.get("name"), fallback="tool"),
            "description": tool.get("description") or ""}
+    if tool.get("policy") in ("ask", "deny"):
+        out["policy"] = tool["policy"]  # the user's policy asks before calling it, or refuses it
     if full:
         out["input_schema"] = copy.deepcopy(tool.get("input_schema") or {})
         if tool.get("output_schema"):
@@ -1437,7 +1448,8 @@ def _public_server(meta):
 
 def describe_server(name):
     """Metadata of a server loaded for this call: name, alias, description, cwd, tools
-    (each with name, alias, description, input_schema), and how old the tool list is:
+    (each with name, alias, description, input_schema, and policy "ask" or "deny" when the
+    user's policy asks before calling it or refuses it), and how old the tool list is:
     catalog_age_seconds, catalog_updated_at (epoch seconds), catalog_source ("catalog": read
     from the bridge's saved catalog; "live": listed from the running server)."""
     meta = _lookup_loaded(name)
@@ -2223,6 +2235,7 @@ _RUNTIME_API = (
     "display",
     "McpError",
     "McpToolError",
+    "ToolDenied",
     "Image",
     "Audio",
     "Media",

@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod config;
 pub mod logging;
+pub mod policy;
 pub mod procfs;
 pub mod progress;
 pub mod protocol;

@@ -17,7 +17,38 @@ use serde_json::{Value, json};
 #[async_trait::async_trait]
 pub trait RpcHandler: Send + Sync {
     async fn handle(&self, method: &str, params: Value) -> Result<Value, String>;
+
+    /// [`RpcHandler::handle`] with the kind of a failure the runtime raises as an exception of
+    /// its own (see [`RpcFailure`]); this is what the sandbox side calls.
+    async fn answer(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
+        self.handle(method, params).await.map_err(RpcFailure::from)
+    }
+
+    /// The exec's code runs in the interpreter `id` (the container's id): called once per exec
+    /// before it runs, so what a handler remembers per session can be tied to one interpreter
+    /// and forgotten when the session gets another.
+    fn on_interpreter(&self, _id: &str) {}
 }
+
+/// A failed RPC as the sandbox gets it: the message, and a `kind` the runtime maps to an
+/// exception class (`"denied"`: `ToolDenied`, a `PermissionError`); none for every other error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RpcFailure {
+    pub message: String,
+    pub kind: Option<&'static str>,
+}
+
+impl From<String> for RpcFailure {
+    fn from(message: String) -> Self {
+        RpcFailure {
+            message,
+            kind: None,
+        }
+    }
+}
+
+/// The `kind` of an `rpc_result` refused by the user's policy or by the user when asked.
+pub const RPC_DENIED: &str = "denied";
 
 /// What an exec carries from the upstream side: the metadata sent to the runtime, and the handler
 /// of that exec's RPCs.
@@ -89,6 +120,10 @@ pub struct ToolMeta {
     pub input_schema: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<Value>,
+    /// `"ask"` or `"deny"` when the user's policy asks before a call or refuses it; left out
+    /// when calls are allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
 }
 
 /// A server the bridge knows of, loaded or not: what discovery shows without any schema.
@@ -125,6 +160,9 @@ pub enum HostFrame<'a> {
         result: Option<Value>,
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<String>,
+        /// With `error`: what kind of failure, when the runtime raises a class of its own.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        kind: Option<&'static str>,
     },
     Interrupt {
         id: u64,

@@ -21,10 +21,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::config::Config;
+use crate::policy::{Approval, ApprovalRequest, Approver};
 use crate::progress::Forwarder;
 use crate::render;
 use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
-use crate::upstream::{CallRelay, ClientLink, Hinted as _, ProgressSink, Upstreams};
+use crate::upstream::{CallContext, CallRelay, ClientLink, Hinted as _, ProgressSink, Upstreams};
 
 pub const TOOL_NAME: &str = "run_python";
 pub const CAPABILITIES_URI: &str = "resource://mcp-code-bridge/capabilities";
@@ -155,16 +156,42 @@ impl Bridge {
     }
 
     /// Run one `run_python` call to completion: the result the model sees, or a setup error.
-    /// `on_output` receives the code's output while it runs; `relay` what its proxied calls
-    /// pass on to the client (their progress, their servers' questions).
+    /// No one can be asked about its proxied calls: the policy's `ask_fallback` answers.
     pub async fn run(
         &self,
         args: RunArgs,
         cancel: tokio_util::sync::CancellationToken,
         on_output: Option<OutputSink>,
+    ) -> CallToolResult {
+        self.run_for(args, cancel, on_output, None, CallRelay::default())
+            .await
+    }
+
+    /// [`Bridge::run`], asking `approver` (the client of the request) about the proxied calls
+    /// the policy says to ask about; `relay` gets what those calls pass on to the client (their
+    /// progress, their servers' questions).
+    pub async fn run_for(
+        &self,
+        args: RunArgs,
+        cancel: tokio_util::sync::CancellationToken,
+        on_output: Option<OutputSink>,
+        approver: Option<Arc<dyn Approver>>,
         relay: CallRelay,
     ) -> CallToolResult {
-        let binding = match self.upstreams.load(&args.servers, relay).await {
+        let session = args
+            .session
+            .as_deref()
+            .unwrap_or(DEFAULT_SESSION)
+            .to_string();
+        if args.reset {
+            self.upstreams.forget_session(&session);
+        }
+        let call = CallContext {
+            session,
+            approver,
+            relay,
+        };
+        let binding = match self.upstreams.load_for(&args.servers, call).await {
             Ok(b) => b,
             Err(e) => return render::setup_error(e.kind(), &e.message()),
         };
@@ -202,6 +229,8 @@ impl Bridge {
                 d.description.map(|x| format!(": {x}")).unwrap_or_default()
             ));
         }
+        s.push_str("\n## Tool policy\n\nThe user decides which tool calls run (`server.tool` globs on real names):\n");
+        s.push_str(&self.upstreams.policy().markdown());
         s
     }
 
@@ -217,6 +246,69 @@ impl Bridge {
             return None;
         }
         Some(Forwarder::start(context.peer.clone(), token, logging))
+    }
+}
+
+/// Asks the human through the MCP client of a `run_python` request: an `elicitation/create`
+/// request in form mode, one field with the three choices.
+struct ClientApprover(rmcp::Peer<RoleServer>);
+
+/// The choices of an approval form, as sent (`const`) and shown (`title`).
+pub const APPROVE_ONCE: &str = "allow_once";
+pub const APPROVE_SESSION: &str = "allow_session";
+pub const APPROVE_DENY: &str = "deny";
+
+/// The approval form: one required field, `decision`, a titled single choice.
+pub fn approval_schema() -> rmcp::model::ElicitationSchema {
+    serde_json::from_value(json!({
+        "type": "object",
+        "properties": {
+            "decision": {
+                "type": "string",
+                "title": "Allow this tool call?",
+                "oneOf": [
+                    {"const": APPROVE_ONCE, "title": "Allow once"},
+                    {"const": APPROVE_SESSION, "title": "Allow for this session"},
+                    {"const": APPROVE_DENY, "title": "Deny"}
+                ]
+            }
+        },
+        "required": ["decision"]
+    }))
+    .expect("the approval form is a valid elicitation schema")
+}
+
+#[async_trait::async_trait]
+impl Approver for ClientApprover {
+    fn can_ask(&self) -> bool {
+        self.0
+            .supported_elicitation_modes()
+            .contains(&rmcp::service::ElicitationMode::Form)
+    }
+
+    async fn ask(&self, request: &ApprovalRequest) -> Approval {
+        use rmcp::model::{ElicitRequestParams, ElicitationAction};
+        let params = ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message: request.message(),
+            requested_schema: approval_schema(),
+        };
+        match self.0.create_elicitation(params).await {
+            Ok(r) if r.action == ElicitationAction::Accept => {
+                match r
+                    .content
+                    .as_ref()
+                    .and_then(|c| c.get("decision"))
+                    .and_then(Value::as_str)
+                {
+                    Some(APPROVE_ONCE) => Approval::Once,
+                    Some(APPROVE_SESSION) => Approval::Session,
+                    _ => Approval::Denied,
+                }
+            }
+            Ok(_) => Approval::Denied,
+            Err(e) => Approval::Unavailable(e.to_string()),
+        }
     }
 }
 
@@ -265,11 +357,14 @@ impl ServerHandler for Bridge {
             Some((f, out, up)) => (Some(f), Some(out), Some(up)),
             None => (None, None, None),
         };
+        let approver: Arc<dyn Approver> = Arc::new(ClientApprover(context.peer.clone()));
         let relay = CallRelay {
             progress,
             client: Some(Arc::new(PeerLink(context.peer.clone()))),
         };
-        let result = self.run(args, context.ct.clone(), on_output, relay).await;
+        let result = self
+            .run_for(args, context.ct.clone(), on_output, Some(approver), relay)
+            .await;
         if let Some(f) = forwarder {
             f.finish().await;
         }
@@ -413,6 +508,19 @@ mod tests {
         assert_eq!(a, b);
         // About 200 tokens: at ~4 bytes a token, well under 1.5 KB.
         assert!(a.len() < 1500, "{} bytes", a.len());
+    }
+
+    #[test]
+    fn the_approval_form_offers_three_choices() {
+        let v = serde_json::to_value(approval_schema()).unwrap();
+        let choices: Vec<&str> = v["properties"]["decision"]["oneOf"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["const"].as_str().unwrap())
+            .collect();
+        assert_eq!(choices, [APPROVE_ONCE, APPROVE_SESSION, APPROVE_DENY]);
+        assert_eq!(v["required"], json!(["decision"]));
     }
 
     #[test]

@@ -14,7 +14,7 @@ mod common;
 
 use common::{Home, Outcome, server_bin, write_servers};
 use mcp_code_bridge::upstream::store::{CATALOG_FILE, Store};
-use mcp_code_bridge::upstream::{CallRelay, Discovery, ServerEntry, UpstreamSettings, Upstreams};
+use mcp_code_bridge::upstream::{Discovery, ServerEntry, UpstreamSettings, Upstreams};
 use serde_json::{Value, json};
 
 fn init_log() {
@@ -111,7 +111,7 @@ async fn wait_until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> b
 }
 
 async fn search(up: &Upstreams, query: &str) -> Value {
-    let b = up.load(&[], CallRelay::default()).await.unwrap();
+    let b = up.load(&[]).await.unwrap();
     b.rpc
         .handle("search_tool_docs", json!({"query": query, "limit": 5}))
         .await
@@ -168,10 +168,7 @@ async fn a_second_start_serves_search_and_docs_without_starting_the_server() {
         hit_tools(&found).contains(&("time".into(), "convert_time".into())),
         "{found}"
     );
-    let b = two
-        .load(&["time".into()], CallRelay::default())
-        .await
-        .unwrap();
+    let b = two.load(&["time".into()]).await.unwrap();
     let names: Vec<&str> = b.servers[0].tools.iter().map(|t| t.name.as_str()).collect();
     assert!(names.contains(&"get_current_time"), "{names:?}");
     let catalog = b.servers[0].catalog.clone().expect("catalog info");

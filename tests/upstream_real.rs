@@ -13,7 +13,7 @@ mod common;
 
 use common::{process_alive as alive, server_bin};
 use mcp_code_bridge::upstream::{
-    BindError, CallRelay, Discovery, Hinted as _, ServerEntry, UpstreamSettings, Upstreams,
+    BindError, Discovery, Hinted as _, ServerEntry, UpstreamSettings, Upstreams,
 };
 use serde_json::{Value, json};
 
@@ -89,10 +89,7 @@ async fn everything_over_stdio_echo_structured_image_links_progress_env() {
     entry.description = Some("The reference test server".into());
     let up = upstreams(vec![("everything", entry)], settings());
 
-    let b = up
-        .load(&["everything".into()], CallRelay::default())
-        .await
-        .unwrap();
+    let b = up.load(&["everything".into()]).await.unwrap();
     assert_eq!(b.servers.len(), 1);
     let s = &b.servers[0];
     assert_eq!(
@@ -276,10 +273,7 @@ async fn filesystem_lists_a_directory() {
         )],
         settings(),
     );
-    let b = up
-        .load(&["filesystem".into()], CallRelay::default())
-        .await
-        .unwrap();
+    let b = up.load(&["filesystem".into()]).await.unwrap();
     let r = call(
         b.rpc.as_ref(),
         "filesystem",
@@ -305,10 +299,7 @@ async fn time_gets_the_current_time() {
         )],
         settings(),
     );
-    let b = up
-        .load(&["time".into()], CallRelay::default())
-        .await
-        .unwrap();
+    let b = up.load(&["time".into()]).await.unwrap();
     let r = call(
         b.rpc.as_ref(),
         "time",
@@ -344,10 +335,7 @@ async fn git_status_of_a_temp_repo() {
         )],
         settings(),
     );
-    let b = up
-        .load(&["git".into()], CallRelay::default())
-        .await
-        .unwrap();
+    let b = up.load(&["git".into()]).await.unwrap();
     let r = call(
         b.rpc.as_ref(),
         "git",
@@ -366,10 +354,7 @@ async fn a_killed_server_is_restarted_by_the_next_call() {
         vec![("everything", stdio("mcp-server-everything", &[]))],
         settings(),
     );
-    let b = up
-        .load(&["everything".into()], CallRelay::default())
-        .await
-        .unwrap();
+    let b = up.load(&["everything".into()]).await.unwrap();
     let rpc = b.rpc.as_ref();
     call(rpc, "everything", "echo", json!({"message": "one"}))
         .await
@@ -461,10 +446,7 @@ async fn everything_over_streamable_http() {
         ..Default::default()
     };
     let up = upstreams(vec![("everything-http", entry)], settings());
-    let b = up
-        .load(&["everything-http".into()], CallRelay::default())
-        .await
-        .unwrap();
+    let b = up.load(&["everything-http".into()]).await.unwrap();
     assert_eq!(b.servers[0].alias, "everything_http");
     let rpc = b.rpc.as_ref();
     let r = call(
@@ -504,10 +486,7 @@ async fn concurrent_calls_share_one_warm_client() {
         vec![("everything", stdio("mcp-server-everything", &[]))],
         settings(),
     );
-    let b = up
-        .load(&["everything".into()], CallRelay::default())
-        .await
-        .unwrap();
+    let b = up.load(&["everything".into()]).await.unwrap();
     let rpc = b.rpc.as_ref();
     let t = Instant::now();
     let slow = (0..3).map(|_| {
@@ -542,10 +521,7 @@ async fn concurrent_calls_share_one_warm_client() {
     assert_eq!(up.pool().starts("everything"), 1);
 
     // Warm across binds (sessions): no new start.
-    let b2 = up
-        .load(&["everything".into()], CallRelay::default())
-        .await
-        .unwrap();
+    let b2 = up.load(&["everything".into()]).await.unwrap();
     call(
         b2.rpc.as_ref(),
         "everything",
@@ -583,7 +559,7 @@ async fn search_covers_every_discovered_server_and_calls_need_loading() {
         settings(),
     );
     // Nothing loaded: docs and search still see every server.
-    let b = up.load(&[], CallRelay::default()).await.unwrap();
+    let b = up.load(&[]).await.unwrap();
     assert_eq!(b.discovered.len(), 4);
     let rpc = b.rpc.as_ref();
     let hits = rpc
@@ -628,11 +604,7 @@ async fn search_covers_every_discovered_server_and_calls_need_loading() {
         e,
         "Server 'time' is not loaded for this call; pass \"servers\": [\"time\"] to run_python to load it"
     );
-    let e = up
-        .load(&["broken".into()], CallRelay::default())
-        .await
-        .err()
-        .unwrap();
+    let e = up.load(&["broken".into()]).await.err().unwrap();
     assert!(matches!(e, BindError::Unavailable(_)), "{}", e.message());
     let e = e.message();
     assert!(e.contains("broken") && e.contains("not found"), "{e}");
@@ -648,10 +620,7 @@ async fn slow_calls_time_out_and_the_client_stays_usable() {
             ..Default::default()
         },
     );
-    let b = up
-        .load(&["everything".into()], CallRelay::default())
-        .await
-        .unwrap();
+    let b = up.load(&["everything".into()]).await.unwrap();
     let rpc = b.rpc.as_ref();
     let t = Instant::now();
     let e = call(
@@ -702,10 +671,7 @@ async fn idle_servers_stop_and_come_back_and_shutdown_kills_them() {
             ..settings()
         },
     );
-    let b = up
-        .load(&["everything".into()], CallRelay::default())
-        .await
-        .unwrap();
+    let b = up.load(&["everything".into()]).await.unwrap();
     let rpc = b.rpc.as_ref();
     call(rpc, "everything", "echo", json!({"message": "x"}))
         .await

@@ -185,6 +185,7 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
     for w in ups.warnings() {
         c.note(&format!("warning: {w}"));
     }
+    c.note(&format!("policy: {}", ups.policy().summary()));
     if engine.is_some() && c.failed == 0 && !quick {
         let sandbox = Sandbox::new(config.clone());
         let req = ExecRequest {

@@ -9,7 +9,7 @@ use super::{Paint, load_bar};
 use crate::config::Config;
 use crate::protocol::Stream;
 use crate::sandbox::{ExecRequest, Outcome, Sandbox};
-use crate::upstream::{CallRelay, Hinted as _, Upstreams};
+use crate::upstream::{Hinted as _, Upstreams};
 
 /// Why `exec` has no code to run.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +60,7 @@ pub(super) async fn exec(
             return ExitCode::from(2);
         }
     };
-    let binding = match ups.load(&servers, CallRelay::default()).await {
+    let binding = match ups.load(&servers).await {
         Ok(b) => b,
         Err(e) => {
             ups.shutdown().await;

@@ -172,6 +172,30 @@ pub const KEYS: &[Key] = &[
         name: "upstream_start_timeout",
         doc: "Time limit for starting an upstream server and its MCP handshake (npx/uvx may download it first).",
     },
+    Key {
+        name: "policy.default",
+        doc: "allow, ask or deny: what a proxied tool call no rule matches gets.",
+    },
+    Key {
+        name: "policy.allow",
+        doc: "\"server.tool\" globs (on real names) of calls that run; a list, or comma-separated in the environment.",
+    },
+    Key {
+        name: "policy.ask",
+        doc: "\"server.tool\" globs of calls the user approves first (elicitation in the client).",
+    },
+    Key {
+        name: "policy.deny",
+        doc: "\"server.tool\" globs of calls refused (ToolDenied in Python). Of all matching rules the most restrictive wins: deny > ask > allow.",
+    },
+    Key {
+        name: "policy.destructive",
+        doc: "allow, ask, deny or unset: for tools no rule matches whose annotations say destructiveHint (not readOnlyHint); unset follows default.",
+    },
+    Key {
+        name: "policy.ask_fallback",
+        doc: "allow or deny: what ask means when the client cannot be asked (no elicitation).",
+    },
 ];
 
 pub const DEFAULT_IMAGE: &str = "mcp-code-bridge-sandbox:latest";

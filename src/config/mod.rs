@@ -22,6 +22,7 @@
 pub mod error;
 pub mod keys;
 pub mod load;
+pub mod policy;
 pub mod servers;
 pub mod values;
 
@@ -37,6 +38,7 @@ pub use load::{
     Loaded, SETUP_MARKER, SYSTEM_CONFIG, SYSTEM_CONFIG_ENV, Source, SystemConfig, config_files,
     load,
 };
+pub use policy::PolicyConfig;
 pub use servers::ServerEntry;
 pub use values::{LogLevel, ModuleList, OutputMode, Runtime, Secs, Size};
 use values::{empty_as_none, empty_as_none_f64, flexible_bool, flexible_u32};
@@ -84,6 +86,9 @@ pub struct Config {
     pub upstream_call_timeout: Secs,
     pub upstream_idle_timeout: Secs,
     pub upstream_start_timeout: Secs,
+    /// `[policy]`: which proxied tool calls run, ask the user, or are refused.
+    #[serde(default)]
+    pub policy: PolicyConfig,
     #[serde(default)]
     pub servers: BTreeMap<String, ServerEntry>,
 }
@@ -119,6 +124,7 @@ impl Default for Config {
             upstream_call_timeout: Secs(Duration::from_secs(60)),
             upstream_idle_timeout: Secs(Duration::from_secs(600)),
             upstream_start_timeout: Secs(Duration::from_secs(120)),
+            policy: PolicyConfig::default(),
             servers: BTreeMap::new(),
         }
     }
@@ -260,7 +266,7 @@ impl Config {
         if self.image.trim().is_empty() {
             return bad("image", "must not be empty".into());
         }
-        Ok(())
+        self.policy.validate()
     }
 
     /// A per-call timeout, clamped to `[100ms, max_timeout]`.

@@ -15,7 +15,9 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::protocol::{self, HostFrame, LineSplitter, MAX_FRAME_BYTES, SandboxFrame, Split};
+use crate::protocol::{
+    self, HostFrame, LineSplitter, MAX_FRAME_BYTES, RpcFailure, SandboxFrame, Split,
+};
 
 /// Frames buffered between the reader task and the exec loop (back-pressure beyond this)...
 const FRAME_QUEUE: usize = 256;
@@ -132,19 +134,21 @@ impl RateLimit {
 }
 
 /// The `rpc_result` line answering RPC `id`.
-pub(super) fn rpc_line(id: u64, answer: Result<Value, String>) -> Vec<u8> {
+pub(super) fn rpc_line(id: u64, answer: Result<Value, RpcFailure>) -> Vec<u8> {
     match answer {
         Ok(v) => HostFrame::RpcResult {
             id,
             ok: true,
             result: Some(v),
             error: None,
+            kind: None,
         },
         Err(e) => HostFrame::RpcResult {
             id,
             ok: false,
             result: None,
-            error: Some(e),
+            error: Some(e.message),
+            kind: e.kind,
         },
     }
     .to_line()

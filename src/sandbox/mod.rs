@@ -360,6 +360,7 @@ impl Sandbox {
         req: ExecRequest,
     ) -> Result<ExecOutcome, SandboxError> {
         let (session, fresh, notices) = self.session(name, reset).await?;
+        req.binding.rpc.on_interpreter(&session.container_id);
         let mut outcome = session.exec(req).await;
         if outcome.session_reset {
             let mut sessions = self.sessions.lock().await;

@@ -512,7 +512,7 @@ impl Session {
                     let pending_bytes = run.pending_bytes.clone();
                     run.rpcs.spawn(async move {
                         let _permit = slots.acquire_owned().await;
-                        let answer = rpc.handle(&method, params).await;
+                        let answer = rpc.answer(&method, params).await;
                         pending_bytes.fetch_sub(len, Ordering::Relaxed);
                         let _ = writer.send(rpc_line(rid, answer)).await;
                         pending.fetch_sub(1, Ordering::Relaxed);
@@ -646,7 +646,7 @@ impl Session {
         let pending = pending.clone();
         let writer = self.writer.clone();
         tokio::spawn(async move {
-            let _ = writer.send(rpc_line(id, Err(message))).await;
+            let _ = writer.send(rpc_line(id, Err(message.into()))).await;
             pending.fetch_sub(1, Ordering::Relaxed);
         });
     }

@@ -173,6 +173,7 @@ impl ServerTools {
                 description: t.description.clone(),
                 input_schema: t.input_schema.clone(),
                 output_schema: t.output_schema.clone(),
+                policy: None,
             })
             .collect()
     }
@@ -189,6 +190,7 @@ impl ServerTools {
                 description: t.description,
                 input_schema: t.input_schema,
                 output_schema: t.output_schema,
+                policy: None,
             })
             .collect()
     }

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::policy::{Approver, Grants, Policy};
 use crate::protocol::{CatalogInfo, DiscoveredServer, ExecBinding, LoadedServer};
 use catalog::ServerTools;
 pub use discovery::{
@@ -206,6 +207,20 @@ struct Inner {
     skipped: Vec<SkippedEntry>,
     warnings: Vec<String>,
     searched: Vec<SearchedLocation>,
+    /// The `[policy]` every proxied call goes through (`rpc::ExecRpc::call_tool`).
+    policy: Arc<Policy>,
+    /// "Allow for this session" answers, by session and interpreter.
+    grants: Grants,
+}
+
+/// Who a `run_python` call is for, as its proxied calls' policy needs it: the session (what
+/// "allow for this session" is remembered under) and the client to ask, when it can be asked;
+/// and what its proxied calls pass back to that client (their progress, their servers' questions).
+#[derive(Clone, Default)]
+pub struct CallContext {
+    pub session: String,
+    pub approver: Option<Arc<dyn Approver>>,
+    pub relay: CallRelay,
 }
 
 impl Upstreams {
@@ -246,8 +261,28 @@ impl Upstreams {
                 skipped,
                 warnings,
                 searched,
+                policy: Arc::new(Policy::default()),
+                grants: Grants::default(),
             }),
         }
+    }
+
+    /// The same upstream side with `policy` in force. Call before the first clone.
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.policy = Arc::new(policy);
+        }
+        self
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    /// Forget what session `name` was allowed "for this session" (its interpreter is reset).
+    pub fn forget_session(&self, name: &str) {
+        self.inner.grants.forget(name);
     }
 
     /// Discover servers as the loaded configuration says (TOML `[servers]`, `servers_file`,
@@ -274,6 +309,7 @@ impl Upstreams {
             .collect();
         let store = Arc::new(Store::open(&config.state_dir));
         Upstreams::with_store(discover(&ctx), UpstreamSettings::from(config), Some(store))
+            .with_policy(Policy::from_loaded(loaded))
     }
 
     /// Every server, sorted by name.
@@ -397,14 +433,20 @@ impl Upstreams {
         &self.inner.pool
     }
 
+    /// [`Upstreams::load_for`] with no session and no client to ask (`exec`): a call the
+    /// policy says to ask about gets `ask_fallback`.
+    pub async fn load(&self, loaded: &[String]) -> Result<ExecBinding, BindError> {
+        self.load_for(loaded, CallContext::default()).await
+    }
+
     /// Prepare an exec that loads `loaded`: resolve the names (server names or aliases) once,
     /// start those servers and hydrate their tool lists (concurrently). The exec's RPC handler
-    /// keeps their slots. Its proxied calls relay their progress and their servers' questions
-    /// to `relay`.
-    pub async fn load(
+    /// keeps their slots, and applies the policy to every proxied call for `call`'s session.
+    /// Each tool's metadata says whether the policy asks before calling it or refuses it.
+    pub async fn load_for(
         &self,
         loaded: &[String],
-        relay: CallRelay,
+        call: CallContext,
     ) -> Result<ExecBinding, BindError> {
         let mut slots: Vec<Arc<Slot>> = Vec::new();
         let mut unknown = Vec::new();
@@ -435,7 +477,7 @@ impl Upstreams {
                     alias: info.alias.clone(),
                     description: info.description.clone(),
                     cwd: info.cwd.clone(),
-                    tools: tools.into_tool_meta(),
+                    tools: self.mark_policy(slot, tools.into_tool_meta()),
                     catalog: catalog_info(&slot.catalog.meta()),
                 }),
                 Err(e) => errors.push(e),
@@ -444,12 +486,36 @@ impl Upstreams {
         if !errors.is_empty() {
             return Err(BindError::Unavailable(errors));
         }
-        let rpc = rpc::ExecRpc::new(self.clone(), slots, relay);
+        let rpc = rpc::ExecRpc::new(self.clone(), slots, call);
         Ok(ExecBinding {
             servers,
             discovered: self.discovered(),
             rpc: Arc::new(rpc),
         })
+    }
+
+    /// Set each tool's `policy` to `ask` or `deny` when the policy says so (before any grant:
+    /// what the model plans with is the rule, not a session's answers).
+    fn mark_policy(
+        &self,
+        slot: &Slot,
+        mut tools: Vec<crate::protocol::ToolMeta>,
+    ) -> Vec<crate::protocol::ToolMeta> {
+        let policy = &self.inner.policy;
+        if policy.allows_everything() {
+            return tools;
+        }
+        let listed = slot.cached_tools();
+        for t in &mut tools {
+            let destructive = listed
+                .as_ref()
+                .and_then(|l| l.iter().find(|x| x.name == t.name))
+                .is_some_and(crate::policy::is_destructive);
+            let action = policy.rule_for(slot.name(), &t.name, destructive).action;
+            t.policy = (action != crate::config::policy::Action::Allow)
+                .then(|| action.as_str().to_string());
+        }
+        tools
     }
 
     /// Stop every upstream server (call on exit).
@@ -752,11 +818,7 @@ mod tests {
     #[tokio::test]
     async fn bind_rejects_unknown_names_listing_the_known_ones() {
         let u = ups(&["alpha", "beta"]);
-        let e = u
-            .load(&["gamma".into()], CallRelay::default())
-            .await
-            .err()
-            .unwrap();
+        let e = u.load(&["gamma".into()]).await.err().unwrap();
         assert!(
             matches!(&e, BindError::UnknownServers { names, known } if names == &["gamma"] && known == &["alpha", "beta"]),
             "{e}"
@@ -766,7 +828,7 @@ mod tests {
             "Unknown MCP server 'gamma'; known servers: alpha, beta"
         );
         let e = u
-            .load(&["gamma".into(), "delta".into()], CallRelay::default())
+            .load(&["gamma".into(), "delta".into()])
             .await
             .err()
             .unwrap();
@@ -775,11 +837,7 @@ mod tests {
                 .starts_with("Unknown MCP servers 'gamma', 'delta'"),
             "{e}"
         );
-        let e = ups(&[])
-            .load(&["x".into()], CallRelay::default())
-            .await
-            .err()
-            .unwrap();
+        let e = ups(&[]).load(&["x".into()]).await.err().unwrap();
         assert!(
             e.hint()
                 .unwrap()
@@ -788,11 +846,7 @@ mod tests {
             "{e}"
         );
         // A server that cannot start is named with the reason.
-        let e = u
-            .load(&["alpha".into()], CallRelay::default())
-            .await
-            .err()
-            .unwrap();
+        let e = u.load(&["alpha".into()]).await.err().unwrap();
         let BindError::Unavailable(errors) = &e else {
             panic!("{e}")
         };
@@ -804,12 +858,7 @@ mod tests {
             "{e}"
         );
         // The text the model gets joins each error with its advice.
-        let text = u
-            .load(&["alpha".into()], CallRelay::default())
-            .await
-            .err()
-            .unwrap()
-            .message();
+        let text = u.load(&["alpha".into()]).await.err().unwrap().message();
         assert!(
             text.contains("'alpha'") && text.contains("not found (is it installed"),
             "{text}"

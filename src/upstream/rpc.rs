@@ -2,16 +2,23 @@
 //! search cover every discovered server; `call_tool` only the servers loaded for the exec, whose
 //! pool slots the handler keeps, so a proxied call goes to its server without a registry lookup.
 //! Errors reach the sandbox as [`Hinted::message`]: what was wrong, then what to do.
+//!
+//! Every proxied call goes through the user's policy here ([`ExecRpc::call_tool`]), whatever
+//! thread of the session's code sent it: the handler is the current exec's, and a thread left
+//! by an earlier call reaches the host through it too.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::catalog::{self, Detail, ServerTools, UnknownTool};
 use super::error::{Hint, Hinted};
 use super::pool::{CallError, Slot};
-use super::{CallRelay, Upstreams, known_servers};
-use crate::protocol::RpcHandler;
+use super::{CallContext, Upstreams, known_servers};
+use crate::config::policy::Action;
+use crate::policy::{Approval, ApprovalRequest, Decision, Verdict};
+use crate::protocol::{RPC_DENIED, RpcFailure, RpcHandler};
 
 /// The largest `limit` a search honours.
 pub const MAX_SEARCH_LIMIT: usize = 50;
@@ -46,6 +53,38 @@ pub enum RpcError {
     UnknownTool(#[from] UnknownTool),
     #[error(transparent)]
     Call(#[from] CallError),
+    /// The policy, or the user when asked, refused the call. The runtime raises `ToolDenied`.
+    #[error(transparent)]
+    Denied(Box<Denied>),
+}
+
+/// A proxied call refused by the policy or by the user (boxed in [`RpcError`]: it is the
+/// largest error and the rarest).
+#[derive(Debug, thiserror::Error)]
+#[error("{}", denied_text(.server, .tool, .decision, .fallback_origin))]
+pub struct Denied {
+    pub server: String,
+    pub tool: String,
+    pub decision: Decision,
+    /// Where `ask_fallback` is set, for a call that could not be asked about.
+    pub fallback_origin: String,
+}
+
+/// What a refusal says: the tool, why, the rule and where it is set.
+fn denied_text(server: &str, tool: &str, d: &Decision, fallback_origin: &str) -> String {
+    let rule = d.rule.as_deref().unwrap_or("the policy");
+    let origin = d.origin.as_deref().unwrap_or("default");
+    match d.verdict {
+        Verdict::AskDenied => format!(
+            "The user denied the call {server}.{tool} when asked (asked because of rule {rule}, set in {origin})"
+        ),
+        Verdict::AskUnavailable => format!(
+            "The call {server}.{tool} needs the user's approval (rule {rule}, set in {origin}), but the MCP client cannot be asked (it does not support elicitation), and policy.ask_fallback = \"deny\" (set in {fallback_origin}) refuses it"
+        ),
+        _ => format!(
+            "The call {server}.{tool} is denied by the user's policy: rule {rule}, set in {origin}"
+        ),
+    }
 }
 
 impl Hinted for RpcError {
@@ -60,6 +99,9 @@ impl Hinted for RpcError {
             )),
             RpcError::UnknownTool(e) => e.hint(),
             RpcError::Call(e) => e.hint(),
+            RpcError::Denied(_) => Some(Hint::clause(
+                "the user decides this, not the code: do not retry the call; go on without it, or tell the user what it was needed for",
+            )),
             _ => None,
         }
     }
@@ -70,8 +112,14 @@ pub(super) struct ExecRpc {
     up: Upstreams,
     /// The servers loaded for this exec.
     loaded: Vec<Arc<Slot>>,
-    /// What its proxied calls relay to the `run_python` call (progress, questions).
-    relay: CallRelay,
+    /// The session and the client to ask.
+    call: CallContext,
+    /// The interpreter the exec runs in (see `RpcHandler::on_interpreter`): "allow for this
+    /// session" holds for it only.
+    interpreter: OnceLock<String>,
+    /// One question to the user at a time: the code may send many calls at once, and the
+    /// answer to the first ("for this session") may settle the others.
+    asking: tokio::sync::Mutex<()>,
 }
 
 fn param_str<'a>(params: &'a Value, key: &'static str, method: &str) -> Result<&'a str, RpcError> {
@@ -85,8 +133,14 @@ fn param_str<'a>(params: &'a Value, key: &'static str, method: &str) -> Result<&
 }
 
 impl ExecRpc {
-    pub(super) fn new(up: Upstreams, loaded: Vec<Arc<Slot>>, relay: CallRelay) -> Self {
-        ExecRpc { up, loaded, relay }
+    pub(super) fn new(up: Upstreams, loaded: Vec<Arc<Slot>>, call: CallContext) -> Self {
+        ExecRpc {
+            up,
+            loaded,
+            call,
+            interpreter: OnceLock::new(),
+            asking: tokio::sync::Mutex::new(()),
+        }
     }
 
     /// Any discovered server (docs cover them all).
@@ -162,43 +216,141 @@ impl ExecRpc {
                     "skipped": skipped,
                 }))
             }
-            "call_tool" => {
-                let slot = self.loaded_server(param_str(params, "server", method)?)?;
-                let tool = param_str(params, "tool", method)?;
-                let arguments = match params.get("arguments") {
-                    None | Some(Value::Null) => None,
-                    Some(Value::Object(o)) => Some(o.clone()),
-                    Some(_) => {
-                        return Err(RpcError::BadParam {
-                            method: "call_tool",
-                            key: "arguments",
-                            expected: "an object (keyword arguments)",
-                        });
-                    }
-                };
-                // Accept the alias the proxies use; pass unknown names through for the server to judge.
-                let tool_name = match slot.cached_tools() {
-                    // The runtime sends real names: skip building the catalog (it deep-copies
-                    // every tool's schemas, ~10 % of the bridge's CPU per proxied call).
-                    Some(tools) if tools.iter().any(|t| t.name == tool) => tool.to_string(),
-                    Some(tools) => {
-                        let st =
-                            ServerTools::from_tools(slot.name(), &slot.info.alias, None, &tools);
-                        st.find(tool)
-                            .map(|t| t.name.clone())
-                            .unwrap_or_else(|| tool.to_string())
-                    }
-                    None => tool.to_string(),
-                };
-                let result = self
-                    .up
-                    .inner
-                    .pool
-                    .call_tool(slot, &tool_name, arguments, &self.relay)
-                    .await?;
-                Ok(call_result_json(&result))
-            }
+            "call_tool" => self.call_tool(params).await,
             other => Err(RpcError::UnknownMethod(other.to_string())),
+        }
+    }
+}
+
+impl ExecRpc {
+    /// A proxied call: resolve the server (loaded ones only) and the tool's real name, decide
+    /// by the policy (asking the user when it says so), then call or refuse.
+    async fn call_tool(&self, params: &Value) -> Result<Value, RpcError> {
+        let method = "call_tool";
+        let slot = self.loaded_server(param_str(params, "server", method)?)?;
+        let tool = param_str(params, "tool", method)?;
+        let arguments = match params.get("arguments") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(o)) => Some(o.clone()),
+            Some(_) => {
+                return Err(RpcError::BadParam {
+                    method: "call_tool",
+                    key: "arguments",
+                    expected: "an object (keyword arguments)",
+                });
+            }
+        };
+        // Accept the alias the proxies use; pass unknown names through for the server to judge.
+        let listed = slot.cached_tools();
+        let tool_name = match &listed {
+            // The runtime sends real names: skip building the catalog (it deep-copies
+            // every tool's schemas, ~10 % of the bridge's CPU per proxied call).
+            Some(tools) if tools.iter().any(|t| t.name == tool) => tool.to_string(),
+            Some(tools) => {
+                let st = ServerTools::from_tools(slot.name(), &slot.info.alias, None, tools);
+                st.find(tool)
+                    .map(|t| t.name.clone())
+                    .unwrap_or_else(|| tool.to_string())
+            }
+            None => tool.to_string(),
+        };
+        let destructive = listed
+            .as_ref()
+            .and_then(|l| l.iter().find(|t| t.name == tool_name))
+            .is_some_and(crate::policy::is_destructive);
+        let started = Instant::now();
+        let decision = self
+            .decide(slot.name(), &tool_name, arguments.as_ref(), destructive)
+            .await;
+        let outcome = if decision.allowed {
+            self.up
+                .inner
+                .pool
+                .call_tool(slot, &tool_name, arguments.clone(), &self.call.relay)
+                .await
+                .map(|r| call_result_json(&r))
+                .map_err(RpcError::from)
+        } else {
+            Err(RpcError::Denied(Box::new(Denied {
+                server: slot.name().to_string(),
+                tool: tool_name.clone(),
+                decision: decision.clone(),
+                fallback_origin: self.up.policy().fallback().1.to_string(),
+            })))
+        };
+        // audit: tool_call record. Here the server (`slot.name()`), the tool (`tool_name`),
+        // its `arguments`, the `decision`, the status (`outcome`) and the duration
+        // (`started.elapsed()`) are all known, for every proxied call of every thread.
+        tracing::debug!(
+            server = slot.name(),
+            tool = %tool_name,
+            decision = decision.verdict.as_str(),
+            rule = decision.rule.as_deref().unwrap_or(""),
+            ok = outcome.is_ok(),
+            duration_ms = started.elapsed().as_millis() as u64,
+            "proxied tool call"
+        );
+        outcome
+    }
+
+    /// The policy's decision about `server.tool`, asking the user when a rule says `ask` and
+    /// the session has not allowed the tool already.
+    async fn decide(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<&Map<String, Value>>,
+        destructive: bool,
+    ) -> Decision {
+        let policy = self.up.policy();
+        let ruling = policy.rule_for(server, tool, destructive);
+        match ruling.action {
+            Action::Allow => return ruling.decided(Verdict::Allow, true),
+            Action::Deny => return ruling.decided(Verdict::Deny, false),
+            Action::Ask => {}
+        }
+        let key = format!("{server}.{tool}");
+        let session = self.call.session.as_str();
+        let interpreter = self.interpreter.get().map_or("", String::as_str);
+        let granted = || self.up.inner.grants.has(session, interpreter, &key);
+        let fallback = || {
+            ruling.decided(
+                Verdict::AskUnavailable,
+                policy.fallback().0 == Action::Allow,
+            )
+        };
+        if granted() {
+            return ruling.decided(Verdict::AskAllowed, true);
+        }
+        let Some(approver) = self.call.approver.as_ref().filter(|a| a.can_ask()) else {
+            return fallback();
+        };
+        let _one = self.asking.lock().await;
+        if granted() {
+            return ruling.decided(Verdict::AskAllowed, true);
+        }
+        let request = ApprovalRequest {
+            server: server.to_string(),
+            tool: tool.to_string(),
+            arguments: crate::policy::summarize_arguments(arguments),
+            rule: ruling.rule.clone(),
+            origin: ruling.origin.clone(),
+        };
+        match approver.ask(&request).await {
+            Approval::Once => ruling.decided(Verdict::AskAllowed, true),
+            Approval::Session => {
+                self.up.inner.grants.grant(session, interpreter, &key);
+                ruling.decided(Verdict::AskAllowed, true)
+            }
+            Approval::Denied => ruling.decided(Verdict::AskDenied, false),
+            Approval::Unavailable(why) => {
+                tracing::warn!(
+                    server,
+                    tool,
+                    "could not ask the client about a tool call: {why}; ask_fallback decides"
+                );
+                fallback()
+            }
         }
     }
 }
@@ -219,9 +371,21 @@ pub fn call_result_json(result: &rmcp::model::CallToolResult) -> Value {
 #[async_trait::async_trait]
 impl RpcHandler for ExecRpc {
     async fn handle(&self, method: &str, params: Value) -> Result<Value, String> {
-        self.handle_inner(method, &params)
-            .await
-            .map_err(|e| e.message())
+        self.answer(method, params).await.map_err(|f| f.message)
+    }
+
+    async fn answer(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
+        self.handle_inner(method, &params).await.map_err(|e| {
+            let kind = matches!(e, RpcError::Denied(_)).then_some(RPC_DENIED);
+            RpcFailure {
+                message: e.message(),
+                kind,
+            }
+        })
+    }
+
+    fn on_interpreter(&self, id: &str) {
+        let _ = self.interpreter.set(id.to_string());
     }
 }
 
@@ -234,7 +398,7 @@ mod tests {
     #[tokio::test]
     async fn rpc_enforces_loaded_servers_and_validates_params() {
         let u = ups(&["alpha", "beta"]);
-        let b = u.load(&[], CallRelay::default()).await.unwrap();
+        let b = u.load(&[]).await.unwrap();
         assert!(b.servers.is_empty());
         assert_eq!(b.discovered.len(), 2);
         // As the sandbox sees it: the message with its advice.
@@ -251,7 +415,7 @@ mod tests {
             "Server 'beta' is not loaded for this call; pass \"servers\": [\"beta\"] to run_python to load it"
         );
         // The same handler, typed.
-        let rpc = ExecRpc::new(u.clone(), Vec::new(), CallRelay::default());
+        let rpc = ExecRpc::new(u.clone(), Vec::new(), CallContext::default());
         let call = |params: Value| {
             let rpc = &rpc;
             async move { rpc.handle_inner("call_tool", &params).await }
@@ -343,7 +507,7 @@ mod tests {
     async fn a_loaded_server_is_called_through_its_slot() {
         let u = ups(&["alpha", "beta"]);
         let beta = u.lookup("beta").unwrap().clone();
-        let rpc = ExecRpc::new(u.clone(), vec![beta], CallRelay::default());
+        let rpc = ExecRpc::new(u.clone(), vec![beta], CallContext::default());
         assert_eq!(
             rpc.handle_inner("list_servers", &json!({})).await.unwrap(),
             json!(["beta"])

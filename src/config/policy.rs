@@ -1,0 +1,230 @@
+//! `[policy]`: which proxied tool calls run, ask the user first, or are refused. The schema and
+//! its load-time checks live here; the matching and the decisions are `crate::policy`'s.
+//!
+//! Rules are `"server.tool"` globs on the server's name and the tool's real name (`globset`
+//! syntax: `*`, `?`, `[a-z]`, `{a,b}`). In TOML they are lists; in the environment one string,
+//! split at the commas outside `{…}`, so `MCP_BRIDGE_POLICY_DENY="github.{delete,drop}_*,*.rm"`
+//! is two rules.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// What a rule, the default or the destructive-tools setting does to a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Ordered least to most restrictive: the most restrictive matching rule wins.
+    Allow,
+    Ask,
+    Deny,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Allow => "allow",
+            Action::Ask => "ask",
+            Action::Deny => "deny",
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `destructive`: an [`Action`] for tools no rule matches whose annotations say
+/// `destructiveHint: true` (and not `readOnlyHint: true`), or `unset`: such tools follow
+/// `default` like any other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Destructive {
+    Allow,
+    Ask,
+    Deny,
+    Unset,
+}
+
+impl Destructive {
+    pub fn action(self) -> Option<Action> {
+        match self {
+            Destructive::Allow => Some(Action::Allow),
+            Destructive::Ask => Some(Action::Ask),
+            Destructive::Deny => Some(Action::Deny),
+            Destructive::Unset => None,
+        }
+    }
+}
+
+/// `ask_fallback`: what `ask` means when the client cannot be asked. Asking again is no answer,
+/// so only `allow` and `deny` are accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fallback {
+    Allow,
+    Deny,
+}
+
+impl Fallback {
+    pub fn action(self) -> Action {
+        match self {
+            Fallback::Allow => Action::Allow,
+            Fallback::Deny => Action::Deny,
+        }
+    }
+}
+
+/// A list of `"server.tool"` globs: a TOML list, or one comma-separated string (environment).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Patterns(pub Vec<String>);
+
+impl Patterns {
+    /// Split `s` at the commas outside `{…}` (globset's alternation uses commas too).
+    fn split(s: &str) -> Vec<String> {
+        let (mut out, mut cur, mut depth) = (Vec::new(), String::new(), 0usize);
+        for c in s.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth = depth.saturating_sub(1),
+                ',' if depth == 0 => {
+                    out.push(std::mem::take(&mut cur));
+                    continue;
+                }
+                _ => {}
+            }
+            cur.push(c);
+        }
+        out.push(cur);
+        out
+    }
+
+    /// Why `pattern` is not a rule, if it is not one.
+    pub fn check(pattern: &str) -> Result<globset::Glob, String> {
+        if !pattern.contains('.') {
+            return Err(format!(
+                "{pattern:?} has no '.': a rule is \"server.tool\", e.g. \"{pattern}.*\" for every tool of server {pattern:?}"
+            ));
+        }
+        globset::Glob::new(pattern).map_err(|e| format!("{pattern:?} is not a glob: {}", e.kind()))
+    }
+}
+
+impl Serialize for Patterns {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Patterns {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum L {
+            List(Vec<String>),
+            Str(String),
+        }
+        let items = match L::deserialize(d)? {
+            L::List(v) => v,
+            L::Str(s) => Patterns::split(&s),
+        };
+        Ok(Patterns(
+            items
+                .into_iter()
+                .map(|p| p.trim().to_string())
+                .filter(|p| !p.is_empty())
+                .collect(),
+        ))
+    }
+}
+
+/// The `[policy]` section. With none written, every call is allowed, as before there was a
+/// policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// For a tool no rule matches (and, with `destructive` set, that is not destructive).
+    pub default: Action,
+    pub allow: Patterns,
+    pub ask: Patterns,
+    pub deny: Patterns,
+    /// `unset` by default: annotations are the server's own claims, and a default of `ask`
+    /// would turn every destructive-annotated tool of a client without elicitation into a
+    /// refusal (`ask_fallback`), changing what runs for users who wrote no `[policy]`.
+    pub destructive: Destructive,
+    pub ask_fallback: Fallback,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            default: Action::Allow,
+            allow: Patterns::default(),
+            ask: Patterns::default(),
+            deny: Patterns::default(),
+            destructive: Destructive::Unset,
+            ask_fallback: Fallback::Deny,
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// The rule lists with their key names, most restrictive first.
+    pub fn lists(&self) -> [(&'static str, Action, &Patterns); 3] {
+        [
+            ("policy.deny", Action::Deny, &self.deny),
+            ("policy.ask", Action::Ask, &self.ask),
+            ("policy.allow", Action::Allow, &self.allow),
+        ]
+    }
+
+    /// Every pattern is a `server.tool` glob; the error names the key and why.
+    pub(super) fn validate(&self) -> Result<(), (&'static str, String)> {
+        for (key, _, list) in self.lists() {
+            for p in &list.0 {
+                Patterns::check(p).map_err(|why| (key, why))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_lists_split_at_commas_outside_braces() {
+        assert_eq!(
+            Patterns::split("github.{delete,drop}_*, *.rm,"),
+            ["github.{delete,drop}_*", " *.rm", ""]
+        );
+        let p: Patterns = serde_json::from_value(serde_json::json!("a.{x,y}, b.*,,")).unwrap();
+        assert_eq!(p.0, ["a.{x,y}", "b.*"]);
+        let p: Patterns = serde_json::from_value(serde_json::json!(["a.*", " "])).unwrap();
+        assert_eq!(p.0, ["a.*"]);
+    }
+
+    #[test]
+    fn bad_patterns_are_named_with_their_key() {
+        let mut c = PolicyConfig::default();
+        assert!(c.validate().is_ok());
+        c.deny = Patterns(vec!["github".into()]);
+        let (key, why) = c.validate().unwrap_err();
+        assert_eq!(key, "policy.deny");
+        assert!(
+            why.contains("has no '.'") && why.contains("github.*"),
+            "{why}"
+        );
+        c.deny = Patterns::default();
+        c.ask = Patterns(vec!["github.[create".into()]);
+        let (key, why) = c.validate().unwrap_err();
+        assert_eq!(key, "policy.ask");
+        assert!(
+            why.contains("github.[create") && why.contains("not a glob"),
+            "{why}"
+        );
+    }
+}

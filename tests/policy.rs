@@ -1,0 +1,427 @@
+//! The user's policy over proxied tool calls, through the real bridge binary, real podman, the
+//! real `mcp-server-time`, rmcp's client (which declares no elicitation capability) and the
+//! official Python SDK client with an elicitation callback (`mcp-python` in
+//! `MCP_BRIDGE_TEST_SERVERS_BIN`, the venv the test servers were installed into).
+
+mod common;
+
+use common::{Bridge, Home, Outcome, server_bin};
+use serde_json::{Value, json};
+
+/// `[servers.time]` and the `[policy]` given, as the bridge's own config file of `home`.
+fn write_config(home: &Home, policy: &str) -> std::path::PathBuf {
+    let dir = home.path().join(".config/mcp-code-bridge");
+    std::fs::create_dir_all(&dir).unwrap();
+    let servers =
+        toml::to_string(&json!({"servers": {"time": {"command": server_bin("mcp-server-time")}}}))
+            .unwrap();
+    let path = dir.join("config.toml");
+    std::fs::write(&path, format!("{servers}\n{policy}\n")).unwrap();
+    path
+}
+
+async fn bridge(policy: &str, env: &[(&str, &str)]) -> (Bridge, std::path::PathBuf) {
+    let home = Home::new();
+    let path = write_config(&home, policy);
+    (Bridge::start_with(home, env, None).await, path)
+}
+
+async fn py_time(b: &Bridge, code: &str) -> Outcome {
+    Outcome(
+        b.call(json!({"code": code, "servers": ["time"], "timeout": 110}))
+            .await,
+    )
+}
+
+/// Code that calls `get_current_time` and `convert_time` and prints what happened to each.
+const BOTH: &str = r#"
+from mcp import runtime, ToolDenied
+for name, call in [
+    ("get", lambda: mcp_time.get_current_time(timezone="UTC")),
+    ("convert", lambda: mcp_time.convert_time(source_timezone="UTC", time="12:00", target_timezone="Europe/Paris")),
+]:
+    try:
+        r = await call()
+        print(name, "RAN", "UTC" in str(r))
+    except PermissionError as e:
+        print(name, "DENIED", type(e).__name__, isinstance(e, runtime.ToolDenied), e is not None and issubclass(ToolDenied, PermissionError))
+        print(name, "MESSAGE", str(e).replace("\n", " "))
+print("DONE")
+"#;
+
+fn line<'a>(out: &'a str, prefix: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starting {prefix:?} in:\n{out}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deny_and_allow_rules_from_toml_name_the_rule_and_the_file() {
+    let (b, path) = bridge(
+        "[policy]\ndefault = \"deny\"\nallow = [\"time.get_*\"]\ndeny = [\"time.convert_*\", \"*.drop_*\"]\n",
+        &[],
+    )
+    .await;
+    let o = py_time(&b, BOTH).await;
+    let out = o.stdout().to_string();
+    assert_eq!(o.status(), "ok", "{}", o.text());
+    assert_eq!(line(&out, "get "), "get RAN True");
+    assert_eq!(
+        line(&out, "convert DENIED"),
+        "convert DENIED ToolDenied True True"
+    );
+    let msg = line(&out, "convert MESSAGE");
+    for part in [
+        "time.convert_time",
+        "denied by the user's policy",
+        "policy.deny \"time.convert_*\"",
+        &path.display().to_string(),
+        "do not retry",
+    ] {
+        assert!(msg.contains(part), "{part:?} not in {msg}");
+    }
+    assert!(
+        out.contains("DONE"),
+        "the code went on after catching: {out}"
+    );
+
+    // The model is told before it calls: describe_server and the capabilities resource.
+    let o = py_time(
+        &b,
+        "from mcp import runtime\nprint(sorted((t['name'], t.get('policy')) for t in runtime.describe_server('time')['tools']))",
+    )
+    .await;
+    assert_eq!(
+        o.stdout().trim(),
+        "[('convert_time', 'deny'), ('get_current_time', None)]",
+        "{}",
+        o.text()
+    );
+    let r = b
+        .client
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(
+            "resource://mcp-code-bridge/capabilities",
+        ))
+        .await
+        .unwrap();
+    let text = serde_json::to_string(&r.contents).unwrap();
+    assert!(
+        text.contains("## Tool policy")
+            && text.contains("`time.convert_*`")
+            && text.contains("any other tool: deny"),
+        "{text}"
+    );
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rules_from_the_environment_name_their_variable() {
+    let (b, _) = bridge(
+        "",
+        &[
+            ("MCP_BRIDGE_POLICY_DEFAULT", "deny"),
+            ("MCP_BRIDGE_POLICY_ALLOW", "time.convert_*, other.x"),
+        ],
+    )
+    .await;
+    let o = py_time(&b, BOTH).await;
+    let out = o.stdout().to_string();
+    assert_eq!(line(&out, "convert "), "convert RAN True", "{}", o.text());
+    let msg = line(&out, "get MESSAGE");
+    assert!(
+        msg.contains("time.get_current_time")
+            && msg.contains("policy.default = \"deny\"")
+            && msg.contains("environment variable MCP_BRIDGE_POLICY_DEFAULT"),
+        "{msg}"
+    );
+    b.shutdown().await;
+
+    let (b, _) = bridge("", &[("MCP_BRIDGE_POLICY_DENY", "time.{get,convert}_*")]).await;
+    let o = py_time(&b, BOTH).await;
+    let out = o.stdout().to_string();
+    let msg = line(&out, "convert MESSAGE");
+    assert!(
+        msg.contains("policy.deny \"time.{get,convert}_*\"")
+            && msg.contains("environment variable MCP_BRIDGE_POLICY_DENY"),
+        "{msg}"
+    );
+    assert!(out.contains("get DENIED ToolDenied"), "{out}");
+    b.shutdown().await;
+}
+
+#[test]
+fn a_bad_glob_is_a_configuration_error_naming_key_value_and_file() {
+    let home = Home::new();
+    let path = write_config(&home, "[policy]\ndeny = [\"time.[oops\"]\n");
+    let out = home.command().arg("config").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for part in ["`policy.deny`", "time.[oops", &path.display().to_string()] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+    write_config(&home, "");
+    let out = home
+        .command()
+        .arg("config")
+        .env("MCP_BRIDGE_POLICY_ASK", "github")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`policy.ask`")
+            && err.contains("MCP_BRIDGE_POLICY_ASK")
+            && err.contains("github.*"),
+        "{err}"
+    );
+    // A good policy: `config` shows its keys and where they came from.
+    write_config(&home, "[policy]\nask = [\"time.convert_*\"]\n");
+    let out = home.command().arg("config").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().any(|l| l.starts_with("policy.ask ")
+            && l.contains("time.convert_*")
+            && l.contains(&path.display().to_string())),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("policy.ask_fallback ") && l.contains("deny")),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_without_elicitation_gets_ask_fallback() {
+    // rmcp's client as the harness builds it declares no elicitation capability.
+    let (b, path) = bridge("[policy]\nask = [\"time.convert_*\"]\n", &[]).await;
+    let o = py_time(&b, BOTH).await;
+    let out = o.stdout().to_string();
+    assert_eq!(line(&out, "get "), "get RAN True", "{}", o.text());
+    let msg = line(&out, "convert MESSAGE");
+    for part in [
+        "needs the user's approval",
+        "policy.ask \"time.convert_*\"",
+        &path.display().to_string(),
+        "cannot be asked",
+        "policy.ask_fallback = \"deny\" (set in default)",
+    ] {
+        assert!(msg.contains(part), "{part:?} not in {msg}");
+    }
+    b.shutdown().await;
+
+    let (b, _) = bridge(
+        "[policy]\nask = [\"time.convert_*\"]\nask_fallback = \"allow\"\n",
+        &[],
+    )
+    .await;
+    let o = py_time(&b, BOTH).await;
+    assert_eq!(
+        line(o.stdout(), "convert "),
+        "convert RAN True",
+        "{}",
+        o.text()
+    );
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thread_left_by_an_earlier_call_still_goes_through_the_policy() {
+    let (b, _) = bridge("[policy]\ndeny = [\"time.convert_*\"]\n", &[]).await;
+    // The first call leaves a thread that calls once the second call is running.
+    let o = py_time(
+        &b,
+        r#"
+import threading
+from mcp import runtime
+go, done, seen = threading.Event(), threading.Event(), []
+def later():
+    go.wait()
+    for tool, args in [("get_current_time", {"timezone": "UTC"}),
+                       ("convert_time", {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"})]:
+        try:
+            runtime.call_tool_sync("time", tool, args)
+            seen.append((tool, "ran"))
+        except PermissionError as e:
+            seen.append((tool, type(e).__name__ + ": " + str(e)))
+    done.set()
+threading.Thread(target=later, daemon=True).start()
+print("STARTED")
+"#,
+    )
+    .await;
+    assert_eq!(o.stdout().trim(), "STARTED", "{}", o.text());
+    let o = py_time(
+        &b,
+        "go.set()\nassert done.wait(60)\nfor s in seen: print(s)",
+    )
+    .await;
+    let out = o.stdout();
+    assert!(out.contains("('get_current_time', 'ran')"), "{}", o.text());
+    let denied = out
+        .lines()
+        .find(|l| {
+            l.starts_with(
+                "('convert_time', 'ToolDenied: The call time.convert_time is denied by the user",
+            )
+        })
+        .unwrap_or_else(|| panic!("the thread's call was not denied: {}", o.text()));
+    assert!(
+        denied.contains("policy.deny \"time.convert_*\""),
+        "{denied}"
+    );
+    b.shutdown().await;
+}
+
+/// The official Python SDK's client with an elicitation callback that answers from a script:
+/// each `run_python` call names the answers its asks get, and the client prints one JSON line per
+/// call: the elicitations it saw (message and form) and the call's text.
+const SDK_CLIENT: &str = r#"
+import asyncio, json, os, sys
+from mcp import ClientSession, StdioServerParameters, types
+from mcp.client.stdio import stdio_client
+
+answers = []
+asked = []
+
+async def on_elicit(context, params):
+    d = params.model_dump(mode="json", by_alias=True)
+    asked.append({"message": d.get("message"), "schema": d.get("requestedSchema")})
+    a = answers.pop(0) if answers else "decline"
+    if a in ("decline", "cancel"):
+        return types.ElicitResult(action=a)
+    return types.ElicitResult(action="accept", content={"decision": a})
+
+async def main():
+    steps = json.loads(sys.argv[2])
+    params = StdioServerParameters(command=sys.argv[1], args=["run"], env=dict(os.environ))
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write, elicitation_callback=on_elicit) as session:
+            await session.initialize()
+            for step in steps:
+                answers[:] = step.get("answers", [])
+                asked.clear()
+                args = {"code": step["code"], "servers": ["time"], "timeout": 100}
+                if step.get("reset"):
+                    args["reset"] = True
+                res = await session.call_tool("run_python", args)
+                text = "\n".join(getattr(c, "text", "") for c in res.content)
+                print(json.dumps({"asked": list(asked), "text": text, "isError": bool(getattr(res, "is_error", False))}), flush=True)
+
+asyncio.run(main())
+"#;
+
+/// Run `steps` through the SDK client against a bridge with `policy`; one JSON value per step.
+fn sdk_client(policy: &str, steps: Value) -> (Vec<Value>, std::path::PathBuf) {
+    let home = Home::new();
+    let path = write_config(&home, policy);
+    let script = home.path().join("client.py");
+    std::fs::write(&script, SDK_CLIENT).unwrap();
+    let out = std::process::Command::new(server_bin("mcp-python"))
+        .arg(&script)
+        .arg(common::BIN)
+        .arg(steps.to_string())
+        .env_clear()
+        .envs(home.env())
+        .current_dir(home.path())
+        .stderr(std::fs::File::create(home.path().join("client.err")).unwrap())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let err = std::fs::read_to_string(home.path().join("client.err")).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "the SDK client failed ({:?}):\n{stdout}\n{}",
+        out.status,
+        err.chars()
+            .rev()
+            .take(6000)
+            .collect::<String>()
+            .chars()
+            .rev()
+            .collect::<String>()
+    );
+    let results = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (results, path)
+}
+
+const CONVERT: &str = r#"
+try:
+    r = await mcp_time.convert_time(source_timezone="UTC", time="12:00", target_timezone="Europe/Paris")
+    print("RAN", "Europe/Paris" in str(r))
+except PermissionError as e:
+    print("DENIED", type(e).__name__, e)
+"#;
+
+fn asks(step: &Value) -> usize {
+    step["asked"].as_array().map_or(0, Vec::len)
+}
+
+fn text(step: &Value) -> &str {
+    step["text"].as_str().unwrap_or("")
+}
+
+#[test]
+fn the_user_is_asked_through_elicitation_once_for_the_session_and_again_after_reset() {
+    let (steps, path) = sdk_client(
+        "[policy]\nask = [\"time.convert_*\"]\n",
+        json!([
+            {"code": CONVERT, "answers": ["allow_once"]},
+            {"code": CONVERT, "answers": ["allow_once"]},
+            {"code": CONVERT, "answers": ["allow_session"]},
+            {"code": CONVERT, "answers": []},
+            {"code": "print(await mcp_time.get_current_time(timezone='UTC') is not None)", "answers": []},
+            {"code": CONVERT, "answers": ["deny"], "reset": true},
+            {"code": CONVERT, "answers": ["decline"]},
+            {"code": CONVERT, "answers": ["cancel"]},
+        ]),
+    );
+    assert_eq!(steps.len(), 8, "{steps:#?}");
+    // Allowed once: it runs, and the next call asks again.
+    assert_eq!(asks(&steps[0]), 1, "{:#}", steps[0]);
+    assert!(text(&steps[0]).contains("RAN True"), "{:#}", steps[0]);
+    let q = &steps[0]["asked"][0];
+    let message = q["message"].as_str().unwrap();
+    for part in [
+        "`convert_time`",
+        "`time`",
+        "source_timezone: UTC",
+        "target_timezone: Europe/Paris",
+        "policy.ask \"time.convert_*\"",
+        &path.display().to_string(),
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message}");
+    }
+    let choices: Vec<&str> = q["schema"]["properties"]["decision"]["oneOf"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["title"].as_str().unwrap())
+        .collect();
+    assert_eq!(choices, ["Allow once", "Allow for this session", "Deny"]);
+    assert_eq!(asks(&steps[1]), 1, "{:#}", steps[1]);
+    assert!(text(&steps[1]).contains("RAN True"), "{:#}", steps[1]);
+    // Allowed for the session: the next call is not asked about.
+    assert_eq!(asks(&steps[2]), 1, "{:#}", steps[2]);
+    assert!(text(&steps[2]).contains("RAN True"), "{:#}", steps[2]);
+    assert_eq!(asks(&steps[3]), 0, "{:#}", steps[3]);
+    assert!(text(&steps[3]).contains("RAN True"), "{:#}", steps[3]);
+    // A tool no rule names is never asked about.
+    assert_eq!(asks(&steps[4]), 0, "{:#}", steps[4]);
+    assert!(text(&steps[4]).contains("True"), "{:#}", steps[4]);
+    // After a reset it asks again; denied, declined and cancelled all raise ToolDenied.
+    for s in &steps[5..8] {
+        assert_eq!(asks(s), 1, "{s:#}");
+        assert!(
+            text(s).contains(
+                "DENIED ToolDenied The user denied the call time.convert_time when asked"
+            ),
+            "{s:#}"
+        );
+        assert_eq!(s["isError"], false, "the code caught it: {s:#}");
+    }
+}
