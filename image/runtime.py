@@ -1196,21 +1196,71 @@ def _lookup_loaded(server):
     return None
 
 
-def _not_loaded_error(server):
+def _not_loaded_message(server):
+    """Why `server` (a name or an alias) has no proxy in this call, and what to do: load it, or
+    pick one of the servers that exist."""
     discovered = [d.get("name") for d in _state.discovered]
     name = next((d.get("name") for d in _state.discovered if server in (d.get("name"), d.get("alias"))), None)
     if name is not None:
         # Spelled as run_python's JSON argument (the host's message says the same), with the
         # server's real name even when its alias was typed.
-        return McpError(
+        return (
             'MCP server %r is not loaded in this run_python call: pass "servers": [%s] to run_python '
             "to use its tools (its docs are available via runtime.query_tool_docs(%r))."
             % (name, json.dumps(name), name)
         )
-    return McpError(
-        "MCP server %r is not loaded in this run_python call and was not discovered. "
-        "Discovered servers: %s." % (server, ", ".join(map(str, discovered)) or "none")
-    )
+    import difflib
+
+    keys = {}
+    for d in _state.discovered:
+        keys[d.get("name")] = d.get("name")
+        keys[d.get("alias")] = d.get("name")
+    close = difflib.get_close_matches(str(server), [k for k in keys if isinstance(k, str)], n=1)
+    guess = " Did you mean %r?" % keys[close[0]] if close else ""
+    return "No MCP server %r is configured.%s Discovered servers: %s." % (
+        server, guess, ", ".join(map(str, discovered)) or "none")
+
+
+def _not_loaded_error(server):
+    return McpError(_not_loaded_message(server))
+
+
+class ServerNotLoadedError(KeyError):
+    """`mcp_servers[name]` for a server not loaded in this call (a KeyError, as before), with a
+    message saying how to load it or which servers exist."""
+
+    def __str__(self):
+        # KeyError's own str() is the repr of its key, quotes and escapes included.
+        return str(self.args[0]) if self.args else ""
+
+
+class _ServerMap(dict):
+    """`mcp_servers`: the loaded proxies by name and alias; a missing key says why."""
+
+    __slots__ = ()
+
+    def __missing__(self, key):
+        raise ServerNotLoadedError(_not_loaded_message(key))
+
+
+def _explain_name_error(exc):
+    """A NameError for `mcp_<alias>` gets the reason and the fix: the server exists and is loaded
+    with "servers", or no such server is configured. Done where the error is reported, since
+    name lookups in the user's namespace cannot be hooked; the type stays NameError."""
+    if type(exc) is not NameError:
+        return
+    name = getattr(exc, "name", None)
+    if name is None:
+        m = re.match(r"name '([^']+)' is not defined", str(exc))
+        name = m.group(1) if m else None
+    if not isinstance(name, str) or not name.startswith("mcp_") or name == "mcp_servers":
+        return
+    exc.args = ("name %r is not defined. %s" % (name, _not_loaded_message(name[len("mcp_"):])),)
+    try:
+        # Python's own "Did you mean" would be computed from `name` and contradict the above.
+        exc.name = None
+    except AttributeError:
+        pass
 
 
 async def _call_loaded_tool(server_name, tool_meta, args):
@@ -1379,7 +1429,7 @@ def _bind_globals():
     """`mcp_<alias>` and `mcp_servers` in the user's namespace, for the current proxies; names
     this runtime set earlier and the code has not rebound are removed first."""
     proxies = _state.proxies
-    by_key = {}
+    by_key = _ServerMap()
     for name, proxy in proxies.items():
         by_key[name] = proxy
         by_key[type(proxy)._mcp_alias_] = proxy
@@ -1788,6 +1838,10 @@ def _cap_middle(text, cap):
 def _error_info(exc):
     _clean_exception(exc)
     try:
+        _explain_name_error(exc)
+    except Exception:
+        pass
+    try:
         tb_text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     except Exception:
         tb_text = "%s\n" % type(exc).__name__
@@ -2058,7 +2112,7 @@ def _setup_namespace():
     sys.modules["__main__"] = main_mod
     _state.main_module = main_mod
     _state.ns = main_mod.__dict__
-    _state.ns["mcp_servers"] = {}
+    _state.ns["mcp_servers"] = _ServerMap()
     _state.globals_set = {"mcp_servers": _state.ns["mcp_servers"]}
 
 
@@ -2244,6 +2298,7 @@ _RUNTIME_API = (
     "ToolList",
     "ToolStr",
     "ServerProxy",
+    "ServerNotLoadedError",
 )
 # In mcp.runtime but left out of its __all__ (and so out of help(runtime)'s listing).
 _RUNTIME_EXTRA = ("Audio", "Media", "Resource", "ToolDict", "ToolList", "ToolStr", "ServerProxy")

@@ -14,12 +14,31 @@ pub fn init(level: LogLevel) {
             level.as_filter()
         ))
     });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .with_target(false)
+        .with_target(false);
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::filter::filter_fn(|meta| {
+            !is_rmcp_error_reply(meta)
+        }))
+        .with(fmt)
         .try_init();
+}
+
+/// rmcp's "response error" event: every error reply, at WARN, as the error's Rust `Debug` form.
+/// The bridge logs its own readable line for each error it answers (`server::refused`), so
+/// this one is left out. Recognised by its fields (`id` and `error`), which no other WARN event
+/// of rmcp's service loop carries together.
+fn is_rmcp_error_reply(meta: &tracing::Metadata<'_>) -> bool {
+    meta.is_event()
+        && *meta.level() == tracing::Level::WARN
+        && meta.target().starts_with("rmcp::service")
+        && meta.fields().field("id").is_some()
+        && meta.fields().field("error").is_some()
 }
 
 /// Log each line a child writes (its stderr), tagged with `source`. Long lines are cut.

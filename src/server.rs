@@ -10,10 +10,11 @@ use std::sync::Arc;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CustomRequest, CustomResult,
-    ElicitRequestParams, ElicitResult, ErrorData, ListResourcesResult, ListToolsResult,
-    LoggingLevel, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
-    ReadResourceResult, Resource, ResourceContents, ServerCapabilities, ServerConfig,
-    SetLevelRequestParams, Tool,
+    ElicitRequestParams, ElicitResult, ErrorData, GetPromptRequestParams, GetPromptResponse,
+    ListResourcesResult, ListToolsResult, LoggingLevel, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ServerCapabilities, ServerConfig, SetLevelRequestParams, Tool,
+    ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
@@ -30,62 +31,95 @@ use crate::upstream::{CallContext, CallRelay, ClientLink, Hinted as _, ProgressS
 pub const TOOL_NAME: &str = "run_python";
 pub const CAPABILITIES_URI: &str = "resource://mcp-code-bridge/capabilities";
 
-/// The tool description: the helper summary, and all the model needs to start. Keep it short:
-/// it is paid for on every request.
+/// The tool description: how to start, in as few tokens as possible, since it is paid for on
+/// every request. `tools/list` must stay within 250 cl100k tokens (the bench's section 1, and
+/// `tool_listing_is_constant_and_within_the_token_budget`), and the title, the argument
+/// descriptions, the output schema and the annotations share that budget; the rest of the helper
+/// summary is in the capabilities resource (`HELPERS`).
 pub const TOOL_DESCRIPTION: &str = "\
-Run Python in a persistent sandbox (no network; pandas, numpy). State persists across calls; \
-top-level await works; the last expression is shown; display(obj) returns images.
-Use the user's MCP servers from code: `from mcp import runtime`; runtime.discovered_servers(); \
-await runtime.search_tool_docs(\"query\"); await runtime.query_tool_docs(\"server\", detail=\"full\"). \
-Load with \"servers\": [\"name\"], then await mcp_<name>.<tool>(...) (see help()); results are \
-Python values.
-timeout: seconds; session: interpreter name; reset: start fresh.";
+Persistent Python sandbox (pandas, numpy; no network; top-level await; display(obj) returns \
+images). MCP servers: `from mcp import runtime`; await runtime.search_tool_docs('query'); load \
+with servers, then await mcp_<name>.<tool>(...) (see help()).";
 
-/// JSON schema of `run_python`'s arguments.
+/// What the tool description leaves out for the budget, in the capabilities resource.
+pub const HELPERS: &str = "\
+State persists across calls of a session; the last expression is shown like a notebook's. \
+`runtime.discovered_servers()` names every configured server; \
+`await runtime.query_tool_docs(\"server\", detail=\"full\")` gives a server's tool schemas; \
+proxied tools have real signatures (`help(mcp_<name>.<tool>)`) and return Python values.";
+
+/// The tool's human-readable name (`title`), which clients show instead of `run_python`.
+pub const TOOL_TITLE: &str = "Python sandbox";
+
+/// JSON schema of `run_python`'s arguments, each with a description of a few tokens (the
+/// budget above); `timeout` must be positive, which `RunArgs::parse` checks.
 pub fn input_schema() -> Value {
-    // Property meanings are in the description: repeating them here would cost tokens on every
-    // request.
     json!({
         "type": "object",
         "properties": {
-            "code": {"type": "string"},
-            "servers": {"type": "array", "items": {"type": "string"}},
-            "timeout": {"type": "number"},
-            "session": {"type": "string"},
-            "reset": {"type": "boolean"}
+            "code": {"type": "string", "description": "Python source"},
+            "servers": {"type": "array", "items": {"type": "string"}, "description": "Servers to load"},
+            "timeout": {"type": "number", "description": "Seconds"},
+            "session": {"type": "string", "description": "Interpreter name"},
+            "reset": {"type": "boolean", "description": "Restart first"}
         },
         "required": ["code"],
         "additionalProperties": false
     })
 }
 
-/// JSON schema of `structuredContent` (see `render::Payload`): the same fields in both output
-/// modes, empty ones left out. Only the core fields are declared: every property costs tokens
-/// on every request (the bench holds `tools/list` to 250 cl100k tokens), and the others
-/// (`status` values, `notices`, `images`, `truncated_bytes`, `session_reset`, `duration_ms`) are
-/// allowed by it and still sent when non-empty (`render::Payload` is their definition).
+/// Every field of `structuredContent` that `render::Payload` and `render::setup_error` emit,
+/// and no other (`additionalProperties: false`: a field added there and not here fails
+/// tests/results.rs, where the Python SDK validates real results against this schema). Empty
+/// fields are left out of a result, so only `status` is required. The fields carry no types:
+/// each would cost tokens on every request (the budget above), and `render::Payload` is their
+/// definition.
+pub const OUTPUT_FIELDS: [&str; 10] = [
+    "status",
+    "stdout",
+    "stderr",
+    "value",
+    "error",
+    "notices",
+    "images",
+    "truncated_bytes",
+    "session_reset",
+    "duration_ms",
+];
+
+/// JSON schema of `structuredContent` (see [`OUTPUT_FIELDS`]).
 pub fn output_schema() -> Value {
+    let properties: serde_json::Map<String, Value> = OUTPUT_FIELDS
+        .iter()
+        .map(|f| (f.to_string(), json!({})))
+        .collect();
     json!({
         "type": "object",
-        "properties": {
-            "status": {"type": "string"},
-            "stdout": {"type": "string"},
-            "stderr": {"type": "string"},
-            "value": {"type": "string"},
-            "error": {"type": "object"}
-        },
-        "required": ["status"]
+        "properties": properties,
+        "required": ["status"],
+        "additionalProperties": false
     })
 }
 
-/// The one tool, as `tools/list` shows it.
+/// The one tool, as `tools/list` shows it. Its annotations are hints for clients deciding
+/// whether to ask the user first: through the servers it loads the code can do anything those
+/// servers do (delete, send, pay), so it is not read-only and may be destructive, and it reaches
+/// the world outside the bridge whenever a server is loaded. It is not idempotent either (state
+/// persists), which is the default of `idempotentHint` and left out for the token budget.
 pub fn tool() -> Tool {
     let object = |v: Value| match v {
         Value::Object(m) => Arc::new(m),
         _ => unreachable!("schemas are objects"),
     };
     Tool::new(TOOL_NAME, TOOL_DESCRIPTION, object(input_schema()))
+        .with_title(TOOL_TITLE)
         .with_raw_output_schema(object(output_schema()))
+        .with_annotations(
+            ToolAnnotations::new()
+                .read_only(false)
+                .destructive(true)
+                .open_world(true),
+        )
 }
 
 /// `run_python`'s arguments.
@@ -113,6 +147,15 @@ impl RunArgs {
     pub fn parse(args: Option<serde_json::Map<String, Value>>) -> Result<RunArgs, String> {
         let v = Value::Object(args.unwrap_or_default());
         let mut a: RunArgs = serde_json::from_value(v).map_err(|e| format!("invalid arguments for run_python: {e}; expected {{\"code\": string, \"servers\"?: [string], \"timeout\"?: number, \"session\"?: string, \"reset\"?: bool}}"))?;
+        // JSON has no NaN or infinity, so a number that is not positive is the only bad one; a
+        // zero or negative limit would otherwise be clamped silently to the floor.
+        if let Some(t) = a.timeout
+            && (t <= 0.0 || t.is_nan())
+        {
+            return Err(format!(
+                "`timeout` is {t}; it must be a positive number of seconds (leave it out for the default; values above the maximum are capped)"
+            ));
+        }
         // `Duration` cannot hold 1e300 seconds (converting it panicked, and the call got no
         // reply); the configured maximum applies anyway.
         a.timeout = a.timeout.map(|t| t.min(1e9));
@@ -135,6 +178,29 @@ impl RunArgs {
         }
         Ok(a)
     }
+}
+
+/// The methods this server answers, as its "method not found" replies list them.
+const METHODS: &str =
+    "initialize, ping, tools/list, tools/call, resources/list, resources/read, logging/setLevel";
+
+/// `-32601` for `method`, naming what the server implements instead.
+fn not_implemented(method: &str) -> ErrorData {
+    ErrorData::new(
+        rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+        format!(
+            "this server does not implement {method:?}; it implements {METHODS} (its one tool is {TOOL_NAME:?})"
+        ),
+        None,
+    )
+}
+
+/// An error reply, logged as one readable line first (rmcp's own log of it is the error's Debug
+/// form, left out by `logging`). At INFO: it is the client's request that was wrong, not the
+/// bridge.
+fn refused(method: &str, e: ErrorData) -> ErrorData {
+    tracing::info!("{method}: answered with error {} ({})", e.code.0, e.message);
+    e
 }
 
 #[derive(Clone)]
@@ -216,6 +282,8 @@ impl Bridge {
     pub fn capabilities_markdown(&self) -> String {
         let mut s = String::from("# mcp-code-bridge\n\n");
         s.push_str(TOOL_DESCRIPTION);
+        s.push_str("\n\n");
+        s.push_str(HELPERS);
         s.push_str("\n\n## Loading servers\n\nPass `\"servers\": [\"name\", ...]` to `run_python`. Only loaded servers get `mcp_<alias>` proxies and accept calls; discovery helpers (`runtime.discovered_servers()`, `runtime.search_tool_docs()`) see every server. `runtime.describe_server(name)` shows a loaded server's tools and `cwd`.\n\n## Discovered servers\n\n");
         let servers = self.upstreams.discovered();
         if servers.is_empty() {
@@ -343,16 +411,19 @@ impl ServerHandler for Bridge {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         if request.name != TOOL_NAME {
-            return Err(ErrorData::invalid_params(
-                format!(
-                    "unknown tool {:?}; this server has one tool, {TOOL_NAME:?}",
-                    request.name
+            return Err(refused(
+                "tools/call",
+                ErrorData::invalid_params(
+                    format!(
+                        "unknown tool {:?}; this server has one tool, {TOOL_NAME:?}",
+                        request.name
+                    ),
+                    None,
                 ),
-                None,
             ));
         }
-        let args =
-            RunArgs::parse(request.arguments).map_err(|e| ErrorData::invalid_params(e, None))?;
+        let args = RunArgs::parse(request.arguments)
+            .map_err(|e| refused("tools/call", ErrorData::invalid_params(e, None)))?;
         let (forwarder, on_output, progress) = match self.progress(&context) {
             Some((f, out, up)) => (Some(f), Some(out), Some(up)),
             None => (None, None, None),
@@ -388,12 +459,15 @@ impl ServerHandler for Bridge {
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         if request.uri != CAPABILITIES_URI {
-            return Err(ErrorData::resource_not_found(
-                format!(
-                    "no resource {:?}; the only one is {CAPABILITIES_URI}",
-                    request.uri
+            return Err(refused(
+                "resources/read",
+                ErrorData::resource_not_found(
+                    format!(
+                        "no resource {:?}; the only one is {CAPABILITIES_URI}",
+                        request.uri
+                    ),
+                    None,
                 ),
-                None,
             ));
         }
         let c = ResourceContents::text(self.capabilities_markdown(), CAPABILITIES_URI)
@@ -410,6 +484,16 @@ impl ServerHandler for Bridge {
         Ok(())
     }
 
+    /// rmcp answers a method it knows but we do not implement with its bare name; this server
+    /// has no prompts, so `prompts/get` says what it does implement, as unknown methods do.
+    async fn get_prompt(
+        &self,
+        _request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        Err(refused("prompts/get", not_implemented("prompts/get")))
+    }
+
     /// rmcp lands here for unknown methods and for known ones whose params did not parse
     /// (`tools/call` with `"arguments": "x"`); its default answer is just the method name.
     async fn on_custom_request(
@@ -417,7 +501,6 @@ impl ServerHandler for Bridge {
         request: CustomRequest,
         _context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, ErrorData> {
-        const METHODS: &str = "initialize, ping, tools/list, tools/call, resources/list, resources/read, logging/setLevel";
         let m = request.method;
         if METHODS.split(", ").any(|k| k == m) {
             let shape = if m == "tools/call" {
@@ -425,16 +508,76 @@ impl ServerHandler for Bridge {
             } else {
                 ""
             };
-            return Err(ErrorData::invalid_params(
-                format!("malformed params for {m:?}{shape}"),
-                None,
+            return Err(refused(
+                &m,
+                ErrorData::invalid_params(format!("malformed params for {m:?}{shape}"), None),
             ));
         }
-        Err(ErrorData::new(
-            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
-            format!("unknown method {m:?}; this server implements {METHODS}"),
-            None,
-        ))
+        Err(refused(&m, not_implemented(&m)))
+    }
+}
+
+/// The client's stdin as rmcp reads it, with every line that cannot be a JSON-RPC message (its
+/// first byte is not `{` or `[`) logged. rmcp drops unparsable lines without a reply and logs
+/// them only at debug level: JSON-RPC's `-32700` would need an id it cannot read, and the other
+/// MCP SDKs also stay silent, since answering garbage can start an error storm with a peer that
+/// echoes it (rust-sdk#938). Its reader is not ours to extend, so the bridge cannot send `-32700`
+/// without replacing rmcp's transport; it says in its log what it ignored instead. One byte of
+/// state per line: no line is buffered here. (A line that starts like JSON and breaks later is
+/// still only in rmcp's debug log.)
+struct StdinWatch<R> {
+    inner: R,
+    /// Nothing but whitespace seen since the last newline.
+    at_line_start: bool,
+    ignored: u64,
+}
+
+impl<R> StdinWatch<R> {
+    fn new(inner: R) -> Self {
+        StdinWatch {
+            inner,
+            at_line_start: true,
+            ignored: 0,
+        }
+    }
+
+    fn scan(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if b == b'\n' {
+                self.at_line_start = true;
+            } else if self.at_line_start && !b.is_ascii_whitespace() {
+                self.at_line_start = false;
+                // 0xEF: a UTF-8 byte-order mark, which rmcp strips.
+                if !matches!(b, b'{' | b'[' | 0xEF) {
+                    self.ignored += 1;
+                    // The first few, then sparsely: a client spewing garbage cannot flood the log.
+                    if self.ignored <= 10 || self.ignored.is_power_of_two() {
+                        tracing::warn!(
+                            ignored = self.ignored,
+                            "ignored a line on stdin that is not a JSON-RPC message (it starts with {:?}); \
+                             such a line gets no reply. Is something other than the MCP client writing to the bridge's stdin?",
+                            char::from(b)
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for StdinWatch<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = &r {
+            this.scan(&buf.filled()[before..]);
+        }
+        r
     }
 }
 
@@ -478,6 +621,7 @@ pub async fn serve_stdio(bridge: Bridge) -> anyhow::Result<()> {
     // rmcp drops lines over 16 MiB without a word, so a `code` between that and our own limit
     // would never be answered; up to this length it gets the clear refusal of `RunArgs::parse`.
     let (stdin, stdout) = rmcp::transport::stdio();
+    let stdin = StdinWatch::new(stdin);
     let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(stdin, stdout)
         .with_max_line_length(MAX_REQUEST_LINE_BYTES);
     let service = bridge.serve(transport).await?;
@@ -502,12 +646,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tool_listing_is_constant_and_small() {
+    fn tool_listing_is_constant_and_within_the_token_budget() {
         let a = serde_json::to_string(&tool()).unwrap();
         let b = serde_json::to_string(&tool()).unwrap();
         assert_eq!(a, b);
-        // About 200 tokens: at ~4 bytes a token, well under 1.5 KB.
-        assert!(a.len() < 1500, "{} bytes", a.len());
+        // The budget the bench's section 1 reports against: the whole tools/list result.
+        let list = serde_json::to_string(&ListToolsResult::with_all_items(vec![tool()])).unwrap();
+        let bpe = tiktoken_rs::cl100k_base().expect("cl100k vocabulary");
+        let n = bpe.encode_ordinary(&list).len();
+        assert!(n <= 250, "{n} cl100k tokens: {list}");
     }
 
     #[test]
@@ -545,6 +692,15 @@ mod tests {
         );
         // Regression: 1e300 seconds overflowed `Duration` in clamp_timeout, a panic that left
         // the call unanswered (tests/faults.rs::client_wrong_argument_types_are_refused_with_the_expected_shape).
+        for bad in [json!(-1), json!(0), json!(-0.0), json!("5"), json!(true)] {
+            let e = ok(json!({"code": "1", "timeout": bad})).unwrap_err();
+            assert!(e.contains("timeout"), "{bad}: {e}");
+        }
+        assert!(
+            ok(json!({"code": "1", "timeout": -1}))
+                .unwrap_err()
+                .contains("positive number of seconds")
+        );
         let a = ok(json!({"code": "1", "timeout": 1e300})).unwrap();
         assert_eq!(
             Config::default().clamp_timeout(a.timeout),

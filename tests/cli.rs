@@ -658,3 +658,132 @@ fn an_unknown_variable_is_a_warning_naming_the_closest_key() {
         "{err}"
     );
 }
+
+/// `exec` and `doctor` print for a person: without a log level chosen, no INFO line of the log
+/// joins their output; a chosen one is honoured.
+#[test]
+fn exec_and_doctor_log_only_warnings_unless_a_level_is_chosen() {
+    let home = Home::new();
+    let info_lines = |out: &std::process::Output| -> Vec<String> {
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter(|l| l.contains(" INFO "))
+            .map(String::from)
+            .collect()
+    };
+    let run = |args: &[&str], level: Option<&str>| {
+        let mut cmd = home.command();
+        cmd.env_remove("MCP_BRIDGE_LOG_LEVEL").args(args);
+        if let Some(l) = level {
+            cmd.env("MCP_BRIDGE_LOG_LEVEL", l);
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(&["exec", "print(1)"], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(info_lines(&out), Vec::<String>::new());
+    let out = run(&["exec", "print(1)"], Some("info"));
+    assert!(!info_lines(&out).is_empty(), "a chosen level shows INFO");
+    let out = run(&["doctor"], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(info_lines(&out), Vec::<String>::new());
+}
+
+/// `doctor` checks the engine and then runs a sandbox on it: with no engine socket listening
+/// (the harness's case), the bridge starts its own podman service for that, once.
+#[test]
+fn doctor_starts_the_podman_service_once() {
+    let home = Home::new();
+    let out = home.command().arg("doctor").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("sandbox runs: python"), "{stdout}");
+    let starts = stderr
+        .lines()
+        .filter(|l| l.contains("starting the bridge's own `podman system service`"))
+        .count();
+    assert_eq!(starts, 1, "{stderr}");
+}
+
+/// A one-shot run has no session: its time-limit notice says how to raise `--timeout` and
+/// nothing about sessions or the `"timeout"` argument of `run_python`.
+#[test]
+fn exec_timeout_notice_speaks_of_the_flag_not_a_session() {
+    let home = Home::new();
+    let out = home
+        .command()
+        .args(["--timeout", "1", "exec", "import time\ntime.sleep(30)"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(124), "{stderr}");
+    let notice = stderr
+        .lines()
+        .find(|l| l.contains("[bridge]"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(notice.contains("the time limit of 1s expired"), "{notice}");
+    assert!(notice.contains("--timeout"), "{notice}");
+    assert!(!notice.to_lowercase().contains("session"), "{notice}");
+    assert!(!notice.contains("\"timeout\""), "{notice}");
+}
+
+/// What a client gets for input the bridge cannot use: a line that is not JSON-RPC is logged
+/// (rmcp sends no reply for it: see `server::StdinWatch`) and serving goes on; `prompts/get`
+/// names what the server implements; a timeout that is not positive is refused with what it
+/// must be.
+#[tokio::test(flavor = "multi_thread")]
+async fn unusable_input_is_named_and_serving_goes_on() {
+    use std::time::Duration;
+    let mut b = common::RawBridge::start(Home::new(), &[]).await;
+    b.send_line(b"hello, is this thing on?").await;
+    assert_eq!(b.next(Duration::from_millis(500)).await, None);
+    b.send_json(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "prompts/get", "params": {"name": "x"}}),
+    )
+    .await;
+    let r = b.response(1, Duration::from_secs(10)).await;
+    assert_eq!(r["error"]["code"], -32601, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("prompts/get") && msg.contains("tools/call"),
+        "{msg}"
+    );
+    for (id, timeout) in [(2, json!(-1)), (3, json!(0)), (4, json!("5"))] {
+        b.send_json(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "run_python", "arguments": {"code": "1", "timeout": timeout}}}))
+            .await;
+        let r = b.response(id, Duration::from_secs(10)).await;
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+        let msg = r["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("timeout"), "{r}");
+        if id != 4 {
+            assert!(msg.contains("must be a positive number of seconds"), "{r}");
+        }
+    }
+    b.send_json(json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}))
+        .await;
+    let r = b.response(5, Duration::from_secs(10)).await;
+    assert_eq!(r["result"]["tools"][0]["name"], "run_python");
+    let log = b.home.log();
+    assert!(
+        log.contains("ignored a line on stdin that is not a JSON-RPC message (it starts with 'h')"),
+        "{log}"
+    );
+    // Error replies are one readable line each, not rmcp's Debug dump of the error.
+    assert!(
+        log.contains("prompts/get: answered with error -32601"),
+        "{log}"
+    );
+    assert!(!log.contains("response error"), "{log}");
+    b.close_stdin();
+    assert!(b.wait_exit(Duration::from_secs(30)).await.is_some());
+}

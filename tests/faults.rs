@@ -544,13 +544,22 @@ async fn client_wrong_argument_types_are_refused_with_the_expected_shape() {
             .contains("\"arguments\""),
         "{r}"
     );
-    // Out-of-range numbers are clamped, not fatal (1e300 s once panicked the handler).
-    for (id, t) in [(31, json!(1e300)), (32, json!(-5)), (33, json!(0))] {
+    // Too large is capped, not fatal (1e300 s once panicked the handler).
+    let r = b
+        .run_python(31, json!({"code": "print('t')", "timeout": 1e300}))
+        .await;
+    assert_eq!(r["result"]["structuredContent"]["stdout"], "t\n", "{r}");
+    // Not positive is refused, saying what it must be.
+    for (id, t) in [(32, json!(-5)), (33, json!(0))] {
         let r = b
             .run_python(id, json!({"code": "print('t')", "timeout": t}))
             .await;
-        assert_eq!(
-            r["result"]["structuredContent"]["stdout"], "t\n",
+        assert_eq!(r["error"]["code"], -32602, "{t}: {r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("positive number of seconds"),
             "{t}: {r}"
         );
     }

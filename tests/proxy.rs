@@ -910,3 +910,57 @@ async fn unchanged_server_metadata_is_sent_once_per_session() {
     assert_eq!(sent, [true, false, false, true, true], "{log}");
     b.shutdown().await;
 }
+
+/// A stdio server gets the documented base of the bridge's environment (PATH, HOME, locale,
+/// XDG, ...) plus its declared `env`: the bridge's own `MCP_BRIDGE_*` settings and variables
+/// nobody declared stay with the bridge. `inherit_env = true` (here in a TOML table; the other
+/// server comes from an `mcpServers` JSON file) gives it the whole environment.
+#[tokio::test(flavor = "multi_thread")]
+async fn upstreams_get_the_base_environment_and_their_env_unless_they_inherit() {
+    let home = Home::new();
+    let mut base = common::misbehaving_server("normal", &[]);
+    base["env"] = json!({"DECLARED": "yes"});
+    let mut whole = base.clone();
+    whole["inherit_env"] = json!(true);
+    common::write_servers(&home, json!({ "base": base }));
+    write_toml_servers(&home, &json!({ "whole": whole }));
+    let b = Bridge::start_with(
+        home,
+        &[
+            ("MCB_UNDECLARED", "secret"),
+            ("LC_TIME", "C"),
+            ("TZ", "UTC"),
+        ],
+        None,
+    )
+    .await;
+    let code = "import json\nfor s in (mcp_base, mcp_whole):\n    e = await s.env()\n    e = e if isinstance(e, dict) else json.loads(e)\n    print(json.dumps(sorted(e)))";
+    let r = py_with(&b, &["base", "whole"], code).await.ok();
+    let names: Vec<BTreeSet<String>> = r
+        .stdout()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let [base, whole] = &names[..] else {
+        panic!("{}", r.text())
+    };
+    for n in [
+        "PATH",
+        "HOME",
+        "XDG_CONFIG_HOME",
+        "LC_TIME",
+        "TZ",
+        "DECLARED",
+    ] {
+        assert!(base.contains(n), "{n} missing from {base:?}");
+    }
+    assert!(!base.contains("MCB_UNDECLARED"), "{base:?}");
+    assert!(
+        !base.iter().any(|n| n.starts_with("MCP_BRIDGE_")),
+        "{base:?}"
+    );
+    for n in ["MCB_UNDECLARED", "MCP_BRIDGE_LOG_LEVEL", "DECLARED", "PATH"] {
+        assert!(whole.contains(n), "{n} missing from {whole:?}");
+    }
+    b.shutdown().await;
+}

@@ -260,3 +260,77 @@ async fn progress_notifications_never_follow_their_response() {
         "calls whose progress followed their response: {late:?}"
     );
 }
+
+/// Every `structuredContent` the bridge sends conforms to the `outputSchema` it declares, which
+/// admits no undeclared field: checked by the official MCP Python SDK as a client (it validates
+/// successful results itself; error results go through its same validator), over real results
+/// of each kind (ok with stdout, stderr and a value; a Python error; a timeout; a timeout whose
+/// code ignored the interrupt, so its sandbox was killed and the session reset; an image;
+/// truncated output; a call that could not start). The listing's title, annotations and
+/// argument descriptions are what the SDK parses.
+#[test]
+fn every_result_conforms_to_the_declared_output_schema_in_the_python_sdk() {
+    let home = Home::new();
+    let python = common::server_bin("mcp-python");
+    let out = std::process::Command::new(python)
+        .arg(common::fixture("sdk_output_schema.py"))
+        .arg(env!("CARGO_BIN_EXE_mcp-code-bridge"))
+        .env_clear()
+        .envs(home.env())
+        .env("MCP_BRIDGE_OUTPUT_CAP", "4k")
+        .current_dir(home.path())
+        .output()
+        .expect("run the Python SDK client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let case = |name: &str| -> &Value {
+        lines
+            .iter()
+            .find(|l| l["case"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {stdout}"))
+    };
+    let listing = case("tools/list");
+    assert!(
+        listing["title"].as_str().is_some_and(|t| !t.is_empty()),
+        "{listing}"
+    );
+    assert_eq!(
+        listing["annotations"],
+        json!({"readOnlyHint": false, "destructiveHint": true, "openWorldHint": true}),
+        "{listing}"
+    );
+    for arg in ["code", "servers", "timeout", "session", "reset"] {
+        assert!(
+            listing["arguments"][arg]
+                .as_str()
+                .is_some_and(|d| !d.is_empty()),
+            "{arg} has no description: {listing}"
+        );
+    }
+    let fields = |name: &str| -> Vec<String> {
+        serde_json::from_value(case(name)["fields"].clone()).unwrap()
+    };
+    assert_eq!(case("ok")["status"], "ok");
+    for f in ["stdout", "stderr", "value", "duration_ms"] {
+        assert!(fields("ok").iter().any(|x| x == f), "{f}: {stdout}");
+    }
+    assert_eq!(case("error")["error_type"], "ZeroDivisionError");
+    assert_eq!(case("timeout")["status"], "timeout");
+    assert!(fields("timeout").iter().any(|x| x == "notices"), "{stdout}");
+    assert!(
+        fields("killed").iter().any(|x| x == "session_reset"),
+        "{stdout}"
+    );
+    assert!(fields("images").iter().any(|x| x == "images"), "{stdout}");
+    assert!(
+        fields("truncated").iter().any(|x| x == "truncated_bytes"),
+        "{stdout}"
+    );
+    assert_eq!(case("setup_error")["status"], "unavailable");
+    assert_eq!(case("setup_error")["error_type"], "UnknownServer");
+}

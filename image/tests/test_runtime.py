@@ -718,6 +718,37 @@ def test_stale_proxy_and_unloaded_servers(sb):
     assert sb.ok("mcp_mine", servers=[]).value == "5"
 
 
+def test_unloaded_and_unknown_servers_say_what_to_do(sb):
+    disc = [{"name": "file-system", "alias": "file_system"}, {"name": "other", "alias": "other"}]
+    load = '"servers": ["file-system"]'
+    # A discovered server not loaded in this call: the three ways of naming it say how to load it,
+    # and stay the exception types they were.
+    for code, kind in (("mcp_file_system", "NameError"),
+                       ("mcp_servers['file-system']", "ServerNotLoadedError"),
+                       ("mcp_servers['file_system']", "ServerNotLoadedError"),
+                       ("from mcp.servers.file_system import read_file", "ModuleNotFoundError")):
+        r = sb.run(code, servers=[OTHER], discovered=disc)
+        assert r.error["type"] == kind, r.result
+        assert "not loaded" in r.error["message"] and load in r.error["message"], r.error
+        assert load in r.error["traceback"], r.error["traceback"]
+    assert "name 'mcp_file_system' is not defined" in sb.run("mcp_file_system", servers=[OTHER]).error["message"]
+    # A server that does not exist: named as such, with the closest configured one.
+    for code in ("mcp_file_sytem", "mcp_servers['file-sytem']"):
+        msg = sb.run(code, servers=[OTHER], discovered=disc).error["message"]
+        assert "No MCP server" in msg and "Did you mean 'file-system'?" in msg, msg
+        assert "Discovered servers: file-system, other." in msg, msg
+    # Caught as before.
+    r = sb.ok("out = []\ntry:\n    mcp_file_system\nexcept NameError as e:\n    out.append('NameError')\n"
+              "try:\n    mcp_servers['file-system']\nexcept KeyError as e:\n    out.append(str(e))\n"
+              "try:\n    import mcp.servers.file_system\nexcept ImportError:\n    out.append('ImportError')\n"
+              "out", servers=[OTHER], discovered=disc)
+    assert r.value.startswith("['NameError', ") and r.value.endswith(", 'ImportError']"), r.value
+    assert "is not loaded" in r.value and "file-system" in r.value, r.value
+    # Other NameErrors are left as Python wrote them.
+    r = sb.run("undefined_thing", servers=[OTHER], discovered=disc)
+    assert r.error["type"] == "NameError" and "MCP" not in r.error["message"]
+
+
 def test_servers_left_out_means_unchanged(sb):
     host = tool_host({"read-file": {"content": [{"type": "text", "text": "ok"}]}})
     sb.ok("first = mcp_file_system\ndel mcp_other", servers=[FS, OTHER], rpc=host)

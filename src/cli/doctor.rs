@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::config::{self, Config};
-use crate::sandbox::engine::{Enforcement, Engine};
+use crate::sandbox::engine::Enforcement;
 use crate::sandbox::{ExecRequest, Outcome, Sandbox, image};
 use crate::upstream::Upstreams;
 
@@ -73,7 +73,10 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
     for n in &loaded.notes {
         c.note(&format!("note: {n}"));
     }
-    let engine = match Engine::connect(&config).await {
+    // One sandbox for the whole report: its engine is the one checked here and the one the
+    // trial run below uses, so a podman service the bridge has to start is started once.
+    let sandbox = Sandbox::new(config.clone());
+    let engine = match sandbox.engine().await {
         Ok(e) => {
             c.ok(&format!(
                 "container engine: {:?} {} at {} ({})",
@@ -187,7 +190,6 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
     }
     c.note(&format!("policy: {}", ups.policy().summary()));
     if engine.is_some() && c.failed == 0 && !quick {
-        let sandbox = Sandbox::new(config.clone());
         let req = ExecRequest {
             code: "import sys, os\nprint(sys.version.split()[0], os.getuid())".into(),
             timeout: std::time::Duration::from_secs(60),
@@ -220,11 +222,9 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
                 &e.hint().unwrap_or_else(|| "see the message above".into()),
             ),
         }
-        sandbox.shutdown().await;
     }
-    if let Some(e) = engine {
-        e.shutdown().await;
-    }
+    // Stops the engine's own podman service too, when the sandbox had to start one.
+    sandbox.shutdown().await;
     if c.failed == 0 {
         println!("all checks passed");
         ExitCode::SUCCESS

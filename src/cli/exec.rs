@@ -133,11 +133,72 @@ pub(super) async fn exec(
         eprintln!("{}", err_paint.red(&text));
     }
     for n in &o.notices {
+        let n = one_shot_notice(n, o.outcome, &config);
         eprintln!("{}", err_paint.dim(&format!("[bridge] {n}")));
     }
     match o.outcome {
         Outcome::Ok => ExitCode::SUCCESS,
         Outcome::Timeout => ExitCode::from(124),
         _ => ExitCode::FAILURE,
+    }
+}
+
+/// A notice of the sandbox, as it applies to a one-shot run: there is no session to keep or
+/// reset (the sandbox goes with the run), and the time limit is `--timeout`, not a `"timeout"`
+/// argument. Sentences about either are left out; a timeout says how to raise the limit.
+fn one_shot_notice(notice: &str, outcome: Outcome, config: &Config) -> String {
+    let kept: Vec<&str> = notice
+        .split_inclusive(". ")
+        .flat_map(|s| s.split_inclusive("; "))
+        .filter(|s| {
+            let s = s.to_ascii_lowercase();
+            !s.contains("session") && !s.contains("\"timeout\"") && !s.contains("next call")
+        })
+        .collect();
+    let mut text = kept
+        .concat()
+        .trim_end()
+        .trim_end_matches([';', ','])
+        .to_string();
+    if text.is_empty() {
+        text = notice.to_string();
+    }
+    if !text.ends_with('.') {
+        text.push('.');
+    }
+    if outcome == Outcome::Timeout {
+        text.push_str(&format!(
+            " Raise the limit with --timeout (at most max_timeout, {}).",
+            config.max_timeout
+        ));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_shot_notices_speak_of_no_session() {
+        let c = Config::default();
+        let t = one_shot_notice(
+            "the time limit of 5s expired and the code was interrupted (KeyboardInterrupt); the session and its variables are kept. Pass a larger \"timeout\" (at most 120s) for longer work.",
+            Outcome::Timeout,
+            &c,
+        );
+        assert_eq!(
+            t,
+            "the time limit of 5s expired and the code was interrupted (KeyboardInterrupt). Raise the limit with --timeout (at most max_timeout, 120s)."
+        );
+        let k = one_shot_notice(
+            "the time limit of 1s expired, and the code did not stop within 3s of KeyboardInterrupt, so its sandbox was killed. The session was reset: variables and imports are gone; the next call starts fresh.",
+            Outcome::Timeout,
+            &c,
+        );
+        assert!(!k.to_lowercase().contains("session"), "{k}");
+        assert!(k.starts_with("the time limit of 1s expired, and the code did not stop within 3s of KeyboardInterrupt, so its sandbox was killed."), "{k}");
+        let m = one_shot_notice("output was truncated at 1 MiB.", Outcome::Ok, &c);
+        assert_eq!(m, "output was truncated at 1 MiB.");
     }
 }

@@ -98,9 +98,19 @@ pub async fn main(cli: Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    crate::logging::init(loaded.config.log_level);
-    let config = Arc::new(loaded.config.clone());
     let command = cli.command.unwrap_or(Command::Run);
+    // `exec` and `doctor` print for a person on the same terminal as the log: unless the user
+    // chose a level, only warnings and errors join their output.
+    let level = match command {
+        Command::Exec { .. } | Command::Doctor { .. }
+            if matches!(loaded.source("log_level"), config::Source::Default) =>
+        {
+            config::LogLevel::Warn
+        }
+        _ => loaded.config.log_level,
+    };
+    crate::logging::init(level);
+    let config = Arc::new(loaded.config.clone());
     // `doctor` and `config` show these in their report; everything else logs them.
     if !matches!(command, Command::Doctor { .. } | Command::Config) {
         for w in &loaded.warnings {

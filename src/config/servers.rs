@@ -30,6 +30,11 @@ pub struct ServerEntry {
     pub headers: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// Start a stdio server with the bridge's whole environment instead of the documented base
+    /// (`upstream::stdio::BASE_ENV`) plus `env`: for servers that read settings from variables
+    /// nobody declared. Left out when false, so existing definitions keep their catalog digest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inherit_env: bool,
 }
 
 impl ServerEntry {

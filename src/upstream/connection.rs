@@ -418,8 +418,8 @@ pub(super) async fn connect(
             env,
             cwd,
         } => {
-            let mut cmd = tokio::process::Command::new(&command);
-            cmd.args(&args).envs(&env).kill_on_drop(true);
+            let mut cmd = super::stdio::command(&command, &args, &env, entry.inherit_env);
+            cmd.kill_on_drop(true);
             if let Some(cwd) = &cwd {
                 cmd.current_dir(cwd);
             }

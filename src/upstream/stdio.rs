@@ -43,6 +43,64 @@ pub struct Spawned {
     pub oversize: watch::Receiver<u64>,
 }
 
+/// The variables of the bridge's own environment a stdio server inherits, unless its definition
+/// says `inherit_env = true`: what a program needs to find its tools, home, locale, temporary
+/// files, terminal and time zone, and to reach the network through the host's proxy and CA
+/// certificates. Everything else (the bridge's `MCP_BRIDGE_*` settings, other programs' tokens)
+/// stays with the bridge; a server gets what it needs beyond this through its `env`. Names ending
+/// in `*` are prefixes. The README's "Upstream servers" section lists the same.
+pub const BASE_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TERM",
+    "TZ",
+    "TMPDIR",
+    "XDG_*",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NIX_SSL_CERT_FILE",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+];
+
+/// Whether `name` is one of [`BASE_ENV`].
+pub fn in_base_env(name: &str) -> bool {
+    BASE_ENV.iter().any(|b| match b.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == *b,
+    })
+}
+
+/// The command that starts a stdio server: `program args`, with [`BASE_ENV`] of the bridge's
+/// environment (all of it when `inherit_env`) and then the server's declared `env` on top.
+pub fn command<'a>(
+    program: &str,
+    args: &[String],
+    env: impl IntoIterator<Item = (&'a String, &'a String)>,
+    inherit_env: bool,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args);
+    if !inherit_env {
+        cmd.env_clear();
+        cmd.envs(std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(in_base_env)));
+    }
+    cmd.envs(env);
+    cmd
+}
+
 /// Start `cmd` with piped stdin, stdout and stderr.
 pub fn spawn(mut cmd: CommandWrap) -> std::io::Result<Spawned> {
     cmd.command_mut()
@@ -179,6 +237,30 @@ impl<R: AsyncRead + Unpin> AsyncRead for LineWatch<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_base_environment_keeps_what_programs_need_and_nothing_of_ours() {
+        for name in [
+            "PATH",
+            "HOME",
+            "LC_ALL",
+            "LC_CTYPE",
+            "XDG_RUNTIME_DIR",
+            "TMPDIR",
+            "https_proxy",
+        ] {
+            assert!(in_base_env(name), "{name}");
+        }
+        for name in [
+            "MCP_BRIDGE_LOG_LEVEL",
+            "GITHUB_TOKEN",
+            "AWS_SECRET_ACCESS_KEY",
+            "PATHX",
+            "LD_PRELOAD",
+        ] {
+            assert!(!in_base_env(name), "{name}");
+        }
+    }
     use tokio::io::AsyncReadExt;
 
     async fn count(input: &[u8], limit: usize, chunk: usize) -> (u64, Vec<u8>) {

@@ -22,6 +22,8 @@ pub enum EntryError {
     NotAnObjectField(&'static str),
     #[error("`{0}` is an object without \"file\"")]
     FileWithoutPath(String),
+    #[error("`{0}` is not true or false")]
+    NotABool(&'static str),
     #[error("`args` must be a list of strings")]
     ArgsNotStrings,
     #[error("`args` is not a list")]
@@ -147,6 +149,11 @@ pub fn parse_json_entry(v: &Value) -> Result<ServerEntry, EntryError> {
         Some(Value::String(s)) => vec![s.clone()],
         Some(_) => return Err(EntryError::ArgsNotAList),
     };
+    let inherit_env = match o.get("inherit_env").or_else(|| o.get("inheritEnv")) {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(EntryError::NotABool("inherit_env")),
+    };
     Ok(ServerEntry {
         command: string(&["command"])?,
         args,
@@ -156,6 +163,7 @@ pub fn parse_json_entry(v: &Value) -> Result<ServerEntry, EntryError> {
         url: string(&["url", "serverUrl", "httpUrl"])?,
         headers: map("headers", false)?,
         description: string(&["description"])?,
+        inherit_env,
     })
 }
 
@@ -317,6 +325,22 @@ mod tests {
         assert_eq!(
             parse(json!({"command": "x", "args": {"a": 1}})),
             EntryError::ArgsNotAList
+        );
+        assert_eq!(
+            parse(json!({"command": "x", "inherit_env": "yes"})),
+            EntryError::NotABool("inherit_env")
+        );
+        for key in ["inherit_env", "inheritEnv"] {
+            assert!(
+                parse_json_entry(&json!({"command": "x", key: true}))
+                    .unwrap()
+                    .inherit_env
+            );
+        }
+        assert!(
+            !parse_json_entry(&json!({"command": "x"}))
+                .unwrap()
+                .inherit_env
         );
         let both = ServerEntry {
             command: Some("x".into()),
