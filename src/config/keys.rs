@@ -19,6 +19,9 @@ impl Key {
         if self.name == "state_dir" {
             return "$XDG_STATE_HOME/mcp-code-bridge".to_string();
         }
+        if self.name == "audit.path" {
+            return "<state_dir>/audit.jsonl".to_string();
+        }
         let defaults = serde_json::to_value(Config::default()).unwrap_or_default();
         match self
             .name
@@ -46,7 +49,10 @@ impl Key {
 
 /// The variable of key `name` (see [`Key::env`]); also for names that are not keys.
 pub fn env_name(name: &str) -> String {
-    format!("{ENV_PREFIX}{}", name.replace('.', "_").to_ascii_uppercase())
+    format!(
+        "{ENV_PREFIX}{}",
+        name.replace('.', "_").to_ascii_uppercase()
+    )
 }
 
 /// The key set by the variable whose name after `MCP_BRIDGE_` is `rest` (any case).
@@ -168,6 +174,22 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "upstream_start_timeout",
         doc: "Time limit for starting an upstream server and its MCP handshake (npx/uvx may download it first).",
+    },
+    Key {
+        name: "audit.path",
+        doc: "The audit log (JSON lines, mode 0600): one record per run_python call and per proxied tool call. An absolute path, or off.",
+    },
+    Key {
+        name: "audit.code",
+        doc: "What of the executed code a record keeps: sha256 (its digest) or full (the code too, up to 64 KiB).",
+    },
+    Key {
+        name: "audit.max_size",
+        doc: "Size at which the audit log is rotated (audit.jsonl becomes audit.jsonl.1).",
+    },
+    Key {
+        name: "audit.keep",
+        doc: "Rotated audit files kept (.1 newest to .N oldest); older ones are deleted. At most 100.",
     },
 ];
 

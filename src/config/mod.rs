@@ -5,6 +5,7 @@
 //! - [`load`]: the layering, where each value came from, the system file, unknown variables;
 //! - [`values`]: value types and their lenient spellings ([`Secs`], [`Size`], [`Runtime`], ...);
 //! - [`servers`]: the `[servers.<name>]` schema ([`ServerEntry`]);
+//! - [`audit`]: the `[audit]` section ([`AuditConfig`]);
 //! - [`error`]: why a configuration was refused;
 //! - here: the [`Config`] struct, its defaults and checks, and the command-line [`Overrides`].
 //!
@@ -19,6 +20,7 @@
 //! range is limited, a row in the README's table (a unit test lists any missing row), and a
 //! field of [`Overrides`] only if it should also be a flag.
 
+pub mod audit;
 pub mod error;
 pub mod keys;
 pub mod load;
@@ -31,6 +33,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use audit::{AuditConfig, CodeKept};
 pub use error::{ConfigError, Problem};
 pub use keys::{DEFAULT_IMAGE, ENV_PREFIX, KEYS, Key, closest_key, env_name};
 pub use load::{
@@ -84,6 +87,9 @@ pub struct Config {
     pub upstream_call_timeout: Secs,
     pub upstream_idle_timeout: Secs,
     pub upstream_start_timeout: Secs,
+    /// `[audit]`: the audit log.
+    #[serde(default)]
+    pub audit: AuditConfig,
     #[serde(default)]
     pub servers: BTreeMap<String, ServerEntry>,
 }
@@ -119,6 +125,7 @@ impl Default for Config {
             upstream_call_timeout: Secs(Duration::from_secs(60)),
             upstream_idle_timeout: Secs(Duration::from_secs(600)),
             upstream_start_timeout: Secs(Duration::from_secs(120)),
+            audit: AuditConfig::default(),
             servers: BTreeMap::new(),
         }
     }
@@ -260,6 +267,7 @@ impl Config {
         if self.image.trim().is_empty() {
             return bad("image", "must not be empty".into());
         }
+        self.audit.check()?;
         Ok(())
     }
 
