@@ -20,6 +20,9 @@ use crate::config::audit::MAX_KEEP;
 /// Records taken from the queue per batch at most (one `write` per batch).
 const BATCH: usize = 256;
 
+// Records are nearly every message; boxing them would cost an allocation each for the sake
+// of the rare flush.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Msg {
     Record {
         ts: String,
