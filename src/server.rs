@@ -172,7 +172,11 @@ impl Bridge {
         on_output: Option<OutputSink>,
     ) -> CallToolResult {
         let started = std::time::Instant::now();
-        let session = args.session.as_deref().unwrap_or(DEFAULT_SESSION).to_string();
+        let session = args
+            .session
+            .as_deref()
+            .unwrap_or(DEFAULT_SESSION)
+            .to_string();
         // The code goes to the sandbox; the log needs it after (its digest, or all of it).
         let code = self.audit.is_on().then(|| args.code.clone());
         let record = |status: &str, error_type: Option<&str>| {
@@ -393,7 +397,8 @@ pub async fn serve_stdio(bridge: Bridge) -> anyhow::Result<()> {
     sandbox.shutdown().await;
     upstreams.shutdown().await;
     // Records of the last calls may still be queued: written before the process ends.
-    let _ = tokio::task::spawn_blocking(move || audit.flush(std::time::Duration::from_secs(5))).await;
+    let _ =
+        tokio::task::spawn_blocking(move || audit.flush(std::time::Duration::from_secs(5))).await;
     Ok(())
 }
 
