@@ -287,6 +287,8 @@ fn a_full_queue_counts_drops_and_the_next_record_says_so() {
         "a stalled writer does not stall the callers: {took:?}"
     );
     drop(lock);
+    // The queue is still full until the writer drains it: a record sent now could be dropped.
+    assert!(audit.flush(Duration::from_secs(10)));
     exec(&audit, "after", "1");
     assert!(audit.flush(Duration::from_secs(10)));
     let recs = lines(&path);
