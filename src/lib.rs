@@ -1,6 +1,7 @@
 //! mcp-code-bridge: an MCP server with one tool, `run_python`, whose code runs in a hardened
 //! container and reaches the user's MCP servers through the bridge. See ARCHITECTURE.md.
 
+pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod logging;

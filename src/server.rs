@@ -21,6 +21,7 @@ use rmcp::{RoleServer, ServerHandler};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::audit::{self, Audit};
 use crate::config::Config;
 use crate::policy::{Approval, ApprovalRequest, Approver};
 use crate::progress::Forwarder;
@@ -209,16 +210,25 @@ pub struct Bridge {
     sandbox: Arc<Sandbox>,
     upstreams: Upstreams,
     log_level: Arc<std::sync::Mutex<Option<LoggingLevel>>>,
+    audit: Audit,
 }
 
 impl Bridge {
+    /// The bridge of `run`; it opens the audit log configured by `[audit]`.
     pub fn new(config: Arc<Config>, sandbox: Arc<Sandbox>, upstreams: Upstreams) -> Self {
+        let audit = Audit::open(&config);
         Bridge {
             config,
             sandbox,
             upstreams,
             log_level: Default::default(),
+            audit,
         }
+    }
+
+    /// The audit log, for whoever records proxied calls (a clone shares the one writer).
+    pub fn audit(&self) -> &Audit {
+        &self.audit
     }
 
     /// Run one `run_python` call to completion: the result the model sees, or a setup error.
@@ -235,7 +245,8 @@ impl Bridge {
 
     /// [`Bridge::run`], asking `approver` (the client of the request) about the proxied calls
     /// the policy says to ask about; `relay` gets what those calls pass on to the client (their
-    /// progress, their servers' questions).
+    /// progress, their servers' questions). Every call, set up or not, leaves one `exec` record
+    /// in the audit log, and each of its proxied calls a `tool_call` record.
     pub async fn run_for(
         &self,
         args: RunArgs,
@@ -244,6 +255,7 @@ impl Bridge {
         approver: Option<Arc<dyn Approver>>,
         relay: CallRelay,
     ) -> CallToolResult {
+        let started = std::time::Instant::now();
         let session = args
             .session
             .as_deref()
@@ -252,14 +264,33 @@ impl Bridge {
         if args.reset {
             self.upstreams.forget_session(&session);
         }
+        // The code goes to the sandbox; the log needs it after (its digest, or all of it).
+        let code = self.audit.is_on().then(|| args.code.clone());
+        let record = |status: &str, error_type: Option<&str>| {
+            if let Some(code) = &code {
+                self.audit.exec(audit::Exec {
+                    session: &session,
+                    identity: None,
+                    code,
+                    servers: &args.servers,
+                    status,
+                    error_type,
+                    duration: started.elapsed(),
+                });
+            }
+        };
         let call = CallContext {
-            session,
+            session: session.clone(),
             approver,
             relay,
+            audit: self.audit.clone(),
         };
         let binding = match self.upstreams.load_for(&args.servers, call).await {
             Ok(b) => b,
-            Err(e) => return render::setup_error(e.kind(), &e.message()),
+            Err(e) => {
+                record("setup_error", Some(e.kind()));
+                return render::setup_error(e.kind(), &e.message());
+            }
         };
         let req = ExecRequest {
             code: args.code,
@@ -270,10 +301,17 @@ impl Bridge {
             cancel,
             on_output,
         };
-        let session = args.session.as_deref().unwrap_or(DEFAULT_SESSION);
-        match self.sandbox.run(session, args.reset, req).await {
-            Ok(outcome) => render::tool_result(outcome, self.config.output_mode),
-            Err(e) => render::setup_error("SandboxUnavailable", &e.with_hint()),
+        match self.sandbox.run(&session, args.reset, req).await {
+            Ok(outcome) => {
+                let status = serde_json::to_value(outcome.outcome).unwrap_or_default();
+                let error_type = outcome.error.as_ref().map(|e| e.kind.as_str());
+                record(status.as_str().unwrap_or("unknown"), error_type);
+                render::tool_result(outcome, self.config.output_mode)
+            }
+            Err(e) => {
+                record("setup_error", Some("SandboxUnavailable"));
+                render::setup_error("SandboxUnavailable", &e.with_hint())
+            }
         }
     }
 
@@ -618,6 +656,7 @@ pub async fn serve_stdio(bridge: Bridge) -> anyhow::Result<()> {
     use rmcp::ServiceExt;
     let sandbox = bridge.sandbox.clone();
     let upstreams = bridge.upstreams.clone();
+    let audit = bridge.audit.clone();
     // rmcp drops lines over 16 MiB without a word, so a `code` between that and our own limit
     // would never be answered; up to this length it gets the clear refusal of `RunArgs::parse`.
     let (stdin, stdout) = rmcp::transport::stdio();
@@ -638,6 +677,9 @@ pub async fn serve_stdio(bridge: Bridge) -> anyhow::Result<()> {
     }
     sandbox.shutdown().await;
     upstreams.shutdown().await;
+    // Records of the last calls may still be queued: written before the process ends.
+    let _ =
+        tokio::task::spawn_blocking(move || audit.flush(std::time::Duration::from_secs(5))).await;
     Ok(())
 }
 

@@ -9,6 +9,7 @@
 //! BENCH_ONLY=proxy,load cargo bench --bench bridge               # a subset of the sections
 //! BENCH_ONLY=catalog cargo bench --bench bridge                  # first search, cold and warm catalog (also CATALOG_RUNS)
 //! BENCH_ONLY=pool cargo bench --bench bridge                      # first calls with and without the pool
+//! BENCH_ONLY=audit cargo bench --bench bridge                     # the audit log: writer cost, calls with it on and off
 //! BENCH_PROXY_RUNS=50 BENCH_ONLY=proxy cargo bench --bench bridge # more of one (also LOAD_RUNS, LOAD_CALLS, WARM)
 //! ```
 //!
@@ -18,6 +19,7 @@
 //! `python3` on PATH. A missing prerequisite stops the bench with a message; nothing is skipped.
 //! The 50 "generated" servers are `benches/fixtures/catalog_server.py` started with 50 names.
 
+mod audit;
 mod catalog;
 /// The integration tests' harness: the bench shares its private-home environment.
 #[path = "../../tests/common/mod.rs"]
@@ -52,6 +54,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 type Res<T> = Result<T, String>;
 
+use audit::*;
 use catalog::*;
 use execution::*;
 use footprint::*;
@@ -143,6 +146,10 @@ async fn main() {
             image_figures(&o, &mut t).await;
         }
         live.shutdown().await;
+    }
+    if o.wants("audit") {
+        eprintln!("bench: audit log…");
+        audit_section(&o, &mut t).await;
     }
     if o.wants("hostile") {
         eprintln!("bench: hostile sandbox…");

@@ -7,8 +7,10 @@
 //! server names, engine, image); `image load` with 2 without an archive or an engine; `doctor`
 //! with 1 when a check fails.
 //!
-//! One module per command group: `exec`, `doctor`, `servers` (`--refresh`), `show` (`config`), `image`.
+//! One module per command group: `exec`, `doctor`, `servers` (`--refresh`), `show` (`config`), `image`,
+//! `audit`.
 
+mod audit;
 mod doctor;
 mod exec;
 mod image;
@@ -73,6 +75,18 @@ pub enum Command {
     },
     /// Show the effective configuration and where each value came from.
     Config,
+    /// Show the audit log: every run_python call and proxied tool call, oldest first.
+    Audit {
+        /// Keep printing new records as they are written (across rotations).
+        #[arg(long)]
+        follow: bool,
+        /// Only the records of this session.
+        #[arg(long)]
+        session: Option<String>,
+        /// Print the records as JSON lines, as stored.
+        #[arg(long)]
+        json: bool,
+    },
     /// Manage the sandbox image.
     Image {
         #[command(subcommand)]
@@ -152,6 +166,18 @@ pub async fn main(cli: Cli) -> ExitCode {
             show::print_config(&loaded);
             ExitCode::SUCCESS
         }
+        Command::Audit {
+            follow,
+            session,
+            json,
+        } => audit::audit(
+            &loaded,
+            audit::Options {
+                follow,
+                session,
+                json,
+            },
+        ),
         Command::Image {
             command: ImageCommand::Load { archive },
         } => image::image_load(config, archive).await,

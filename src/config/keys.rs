@@ -19,6 +19,9 @@ impl Key {
         if self.name == "state_dir" {
             return "$XDG_STATE_HOME/mcp-code-bridge".to_string();
         }
+        if self.name == "audit.path" {
+            return "<state_dir>/audit.jsonl".to_string();
+        }
         let defaults = serde_json::to_value(Config::default()).unwrap_or_default();
         match self
             .name
@@ -195,6 +198,22 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "policy.ask_fallback",
         doc: "allow or deny: what ask means when the client cannot be asked (no elicitation).",
+    },
+    Key {
+        name: "audit.path",
+        doc: "The audit log (JSON lines, mode 0600): one record per run_python call and per proxied tool call. An absolute path, or off.",
+    },
+    Key {
+        name: "audit.code",
+        doc: "What of the executed code a record keeps: sha256 (its digest) or full (the code too, up to 64 KiB).",
+    },
+    Key {
+        name: "audit.max_size",
+        doc: "Size at which the audit log is rotated (audit.jsonl becomes audit.jsonl.1).",
+    },
+    Key {
+        name: "audit.keep",
+        doc: "Rotated audit files kept (.1 newest to .N oldest); older ones are deleted. At most 100.",
     },
 ];
 

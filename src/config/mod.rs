@@ -5,6 +5,7 @@
 //! - [`load`]: the layering, where each value came from, the system file, unknown variables;
 //! - [`values`]: value types and their lenient spellings ([`Secs`], [`Size`], [`Runtime`], ...);
 //! - [`servers`]: the `[servers.<name>]` schema ([`ServerEntry`]);
+//! - [`audit`]: the `[audit]` section ([`AuditConfig`]);
 //! - [`error`]: why a configuration was refused;
 //! - here: the [`Config`] struct, its defaults and checks, and the command-line [`Overrides`].
 //!
@@ -19,6 +20,7 @@
 //! range is limited, a row in the README's table (a unit test lists any missing row), and a
 //! field of [`Overrides`] only if it should also be a flag.
 
+pub mod audit;
 pub mod error;
 pub mod keys;
 pub mod load;
@@ -32,6 +34,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use audit::{AuditConfig, CodeKept};
 pub use error::{ConfigError, Problem};
 pub use keys::{DEFAULT_IMAGE, ENV_PREFIX, KEYS, Key, closest_key, env_name};
 pub use load::{
@@ -89,6 +92,9 @@ pub struct Config {
     /// `[policy]`: which proxied tool calls run, ask the user, or are refused.
     #[serde(default)]
     pub policy: PolicyConfig,
+    /// `[audit]`: the audit log.
+    #[serde(default)]
+    pub audit: AuditConfig,
     #[serde(default)]
     pub servers: BTreeMap<String, ServerEntry>,
 }
@@ -125,6 +131,7 @@ impl Default for Config {
             upstream_idle_timeout: Secs(Duration::from_secs(600)),
             upstream_start_timeout: Secs(Duration::from_secs(120)),
             policy: PolicyConfig::default(),
+            audit: AuditConfig::default(),
             servers: BTreeMap::new(),
         }
     }
@@ -266,7 +273,8 @@ impl Config {
         if self.image.trim().is_empty() {
             return bad("image", "must not be empty".into());
         }
-        self.policy.validate()
+        self.policy.validate()?;
+        self.audit.check()
     }
 
     /// A per-call timeout, clamped to `[100ms, max_timeout]`.

@@ -221,6 +221,8 @@ pub struct CallContext {
     pub session: String,
     pub approver: Option<Arc<dyn Approver>>,
     pub relay: CallRelay,
+    /// Where each proxied call's `tool_call` record goes (off by default).
+    pub audit: crate::audit::Audit,
 }
 
 impl Upstreams {

@@ -167,6 +167,30 @@ pub enum CallError {
     NotRestarted { server: String },
 }
 
+impl CallError {
+    /// The kind of failure, without the message (which may quote arguments): the audit log's
+    /// `error_type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CallError::ShuttingDown => "ShuttingDown",
+            CallError::Start(_) => "StartFailed",
+            CallError::ListClosed { .. } | CallError::ListFailed { .. } => "ListFailed",
+            CallError::ListTimeout { .. } => "ListTimeout",
+            CallError::Unreachable { .. } => "Unreachable",
+            CallError::TooLarge { .. } => "TooLarge",
+            CallError::InputRequired { .. } => "InputRequired",
+            CallError::TaskHandle { .. } => "TaskHandle",
+            CallError::UnexpectedResult { .. } => "UnexpectedResult",
+            CallError::Timeout { .. } => "Timeout",
+            CallError::Refused { .. } => "Refused",
+            CallError::Crashed { .. } => "Crashed",
+            CallError::Cancelled { .. } => "Cancelled",
+            CallError::Failed { .. } => "Failed",
+            CallError::NotRestarted { .. } => "NotRestarted",
+        }
+    }
+}
+
 impl Hinted for CallError {
     fn hint(&self) -> Option<Hint> {
         match self {

@@ -16,6 +16,7 @@ use super::catalog::{self, Detail, ServerTools, UnknownTool};
 use super::error::{Hint, Hinted};
 use super::pool::{CallError, Slot};
 use super::{CallContext, Upstreams, known_servers};
+use crate::audit::{Audit, Decision as AuditDecision, ToolCallRecord, ToolStatus};
 use crate::config::policy::Action;
 use crate::policy::{Approval, ApprovalRequest, Decision, Verdict};
 use crate::protocol::{RPC_DENIED, RpcFailure, RpcHandler};
@@ -262,6 +263,20 @@ impl ExecRpc {
         let decision = self
             .decide(slot.name(), &tool_name, arguments.as_ref(), destructive)
             .await;
+        // Written however the call ends: a call dropped with its exec (timeout, cancellation)
+        // is recorded as failed by the guard.
+        let mut record = RecordOnDrop {
+            audit: &self.call.audit,
+            started,
+            record: Some(ToolCallRecord::new(
+                &self.call.session,
+                slot.name(),
+                &tool_name,
+                arguments.as_ref(),
+                audit_decision(decision.verdict),
+                rule_text(&decision).as_deref(),
+            )),
+        };
         let outcome = if decision.allowed {
             self.up
                 .inner
@@ -278,9 +293,14 @@ impl ExecRpc {
                 fallback_origin: self.up.policy().fallback().1.to_string(),
             })))
         };
-        // audit: tool_call record. Here the server (`slot.name()`), the tool (`tool_name`),
-        // its `arguments`, the `decision`, the status (`outcome`) and the duration
-        // (`started.elapsed()`) are all known, for every proxied call of every thread.
+        let (status, error_type) = match &outcome {
+            Ok(v) if v["isError"] == true => (ToolStatus::Error, None),
+            Ok(_) => (ToolStatus::Ok, None),
+            Err(RpcError::Denied(_)) => (ToolStatus::Denied, None),
+            Err(RpcError::Call(e)) => (ToolStatus::Failed, Some(e.kind())),
+            Err(_) => (ToolStatus::Failed, Some("BadCall")),
+        };
+        record.finish(status, error_type);
         tracing::debug!(
             server = slot.name(),
             tool = %tool_name,
@@ -352,6 +372,53 @@ impl ExecRpc {
                 fallback()
             }
         }
+    }
+}
+
+/// The audit log's name for a verdict.
+fn audit_decision(v: Verdict) -> AuditDecision {
+    match v {
+        Verdict::Allow => AuditDecision::Allow,
+        Verdict::Deny => AuditDecision::Deny,
+        Verdict::AskAllowed => AuditDecision::AskAllowed,
+        Verdict::AskDenied => AuditDecision::AskDenied,
+        Verdict::AskUnavailable => AuditDecision::AskUnavailable,
+    }
+}
+
+/// The rule of a decision and where it is set, as the audit log keeps it: `github.delete_*
+/// (config.toml)`; `None` when no rule decided.
+fn rule_text(d: &Decision) -> Option<String> {
+    let rule = d.rule.as_deref()?;
+    Some(match d.origin.as_deref() {
+        Some(origin) => format!("{rule} ({origin})"),
+        None => rule.to_string(),
+    })
+}
+
+/// A proxied call's `tool_call` record, written when the call is finished or, if its future is
+/// dropped first (its exec timed out or was cancelled), as `failed` / `cancelled` then.
+struct RecordOnDrop<'a> {
+    audit: &'a Audit,
+    started: Instant,
+    record: Option<ToolCallRecord>,
+}
+
+impl RecordOnDrop<'_> {
+    fn finish(&mut self, status: ToolStatus, error_type: Option<&str>) {
+        if let Some(mut r) = self.record.take() {
+            r = r.finished(status, self.started.elapsed());
+            if let Some(kind) = error_type {
+                r = r.with_error_type(kind);
+            }
+            self.audit.tool_call(r);
+        }
+    }
+}
+
+impl Drop for RecordOnDrop<'_> {
+    fn drop(&mut self) {
+        self.finish(ToolStatus::Failed, Some("cancelled"));
     }
 }
 

@@ -1,0 +1,277 @@
+//! `audit [--follow] [--session S] [--json]`: the audit log for people (a table: time,
+//! session, what ran, how it was decided and ended) or as its JSON lines. Rotated files are read
+//! oldest first; `--follow` then waits for new records, across rotations.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::audit::rotated_files;
+use crate::config;
+
+/// How often `--follow` looks for new records.
+const POLL: Duration = Duration::from_millis(200);
+/// Longest line read; a longer one (not written by the bridge) is skipped.
+const MAX_LINE: usize = 4 << 20;
+
+/// What to print and how.
+pub(super) struct Options {
+    pub follow: bool,
+    pub session: Option<String>,
+    pub json: bool,
+}
+
+pub(super) fn audit(loaded: &config::Loaded, opts: Options) -> ExitCode {
+    let c = &loaded.config;
+    let Some(path) = c.audit.file(&c.state_dir) else {
+        eprintln!(
+            "the audit log is off (audit.path = off, from {}); set audit.path to a file, or unset it for <state_dir>/audit.jsonl",
+            loaded.source_of("audit.path")
+        );
+        return ExitCode::FAILURE;
+    };
+    let mut out = Printer {
+        out: std::io::stdout().lock(),
+        opts: &opts,
+        skipped: 0,
+        header: false,
+    };
+    let files = rotated_files(&path);
+    if files.is_empty() && !opts.follow {
+        eprintln!("no audit records yet: {} does not exist", path.display());
+        return ExitCode::SUCCESS;
+    }
+    // The rotated files whole, then the current one through a handle `--follow` keeps reading.
+    for f in files.iter().filter(|f| **f != path) {
+        if let Ok(file) = File::open(f)
+            && out.read_all(&mut BufReader::new(file)).is_err()
+        {
+            return ExitCode::SUCCESS;
+        }
+    }
+    let mut current = File::open(&path).ok().map(BufReader::new);
+    if let Some(r) = current.as_mut()
+        && out.read_all(r).is_err()
+    {
+        return ExitCode::SUCCESS;
+    }
+    out.header();
+    if !opts.follow {
+        out.report_skipped();
+        return ExitCode::SUCCESS;
+    }
+    let _ = out.out.flush();
+    loop {
+        std::thread::sleep(POLL);
+        let mut reopen = false;
+        let on_disk = std::fs::metadata(&path).ok();
+        if let Some(r) = current.as_mut() {
+            // What was appended since, then: is the path still this file?
+            if out.read_all(r).is_err() {
+                return ExitCode::SUCCESS;
+            }
+            let ours = r.get_ref().metadata().ok();
+            reopen = match (ours, &on_disk) {
+                (Some(a), Some(b)) => a.ino() != b.ino() || a.dev() != b.dev(),
+                (_, None) => false,
+                (None, Some(_)) => true,
+            };
+            if reopen && out.read_all(r).is_err() {
+                return ExitCode::SUCCESS;
+            }
+        } else if on_disk.is_some() {
+            reopen = true;
+        }
+        if reopen {
+            current = File::open(&path).ok().map(BufReader::new);
+            if let Some(r) = current.as_mut()
+                && out.read_all(r).is_err()
+            {
+                return ExitCode::SUCCESS;
+            }
+        }
+        if out.out.flush().is_err() {
+            return ExitCode::SUCCESS;
+        }
+    }
+}
+
+struct Printer<'a, W: Write> {
+    out: W,
+    opts: &'a Options,
+    /// Lines that were not records (not JSON, or too long).
+    skipped: u64,
+    header: bool,
+}
+
+impl<W: Write> Printer<'_, W> {
+    /// Print every complete line `r` has now; a partial last line (a record being written) is
+    /// left for the next read. An error is stdout gone (a closed pipe): stop.
+    fn read_all<R: Read + std::io::Seek>(&mut self, r: &mut BufReader<R>) -> std::io::Result<()> {
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = r
+                .by_ref()
+                .take(MAX_LINE as u64 + 1)
+                .read_until(b'\n', &mut line)?;
+            if n == 0 {
+                return Ok(());
+            }
+            if line.last() != Some(&b'\n') {
+                if line.len() > MAX_LINE {
+                    self.skipped += 1;
+                    // The rest of this overlong line, up to its end.
+                    let mut rest = Vec::new();
+                    r.read_until(b'\n', &mut rest)?;
+                    continue;
+                }
+                // Incomplete: step back so the next read sees it whole.
+                r.seek_relative(-(n as i64))?;
+                return Ok(());
+            }
+            self.line(&line)?;
+        }
+    }
+
+    fn line(&mut self, raw: &[u8]) -> std::io::Result<()> {
+        let Ok(rec) = serde_json::from_slice::<Value>(raw) else {
+            self.skipped += 1;
+            return Ok(());
+        };
+        if let Some(s) = &self.opts.session
+            && rec["session"].as_str() != Some(s.as_str())
+        {
+            return Ok(());
+        }
+        if self.opts.json {
+            return self.out.write_all(raw);
+        }
+        self.header();
+        writeln!(self.out, "{}", row(&rec))
+    }
+
+    fn header(&mut self) {
+        if !self.opts.json && !self.header {
+            self.header = true;
+            let _ = writeln!(
+                self.out,
+                "{:19}  {:16}  {:40}  {:24}  {:>7}",
+                "TIME (UTC)", "SESSION", "WHAT", "RESULT", "MS"
+            );
+        }
+    }
+
+    fn report_skipped(&self) {
+        if self.skipped > 0 {
+            eprintln!(
+                "{} lines were not audit records and were skipped",
+                self.skipped
+            );
+        }
+    }
+}
+
+/// One record as a table row: time, session, what ran, how it was decided and ended, how
+/// long it took, and the rule that decided a tool call.
+fn row(r: &Value) -> String {
+    let s = |k: &str| r[k].as_str().unwrap_or("");
+    let time: String = s("ts").replacen('T', " ", 1).chars().take(19).collect();
+    let (what, result) = match s("kind") {
+        "exec" => {
+            let servers = r["servers"]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>())
+                .unwrap_or_default();
+            let mut what = format!("exec {}", s("code_sha256").get(..12).unwrap_or(""));
+            if !servers.is_empty() {
+                what.push_str(&format!(" [{}]", servers.join(",")));
+            }
+            let mut result = s("status").to_string();
+            if let Some(e) = r["error_type"].as_str() {
+                result.push_str(&format!(" {e}"));
+            }
+            (what, result)
+        }
+        "tool_call" => {
+            let mut result = format!("{} → {}", s("decision"), s("status"));
+            if let Some(e) = r["error_type"].as_str() {
+                result.push_str(&format!(" {e}"));
+            }
+            (format!("{}.{}", s("server"), s("tool")), result)
+        }
+        other => (other.to_string(), s("status").to_string()),
+    };
+    let mut line = format!(
+        "{time:19}  {:16}  {:40}  {:24}  {:>7}",
+        clip(s("session"), 16),
+        clip(&what, 40),
+        clip(&result, 24),
+        r["duration_ms"].as_u64().unwrap_or(0)
+    );
+    if let Some(rule) = r["rule"].as_str() {
+        line.push_str(&format!("  rule {rule}"));
+    }
+    if let Some(n) = r["dropped_before"].as_u64() {
+        line.push_str(&format!("  ({n} records lost before this one)"));
+    }
+    line
+}
+
+/// `s` in at most `width` characters, `…` marking a cut.
+fn clip(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        return s.to_string();
+    }
+    let mut c: String = s.chars().take(width - 1).collect();
+    c.push('…');
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_show_what_ran_and_how_it_ended() {
+        let exec = serde_json::json!({"ts": "2026-11-23T18:22:01.123Z", "kind": "exec", "session": "default",
+            "code_sha256": "0123456789abcdef0123", "servers": ["time"], "status": "error",
+            "error_type": "NameError", "duration_ms": 42});
+        let r = row(&exec);
+        assert!(r.starts_with("2026-11-23 18:22:01  default "), "{r}");
+        assert!(r.contains("exec 0123456789ab [time]"), "{r}");
+        assert!(r.contains("error NameError"), "{r}");
+        let call = serde_json::json!({"ts": "2026-11-23T18:22:02.000Z", "kind": "tool_call", "session": "s",
+            "server": "github", "tool": "delete_repo", "decision": "deny", "status": "denied",
+            "rule": "github.delete_*", "duration_ms": 0, "dropped_before": 3});
+        let r = row(&call);
+        assert!(r.contains("github.delete_repo"), "{r}");
+        assert!(r.contains("deny → denied"), "{r}");
+        assert!(r.contains("rule github.delete_*"), "{r}");
+        assert!(r.contains("3 records lost"), "{r}");
+    }
+
+    #[test]
+    fn a_partial_last_line_waits_for_its_end() {
+        let opts = Options {
+            follow: true,
+            session: None,
+            json: true,
+        };
+        let mut p = Printer {
+            out: Vec::new(),
+            opts: &opts,
+            skipped: 0,
+            header: false,
+        };
+        let data = b"{\"session\":\"a\"}\n{\"sess".to_vec();
+        let mut r = BufReader::new(std::io::Cursor::new(data));
+        p.read_all(&mut r).unwrap();
+        assert_eq!(p.out, b"{\"session\":\"a\"}\n");
+        assert_eq!(p.skipped, 0);
+    }
+}
