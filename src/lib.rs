@@ -4,6 +4,7 @@
 pub mod audit;
 pub mod cli;
 pub mod config;
+pub mod flock;
 pub mod logging;
 pub mod policy;
 pub mod procfs;
@@ -12,4 +13,5 @@ pub mod protocol;
 pub mod render;
 pub mod sandbox;
 pub mod server;
+pub mod text;
 pub mod upstream;

@@ -116,14 +116,7 @@ impl Forwarder {
         let upstream: ProgressSink = Arc::new(move |p: UpstreamProgress| {
             // A server's message is its own text: cut it so one notification stays small.
             let mut line = upstream_line(&p);
-            if line.len() > CHUNK {
-                let mut cut = CHUNK;
-                while !line.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                line.truncate(cut);
-                line.push_str("…\n");
-            }
+            crate::text::truncate_with(&mut line, CHUNK, "…\n");
             up.push(Kind::Upstream, &line)
         });
         (Forwarder { shared, task }, sink, upstream)

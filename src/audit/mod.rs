@@ -271,7 +271,7 @@ impl Audit {
         let (code, code_truncated) = match inner.code {
             CodeKept::Sha256 => (None, false),
             CodeKept::Full => {
-                let cut = floor_char_boundary(e.code, MAX_CODE_KEPT);
+                let cut = crate::text::floor_char_boundary(e.code, MAX_CODE_KEPT);
                 (Some(e.code[..cut].to_string()), cut < e.code.len())
             }
         };
@@ -382,14 +382,7 @@ fn cap(s: &str) -> String {
     if s.len() <= MAX_NAME {
         return s.to_string();
     }
-    format!("{}…", &s[..floor_char_boundary(s, MAX_NAME)])
-}
-
-fn floor_char_boundary(s: &str, at: usize) -> usize {
-    if at >= s.len() {
-        return s.len();
-    }
-    (0..=at).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0)
+    format!("{}…", &s[..crate::text::floor_char_boundary(s, MAX_NAME)])
 }
 
 #[cfg(test)]

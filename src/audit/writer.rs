@@ -149,7 +149,7 @@ impl LogFile {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&lock_path)
             .map_err(|e| self.err("lock", e))?;
-        lock_exclusive(&lock).map_err(|e| self.err("lock", e))?;
+        crate::flock::lock_exclusive(&lock).map_err(|e| self.err("lock", e))?;
         let ours = self.file.as_ref().and_then(|f| f.metadata().ok());
         let on_disk = std::fs::symlink_metadata(&self.path).ok();
         let same = matches!((&ours, &on_disk), (Some(a), Some(b)) if a.ino() == b.ino() && a.dev() == b.dev());
@@ -196,22 +196,6 @@ pub fn rotated_files(path: &Path) -> Vec<PathBuf> {
         files.push(path.to_path_buf());
     }
     files
-}
-
-/// An advisory exclusive lock on `f`, released when it is closed (`File::lock` is newer than
-/// the crate's MSRV).
-fn lock_exclusive(f: &File) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    loop {
-        // SAFETY: flock on a descriptor this function borrows open.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
 }
 
 /// The writer thread: batches what is queued, writes it, answers flushes; ends when every

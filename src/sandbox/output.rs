@@ -102,7 +102,7 @@ impl Collector {
             head.push_str(data);
             return;
         }
-        let cut = floor_char_boundary(data, room);
+        let cut = crate::text::floor_char_boundary(data, room);
         head.push_str(&data[..cut]);
         let rest = &data.as_bytes()[cut..];
         let tail = &mut self.tails[i];
@@ -154,16 +154,6 @@ impl Collector {
             session_reset: false,
         }
     }
-}
-
-fn floor_char_boundary(s: &str, mut i: usize) -> usize {
-    if i >= s.len() {
-        return s.len();
-    }
-    while !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
 }
 
 #[cfg(test)]

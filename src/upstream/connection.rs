@@ -197,14 +197,7 @@ impl StderrTail {
         tokio::spawn(async move {
             let mut lines = tokio::io::BufReader::new(stderr).lines();
             while let Ok(Some(mut line)) = lines.next_line().await {
-                if line.len() > STDERR_LINE_MAX {
-                    let mut cut = STDERR_LINE_MAX;
-                    while !line.is_char_boundary(cut) {
-                        cut -= 1;
-                    }
-                    line.truncate(cut);
-                    line.push('…');
-                }
+                crate::text::truncate_with(&mut line, STDERR_LINE_MAX, "…");
                 tracing::info!(target: "mcp_code_bridge::upstream::stderr", server = %server, "{line}");
                 let mut t = tail.0.lock().unwrap();
                 if t.len() == STDERR_TAIL_LINES {

@@ -257,7 +257,7 @@ impl Store {
             .mode(0o600)
             .open(self.dir.join(LOCK_FILE))
             .map_err(werr)?;
-        lock_exclusive(&lock).map_err(werr)?;
+        crate::flock::lock_exclusive(&lock).map_err(werr)?;
         // What another bridge wrote since: newest entry per key wins. A broken file has nothing
         // to keep (it was warned about at open).
         let on_disk = read_file(&path).ok().flatten().unwrap_or_default();
@@ -357,22 +357,6 @@ fn read_file(path: &Path) -> Result<Option<BTreeMap<String, StoredEntry>>, Store
         });
     }
     Ok(Some(file.entries))
-}
-
-/// An advisory exclusive lock on `f`, released when it is closed (`File::lock` is newer than
-/// the crate's MSRV).
-fn lock_exclusive(f: &File) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    loop {
-        // SAFETY: flock on a descriptor this function borrows open.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
 }
 
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
