@@ -131,7 +131,7 @@ in
       {
         programs.mcp-code-bridge = {
           settings =
-            lib.mapAttrs (_: mkDefault) (common.typedSettings cfg)
+            common.typedDefaults cfg
             // lib.optionalAttrs (mcpServers != { } || cfg.servers != { }) {
               servers =
                 lib.mapAttrs (_: mkDefault) mcpServers // lib.mapAttrs (_: common.serverToToml) cfg.servers;

@@ -219,6 +219,97 @@ rec {
       };
     };
 
+    # The `[policy]` of proxied tool calls (README, Policy).
+    policy = {
+      default = mkOption {
+        type = types.nullOr (
+          types.enum [
+            "allow"
+            "ask"
+            "deny"
+          ]
+        );
+        default = null;
+        example = "ask";
+        description = "What a proxied tool call no rule matches gets (`policy.default`). `null`: the bridge's default.";
+      };
+      allow = mkOption {
+        type = types.nullOr (types.listOf types.str);
+        default = null;
+        example = [ "time.*" "filesystem.read_*" ];
+        description = "`server.tool` globs (real names) of calls that run (`policy.allow`).";
+      };
+      ask = mkOption {
+        type = types.nullOr (types.listOf types.str);
+        default = null;
+        example = [ "github.create_*" ];
+        description = "Globs of calls the user approves first, in the MCP client (`policy.ask`).";
+      };
+      deny = mkOption {
+        type = types.nullOr (types.listOf types.str);
+        default = null;
+        example = [ "github.delete_*" "*.drop_*" ];
+        description = "Globs of calls refused (`policy.deny`); of all matching rules the most restrictive wins.";
+      };
+      destructive = mkOption {
+        type = types.nullOr (
+          types.enum [
+            "allow"
+            "ask"
+            "deny"
+            "unset"
+          ]
+        );
+        default = null;
+        example = "ask";
+        description = "For unmatched tools annotated destructiveHint (`policy.destructive`). `null`: the bridge's default.";
+      };
+      askFallback = mkOption {
+        type = types.nullOr (
+          types.enum [
+            "allow"
+            "deny"
+          ]
+        );
+        default = null;
+        example = "deny";
+        description = "What `ask` means when the client cannot be asked (`policy.ask_fallback`). `null`: the bridge's default.";
+      };
+    };
+
+    # The audit log (README, Audit log).
+    audit = {
+      path = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "/var/log/mcp-code-bridge/audit.jsonl";
+        description = ''An absolute path, or "off" (`audit.path`). `null`: `<state_dir>/audit.jsonl`.'';
+      };
+      code = mkOption {
+        type = types.nullOr (
+          types.enum [
+            "sha256"
+            "full"
+          ]
+        );
+        default = null;
+        example = "full";
+        description = "What of the executed code a record keeps (`audit.code`). `null`: the bridge's default.";
+      };
+      maxSize = mkOption {
+        type = types.nullOr size;
+        default = null;
+        example = "64m";
+        description = "Size at which the log is rotated (`audit.max_size`). `null`: the bridge's default.";
+      };
+      keep = mkOption {
+        type = types.nullOr (types.ints.between 1 100);
+        default = null;
+        example = 10;
+        description = "Rotated files kept (`audit.keep`). `null`: the bridge's default.";
+      };
+    };
+
     outputMode = mkOption {
       type = types.nullOr (
         types.enum [
@@ -289,7 +380,15 @@ rec {
       env_file = s.envFile;
     };
 
-  # Typed options -> settings (to be merged with mkDefault by the caller).
+  # Typed options -> settings with `mkDefault` on each value, a section's (`policy`, `audit`) on
+  # each of its keys, so `settings.policy.deny` set by hand keeps the typed `policy.allow`.
+  typedDefaults =
+    cfg:
+    lib.mapAttrs (
+      _: v: if lib.isAttrs v && !lib.isDerivation v then lib.mapAttrs (_: lib.mkDefault) v else lib.mkDefault v
+    ) (typedSettings cfg);
+
+  # Typed options -> settings.
   typedSettings =
     cfg:
     let
@@ -304,6 +403,20 @@ rec {
       max_sessions = cfg.limits.maxSessions;
       output_mode = cfg.outputMode;
       state_dir = cfg.stateDir;
+      policy = nonEmpty {
+        inherit (cfg.policy)
+          default
+          allow
+          ask
+          deny
+          destructive
+          ;
+        ask_fallback = cfg.policy.askFallback;
+      };
+      audit = nonEmpty {
+        inherit (cfg.audit) path code keep;
+        max_size = cfg.audit.maxSize;
+      };
     }
     // lib.optionalAttrs (image != null) {
       image = "${image.imageName}:${image.imageTag}";

@@ -136,6 +136,37 @@ let
         state_dir = "/var/lib/mcp-code-bridge";
       };
     };
+    testPolicyAndAuditAreSectionsMergedKeyByKey = {
+      expr =
+        (nixos (
+          noImage
+          // {
+            policy = {
+              default = "ask";
+              allow = [ "time.*" ];
+              deny = [ "github.delete_*" ];
+              askFallback = "deny";
+            };
+            audit = {
+              code = "full";
+              maxSize = "64m";
+            };
+            settings.policy.deny = [ "*.drop_*" ];
+          }
+        )).services.mcp-code-bridge.settings;
+      expected = {
+        policy = {
+          default = "ask";
+          allow = [ "time.*" ];
+          deny = [ "*.drop_*" ];
+          ask_fallback = "deny";
+        };
+        audit = {
+          code = "full";
+          max_size = "64m";
+        };
+      };
+    };
     testSettingsWinOverTypedOptions = {
       expr =
         (nixos (

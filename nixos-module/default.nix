@@ -89,7 +89,7 @@ in
   config = mkIf cfg.enable {
     services.mcp-code-bridge = {
       settings =
-        lib.mapAttrs (_: mkDefault) (common.typedSettings cfg)
+        common.typedDefaults cfg
         // lib.optionalAttrs (cfg.servers != { }) {
           servers = lib.mapAttrs (_: common.serverToToml) cfg.servers;
         };
