@@ -1,6 +1,7 @@
 //! Section 10: the audit log's cost. The writer alone (1,000 `exec` records handed over and
-//! written, in this process), and warm `run_python` calls of two bridges, audit on and off,
-//! called in turn so both see the same machine.
+//! written, in this process); warm `run_python` calls of two bridges, audit on and off, called
+//! in turn so both see the same machine; and a loop of 1,000 proxied calls (one `tool_call`
+//! record each) in the same two bridges.
 
 use super::*;
 
@@ -57,8 +58,19 @@ pub(crate) async fn audit_section(o: &Opts, t: &mut Table) {
     );
 
     // The same warm call through two bridges, audit off and on, in turn.
-    let off = Live::start_with(Home::new(&[]), &[("MCP_BRIDGE_AUDIT_PATH", "off")]).await;
-    let on = Live::start(Home::new(&[])).await;
+    let everything = || {
+        vec![(
+            "everything".to_string(),
+            server_bin("mcp-server-everything"),
+            Vec::new(),
+        )]
+    };
+    let off = Live::start_with(
+        Home::new(&everything()),
+        &[("MCP_BRIDGE_AUDIT_PATH", "off")],
+    )
+    .await;
+    let on = Live::start(Home::new(&everything())).await;
     for _ in 0..3 {
         off.ok(json!({"code": "pass"})).await;
         on.ok(json!({"code": "pass"})).await;
@@ -74,6 +86,44 @@ pub(crate) async fn audit_section(o: &Opts, t: &mut Table) {
         &t_on,
         Unit::Ms,
         Target::None,
+    );
+
+    // 1,000 proxied calls in one run_python call, each bridge in turn.
+    let loop_code = format!(
+        "await mcp_everything.echo(message='warm')\n\
+         for i in range({RECORDS}):\n    await mcp_everything.echo(message=f'm{{i}}')"
+    );
+    let call = json!({"code": loop_code, "servers": ["everything"], "timeout": 120});
+    off.ok(call.clone()).await;
+    on.ok(call.clone()).await;
+    let (mut l_off, mut l_on) = (Vec::new(), Vec::new());
+    for _ in 0..(if o.quick { 3 } else { 10 }) {
+        l_off.push(off.ok(call.clone()).await.1);
+        l_on.push(on.ok(call.clone()).await.1);
+    }
+    t.samples(
+        "1,000 proxied calls (everything.echo) in one call, audit off",
+        &l_off,
+        Unit::Ms,
+        Target::None,
+    );
+    t.samples(
+        "1,000 proxied calls, audit on (a tool_call record each, plus the exec's)",
+        &l_on,
+        Unit::Ms,
+        Target::None,
+    );
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (m_off, m_on) = (median(&mut l_off), median(&mut l_on));
+    t.fact(
+        "audit cost per proxied call (median on minus median off, / 1,000)",
+        &l_on.len().to_string(),
+        format!("{:.1} µs", (m_on - m_off) * 1000.0 / RECORDS as f64),
+        "",
+        "",
     );
     off.shutdown().await;
     on.shutdown().await;
