@@ -16,7 +16,11 @@ use rmcp::model::{
     ResourceContents, ServerCapabilities, ServerConfig, SetLevelRequestParams, Tool,
     ToolAnnotations,
 };
+use rmcp::model::{
+    CancelTaskParams, CreateTaskResult, GetTaskParams, GetTaskResult, UpdateTaskParams,
+};
 use rmcp::service::RequestContext;
+use rmcp::task_manager::{TaskExit, TaskManager, TaskOptions};
 use rmcp::{RoleServer, ServerHandler};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -30,6 +34,10 @@ use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
 use crate::upstream::{CallContext, CallRelay, ClientLink, Hinted as _, ProgressSink, Upstreams};
 
 pub const TOOL_NAME: &str = "run_python";
+/// How often a task's client is told to poll it.
+const TASK_POLL_MS: u64 = 500;
+/// How long a task's result is kept for its client after the longest call could have ended.
+const TASK_RETENTION: std::time::Duration = std::time::Duration::from_secs(300);
 pub const CAPABILITIES_URI: &str = "resource://mcp-code-bridge/capabilities";
 
 /// The tool description: how to start, in as few tokens as possible, since it is paid for on
@@ -211,6 +219,8 @@ pub struct Bridge {
     upstreams: Upstreams,
     log_level: Arc<std::sync::Mutex<Option<LoggingLevel>>>,
     audit: Audit,
+    /// `run_python` calls running as tasks, for clients that declared the tasks extension.
+    tasks: TaskManager,
 }
 
 impl Bridge {
@@ -223,6 +233,7 @@ impl Bridge {
             upstreams,
             log_level: Default::default(),
             audit,
+            tasks: TaskManager::new(),
         }
     }
 
@@ -313,6 +324,45 @@ impl Bridge {
                 render::setup_error("SandboxUnavailable", &e.with_hint())
             }
         }
+    }
+
+    /// Start `args` as a task (SEP-2663) and answer with its handle. The task ends like a call:
+    /// its result is the call's result; `tasks/cancel` interrupts the code as a client's
+    /// cancellation does; and the policy asks, and servers' questions go, through the peer.
+    fn run_as_task(&self, args: RunArgs, context: &RequestContext<RoleServer>) -> CallToolResponse {
+        let bridge = self.clone();
+        let peer = context.peer.clone();
+        // rmcp fails a task still running at its TTL, and keeps a finished one's result for as
+        // long: longer than the longest call, so only results expire (bounded in count by the
+        // sessions, in size by the output and image caps).
+        let ttl = self.config.max_timeout.0 + TASK_RETENTION;
+        let task = self.tasks.spawn(
+            TaskOptions::new()
+                .with_poll_interval_ms(TASK_POLL_MS)
+                .with_ttl_ms(ttl.as_millis() as u64),
+            move |ctx| {
+                Box::pin(async move {
+                    let cancel = tokio_util::sync::CancellationToken::new();
+                    let approver: Arc<dyn Approver> = Arc::new(ClientApprover(peer.clone()));
+                    let relay = CallRelay {
+                        progress: None,
+                        client: Some(Arc::new(PeerLink(peer))),
+                    };
+                    let run = bridge.run_for(args, cancel.clone(), None, Some(approver), relay);
+                    tokio::pin!(run);
+                    tokio::select! {
+                        r = &mut run => Ok(r),
+                        () = ctx.cancelled() => {
+                            // Interrupt the code and let the call end as a cancelled one.
+                            cancel.cancel();
+                            let _ = run.await;
+                            Err(TaskExit::Cancelled)
+                        }
+                    }
+                })
+            },
+        );
+        CallToolResponse::Task(CreateTaskResult::new(task))
     }
 
     /// The capability summary resource: the tool description, how to load servers, and the
@@ -426,7 +476,7 @@ impl ServerHandler for Bridge {
     }
 
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().enable_logging().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().enable_logging().enable_tasks().build())
             .with_server_info(rmcp::model::Implementation::new("mcp-code-bridge", env!("CARGO_PKG_VERSION")))
             .with_instructions("Use run_python for code; discover MCP servers from inside it (see the tool description).")
     }
@@ -462,6 +512,15 @@ impl ServerHandler for Bridge {
         }
         let args = RunArgs::parse(request.arguments)
             .map_err(|e| refused("tools/call", ErrorData::invalid_params(e, None)))?;
+        // A client that declared the tasks extension gets a task: the call runs on, polled with
+        // `tasks/get` and cancelled with `tasks/cancel`, however long the client's own request
+        // timeout is. Its output is in the result (no progress: the request has been answered).
+        if context
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks())
+        {
+            return Ok(self.run_as_task(args, &context));
+        }
         let (forwarder, on_output, progress) = match self.progress(&context) {
             Some((f, out, up)) => (Some(f), Some(out), Some(up)),
             None => (None, None, None),
@@ -478,6 +537,31 @@ impl ServerHandler for Bridge {
             f.finish().await;
         }
         Ok(result.into())
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        Ok(GetTaskResult::new(self.tasks.get_task(&request.task_id)?))
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks
+            .update_task(&request.task_id, request.input_responses)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.cancel_task(&request.task_id)
     }
 
     async fn list_resources(
