@@ -278,8 +278,9 @@ print(json.dumps(out))
         listed.len(),
         "full docs carry every input schema: {v}"
     );
-    // Tools needing client capabilities the bridge does not offer (tasks, elicitation,
-    // sampling, roots) fail with a clear McpError naming the reason: they do not hang.
+    // Tools needing client capabilities the bridge does not offer (tasks, sampling, roots)
+    // fail with a clear McpError naming the reason: they do not hang. (Elicitation is relayed
+    // to the bridge's client, which here declares none: the server gets a decline.)
     // (`simulate-research-query` is registered after the handshake, so it may or may not be in
     // the first listing; when it is, it requires task augmentation.)
     if listed.contains("simulate-research-query") {
