@@ -41,6 +41,19 @@ fn wait_records(path: &Path, n: usize) -> Vec<Value> {
     }
 }
 
+/// The `session` of each JSON line of `jsonl`, in order.
+fn sessions_of(jsonl: &str) -> Vec<String> {
+    jsonl
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["session"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
 fn sha256(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
 }
@@ -132,15 +145,7 @@ async fn exec_records_field_by_field_and_the_audit_command_prints_them() {
 
     // --session: only that session's records.
     let (_, only, _) = audit_cmd(&b.home, &[], &["--json", "--session", "beta"]);
-    let sessions: Vec<String> = only
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<Value>(l).unwrap()["session"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let sessions = sessions_of(&only);
     assert_eq!(sessions, ["beta", "beta"]);
     let (_, table_beta, _) = audit_cmd(&b.home, &[], &["--session", "beta"]);
     assert_eq!(table_beta.lines().count(), 3, "{table_beta}");
@@ -238,15 +243,7 @@ async fn rotation_through_the_binary_keeps_the_bound_and_the_command_reads_oldes
     }
     let (code, out, stderr) = audit_cmd(&b.home, &env, &["--json"]);
     assert_eq!(code, 0, "{stderr}");
-    let sessions: Vec<String> = out
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<Value>(l).unwrap()["session"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let sessions = sessions_of(&out);
     assert!(
         sessions.len() < n,
         "older records were rotated away: {sessions:?}"

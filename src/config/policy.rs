@@ -120,23 +120,7 @@ impl Serialize for Patterns {
 
 impl<'de> Deserialize<'de> for Patterns {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum L {
-            List(Vec<String>),
-            Str(String),
-        }
-        let items = match L::deserialize(d)? {
-            L::List(v) => v,
-            L::Str(s) => Patterns::split(&s),
-        };
-        Ok(Patterns(
-            items
-                .into_iter()
-                .map(|p| p.trim().to_string())
-                .filter(|p| !p.is_empty())
-                .collect(),
-        ))
+        super::values::list_or_string(d, Patterns::split).map(Patterns)
     }
 }
 

@@ -348,24 +348,31 @@ impl Serialize for ModuleList {
 
 impl<'de> Deserialize<'de> for ModuleList {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum L {
-            List(Vec<String>),
-            Str(String),
-        }
-        let names = match L::deserialize(d)? {
-            L::List(v) => v,
-            L::Str(s) => s.split(',').map(str::to_string).collect(),
-        };
-        Ok(ModuleList(
-            names
-                .into_iter()
-                .map(|n| n.trim().to_string())
-                .filter(|n| !n.is_empty())
-                .collect(),
-        ))
+        list_or_string(d, |s| s.split(',').map(str::to_string).collect()).map(ModuleList)
     }
+}
+
+/// A list of names given as a TOML list or as one string (the environment's form), cut by
+/// `split`; each item trimmed, empty ones dropped.
+pub(super) fn list_or_string<'de, D: Deserializer<'de>>(
+    d: D,
+    split: impl FnOnce(&str) -> Vec<String>,
+) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum L {
+        List(Vec<String>),
+        Str(String),
+    }
+    let items = match L::deserialize(d)? {
+        L::List(v) => v,
+        L::Str(s) => split(&s),
+    };
+    Ok(items
+        .into_iter()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect())
 }
 
 pub(super) fn empty_as_none<'de, D: Deserializer<'de>, T: From<String>>(
