@@ -40,6 +40,7 @@ PIP_PACKAGES=(
     "pytest==8.4.2"
     "pandas==2.3.3"
     "matplotlib==3.10.7"
+    "nbformat==5.11.1"  # tests/notebook.rs validates export_notebook()'s file with it
 )
 
 step() { printf '\n==> [setup-debian] %s\n' "$*" >&2; }

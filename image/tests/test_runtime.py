@@ -994,3 +994,131 @@ def test_interrupt_of_pending_async_rpc(sb):
     rpc_id = [f for f in frames if f["type"] == "rpc"][0]["id"]
     sb.send({"type": "rpc_result", "id": rpc_id, "ok": True, "result": {"content": []}})  # late: dropped
     assert sb.ok("'alive'").value == "'alive'"
+
+
+# ---------------------------------------------------------------------------- the session as a notebook
+
+
+def _export(sandbox, path, code=""):
+    """Run `code` then export_notebook(path) in one cell; returns (the run, the notebook)."""
+    r = sandbox.ok(code + "from mcp import runtime\nruntime.export_notebook(%r)" % path)
+    assert r.value == repr(path)
+    if TEST_IMAGE:  # the file is inside the container: read it through the sandbox
+        text = sandbox.ok("print(open(%r).read(), end='')" % path).stdout
+    else:
+        text = Path(path).read_text()
+    return r, json.loads(text)
+
+
+def _check_nbformat4(nb):
+    """The parts of the nbformat 4.5 schema the runtime writes (tests/notebook.rs validates the
+    whole file with nbformat itself)."""
+    assert nb["nbformat"] == 4 and nb["nbformat_minor"] == 5
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    ids = [c["id"] for c in nb["cells"]]
+    assert len(set(ids)) == len(ids)
+    for c in nb["cells"]:
+        assert set(c) >= {"cell_type", "id", "metadata", "source"}
+        if c["cell_type"] != "code":
+            continue
+        assert isinstance(c["execution_count"], int)
+        for o in c["outputs"]:
+            kind = o["output_type"]
+            assert kind in ("stream", "display_data", "execute_result", "error"), o
+            if kind == "stream":
+                assert o["name"] in ("stdout", "stderr") and isinstance(o["text"], str)
+            if kind == "error":
+                assert all(isinstance(line, str) for line in o["traceback"])
+
+
+def test_export_notebook_records_each_cell_in_order(fresh, tmp_path):
+    path = "/workspace/out/session.ipynb" if TEST_IMAGE else str(tmp_path / "out" / "session.ipynb")
+    fresh.ok("x = 40\nprint('hello')\nimport sys\nprint('warn', file=sys.stderr)")
+    fresh.ok("x + 2")
+    assert fresh.run("1 / 0").status == "error"
+    fresh.ok("display(%r)\ndisplay('some text')" % PNG_1x1)
+    assert fresh.run("def broken(:").status == "error"
+    r, nb = _export(fresh, path, "print('before export')\n")
+    _check_nbformat4(nb)
+    cells = nb["cells"]
+    assert [c["execution_count"] for c in cells] == [1, 2, 3, 4, 5, 6]
+    assert cells[0]["source"].startswith("x = 40")
+    # Two pipes: the order between stdout and stderr is the order the host received them in.
+    assert sorted(cells[0]["outputs"], key=lambda o: o["name"]) == [
+        {"output_type": "stream", "name": "stderr", "text": "warn\n"},
+        {"output_type": "stream", "name": "stdout", "text": "hello\n"},
+    ]
+    assert cells[1]["outputs"] == [
+        {"output_type": "execute_result", "execution_count": 2, "data": {"text/plain": "42"}, "metadata": {}}]
+    err = cells[2]["outputs"][-1]
+    assert err["output_type"] == "error" and err["ename"] == "ZeroDivisionError"
+    assert err["evalue"] == "division by zero" and "ZeroDivisionError: division by zero" in err["traceback"][-1]
+    image, text = cells[3]["outputs"]
+    assert image["output_type"] == "display_data"
+    assert base64.b64decode(image["data"]["image/png"]) == PNG_1x1
+    assert text["data"] == {"text/plain": "some text"}
+    assert cells[4]["outputs"][0]["ename"] == "SyntaxError"
+    # The exporting cell itself, as far as it had run: its code and what it printed before.
+    assert "export_notebook" in cells[5]["source"]
+    assert cells[5]["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "before export\n"}]
+
+
+def test_export_notebook_default_path_and_os_errors(fresh):
+    r = fresh.ok("from mcp import runtime\nimport inspect\n"
+                 "inspect.signature(runtime.export_notebook).parameters['path'].default")
+    assert r.value == "'/workspace/out/session.ipynb'"
+    r = fresh.run("runtime.export_notebook('/dev/null/session.ipynb')")
+    assert r.status == "error" and r.error["type"] in ("NotADirectoryError", "FileExistsError"), r.error
+    if TEST_IMAGE:  # read-only root: the normal OSError, nothing special
+        r = fresh.run("runtime.export_notebook('/etc/session.ipynb')")
+        assert r.status == "error" and r.error["type"] in ("PermissionError", "OSError"), r.error
+
+
+def test_a_new_interpreter_starts_an_empty_notebook(fresh, tmp_path):
+    path = "/workspace/s.ipynb" if TEST_IMAGE else str(tmp_path / "s.ipynb")
+    fresh.ok("print('old session')")
+    fresh.close()
+    again = Sandbox()  # what `reset` gives: a new interpreter
+    try:
+        _, nb = _export(again, path)
+        assert len(nb["cells"]) == 1 and nb["cells"][0]["execution_count"] == 1
+        assert "old session" not in json.dumps(nb)
+    finally:
+        again.close()
+
+
+def test_notebook_record_is_bounded_and_says_what_it_dropped(fresh, tmp_path):
+    path = "/workspace/b.ipynb" if TEST_IMAGE else str(tmp_path / "b.ipynb")
+    rt = "import sys\nrt = sys.modules['__mcp_bridge_runtime__']\n"
+    fresh.ok(rt + "rt.NOTEBOOK_MAX_CELLS = 4\nrt.NOTEBOOK_MAX_BYTES = 64 * 1024")
+    for i in range(6):
+        fresh.ok("print(%d)" % i)
+    _, nb = _export(fresh, path)
+    cells = nb["cells"]
+    assert cells[0]["cell_type"] == "markdown" and cells[0]["source"].startswith("*4 earlier cell(s)")
+    assert [c["execution_count"] for c in cells[1:]] == [5, 6, 7, 8]
+    # Bytes: outputs beyond what the record keeps are counted, not kept, and older cells go
+    # until the record fits.
+    fresh.ok("for _ in range(3):\n    print('x' * 30000, flush=True)")
+    fresh.ok("print('z' * 20000)")
+    _, nb = _export(fresh, path)
+    assert nb["cells"][0]["cell_type"] == "markdown"
+    code = nb["cells"][1:]
+    by_source = {c["source"][:10]: c for c in code}
+    big, small = by_source["for _ in r"], by_source["print('z' "]
+    assert code[-2:] == [small, code[-1]] and "export_notebook" in code[-1]["source"]
+    kept = "".join(o["text"] for o in big["outputs"] if o["name"] == "stdout")
+    assert 0 < len(kept) < 90003 and "x" * 1000 in kept
+    assert "not recorded" in big["outputs"][-1]["text"]
+    assert small["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "z" * 20000 + "\n"}]
+    recorded = sum(len(c["source"]) + sum(len(json.dumps(o)) for o in c["outputs"]) for c in code)
+    assert recorded < 64 * 1024 + 2000
+
+
+def test_export_larger_than_the_cap_is_a_clear_error(fresh, tmp_path):
+    path = str(tmp_path / "big.ipynb")
+    fresh.ok("import sys\nsys.modules['__mcp_bridge_runtime__'].NOTEBOOK_EXPORT_CAP = 10_000\nprint('y' * 20_000)")
+    r = fresh.run("from mcp import runtime\nruntime.export_notebook(%r)" % path)
+    assert r.status == "error" and r.error["type"] == "NotebookTooLarge", r.error
+    assert "more than the" in r.error["message"] and "reset" in r.error["message"]
+    assert not os.path.exists(path)
