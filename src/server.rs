@@ -55,7 +55,9 @@ pub const HELPERS: &str = "\
 State persists across calls of a session; the last expression is shown like a notebook's. \
 `runtime.discovered_servers()` names every configured server; \
 `await runtime.query_tool_docs(\"server\", detail=\"full\")` gives a server's tool schemas; \
-proxied tools have real signatures (`help(mcp_<name>.<tool>)`) and return Python values.";
+proxied tools have real signatures (`help(mcp_<name>.<tool>)`) and return Python values. \
+`runtime.export_notebook()` writes the session so far as a Jupyter notebook \
+(`/workspace/out/session.ipynb`).";
 
 /// The tool's human-readable name (`title`), which clients show instead of `run_python`.
 pub const TOOL_TITLE: &str = "Python sandbox";

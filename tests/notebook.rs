@@ -72,14 +72,12 @@ async fn the_exported_session_is_a_valid_notebook_with_its_outputs_and_image() {
     b.py("total = sum(range(10))\ntotal * 2").await.ok();
     let failed = b.py("{}['missing']").await;
     assert_eq!(failed.error_type(), "KeyError", "{}", failed.text());
-    b.py(
-        "import matplotlib.pyplot as plt\n\
+    b.py("import matplotlib.pyplot as plt\n\
          fig, ax = plt.subplots(figsize=(2, 2), dpi=50)\n\
          ax.plot([1, 3, 2])\n\
-         plt.show()",
-    )
-    .await
-    .ok();
+         plt.show()")
+        .await
+        .ok();
     let export = b
         .py("from mcp import runtime\nprint('exporting')\nruntime.export_notebook()")
         .await
@@ -131,7 +129,10 @@ async fn the_exported_session_is_a_valid_notebook_with_its_outputs_and_image() {
         u32::from_be_bytes(png[16..20].try_into().unwrap()),
         u32::from_be_bytes(png[20..24].try_into().unwrap()),
     );
-    assert!((20..=120).contains(&w) && (20..=120).contains(&h), "{w}x{h}");
+    assert!(
+        (20..=120).contains(&w) && (20..=120).contains(&h),
+        "{w}x{h}"
+    );
 
     // The exporting cell, as far as it had run: its code and what it printed before the export.
     assert!(
@@ -152,5 +153,19 @@ async fn the_exported_session_is_a_valid_notebook_with_its_outputs_and_image() {
     let fresh = common::Outcome(fresh).ok();
     let nb = validate(fresh.stdout());
     assert_eq!(nb["cells"].as_array().unwrap().len(), 1, "{nb:#}");
+
+    // The model learns of it from the capabilities resource (not the tool description, whose
+    // token budget it would cost on every request).
+    let r = b
+        .client
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(
+            "resource://mcp-code-bridge/capabilities",
+        ))
+        .await
+        .unwrap();
+    let text = serde_json::to_string(&r.contents).unwrap();
+    assert!(text.contains("runtime.export_notebook()"), "{text}");
+    let tools = b.client.list_all_tools().await.unwrap();
+    assert!(!serde_json::to_string(&tools).unwrap().contains("notebook("));
     b.shutdown_clean().await;
 }
