@@ -1122,3 +1122,20 @@ def test_export_larger_than_the_cap_is_a_clear_error(fresh, tmp_path):
     assert r.status == "error" and r.error["type"] == "NotebookTooLarge", r.error
     assert "more than the" in r.error["message"] and "reset" in r.error["message"]
     assert not os.path.exists(path)
+
+
+def test_notebook_leaves_out_calls_that_never_ran_and_records_interrupts(fresh, tmp_path):
+    path = "/workspace/i.ipynb" if TEST_IMAGE else str(tmp_path / "i.ipynb")
+    first = fresh.start("import time\ntime.sleep(0.5)\n'first'")
+    second = fresh.start("'second'")
+    fresh.send({"type": "interrupt", "id": second})
+    assert fresh.collect(first).value == "'first'"
+    assert fresh.collect(second).status == "interrupted"
+    eid = fresh.start("import time\nprint('waiting', flush=True)\ntime.sleep(30)")
+    fresh.collect(eid, on_frame=lambda f: f["type"] == "output" and fresh.send({"type": "interrupt", "id": eid}))
+    _, nb = _export(fresh, path)
+    cells = nb["cells"]
+    assert [c["execution_count"] for c in cells] == [1, 2, 3] and "'second'" not in json.dumps(nb)
+    assert cells[0]["outputs"][0]["data"] == {"text/plain": "'first'"}
+    assert cells[1]["outputs"][0] == {"output_type": "stream", "name": "stdout", "text": "waiting\n"}
+    assert cells[1]["outputs"][-1]["ename"] == "KeyboardInterrupt"
