@@ -197,6 +197,25 @@ impl Drop for OutStore {
     }
 }
 
+/// Remove the kept files of bridges that are gone (killed before they could clean up): the
+/// directories under `<state_dir>/files/` whose `<pid>-` prefix names no running process.
+/// Another live bridge's are left alone.
+pub fn reap_orphans(state_dir: &Path) {
+    let Ok(dirs) = std::fs::read_dir(state_dir.join("files")) else {
+        return;
+    };
+    for d in dirs.flatten() {
+        let name = d.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && crate::procfs::running_since(pid).is_none() {
+            tracing::info!(dir = %d.path().display(), "removing files out of a bridge that is gone");
+            let _ = std::fs::remove_dir_all(d.path());
+        }
+    }
+}
+
 /// What one copy brought: the files new or changed in this call, and what was skipped and why.
 #[derive(Debug, Default)]
 pub struct Report {
@@ -828,6 +847,23 @@ mod tests {
         let dir = s.dir.clone();
         drop(s);
         assert!(!dir.exists());
+    }
+
+    #[test]
+    fn the_files_of_a_bridge_that_is_gone_are_reaped_and_a_live_ones_kept() {
+        let d = tempfile::tempdir().unwrap();
+        let gone = d.path().join("files").join(format!("{}-abc", u32::MAX - 1));
+        let live = d
+            .path()
+            .join("files")
+            .join(format!("{}-abc", std::process::id()));
+        for dir in [&gone, &live] {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join("1"), b"x").unwrap();
+        }
+        reap_orphans(d.path());
+        assert!(!gone.exists());
+        assert!(live.join("1").exists());
     }
 
     #[test]

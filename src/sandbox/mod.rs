@@ -209,6 +209,7 @@ impl Sandbox {
             if reaped > 0 {
                 tracing::info!(reaped, "removed containers left by bridges that are gone");
             }
+            files::reap_orphans(&self.config.state_dir);
             Ok::<_, SandboxError>(Arc::new(engine))
         })
         .await
