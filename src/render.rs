@@ -93,6 +93,16 @@ pub fn compact_text(o: &ExecOutcome) -> String {
     for n in &o.notices {
         parts.push(format!("[bridge] {n}"));
     }
+    for f in &o.files {
+        parts.push(format!(
+            "[file] {}/{} ({}, {} bytes): {}",
+            crate::sandbox::files::OUT_DIR,
+            f.name,
+            f.mime,
+            f.size,
+            f.uri
+        ));
+    }
     if parts.is_empty() {
         if o.images.is_empty() {
             return "(no output)".into();
@@ -133,6 +143,15 @@ pub fn tool_result(mut o: ExecOutcome, mode: OutputMode) -> CallToolResult {
     for (mime, data) in std::mem::take(&mut o.images) {
         content.push(Content::image(data, mime));
     }
+    // Files of /workspace/out as links the client reads with resources/read.
+    for f in std::mem::take(&mut o.files) {
+        let title = format!("{}/{}", crate::sandbox::files::OUT_DIR, f.name);
+        let r = rmcp::model::Resource::new(f.uri, f.name)
+            .with_title(title)
+            .with_mime_type(f.mime)
+            .with_size(f.size);
+        content.push(Content::resource_link(r));
+    }
     let mut r = if matches!(o.outcome, Outcome::Ok) {
         CallToolResult::success(content)
     } else {
@@ -166,6 +185,7 @@ mod tests {
             value: None,
             error: None,
             images: vec![],
+            files: vec![],
             duration: Duration::from_millis(3),
             truncated: 0,
             notices: vec![],
@@ -181,6 +201,29 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({"status": "ok", "stdout": "2\n", "duration_ms": 3})
+        );
+    }
+
+    /// Files of /workspace/out become resource_link items (uri, name, MIME type, size) after the
+    /// text and images, and a line of the compact text each.
+    #[test]
+    fn files_become_resource_links() {
+        let mut o = outcome();
+        o.files = vec![crate::sandbox::files::OutFile {
+            name: "sales.csv".into(),
+            mime: "text/csv".into(),
+            size: 12,
+            uri: "resource://mcp-code-bridge/files/default/sales.csv".into(),
+        }];
+        assert!(compact_text(&o).ends_with(
+            "[file] /workspace/out/sales.csv (text/csv, 12 bytes): resource://mcp-code-bridge/files/default/sales.csv"
+        ));
+        let r = tool_result(o, OutputMode::Compact);
+        let v = serde_json::to_value(&r.content[1]).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type": "resource_link", "uri": "resource://mcp-code-bridge/files/default/sales.csv",
+                "name": "sales.csv", "title": "/workspace/out/sales.csv", "mimeType": "text/csv", "size": 12})
         );
     }
 

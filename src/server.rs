@@ -30,8 +30,10 @@ use crate::config::Config;
 use crate::policy::{Approval, ApprovalRequest, Approver};
 use crate::progress::Forwarder;
 use crate::render;
+use crate::sandbox::files;
 use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
 use crate::upstream::{CallContext, CallRelay, ClientLink, Hinted as _, ProgressSink, Upstreams};
+use base64::Engine as _;
 
 pub const TOOL_NAME: &str = "run_python";
 /// How often a task's client is told to poll it.
@@ -367,6 +369,59 @@ impl Bridge {
         CallToolResponse::Task(CreateTaskResult::new(task))
     }
 
+    /// `resources/read` of a file copied out of `/workspace/out`: text when its type is textual
+    /// and its bytes UTF-8, else base64. Bounded by `file_cap`, which every kept file is within.
+    async fn read_file(
+        &self,
+        uri: &str,
+        session: &str,
+        name: &str,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let found = match self.sandbox.read_file(session, name).await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(uri, "could not read a kept file: {e}");
+                return Err(refused(
+                    "resources/read",
+                    ErrorData::internal_error(format!("{uri} could not be read: {e}"), None),
+                ));
+            }
+        };
+        let Some((f, bytes)) = found else {
+            return Err(refused(
+                "resources/read",
+                ErrorData::resource_not_found(
+                    format!(
+                        "no file {name:?} in session {session:?}: it was never written to {}, or the session was reset or closed since (resources/list shows the files there are)",
+                        files::OUT_DIR
+                    ),
+                    None,
+                ),
+            ));
+        };
+        let textual = f.mime.starts_with("text/")
+            || matches!(
+                f.mime.as_str(),
+                "application/json"
+                    | "application/xml"
+                    | "application/javascript"
+                    | "application/toml"
+            );
+        let c = match String::from_utf8(bytes) {
+            Ok(text) if textual => ResourceContents::text(text, uri),
+            Ok(text) => ResourceContents::blob(
+                base64::engine::general_purpose::STANDARD.encode(text.as_bytes()),
+                uri,
+            ),
+            Err(e) => ResourceContents::blob(
+                base64::engine::general_purpose::STANDARD.encode(e.as_bytes()),
+                uri,
+            ),
+        }
+        .with_mime_type(f.mime);
+        Ok(ReadResourceResult::new(vec![c]).into())
+    }
+
     /// The capability summary resource: the tool description, how to load servers, and the
     /// names of the servers discovered (no schemas).
     pub fn capabilities_markdown(&self) -> String {
@@ -374,6 +429,7 @@ impl Bridge {
         s.push_str(TOOL_DESCRIPTION);
         s.push_str("\n\n");
         s.push_str(HELPERS);
+        s.push_str("\n\n## Files out\n\nFiles the code writes under `/workspace/out/` (make it first: `os.makedirs(\"/workspace/out\", exist_ok=True)`) come back after the call as resource links (new or changed ones only) that the client reads with `resources/read`; images among them are also shown. Only regular files; they last as long as the session.");
         s.push_str("\n\n## Loading servers\n\nPass `\"servers\": [\"name\", ...]` to `run_python`. Only loaded servers get `mcp_<alias>` proxies and accept calls; discovery helpers (`runtime.discovered_servers()`, `runtime.search_tool_docs()`) see every server. `runtime.describe_server(name)` shows a loaded server's tools and `cwd`.\n\n## Discovered servers\n\n");
         let servers = self.upstreams.discovered();
         if servers.is_empty() {
@@ -574,7 +630,17 @@ impl ServerHandler for Bridge {
         let r = Resource::new(CAPABILITIES_URI, "capabilities")
             .with_description("What run_python offers and how to load MCP servers inside it")
             .with_mime_type("text/markdown");
-        Ok(ListResourcesResult::with_all_items(vec![r]))
+        let mut all = vec![r];
+        // The live sessions' files of /workspace/out, until their session is reset or closed.
+        for (session, f) in self.sandbox.files().await {
+            all.push(
+                Resource::new(f.uri, f.name.clone())
+                    .with_title(format!("{}/{} (session {session})", files::OUT_DIR, f.name))
+                    .with_mime_type(f.mime)
+                    .with_size(f.size),
+            );
+        }
+        Ok(ListResourcesResult::with_all_items(all))
     }
 
     async fn read_resource(
@@ -582,12 +648,15 @@ impl ServerHandler for Bridge {
         request: ReadResourceRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        if let Some((session, name)) = files::parse_uri(&request.uri) {
+            return self.read_file(&request.uri, &session, &name).await;
+        }
         if request.uri != CAPABILITIES_URI {
             return Err(refused(
                 "resources/read",
                 ErrorData::resource_not_found(
                     format!(
-                        "no resource {:?}; the only one is {CAPABILITIES_URI}",
+                        "no resource {:?}; there are {CAPABILITIES_URI} and the files of /workspace/out (resources/list)",
                         request.uri
                     ),
                     None,

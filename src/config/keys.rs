@@ -156,6 +156,18 @@ pub const KEYS: &[Key] = &[
         doc: "Size cap of the sandbox's /workspace tmpfs.",
     },
     Key {
+        name: "file_cap",
+        doc: "Largest file copied out of /workspace/out (a resource link; larger ones are skipped with a notice).",
+    },
+    Key {
+        name: "files_per_call",
+        doc: "Most files of /workspace/out copied out per call (new or changed ones).",
+    },
+    Key {
+        name: "files_total",
+        doc: "Bytes of /workspace/out files kept on the host per session, until it is reset or closed.",
+    },
+    Key {
         name: "nofile",
         doc: "Open-files ulimit inside the sandbox (must not exceed the host's).",
     },

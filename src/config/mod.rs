@@ -82,6 +82,10 @@ pub struct Config {
     pub allow_unenforced_limits: bool,
     pub tmp_size: Size,
     pub workspace_size: Size,
+    pub file_cap: Size,
+    #[serde(deserialize_with = "flexible_u32")]
+    pub files_per_call: u32,
+    pub files_total: Size,
     #[serde(deserialize_with = "flexible_u32")]
     pub nofile: u32,
     #[serde(default, deserialize_with = "empty_as_none")]
@@ -125,6 +129,9 @@ impl Default for Config {
             allow_unenforced_limits: false,
             tmp_size: Size(64 << 20),
             workspace_size: Size(256 << 20),
+            file_cap: Size(16 << 20),
+            files_per_call: 64,
+            files_total: Size(256 << 20),
             nofile: 1024,
             servers_file: None,
             upstream_call_timeout: Secs(Duration::from_secs(60)),
@@ -222,6 +229,15 @@ impl Config {
             return bad(
                 "max_sessions",
                 "0 would refuse every call; use at least 1".into(),
+            );
+        }
+        if self.file_cap.0 > self.files_total.0 {
+            return bad(
+                "file_cap",
+                format!(
+                    "{} is more than files_total ({}): no file that large could be kept; raise files_total or lower file_cap",
+                    self.file_cap, self.files_total
+                ),
             );
         }
         if let Some(bad_name) = self.preload.0.iter().find(|m| !ModuleList::valid(m)) {

@@ -10,6 +10,7 @@ mod channel;
 pub mod container;
 pub mod engine;
 mod error;
+pub mod files;
 pub mod image;
 mod output;
 mod pool;
@@ -208,6 +209,7 @@ impl Sandbox {
             if reaped > 0 {
                 tracing::info!(reaped, "removed containers left by bridges that are gone");
             }
+            files::reap_orphans(&self.config.state_dir);
             Ok::<_, SandboxError>(Arc::new(engine))
         })
         .await
@@ -362,6 +364,14 @@ impl Sandbox {
         let (session, fresh, notices) = self.session(name, reset).await?;
         req.binding.rpc.on_interpreter(&session.container_id);
         let mut outcome = session.exec(req).await;
+        // Even after an error or a timeout: what the code wrote before it is there. Not from a
+        // container that is gone (its files went with it).
+        if !outcome.session_reset && !session.is_dead() {
+            let report = session.collect_files().await;
+            outcome.files = report.new;
+            outcome.notices.extend(report.notices);
+            files::inline_images(&mut outcome, &session.files);
+        }
         if outcome.session_reset {
             let mut sessions = self.sessions.lock().await;
             if sessions.get(name).is_some_and(|s| Arc::ptr_eq(s, &session)) {
@@ -380,6 +390,33 @@ impl Sandbox {
                 .insert(0, "started a fresh interpreter (reset)".into());
         }
         Ok(outcome)
+    }
+
+    /// Every kept file of the live sessions, as `(session, file)`.
+    pub async fn files(&self) -> Vec<(String, files::OutFile)> {
+        let sessions = self.sessions.lock().await;
+        let mut all = Vec::new();
+        for (name, s) in sessions.iter().filter(|(_, s)| !s.is_dead()) {
+            all.extend(s.files.list().into_iter().map(|f| (name.clone(), f)));
+        }
+        all
+    }
+
+    /// The kept file `name` of session `session` and its bytes; `None` when there is none (the
+    /// session was reset or closed, or never wrote it).
+    pub async fn read_file(
+        &self,
+        session: &str,
+        name: &str,
+    ) -> std::io::Result<Option<(files::OutFile, Vec<u8>)>> {
+        let store = match self.sessions.lock().await.get(session) {
+            Some(s) if !s.is_dead() => Arc::clone(&s.files),
+            _ => return Ok(None),
+        };
+        let name = name.to_string();
+        tokio::task::spawn_blocking(move || store.read(&name))
+            .await
+            .map_err(std::io::Error::other)?
     }
 
     async fn reap_idle(&self, idle: Duration) {

@@ -32,6 +32,8 @@ pub struct ExecOutcome {
     pub error: Option<ExecError>,
     /// `(mime, base64 data)` of each displayed image.
     pub images: Vec<(String, String)>,
+    /// Files of `/workspace/out` new or changed in this call, kept on the host.
+    pub files: Vec<super::files::OutFile>,
     pub duration: Duration,
     /// Output bytes dropped by the output cap.
     pub truncated: u64,
@@ -148,6 +150,7 @@ impl Collector {
             value: self.value,
             error: None,
             images: self.images,
+            files: Vec::new(),
             duration: started.elapsed(),
             truncated: self.truncated,
             notices,

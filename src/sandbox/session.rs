@@ -41,11 +41,11 @@ const MAX_PENDING_RPCS: usize = 4096;
 /// ... and bytes of their arguments: what an exec can make the host hold in calls not answered yet.
 const MAX_PENDING_RPC_BYTES: u64 = 16 << 20;
 /// Images returned per call.
-const MAX_IMAGES: usize = 16;
+pub(super) const MAX_IMAGES: usize = 16;
 /// Base64 bytes of all images of one reply together: with the output cap's text (which appears
 /// twice, as content and as structured content) a reply stays within the 16 MiB of one message
 /// that stdio clients such as rmcp's accept; a larger one would never be read.
-const MAX_IMAGES_TOTAL: usize = 12 << 20;
+pub(super) const MAX_IMAGES_TOTAL: usize = 12 << 20;
 /// Largest image `display()` may return, raw; the runtime refuses larger ones with the same
 /// number (`IMAGE_CAP` in image/runtime.py).
 pub const MAX_IMAGE_BYTES: usize = 6 << 20;
@@ -112,6 +112,9 @@ pub struct Session {
     /// servers loaded does not resend every schema.
     catalog_sent: std::sync::Mutex<Vec<u8>>,
     stderr_tail: Arc<std::sync::Mutex<VecDeque<String>>>,
+    /// The files copied out of `/workspace/out` (`sandbox::files`); they go with the session.
+    pub files: Arc<super::files::OutStore>,
+    file_caps: super::files::Caps,
 }
 
 /// A call's hold on a session, from hand-out until the call is done; see [`Session::claim`].
@@ -319,6 +322,8 @@ impl Session {
             claims: AtomicU64::new(0),
             catalog_sent: std::sync::Mutex::new(Vec::new()),
             stderr_tail,
+            files: Arc::new(super::files::OutStore::new(&config.state_dir, id)),
+            file_caps: super::files::Caps::from_config(config),
         })
     }
 
@@ -347,6 +352,19 @@ impl Session {
     pub async fn destroy(&self) {
         self.dead.store(true, Ordering::Relaxed);
         container::remove(&self.docker, &self.container_id).await;
+        self.files.clear();
+    }
+
+    /// Copy what the last exec left in `/workspace/out` (see `sandbox::files`).
+    pub async fn collect_files(&self) -> super::files::Report {
+        super::files::collect(
+            &self.docker,
+            &self.container_id,
+            Arc::clone(&self.files),
+            &self.name,
+            self.file_caps,
+        )
+        .await
     }
 
     /// Run code. Never fails: every way an exec can end is an [`ExecOutcome`].
