@@ -240,6 +240,11 @@ pub enum SandboxFrame {
         error: Option<ExecError>,
         #[serde(default)]
         truncated: Option<u64>,
+        /// A digest of what `/workspace/out` holds when the exec ended (names, types, sizes,
+        /// times; `"empty"` when there is nothing), so that the host copies it out only when
+        /// it changed. The sandbox could lie: it would only withhold its own files.
+        #[serde(default)]
+        out: Option<String>,
     },
     /// The runtime's own diagnostics (a frame it ignored, an interrupt it had to signal again).
     /// The sandbox can send any number of these: the host logs them at debug level only,

@@ -1139,3 +1139,36 @@ def test_notebook_leaves_out_calls_that_never_ran_and_records_interrupts(fresh, 
     assert cells[0]["outputs"][0]["data"] == {"text/plain": "'first'"}
     assert cells[1]["outputs"][0] == {"output_type": "stream", "name": "stdout", "text": "waiting\n"}
     assert cells[1]["outputs"][-1]["ename"] == "KeyboardInterrupt"
+
+
+def test_result_carries_a_digest_of_workspace_out_that_changes_with_it(fresh, tmp_path):
+    # The host copies /workspace/out only when this digest changed: it must change with every
+    # write the code can make there, and say "empty" for nothing, None when it cannot tell.
+    root = "/workspace/stamp" if TEST_IMAGE else str(tmp_path / "stamp")
+    rt = "import sys\nrt = sys.modules['__mcp_bridge_runtime__']\n"
+    fresh.ok(rt + "import os\nroot = %r" % root)
+    stamp = lambda: fresh.ok("rt._out_stamp(root)").value  # noqa: E731
+    assert stamp() == "'empty'"
+    fresh.ok("os.makedirs(root + '/sub')")
+    with_dir = stamp()
+    assert with_dir not in ("'empty'", None)
+    fresh.ok("open(root + '/sub/a.csv', 'w').write('1,2\\n')")
+    one = stamp()
+    assert one != with_dir and stamp() == one  # stable while nothing changes
+    # Rewritten in place, same size, its mtime set back: ctime still moves.
+    fresh.ok("st = os.stat(root + '/sub/a.csv')\nimport time; time.sleep(0.01)\n"
+             "open(root + '/sub/a.csv', 'w').write('3,4\\n')\n"
+             "os.utime(root + '/sub/a.csv', ns=(st.st_atime_ns, st.st_mtime_ns))")
+    assert stamp() not in (one, None)
+    # A link is an entry, never followed.
+    fresh.ok("os.symlink('/etc', root + '/etc')")
+    linked = stamp()
+    fresh.ok("os.remove(root + '/etc')")
+    assert linked != stamp()
+    # Past the entries the host reads, and for a root that is not a directory: no digest.
+    fresh.ok("rt._OUT_STAMP_ENTRIES = 1")
+    assert stamp() is None  # a None value is no value
+    fresh.ok("rt._OUT_STAMP_ENTRIES = 20000\nopen(root + '.file', 'w').close()")
+    assert fresh.ok("rt._out_stamp(root + '.file')").value is None
+    # And every result frame carries it, for the real /workspace/out.
+    assert fresh.ok("rt._out_stamp()").value == repr(fresh.ok("1").result["out"])

@@ -115,6 +115,7 @@ pub struct Session {
     /// The files copied out of `/workspace/out` (`sandbox::files`); they go with the session.
     pub files: Arc<super::files::OutStore>,
     file_caps: super::files::Caps,
+    out_stamp: std::sync::Mutex<OutStamp>,
 }
 
 /// A call's hold on a session, from hand-out until the call is done; see [`Session::claim`].
@@ -185,7 +186,21 @@ struct ExecEnd {
     value: Option<String>,
     error: Option<ExecError>,
     truncated: Option<u64>,
+    out: Option<String>,
 }
+
+/// The runtime's digests of `/workspace/out` (`out` of its result frame): the one of the last
+/// exec, and the one the last complete copy was made at. Equal, or `"empty"`, means no copy.
+#[derive(Default)]
+struct OutStamp {
+    latest: Option<String>,
+    copied: Option<String>,
+}
+
+/// The digest the runtime sends when `/workspace/out` is missing or empty.
+const OUT_EMPTY: &str = "empty";
+/// A longer `out` is not a digest the runtime makes: it is ignored (the directory is copied).
+const OUT_STAMP_MAX: usize = 64;
 
 impl Session {
     /// Create, attach and start a container, inject the runtime and wait for `ready`. A pooled
@@ -324,6 +339,7 @@ impl Session {
             stderr_tail,
             files: Arc::new(super::files::OutStore::new(&config.state_dir, id)),
             file_caps: super::files::Caps::from_config(config),
+            out_stamp: std::sync::Mutex::new(OutStamp::default()),
         })
     }
 
@@ -355,16 +371,33 @@ impl Session {
         self.files.clear();
     }
 
-    /// Copy what the last exec left in `/workspace/out` (see `sandbox::files`).
+    /// Copy what the last exec left in `/workspace/out` (see `sandbox::files`), unless the
+    /// runtime's digest of it says it is empty or as it was at the last complete copy: the copy
+    /// is a request to the engine, many times a warm call's cost, and most calls write nothing.
+    /// An exec without a digest (it crashed, or the runtime could not tell) is always copied, and
+    /// a copy with a notice (a cap, an error) does not count as complete.
     pub async fn collect_files(&self) -> super::files::Report {
-        super::files::collect(
+        let latest = self.out_stamp.lock().unwrap().latest.take();
+        if let Some(stamp) = &latest {
+            let copied = self.out_stamp.lock().unwrap().copied.clone();
+            if stamp == OUT_EMPTY || copied.as_ref() == Some(stamp) {
+                return super::files::Report::default();
+            }
+        }
+        let report = super::files::collect(
             &self.docker,
             &self.container_id,
             Arc::clone(&self.files),
             &self.name,
             self.file_caps,
         )
-        .await
+        .await;
+        self.out_stamp.lock().unwrap().copied = if report.notices.is_empty() {
+            latest
+        } else {
+            None
+        };
+        report
     }
 
     /// Run code. Never fails: every way an exec can end is an [`ExecOutcome`].
@@ -543,12 +576,14 @@ impl Session {
                 value,
                 error,
                 truncated,
+                out,
             } if fid == id => {
                 return Some(ExecEnd {
                     status,
                     value,
                     error,
                     truncated,
+                    out,
                 });
             }
             // The reader lets through only this exec's frames; a log frame never reaches here.
@@ -615,7 +650,9 @@ impl Session {
             value,
             error,
             truncated,
+            out: stamp,
         } = end;
+        self.out_stamp.lock().unwrap().latest = stamp.filter(|s| s.len() <= OUT_STAMP_MAX);
         out.truncated += truncated.unwrap_or(0);
         out.value = value;
         let outcome = match (status, interrupted) {
