@@ -58,6 +58,38 @@ pub(crate) async fn execution(o: &Opts, live: &Live, t: &mut Table) {
         Unit::Us,
         Target::None,
     );
+    // Files out: a call whose /workspace/out is as the last copy left it costs no copy (the
+    // runtime's digest says so); one that touched a file there pays one archive request (the
+    // bytes compared, nothing announced); one that writes a new 1 MiB file is copied and linked.
+    live.ok(json!({"code": "import os\nos.makedirs('/workspace/out', exist_ok=True)\nopen('/workspace/out/keep.csv', 'w').write('a,b\\n' * 1000)"}))
+        .await;
+    let kept = warm("pass", o.warm).await;
+    t.samples(
+        "warm `pass`, a file left in /workspace/out (unchanged: not copied)",
+        &kept,
+        Unit::Ms,
+        Target::None,
+    );
+    let touched = warm("import os\nos.utime('/workspace/out/keep.csv')", o.warm).await;
+    t.samples(
+        "warm call that touches that file (one archive copy, nothing new)",
+        &touched,
+        Unit::Ms,
+        Target::None,
+    );
+    let written = warm(
+        "import os\nopen('/workspace/out/new.bin', 'wb').write(os.urandom(1 << 20))",
+        o.warm / 4,
+    )
+    .await;
+    t.samples(
+        "warm call writing a new 1 MiB file to /workspace/out (copied, linked)",
+        &written,
+        Unit::Ms,
+        Target::None,
+    );
+    live.ok(json!({"code": "import shutil\nshutil.rmtree('/workspace/out')"}))
+        .await;
     // Loading servers: the bridge binds the 53 tools' metadata per call; the session's first call
     // sends it and builds the proxies, the warm ones (timed) send it only if it changed.
     let mut loaded = Vec::new();
