@@ -10,10 +10,12 @@
 //! code's name never becomes a host path), and the directory goes with the session (reset,
 //! close, idle reap, shutdown; [`OutStore`]'s `Drop` too).
 //!
-//! Whether something changed is decided per file, not by listing first: the engine's archive is
-//! the one listing that cannot disagree with what is copied (a stat of the directory misses a
-//! file rewritten in place), and an empty or missing `/workspace/out` costs one request. A file
-//! whose bytes (sha256) equal the kept copy's is not announced again.
+//! Whether to copy at all is decided by the session (`Session::collect_files`) from the runtime's
+//! digest of the directory (every entry's name, mode, size, mtime, ctime, inode), since a copy is
+//! a request to the engine worth about forty warm calls. Once copied, what changed is decided
+//! per file: the engine's archive is the one listing that cannot disagree with what is copied,
+//! and a file whose bytes (sha256) equal the kept copy's is not announced again. A lying digest
+//! only withholds the sandbox's own files.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
