@@ -1097,19 +1097,22 @@ def test_notebook_record_is_bounded_and_says_what_it_dropped(fresh, tmp_path):
     cells = nb["cells"]
     assert cells[0]["cell_type"] == "markdown" and cells[0]["source"].startswith("*4 earlier cell(s)")
     assert [c["execution_count"] for c in cells[1:]] == [5, 6, 7, 8]
-    # Bytes: outputs beyond what the record keeps are counted, not kept, and older cells go
-    # until the record fits.
-    fresh.ok("for _ in range(3):\n    print('x' * 30000, flush=True)")
+    # Bytes: a cell's outputs beyond what the record keeps are counted, not kept. Checked from
+    # the cell itself (the newest cell is never dropped): how much of it is kept depends on how
+    # the pipe reader chunked it, so only the bound and the marker are certain.
+    _, nb = _export(fresh, path, "for _ in range(3):\n    print('x' * 30000, flush=True)\n")
+    big = nb["cells"][-1]
+    assert big["source"].startswith("for _ in r")
+    kept = "".join(o["text"] for o in big["outputs"] if o["name"] == "stdout")
+    assert len(kept) <= 64 * 1024 and set(kept) <= {"x", "\n"}
+    assert "not recorded" in big["outputs"][-1]["text"]
+    # And older cells go until the record fits: a newer cell is kept whole.
     fresh.ok("print('z' * 20000)")
     _, nb = _export(fresh, path)
     assert nb["cells"][0]["cell_type"] == "markdown"
     code = nb["cells"][1:]
-    by_source = {c["source"][:10]: c for c in code}
-    big, small = by_source["for _ in r"], by_source["print('z' "]
+    small = next(c for c in code if c["source"].startswith("print('z' "))
     assert code[-2:] == [small, code[-1]] and "export_notebook" in code[-1]["source"]
-    kept = "".join(o["text"] for o in big["outputs"] if o["name"] == "stdout")
-    assert 0 < len(kept) < 90003 and "x" * 1000 in kept
-    assert "not recorded" in big["outputs"][-1]["text"]
     assert small["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "z" * 20000 + "\n"}]
     recorded = sum(len(c["source"]) + sum(len(json.dumps(o)) for o in c["outputs"]) for c in code)
     assert recorded < 64 * 1024 + 2000
