@@ -31,6 +31,7 @@ use crate::policy::{Approval, ApprovalRequest, Approver};
 use crate::progress::Forwarder;
 use crate::render;
 use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
+use crate::skills;
 use crate::upstream::{CallContext, CallRelay, ClientLink, Hinted as _, ProgressSink, Upstreams};
 
 pub const TOOL_NAME: &str = "run_python";
@@ -219,6 +220,8 @@ pub struct Bridge {
     upstreams: Upstreams,
     log_level: Arc<std::sync::Mutex<Option<LoggingLevel>>>,
     audit: Audit,
+    /// The saved skills, whose RPC methods every exec's handler answers first.
+    skills: Arc<skills::Store>,
     /// `run_python` calls running as tasks, for clients that declared the tasks extension.
     tasks: TaskManager,
 }
@@ -227,7 +230,9 @@ impl Bridge {
     /// The bridge of `run`; it opens the audit log configured by `[audit]`.
     pub fn new(config: Arc<Config>, sandbox: Arc<Sandbox>, upstreams: Upstreams) -> Self {
         let audit = Audit::open(&config);
+        let skills = Arc::new(skills::Store::from_config(&config));
         Bridge {
+            skills,
             config,
             sandbox,
             upstreams,
@@ -297,7 +302,10 @@ impl Bridge {
             audit: self.audit.clone(),
         };
         let binding = match self.upstreams.load_for(&args.servers, call).await {
-            Ok(b) => b,
+            Ok(b) => crate::protocol::ExecBinding {
+                rpc: skills::rpc::SkillRpc::wrap(self.skills.clone(), b.rpc),
+                ..b
+            },
             Err(e) => {
                 record("setup_error", Some(e.kind()));
                 return render::setup_error(e.kind(), &e.message());
