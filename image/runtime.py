@@ -48,6 +48,7 @@ import signal
 import stat
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import traceback
@@ -1296,7 +1297,8 @@ list_loaded_server_metadata(), list_tools_sync(server),
 await query_tool_docs(server, tool=None, detail="summary"|"full") / query_tool_docs_sync(...),
 await search_tool_docs(query, limit=5) / search_tool_docs_sync(...), capability_summary(),
 await call_tool(server, tool, arguments=None, raw=False),
-export_notebook(path="/workspace/out/session.ipynb") (the session as a Jupyter notebook).
+export_notebook(path="/workspace/out/session.ipynb") (the session as a Jupyter notebook),
+save_skill(func, description=None) (alias save_tool), list_skills(), delete_skill(name).
 """
 
 
@@ -1599,14 +1601,157 @@ def _search_results(result):
 
 async def search_tool_docs(query, limit=5):
     """Fuzzy, ranked search over the tools of every discovered server:
-    [{server, serverAlias, tool, toolAlias, description, score}]. Servers left out (failed or
-    still starting) are printed to stderr and listed in the result's `.skipped`."""
-    return _search_results(await _rpc("search_tool_docs", _search_params(query, limit)))
+    [{server, serverAlias, tool, toolAlias, description, score}], and over the saved skills
+    (defined in this session's namespace): {skill, description, score}. Servers left out (failed
+    or still starting) are printed to stderr and listed in the result's `.skipped`."""
+    hits = _search_results(await _rpc("search_tool_docs", _search_params(query, limit)))
+    return _with_skill_hits(hits, query, limit)
 
 
 def search_tool_docs_sync(query, limit=5):
     """Blocking variant of search_tool_docs()."""
-    return _search_results(_rpc_sync("search_tool_docs", _search_params(query, limit)))
+    hits = _search_results(_rpc_sync("search_tool_docs", _search_params(query, limit)))
+    return _with_skill_hits(hits, query, limit)
+
+
+# --------------------------------------------------------------------------------------------
+# Skills: functions saved on the host (runtime.save_skill) and defined in every new session.
+# The host keeps them (`<state_dir>/skills/`, bounded in size and number); this side sends a
+# function's source and loads the saved ones at the first exec of the interpreter.
+
+_skills = {}  # name -> description, of the skills defined in this interpreter
+_skills_state = {"loaded": False}
+_SKILL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SKILL_NOTICE_CAP = 4000
+
+
+def _skill_source(func):
+    if isinstance(func, (staticmethod, classmethod)):
+        func = func.__func__
+    if not (inspect.isfunction(func) or inspect.iscoroutinefunction(func)):
+        raise TypeError("save_skill() takes a function defined with def; got %s" % type(func).__name__)
+    name = func.__name__
+    if name == "<lambda>":
+        raise ValueError("a lambda has no name to save it under: define it with `def NAME(...):` "
+                         "in a cell and save that")
+    if not _SKILL_NAME.match(name) or keyword.iskeyword(name):
+        raise ValueError("%r cannot be a skill's name: use ASCII letters, digits and _" % name)
+    try:
+        source = inspect.getsource(func)
+    except (OSError, TypeError) as e:
+        raise ValueError("the source of %s() is not available (%s): define it with def in a "
+                         "run_python cell and save it from there" % (name, e)) from None
+    source = textwrap.dedent(source)
+    try:
+        tree = ast.parse(source, "<skill %s>" % name)
+    except SyntaxError as e:
+        raise ValueError("the source of %s() does not compile on its own: %s" % (name, e)) from None
+    if not any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in tree.body):
+        raise ValueError("the source of %s() does not define it at the top level (is it a lambda "
+                         "assigned to a name?): define it with `def %s(...):`" % (name, name))
+    return name, source
+
+
+def save_skill(func, description=None):
+    """Save `func` (a function defined with def) for every later session: its source and its
+    description (default: its docstring) are kept by the bridge, and each new session has it
+    defined under its name. Saving a name again replaces it. Size and number are bounded by the
+    bridge's configuration (skills.max_size, skills.max_count); a refusal raises McpError.
+    Returns {name, replaced, count}. The function should import what it uses inside its body."""
+    name, source = _skill_source(func)
+    if description is None:
+        description = inspect.getdoc(func) or ""
+    result = _rpc_sync("save_skill", {"name": name, "source": source, "description": str(description)})
+    _skills[name] = str(description)
+    return result
+
+
+save_tool = save_skill  # the name the Python original gives it
+
+
+def list_skills():
+    """The saved skills: [{name, description, saved_at}]; skills that cannot be loaded are
+    printed to stderr."""
+    result = _rpc_sync("list_skills", {}) or {}
+    for b in result.get("broken") or ():
+        print("list_skills: skill %r is broken: %s" % (b.get("name"), b.get("reason")), file=sys.stderr)
+    return [dict(s) for s in result.get("skills") or () if isinstance(s, dict)]
+
+
+def delete_skill(name):
+    """Remove the saved skill `name` for later sessions (this session keeps its definition)."""
+    result = _rpc_sync("delete_skill", {"name": str(name)})
+    _skills.pop(str(name), None)
+    return result
+
+
+def _define_skill(skill):
+    """Define one saved skill in the user's namespace; returns why it could not be, or None."""
+    name, source = skill.get("name"), skill.get("source")
+    if not isinstance(name, str) or not isinstance(source, str):
+        return "its record is malformed"
+    filename = "<skill %s>" % name
+    try:
+        code = compile(source, filename, "exec", dont_inherit=True)
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        exec(code, _state.ns)
+    except Exception as e:
+        return "%s: %s" % (type(e).__name__, e)
+    if not callable(_state.ns.get(name)):
+        return "its source does not define %s" % name
+    _skills[name] = skill.get("description") or ""
+    return None
+
+
+def _load_skills():
+    """At the first exec of this interpreter (a new session, pooled or not): ask the host for
+    the saved skills and define them. A skill that no longer compiles or runs is named on the
+    call's stderr; the call goes on."""
+    if _skills_state["loaded"]:
+        return
+    _skills_state["loaded"] = True
+    try:
+        reply = _rpc_sync("load_skills", {})
+    except McpError as e:  # a host without skills (a one-shot probe): nothing to define
+        _log("skills not loaded: %s" % e, "debug")
+        return
+    if not isinstance(reply, dict):
+        return
+    notices = []
+    for skill in reply.get("skills") or ():
+        if isinstance(skill, dict):
+            why = _define_skill(skill)
+            if why is not None:
+                notices.append("%s: %s" % (skill.get("name"), why))
+    for b in reply.get("broken") or ():
+        if isinstance(b, dict):
+            notices.append("%s: %s" % (b.get("name"), b.get("reason")))
+    if notices:
+        text = "[skills] not defined in this session (the call goes on): " + "; ".join(notices)
+        print(_cap_middle(text, _SKILL_NOTICE_CAP), file=sys.stderr)
+
+
+def _skill_score(query, name, description):
+    tokens = [t for t in re.split(r"[^0-9a-z]+", str(query).lower()) if t]
+    if not tokens:
+        return 0.0
+    text = "%s %s" % (name.lower().replace("_", " "), description.lower())
+    return sum(1 for t in tokens if t in text) / len(tokens)
+
+
+def _with_skill_hits(hits, query, limit):
+    """The servers' hits and the skills' matches, best first, at most `limit`."""
+    extra = []
+    for name, description in _skills.items():
+        score = _skill_score(query, name, description)
+        if score > 0:
+            first = description.strip().splitlines()[0] if description.strip() else ""
+            extra.append({"skill": name, "description": first, "score": round(score, 3)})
+    if not extra:
+        return hits
+    merged = SearchResults(sorted(list(hits) + extra, key=lambda h: -float(h.get("score") or 0))[:limit])
+    merged.skipped = hits.skipped
+    return merged
 
 
 def _resolve_call(server, tool, arguments):
@@ -2185,6 +2330,11 @@ def _run_exec(msg):
                 _install_servers(msg.get("servers"), msg.get("discovered"))
             except Exception as e:
                 _log("preparing exec %s: %r" % (eid, e))
+            if msg.get("skills"):
+                try:
+                    _load_skills()
+                except Exception as e:
+                    _log("loading skills at exec %s: %r" % (eid, e))
             _notebook.begin(eid, msg["code"])
             status, value, error = _execute(ex, msg["code"])
     except KeyboardInterrupt:
@@ -2507,6 +2657,10 @@ _RUNTIME_API = (
     "capability_summary",
     "call_tool",
     "call_tool_sync",
+    "save_skill",
+    "save_tool",
+    "list_skills",
+    "delete_skill",
     "display",
     "export_notebook",
     "NotebookTooLarge",

@@ -13,5 +13,6 @@ pub mod protocol;
 pub mod render;
 pub mod sandbox;
 pub mod server;
+pub mod skills;
 pub mod text;
 pub mod upstream;

@@ -56,6 +56,9 @@ pub struct ExecBinding {
     pub servers: Vec<LoadedServer>,
     pub discovered: Vec<DiscoveredServer>,
     pub rpc: Arc<dyn RpcHandler>,
+    /// Whether saved skills exist for `rpc` to hand out (`load_skills`): the exec frame says so,
+    /// and an interpreter's first exec asks only then, so an empty store costs no round trip.
+    pub skills: bool,
 }
 
 impl ExecBinding {
@@ -77,6 +80,7 @@ impl ExecBinding {
             servers: Vec::new(),
             discovered: Vec::new(),
             rpc: Arc::new(NoUpstreams),
+            skills: false,
         }
     }
 }
@@ -152,6 +156,9 @@ pub enum HostFrame<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
         discovered: Option<&'a [DiscoveredServer]>,
         output_cap: usize,
+        /// Saved skills exist: the interpreter defines them at its first exec that says so.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        skills: bool,
     },
     RpcResult {
         id: u64,
@@ -434,6 +441,7 @@ mod tests {
             servers: Some(&[]),
             discovered: None,
             output_cap: 10,
+            skills: false,
         }
         .to_line();
         assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
@@ -442,5 +450,6 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(v["servers"], serde_json::json!([]));
         assert!(v.get("discovered").is_none(), "{v}");
+        assert!(v.get("skills").is_none(), "left out when false: {v}");
     }
 }

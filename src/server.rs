@@ -32,6 +32,7 @@ use crate::progress::Forwarder;
 use crate::render;
 use crate::sandbox::files;
 use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
+use crate::skills;
 use crate::upstream::{CallContext, CallRelay, ClientLink, Hinted as _, ProgressSink, Upstreams};
 use base64::Engine as _;
 
@@ -59,7 +60,8 @@ State persists across calls of a session; the last expression is shown like a no
 `await runtime.query_tool_docs(\"server\", detail=\"full\")` gives a server's tool schemas; \
 proxied tools have real signatures (`help(mcp_<name>.<tool>)`) and return Python values. \
 `runtime.export_notebook()` writes the session so far as a Jupyter notebook \
-(`/workspace/out/session.ipynb`).";
+(`/workspace/out/session.ipynb`). `runtime.save_skill(func)` keeps a function for every later \
+session; `runtime.list_skills()` lists them.";
 
 /// The tool's human-readable name (`title`), which clients show instead of `run_python`.
 pub const TOOL_TITLE: &str = "Python sandbox";
@@ -223,6 +225,8 @@ pub struct Bridge {
     upstreams: Upstreams,
     log_level: Arc<std::sync::Mutex<Option<LoggingLevel>>>,
     audit: Audit,
+    /// The saved skills, whose RPC methods every exec's handler answers first.
+    skills: Arc<skills::Store>,
     /// `run_python` calls running as tasks, for clients that declared the tasks extension.
     tasks: TaskManager,
 }
@@ -231,7 +235,9 @@ impl Bridge {
     /// The bridge of `run`; it opens the audit log configured by `[audit]`.
     pub fn new(config: Arc<Config>, sandbox: Arc<Sandbox>, upstreams: Upstreams) -> Self {
         let audit = Audit::open(&config);
+        let skills = Arc::new(skills::Store::from_config(&config));
         Bridge {
+            skills,
             config,
             sandbox,
             upstreams,
@@ -301,7 +307,7 @@ impl Bridge {
             audit: self.audit.clone(),
         };
         let binding = match self.upstreams.load_for(&args.servers, call).await {
-            Ok(b) => b,
+            Ok(b) => skills::rpc::SkillRpc::bind(&self.skills, b),
             Err(e) => {
                 record("setup_error", Some(e.kind()));
                 return render::setup_error(e.kind(), &e.message());

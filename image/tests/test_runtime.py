@@ -85,6 +85,12 @@ class Sandbox:
         self.bad_lines = []
         self.stderr_chunks = []
         self._ids = iter(range(1, 1 << 30))
+        # What the host's skill store answers `load_skills` with; None: the rpc handler answers.
+        self.skills = {"skills": [], "broken": []}
+        # Whether exec frames say skills are saved (the host's `skills` field): only then does
+        # an interpreter's first exec ask for them.
+        self.skills_saved = True
+        self.skill_loads = 0
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
         self.send({"type": "boot", "source": RUNTIME})
@@ -125,6 +131,8 @@ class Sandbox:
         """`servers=None` leaves servers and discovered out, as the host does when unchanged."""
         eid = next(self._ids)
         frame = {"type": "exec", "id": eid, "code": code, "output_cap": output_cap}
+        if self.skills_saved:
+            frame["skills"] = True
         if servers is not None:
             if discovered is None:
                 discovered = [{"name": s["name"], "alias": s["alias"], "description": s.get("description", "")}
@@ -142,6 +150,11 @@ class Sandbox:
             if frame.get("type") == "log":
                 continue
             assert frame.get("id") == eid or frame["type"] == "rpc", frame
+            if frame["type"] == "rpc" and frame["method"] == "load_skills" and self.skills is not None:
+                # The first exec of an interpreter asks for the saved skills: the host's store.
+                self.send({"type": "rpc_result", "id": frame["id"], "ok": True, "result": self.skills})
+                self.skill_loads += 1
+                continue
             frames.append(frame)
             if on_frame is not None:
                 on_frame(frame)
@@ -1175,3 +1188,135 @@ def test_result_carries_a_digest_of_workspace_out_that_changes_with_it(fresh, tm
     assert fresh.ok("rt._out_stamp(root + '.file')").value is None
     # And every result frame carries it, for the real /workspace/out.
     assert fresh.ok("rt._out_stamp()").value == repr(fresh.ok("1").result["out"])
+
+
+# ---------------------------------------------------------------------------- skills
+
+
+def skill_host():
+    """An rpc handler playing the host's skill store: what save_skill sent, kept by name."""
+    store = {}
+
+    def handle(method, params):
+        if method == "save_skill":
+            replaced = params["name"] in store
+            store[params["name"]] = params
+            return {"name": params["name"], "replaced": replaced, "count": len(store)}
+        if method == "list_skills":
+            return {"skills": [{"name": n, "description": p["description"]} for n, p in store.items()],
+                    "broken": [{"name": "old", "reason": "its source is not UTF-8"}]}
+        if method == "search_tool_docs":
+            return {"results": [{"server": "s", "tool": "t", "description": "sales total", "score": 0.5}],
+                    "skipped": []}
+        raise HostError("unexpected method " + method)
+
+    handle.store = store
+    return handle
+
+
+def test_save_skill_sends_dedented_source_name_and_docstring(fresh):
+    host = skill_host()
+    r = fresh.run(
+        "from mcp import runtime\n"
+        "if True:\n"
+        "    def clean_sales(df, col='amount'):\n"
+        "        '''Drop rows without an amount.\n\n        More words.'''\n"
+        "        return df[df[col].notna()]\n"
+        "runtime.save_skill(clean_sales)",
+        rpc=host,
+    )
+    assert r.status == "ok", r.error
+    saved = host.store["clean_sales"]
+    assert saved["source"].startswith("def clean_sales(df, col='amount'):\n")
+    assert saved["description"] == "Drop rows without an amount.\n\nMore words."
+    assert "'replaced': False" in r.value
+    # save_tool is the same function; an explicit description wins over the docstring.
+    r = fresh.run("runtime.save_tool(clean_sales, 'cleans')", rpc=host)
+    assert r.status == "ok" and "'replaced': True" in r.value
+    assert host.store["clean_sales"]["description"] == "cleans"
+
+
+def test_save_skill_refuses_what_has_no_source_with_a_clear_error(fresh):
+    host = skill_host()
+    for code, kind, words in [
+        ("runtime.save_skill(lambda x: x)", "ValueError", "a lambda has no name"),
+        ("runtime.save_skill(len)", "TypeError", "function defined with def"),
+        ("ns = {}\nexec('def f(): pass', ns)\nruntime.save_skill(ns['f'])", "ValueError", "source of f() is not available"),
+    ]:
+        r = fresh.run("from mcp import runtime\n" + code, rpc=host)
+        assert r.status == "error" and r.error["type"] == kind, r.error
+        assert words in r.error["message"], r.error["message"]
+    assert host.store == {}
+
+
+def test_host_refusal_of_a_skill_is_an_mcp_error(fresh):
+    def host(method, params):
+        raise HostError("10 skills are saved, the most skills.max_count allows (10)")
+
+    r = fresh.run("from mcp import runtime\ndef f(): pass\nruntime.save_skill(f)", rpc=host)
+    assert r.error["type"] == "McpError" and "skills.max_count" in r.error["message"]
+
+
+def test_saved_skills_are_defined_at_the_first_exec_and_broken_ones_reported(fresh):
+    fresh.skills = {
+        "skills": [
+            {"name": "double", "description": "Twice x.", "source": "def double(x):\n    return 2 * x\n"},
+            {"name": "broken", "description": "", "source": "def broken(:\n"},
+            {"name": "liar", "description": "", "source": "def other(): pass\n"},
+        ],
+        "broken": [{"name": "latin", "reason": "its source is not UTF-8"}],
+    }
+    r = fresh.run("double(21)")
+    assert r.status == "ok" and r.value == "42"
+    assert fresh.skill_loads == 1
+    err = r.stderr
+    assert err.startswith("[skills] not defined in this session (the call goes on):"), err
+    assert "broken: SyntaxError" in err and "liar: its source does not define liar" in err
+    assert "latin: its source is not UTF-8" in err
+    # Asked once per interpreter; the traceback of a skill names it.
+    r = fresh.run("double(None)")
+    assert fresh.skill_loads == 1 and r.stderr == ""
+    assert 'File "<skill double>", line 2, in double' in r.error["traceback"]
+    assert "return 2 * x" in r.error["traceback"]
+
+
+def test_a_skill_loaded_from_the_host_can_be_saved_again_and_searched(fresh):
+    fresh.skills = {"skills": [{"name": "sales_total", "description": "Sum of the sales column.",
+                                "source": "def sales_total(df):\n    return df['sales'].sum()\n"}],
+                    "broken": []}
+    host = skill_host()
+    r = fresh.run("from mcp import runtime\nruntime.save_skill(sales_total)", rpc=host)
+    assert r.status == "ok", r.error
+    assert host.store["sales_total"]["source"] == "def sales_total(df):\n    return df['sales'].sum()\n"
+    r = fresh.run("[h.get('skill') or h['tool'] for h in runtime.search_tool_docs_sync('sales total', limit=5)]",
+                  rpc=host)
+    assert r.value == "['sales_total', 't']", r.value
+    r = fresh.run("runtime.list_skills()", rpc=host)
+    assert "'name': 'sales_total'" in r.value
+    assert "skill 'old' is broken: its source is not UTF-8" in r.stderr
+
+
+def test_no_skills_saved_no_round_trip(fresh):
+    """An exec whose frame does not say skills are saved asks nothing of the host: the first call
+    of an interpreter costs no extra RPC when the store is empty."""
+    fresh.skills_saved = False
+    fresh.skills = None  # a load_skills rpc would now reach the rpc handler below
+    asked = []
+
+    def host(method, params):
+        asked.append(method)
+        raise HostError("unexpected rpc " + method)
+
+    r = fresh.run("1 + 1", rpc=host)
+    assert r.status == "ok" and r.value == "2" and asked == [], asked
+    # A later exec that says skills are saved (one was saved by another bridge) loads them once.
+    fresh.skills_saved = True
+    fresh.skills = {"skills": [{"name": "double", "description": "Twice x.",
+                                "source": "def double(x):\n    return 2 * x\n"}], "broken": []}
+    assert fresh.run("double(21)").value == "42"
+
+
+def test_a_host_without_skills_is_not_an_error(fresh):
+    fresh.skills = None  # the rpc handler answers load_skills: with an error, as doctor's probe does
+    r = fresh.run("1 + 1")
+    assert r.status == "ok" and r.value == "2" and r.stderr == ""

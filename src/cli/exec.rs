@@ -60,8 +60,9 @@ pub(super) async fn exec(
             return ExitCode::from(2);
         }
     };
+    let skills = Arc::new(crate::skills::Store::from_config(&config));
     let binding = match ups.load(&servers).await {
-        Ok(b) => b,
+        Ok(b) => crate::skills::rpc::SkillRpc::bind(&skills, b),
         Err(e) => {
             ups.shutdown().await;
             eprintln!("error: {}", e.message());

@@ -16,6 +16,7 @@ mod exec;
 mod image;
 mod servers;
 mod show;
+mod skills;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -91,6 +92,28 @@ pub enum Command {
     Image {
         #[command(subcommand)]
         command: ImageCommand,
+    },
+    /// The functions sessions saved (runtime.save_skill), which every new session defines.
+    Skills {
+        #[command(subcommand)]
+        command: SkillsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SkillsCommand {
+    /// List the saved skills (name, when saved, description) and any that cannot be loaded.
+    List {
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a skill's source, its description and save time as comments before it.
+    Show { name: String },
+    /// Remove skills: new sessions no longer define them.
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
     },
 }
 
@@ -181,6 +204,11 @@ pub async fn main(cli: Cli) -> ExitCode {
         Command::Image {
             command: ImageCommand::Load { archive },
         } => image::image_load(config, archive).await,
+        Command::Skills { command } => match command {
+            SkillsCommand::List { json } => skills::list(&config, json),
+            SkillsCommand::Show { name } => skills::show(&config, &name),
+            SkillsCommand::Rm { names } => skills::rm(&config, &names),
+        },
     }
 }
 

@@ -227,6 +227,14 @@ pub const KEYS: &[Key] = &[
         name: "audit.keep",
         doc: "Rotated audit files kept (.1 newest to .N oldest); older ones are deleted. At most 100.",
     },
+    Key {
+        name: "skills.max_size",
+        doc: "Most bytes of one saved skill (runtime.save_skill): its source and description together. 256 to 1m.",
+    },
+    Key {
+        name: "skills.max_count",
+        doc: "Most skills kept in <state_dir>/skills; saving one more is refused until one is removed. 1 to 1000.",
+    },
 ];
 
 pub const DEFAULT_IMAGE: &str = "mcp-code-bridge-sandbox:latest";

@@ -6,6 +6,7 @@
 //! - [`values`]: value types and their lenient spellings ([`Secs`], [`Size`], [`Runtime`], ...);
 //! - [`servers`]: the `[servers.<name>]` schema ([`ServerEntry`]);
 //! - [`audit`]: the `[audit]` section ([`AuditConfig`]);
+//! - [`skills`]: the `[skills]` section ([`SkillsConfig`]);
 //! - [`error`]: why a configuration was refused;
 //! - here: the [`Config`] struct, its defaults and checks, and the command-line [`Overrides`].
 //!
@@ -26,6 +27,7 @@ pub mod keys;
 pub mod load;
 pub mod policy;
 pub mod servers;
+pub mod skills;
 pub mod values;
 
 use std::collections::BTreeMap;
@@ -43,6 +45,7 @@ pub use load::{
 };
 pub use policy::PolicyConfig;
 pub use servers::ServerEntry;
+pub use skills::SkillsConfig;
 pub use values::{LogLevel, ModuleList, OutputMode, Runtime, Secs, Size};
 use values::{empty_as_none, empty_as_none_f64, flexible_bool, flexible_u32};
 
@@ -99,6 +102,9 @@ pub struct Config {
     /// `[audit]`: the audit log.
     #[serde(default)]
     pub audit: AuditConfig,
+    /// `[skills]`: the bounds of the saved skills.
+    #[serde(default)]
+    pub skills: SkillsConfig,
     #[serde(default)]
     pub servers: BTreeMap<String, ServerEntry>,
 }
@@ -139,6 +145,7 @@ impl Default for Config {
             upstream_start_timeout: Secs(Duration::from_secs(120)),
             policy: PolicyConfig::default(),
             audit: AuditConfig::default(),
+            skills: SkillsConfig::default(),
             servers: BTreeMap::new(),
         }
     }
@@ -290,7 +297,8 @@ impl Config {
             return bad("image", "must not be empty".into());
         }
         self.policy.validate()?;
-        self.audit.check()
+        self.audit.check()?;
+        self.skills.check()
     }
 
     /// A per-call timeout, clamped to `[100ms, max_timeout]`.

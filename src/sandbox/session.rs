@@ -484,6 +484,7 @@ impl Session {
             servers: (!unchanged).then_some(&req.binding.servers[..]),
             discovered: (!unchanged).then_some(&req.binding.discovered[..]),
             output_cap: req.output_cap,
+            skills: req.binding.skills,
         }
         .to_line();
         tracing::debug!(

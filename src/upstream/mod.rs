@@ -493,6 +493,7 @@ impl Upstreams {
             servers,
             discovered: self.discovered(),
             rpc: Arc::new(rpc),
+            skills: false,
         })
     }
 

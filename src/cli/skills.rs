@@ -1,0 +1,137 @@
+//! `skills list|show|rm`: the functions the model saved (`runtime.save_skill`) for later
+//! sessions, read from and removed in the same store the bridge uses (`crate::skills`), so a
+//! person can see what every new session will have defined and take out what should not be.
+
+use std::process::ExitCode;
+
+use crate::config::Config;
+use crate::skills::{Listing, Store};
+
+/// One line of a description in the table: its first line, cut to this many characters.
+const DESCRIPTION_WIDTH: usize = 60;
+
+pub(super) fn list(config: &Config, json: bool) -> ExitCode {
+    let store = Store::from_config(config);
+    let listing = match store.list() {
+        Ok(l) => l,
+        Err(e) => {
+            report(&e);
+            return ExitCode::FAILURE;
+        }
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(&listing_json(&listing)).expect("a listing serializes")
+        );
+        return ExitCode::SUCCESS;
+    }
+    if listing.skills.is_empty() && listing.broken.is_empty() {
+        println!(
+            "no skills saved in {} (a session saves one with runtime.save_skill(func))",
+            store.dir().display()
+        );
+        return ExitCode::SUCCESS;
+    }
+    let width = listing
+        .skills
+        .iter()
+        .map(|s| s.name.len())
+        .chain(listing.broken.iter().map(|b| b.name.len()))
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    println!("{:width$}  {:20}  DESCRIPTION", "NAME", "SAVED");
+    for s in &listing.skills {
+        let first = s.description.lines().next().unwrap_or("").trim();
+        let first: String = first.chars().take(DESCRIPTION_WIDTH).collect();
+        let saved = if s.saved_at.is_empty() {
+            "-"
+        } else {
+            &s.saved_at
+        };
+        println!("{:width$}  {saved:20}  {first}", s.name);
+    }
+    for b in &listing.broken {
+        println!("{:width$}  {:20}  BROKEN: {}", b.name, "-", b.reason);
+    }
+    println!(
+        "{} skill(s) in {}{}",
+        listing.skills.len(),
+        store.dir().display(),
+        if listing.broken.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} broken, not defined in sessions (`skills rm NAME` removes one)",
+                listing.broken.len()
+            )
+        }
+    );
+    ExitCode::SUCCESS
+}
+
+/// The listing without sources, as `--json` prints it (one object).
+fn listing_json(listing: &Listing) -> serde_json::Value {
+    let skills: Vec<_> = listing
+        .skills
+        .iter()
+        .map(|s| serde_json::json!({"name": s.name, "description": s.description, "saved_at": s.saved_at}))
+        .collect();
+    serde_json::json!({"skills": skills, "broken": listing.broken})
+}
+
+/// The skill's source as saved, after its description and save time as `#` comment lines, so
+/// the output is itself Python.
+pub(super) fn show(config: &Config, name: &str) -> ExitCode {
+    match Store::from_config(config).get(name) {
+        Ok(s) => {
+            let saved = if s.saved_at.is_empty() {
+                "unknown"
+            } else {
+                &s.saved_at
+            };
+            println!("# skill {}, saved {saved}", s.name);
+            for line in s.description.lines() {
+                println!("# {line}");
+            }
+            print!("{}", s.source);
+            if !s.source.ends_with('\n') {
+                println!();
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            report(&e);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Remove each named skill; every name is tried, and the exit is 1 if any was not removed.
+pub(super) fn rm(config: &Config, names: &[String]) -> ExitCode {
+    let store = Store::from_config(config);
+    let mut failed = false;
+    for name in names {
+        match store.remove(name) {
+            Ok(()) => println!("removed {name}"),
+            Err(e) => {
+                report(&e);
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The error, and on its own line what to do next.
+fn report(e: &crate::skills::SkillError) {
+    eprintln!("error: {e}");
+    if let Some(h) = e.hint() {
+        eprintln!("hint: {h}");
+    }
+}

@@ -1,0 +1,210 @@
+//! The skills' RPC methods (`docs/protocol.md`), answered in front of an exec's upstream
+//! handler: `save_skill`, `list_skills`, `delete_skill` and `load_skills` here, every other
+//! method passed on unchanged (its failure kind included). The store's file work runs on the
+//! blocking pool, so a slow disk holds no runtime thread.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::{SkillError, Store};
+use crate::protocol::{ExecBinding, RpcFailure, RpcHandler};
+
+/// The RPC methods of skills; [`SkillRpc`] answers these and passes on the rest.
+pub const METHODS: &[&str] = &["save_skill", "list_skills", "delete_skill", "load_skills"];
+
+/// Most bytes of sources and descriptions one `load_skills` reply carries, whatever `[skills]`
+/// allows in the store (up to 1000 × 1 MiB): each new interpreter receives and compiles them, and
+/// the reply is one frame on the sandbox's stdin. Skills past it are named as not loaded.
+pub const LOAD_BUDGET: usize = 16 << 20;
+
+/// An exec's RPC handler with the skills' methods in front of `inner`.
+pub struct SkillRpc {
+    store: Arc<Store>,
+    inner: Arc<dyn RpcHandler>,
+}
+
+impl SkillRpc {
+    /// `binding` with the skills' methods in front of its handler and its `skills` flag saying
+    /// whether the store holds any (what `run_python` and `exec` both hand the sandbox).
+    pub fn bind(store: &Arc<Store>, binding: ExecBinding) -> ExecBinding {
+        ExecBinding {
+            rpc: Self::wrap(store.clone(), binding.rpc),
+            skills: store.any(),
+            ..binding
+        }
+    }
+
+    pub fn wrap(store: Arc<Store>, inner: Arc<dyn RpcHandler>) -> Arc<dyn RpcHandler> {
+        Arc::new(SkillRpc { store, inner })
+    }
+
+    async fn own(&self, method: &str, params: Value) -> Result<Value, String> {
+        let store = self.store.clone();
+        let method = method.to_string();
+        tokio::task::spawn_blocking(move || answer(&store, &method, &params))
+            .await
+            .map_err(|e| format!("the skill store failed: {e}"))?
+            .map_err(|e| e.with_hint())
+    }
+}
+
+fn string_param<'a>(params: &'a Value, key: &str, method: &str) -> Result<&'a str, SkillError> {
+    params
+        .get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| SkillError::InvalidName {
+            name: format!("<{method} without a string {key:?}>"),
+        })
+}
+
+fn answer(store: &Store, method: &str, params: &Value) -> Result<Value, SkillError> {
+    match method {
+        "save_skill" => {
+            let name = string_param(params, "name", method)?;
+            let source = params.get("source").and_then(Value::as_str).unwrap_or("");
+            let description = params
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let saved = store.save(name, source, description)?;
+            Ok(json!({"name": name, "replaced": saved.replaced, "count": saved.count}))
+        }
+        "delete_skill" => {
+            let name = string_param(params, "name", method)?;
+            store.remove(name)?;
+            Ok(json!({"name": name}))
+        }
+        "list_skills" => {
+            let listing = store.list()?;
+            let skills: Vec<Value> = listing
+                .skills
+                .iter()
+                .map(|s| json!({"name": s.name, "description": s.description, "saved_at": s.saved_at}))
+                .collect();
+            Ok(json!({"skills": skills, "broken": listing.broken}))
+        }
+        // Everything the runtime defines in a new session: sources included.
+        "load_skills" => {
+            let mut listing = store.list()?;
+            let mut skills = Vec::new();
+            let mut sent = 0usize;
+            for s in listing.skills {
+                sent += s.source.len() + s.description.len();
+                if sent > LOAD_BUDGET {
+                    listing.broken.push(super::BrokenSkill {
+                        reason: format!(
+                            "the skills a session defines are at most {} MiB together; remove some (`mcp-code-bridge skills rm NAME`)",
+                            LOAD_BUDGET >> 20
+                        ),
+                        name: s.name,
+                    });
+                    continue;
+                }
+                skills.push(
+                    json!({"name": s.name, "description": s.description, "source": s.source}),
+                );
+            }
+            Ok(json!({"skills": skills, "broken": listing.broken}))
+        }
+        _ => unreachable!("only METHODS are answered here"),
+    }
+}
+
+#[async_trait::async_trait]
+impl RpcHandler for SkillRpc {
+    async fn handle(&self, method: &str, params: Value) -> Result<Value, String> {
+        if METHODS.contains(&method) {
+            return self.own(method, params).await;
+        }
+        self.inner.handle(method, params).await
+    }
+
+    async fn answer(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
+        if METHODS.contains(&method) {
+            return self.own(method, params).await.map_err(RpcFailure::from);
+        }
+        self.inner.answer(method, params).await
+    }
+
+    fn on_interpreter(&self, id: &str) {
+        self.inner.on_interpreter(id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn skills_methods_are_answered_and_others_passed_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::new(dir.path().join("skills"), 1024, 2));
+        let rpc = SkillRpc::wrap(store, ExecBinding::empty().rpc);
+        let saved = rpc
+            .handle(
+                "save_skill",
+                json!({"name": "double", "source": "def double(x):\n    return 2 * x\n", "description": "Twice x."}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(saved["replaced"], false);
+        let loaded = rpc.handle("load_skills", json!({})).await.unwrap();
+        assert_eq!(loaded["skills"][0]["name"], "double");
+        assert!(
+            loaded["skills"][0]["source"]
+                .as_str()
+                .unwrap()
+                .contains("2 * x")
+        );
+        let listed = rpc.handle("list_skills", json!({})).await.unwrap();
+        assert_eq!(listed["skills"][0]["description"], "Twice x.");
+        assert!(listed["skills"][0].get("source").is_none());
+        // Not a skills method: the inner handler's answer.
+        assert_eq!(
+            rpc.handle("list_servers", json!({})).await.unwrap(),
+            json!([])
+        );
+        let err = rpc
+            .handle("save_skill", json!({"name": "../x", "source": ""}))
+            .await
+            .unwrap_err();
+        assert!(err.contains("not a valid skill name"), "{err}");
+        assert!(err.contains("ASCII letters"), "{err}");
+        let err = rpc
+            .handle("delete_skill", json!({"name": "nope"}))
+            .await
+            .unwrap_err();
+        assert!(err.contains("no skill named \"nope\""), "{err}");
+    }
+
+    #[tokio::test]
+    async fn load_skills_stops_at_its_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::new(dir.path().join("skills"), 1 << 20, 40));
+        let body = "#".repeat((1 << 20) - 64);
+        for i in 0..20 {
+            let source = format!("def s{i}():\n    pass\n{body}\n");
+            store.save(&format!("s{i:02}"), &source, "").unwrap();
+        }
+        let rpc = SkillRpc::wrap(store, ExecBinding::empty().rpc);
+        let loaded = rpc.handle("load_skills", json!({})).await.unwrap();
+        let sent: usize = loaded["skills"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["source"].as_str().unwrap().len())
+            .sum();
+        assert!(sent <= LOAD_BUDGET, "{sent}");
+        let broken = loaded["broken"].as_array().unwrap();
+        assert_eq!(
+            loaded["skills"].as_array().unwrap().len() + broken.len(),
+            20
+        );
+        assert!(!broken.is_empty());
+        assert!(
+            broken[0]["reason"].as_str().unwrap().contains("16 MiB"),
+            "{broken:?}"
+        );
+    }
+}
