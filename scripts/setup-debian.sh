@@ -32,6 +32,8 @@ build_args=()
 NPM_PACKAGES=(
     "@modelcontextprotocol/server-everything@2026.8.31"
     "@modelcontextprotocol/server-filesystem@2026.8.31"
+    "oidc-provider@9.13.3"  # a real OpenID provider for tests/oauth.rs (tests/fixtures/oidc)
+    "jose@6.2.18"           # its key generation, imported by the fixture itself
 )
 PIP_PACKAGES=(
     "mcp-server-time==2026.10.19"

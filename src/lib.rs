@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod flock;
 pub mod logging;
+pub mod oauth;
 pub mod policy;
 pub mod procfs;
 pub mod progress;

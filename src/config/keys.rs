@@ -235,6 +235,14 @@ pub const KEYS: &[Key] = &[
         name: "skills.max_count",
         doc: "Most skills kept in <state_dir>/skills; saving one more is refused until one is removed. 1 to 1000.",
     },
+    Key {
+        name: "oauth.issuer",
+        doc: "serve: accept OAuth access tokens (JWT) of this authorization server, checked against its published keys; https, or http on a loopback host.",
+    },
+    Key {
+        name: "oauth.audience",
+        doc: "serve: the aud a token must carry (this server's resource URL as the issuer knows it); required with oauth.issuer.",
+    },
 ];
 
 pub const DEFAULT_IMAGE: &str = "mcp-code-bridge-sandbox:latest";

@@ -7,6 +7,7 @@
 //! - [`servers`]: the `[servers.<name>]` schema ([`ServerEntry`]);
 //! - [`audit`]: the `[audit]` section ([`AuditConfig`]);
 //! - [`skills`]: the `[skills]` section ([`SkillsConfig`]);
+//! - [`oauth`]: the `[oauth]` section ([`OAuthConfig`]), the issuer `serve` accepts tokens of;
 //! - [`error`]: why a configuration was refused;
 //! - here: the [`Config`] struct, its defaults and checks, and the command-line [`Overrides`].
 //!
@@ -25,6 +26,7 @@ pub mod audit;
 pub mod error;
 pub mod keys;
 pub mod load;
+pub mod oauth;
 pub mod policy;
 pub mod servers;
 pub mod skills;
@@ -43,6 +45,7 @@ pub use load::{
     Loaded, SETUP_MARKER, SYSTEM_CONFIG, SYSTEM_CONFIG_ENV, Source, SystemConfig, config_files,
     load,
 };
+pub use oauth::OAuthConfig;
 pub use policy::PolicyConfig;
 pub use servers::ServerEntry;
 pub use skills::SkillsConfig;
@@ -105,6 +108,9 @@ pub struct Config {
     /// `[skills]`: the bounds of the saved skills.
     #[serde(default)]
     pub skills: SkillsConfig,
+    /// `[oauth]`: the authorization server whose tokens `serve` accepts.
+    #[serde(default)]
+    pub oauth: OAuthConfig,
     #[serde(default)]
     pub servers: BTreeMap<String, ServerEntry>,
 }
@@ -146,6 +152,7 @@ impl Default for Config {
             policy: PolicyConfig::default(),
             audit: AuditConfig::default(),
             skills: SkillsConfig::default(),
+            oauth: OAuthConfig::default(),
             servers: BTreeMap::new(),
         }
     }
@@ -298,7 +305,8 @@ impl Config {
         }
         self.policy.validate()?;
         self.audit.check()?;
-        self.skills.check()
+        self.skills.check()?;
+        self.oauth.check()
     }
 
     /// A per-call timeout, clamped to `[100ms, max_timeout]`.
