@@ -436,6 +436,12 @@ impl Bridge {
         s.push_str("\n\n");
         s.push_str(HELPERS);
         s.push_str("\n\n## Files out\n\nFiles the code writes under `/workspace/out/` (make it first: `os.makedirs(\"/workspace/out\", exist_ok=True)`) come back after the call as resource links (new or changed ones only) that the client reads with `resources/read`; images among them are also shown. Only regular files; they last as long as the session.");
+        if !self.config.inputs.is_empty() {
+            s.push_str("\n\n## Files in\n\nThe user's files, copied into every new session (read-only on the host's side: changes stay in the sandbox, a reset brings the originals back):\n");
+            for i in &self.config.inputs {
+                s.push_str(&format!("- `{}`\n", i.sandbox_path()));
+            }
+        }
         s.push_str("\n\n## Loading servers\n\nPass `\"servers\": [\"name\", ...]` to `run_python`. Only loaded servers get `mcp_<alias>` proxies and accept calls; discovery helpers (`runtime.discovered_servers()`, `runtime.search_tool_docs()`) see every server. `runtime.describe_server(name)` shows a loaded server's tools and `cwd`.\n\n## Discovered servers\n\n");
         let servers = self.upstreams.discovered();
         if servers.is_empty() {

@@ -61,6 +61,10 @@ pub enum Command {
         /// MCP servers to load, comma-separated.
         #[arg(long, value_delimiter = ',')]
         servers: Vec<String>,
+        /// Copy a host file or directory into the sandbox, at /data/<its name> or at the
+        /// /data/... path after a colon (repeatable; added to the configured [[inputs]]).
+        #[arg(long = "input", value_name = "HOST[:/data/PATH]")]
+        inputs: Vec<String>,
     },
     /// Check the runtime, socket, image, limits and servers, and say what is wrong.
     Doctor {
@@ -175,7 +179,22 @@ pub async fn main(cli: Cli) -> ExitCode {
             code,
             file,
             servers,
-        } => exec::exec(config, Upstreams::from_loaded(&loaded), code, file, servers).await,
+            inputs,
+        } => {
+            let config = if inputs.is_empty() {
+                config
+            } else {
+                let mut c = (*config).clone();
+                c.inputs
+                    .extend(inputs.iter().map(|i| config::inputs::parse_flag(i)));
+                if let Err((_, why)) = config::inputs::check(&c.inputs) {
+                    eprintln!("error: --input: {why}");
+                    return ExitCode::from(2);
+                }
+                Arc::new(c)
+            };
+            exec::exec(config, Upstreams::from_loaded(&loaded), code, file, servers).await
+        }
         Command::Doctor { quick } => doctor::doctor(config, &loaded, quick).await,
         Command::Servers { refresh } => {
             let ups = Upstreams::from_loaded(&loaded);

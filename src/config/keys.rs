@@ -61,7 +61,7 @@ pub fn key_of_env(rest: &str) -> Option<&'static Key> {
         .find(|k| k.name.replace('.', "_").eq_ignore_ascii_case(rest))
 }
 
-/// Every scalar key, in the order the docs show them. `servers` (tables) is documented apart.
+/// Every scalar key, in the order the docs show them. `servers` and `inputs` (tables) are documented apart.
 pub const KEYS: &[Key] = &[
     Key {
         name: "runtime",
@@ -154,6 +154,10 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "workspace_size",
         doc: "Size cap of the sandbox's /workspace tmpfs.",
+    },
+    Key {
+        name: "inputs_size",
+        doc: "Size cap of the sandbox's /data tmpfs, where the [[inputs]] are copied at each session's start (mounted only when inputs are declared).",
     },
     Key {
         name: "file_cap",
@@ -288,7 +292,7 @@ mod tests {
         let mut fields: Vec<String> = Vec::new();
         for (k, v) in v.as_object().unwrap() {
             match v.as_object() {
-                _ if k == "servers" => {}
+                _ if k == "servers" || k == "inputs" => {}
                 Some(section) => fields.extend(section.keys().map(|s| format!("{k}.{s}"))),
                 None => fields.push(k.clone()),
             }

@@ -24,6 +24,7 @@
 
 pub mod audit;
 pub mod error;
+pub mod inputs;
 pub mod keys;
 pub mod load;
 pub mod oauth;
@@ -40,6 +41,7 @@ use serde::{Deserialize, Serialize};
 
 pub use audit::{AuditConfig, CodeKept};
 pub use error::{ConfigError, Problem};
+pub use inputs::InputEntry;
 pub use keys::{DEFAULT_IMAGE, ENV_PREFIX, KEYS, Key, closest_key, env_name};
 pub use load::{
     Loaded, SETUP_MARKER, SYSTEM_CONFIG, SYSTEM_CONFIG_ENV, Source, SystemConfig, config_files,
@@ -92,6 +94,7 @@ pub struct Config {
     #[serde(deserialize_with = "flexible_u32")]
     pub files_per_call: u32,
     pub files_total: Size,
+    pub inputs_size: Size,
     #[serde(deserialize_with = "flexible_u32")]
     pub nofile: u32,
     #[serde(default, deserialize_with = "empty_as_none")]
@@ -111,6 +114,9 @@ pub struct Config {
     /// `[oauth]`: the authorization server whose tokens `serve` accepts.
     #[serde(default)]
     pub oauth: OAuthConfig,
+    /// `[[inputs]]`: host files and directories copied into each sandbox under `/data`.
+    #[serde(default)]
+    pub inputs: Vec<InputEntry>,
     #[serde(default)]
     pub servers: BTreeMap<String, ServerEntry>,
 }
@@ -144,6 +150,7 @@ impl Default for Config {
             file_cap: Size(16 << 20),
             files_per_call: 64,
             files_total: Size(256 << 20),
+            inputs_size: Size(256 << 20),
             nofile: 1024,
             servers_file: None,
             upstream_call_timeout: Secs(Duration::from_secs(60)),
@@ -153,6 +160,7 @@ impl Default for Config {
             audit: AuditConfig::default(),
             skills: SkillsConfig::default(),
             oauth: OAuthConfig::default(),
+            inputs: Vec::new(),
             servers: BTreeMap::new(),
         }
     }
@@ -306,7 +314,8 @@ impl Config {
         self.policy.validate()?;
         self.audit.check()?;
         self.skills.check()?;
-        self.oauth.check()
+        self.oauth.check()?;
+        inputs::check(&self.inputs)
     }
 
     /// A per-call timeout, clamped to `[100ms, max_timeout]`.

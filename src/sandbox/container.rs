@@ -115,6 +115,13 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
     // Podman mounts its own writable tmpfs on /var/tmp under a read-only root, without noexec
     // and without a size: ours replaces it (tests/security.rs::filesystem_exec_from_writable_mounts_is_refused).
     tmpfs.insert("/var/tmp".to_string(), tmpfs_opts(config.tmp_size.0));
+    // The user's declared inputs are copied here at start (`sandbox::inputs`); no inputs, no mount.
+    if !config.inputs.is_empty() {
+        tmpfs.insert(
+            crate::config::inputs::ROOT.to_string(),
+            tmpfs_opts(config.inputs_size.0),
+        );
+    }
 
     let memory = config.memory.0 as i64;
     let host = HostConfig {

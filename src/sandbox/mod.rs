@@ -12,6 +12,7 @@ pub mod engine;
 mod error;
 pub mod files;
 pub mod image;
+pub mod inputs;
 mod output;
 mod pool;
 pub mod session;

@@ -116,6 +116,8 @@ pub struct Session {
     pub files: Arc<super::files::OutStore>,
     file_caps: super::files::Caps,
     out_stamp: std::sync::Mutex<OutStamp>,
+    /// What the session's start has to say (inputs not copied, and why): the first call's notices.
+    start_notices: std::sync::Mutex<Vec<String>>,
 }
 
 /// A call's hold on a session, from hand-out until the call is done; see [`Session::claim`].
@@ -321,7 +323,9 @@ impl Session {
             Err(_) => return Err(SandboxError::NotReady(START_TIMEOUT.as_secs())),
         };
         tracing::info!(session = name, container = %short(id), %python, ms = t0.elapsed().as_millis() as u64, "sandbox ready");
+        let start_notices = super::inputs::copy_in(docker, id, config).await;
         Ok(Session {
+            start_notices: std::sync::Mutex::new(start_notices),
             name: name.to_string(),
             container_id: id.to_string(),
             python,
@@ -410,7 +414,7 @@ impl Session {
             id,
             started,
             out: Collector::new(req.output_cap),
-            notices: Vec::new(),
+            notices: std::mem::take(&mut *self.start_notices.lock().unwrap()),
             rpc_slots: Arc::new(Semaphore::new(MAX_CONCURRENT_RPCS)),
             pending: Arc::new(AtomicU64::new(0)),
             pending_bytes: Arc::new(AtomicU64::new(0)),

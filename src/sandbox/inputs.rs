@@ -1,0 +1,477 @@
+//! Files in: the user's declared `[[inputs]]` copied into a sandbox at its start, through the
+//! engine's archive API (a tar streamed to `PUT /containers/{id}/archive` at `/data`), so no
+//! host path is ever mounted and the code sees copies it cannot write back.
+//!
+//! Only the declared paths are read. The walk never follows a symbolic link below a declared
+//! path (a link could point anywhere on the host: links are skipped and counted), takes regular
+//! files and directories only, opens each file with `O_NOFOLLOW` and sends the size it had when
+//! opened (a file that shrinks meanwhile is padded, one that grows is cut: the notice says so).
+//! The copy is bounded: `inputs_size` bytes of file data (the tmpfs it fills has that size),
+//! [`MAX_ENTRIES`] entries, and [`COPY_TIMEOUT`]. What is skipped, and a declared path that is
+//! missing, becomes a notice of the session's first call; the session starts anyway.
+//!
+//! The tar is written on the blocking pool into a pipe whose other end is the request body,
+//! so at most the pipe's buffer is held in memory, whatever the inputs' size.
+
+use std::fs::{File, Metadata};
+use std::io::{self, Read};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::query_parameters::UploadToContainerOptionsBuilder;
+use tokio_util::io::{ReaderStream, SyncIoBridge};
+
+use crate::config::Config;
+use crate::config::inputs::{InputEntry, ROOT};
+
+/// Most entries (files and directories) copied in all.
+pub const MAX_ENTRIES: usize = 100_000;
+/// Longest a copy may take before it is abandoned (the session starts without the rest).
+pub const COPY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Pipe between the tar writer and the request body.
+const PIPE: usize = 256 << 10;
+
+/// What the walk skipped or could not do, for the notice.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub files: u64,
+    pub bytes: u64,
+    pub notices: Vec<String>,
+    links: u64,
+    special: u64,
+    over_cap: u64,
+    changed: Vec<String>,
+    unreadable: Vec<String>,
+}
+
+impl Report {
+    fn finish(&mut self) {
+        if self.links > 0 {
+            self.notices.push(format!(
+                "inputs: {} symbolic link(s) not copied (links inside an input are never followed)",
+                self.links
+            ));
+        }
+        if self.special > 0 {
+            self.notices.push(format!(
+                "inputs: {} device(s), fifo(s) or socket(s) not copied (only files and directories are)",
+                self.special
+            ));
+        }
+        if self.over_cap > 0 {
+            self.notices.push(format!(
+                "inputs: {} file(s) not copied: the inputs would exceed inputs_size or {MAX_ENTRIES} entries; raise inputs_size or declare less",
+                self.over_cap
+            ));
+        }
+        if !self.changed.is_empty() {
+            self.notices.push(format!(
+                "inputs: changed while copied, so the copy may be cut or padded: {}",
+                first(&self.changed)
+            ));
+        }
+        if !self.unreadable.is_empty() {
+            self.notices.push(format!(
+                "inputs: not readable by the bridge: {}",
+                first(&self.unreadable)
+            ));
+        }
+    }
+}
+
+fn first(names: &[String]) -> String {
+    let shown: Vec<&str> = names.iter().take(3).map(String::as_str).collect();
+    match names.len() {
+        n if n > 3 => format!("{} and {} more", shown.join(", "), n - 3),
+        _ => shown.join(", "),
+    }
+}
+
+/// Copy the declared inputs into container `id`; the notices for its first call.
+pub async fn copy_in(docker: &Docker, id: &str, config: &Config) -> Vec<String> {
+    if config.inputs.is_empty() {
+        return Vec::new();
+    }
+    let (reader, writer) = tokio::io::duplex(PIPE);
+    let inputs = config.inputs.clone();
+    let cap = config.inputs_size.0;
+    let owner = owner_ids(&config.container_user);
+    let walk = tokio::task::spawn_blocking(move || {
+        let mut report = Report::default();
+        let mut builder = tar::Builder::new(SyncIoBridge::new(writer));
+        builder.mode(tar::HeaderMode::Deterministic);
+        let written = write_all(&mut builder, &inputs, cap, owner, &mut report)
+            .and_then(|()| builder.into_inner().map(drop));
+        (written, report)
+    });
+    let opts = UploadToContainerOptionsBuilder::default()
+        .path(ROOT)
+        .build();
+    let upload = docker.upload_to_container(
+        id,
+        Some(opts),
+        bollard::body_try_stream(ReaderStream::new(reader)),
+    );
+    let t0 = std::time::Instant::now();
+    let uploaded = tokio::time::timeout(COPY_TIMEOUT, upload).await;
+    let (written, mut report) = match walk.await {
+        Ok(r) => r,
+        Err(e) => (Err(io::Error::other(e.to_string())), Report::default()),
+    };
+    report.finish();
+    match uploaded {
+        Err(_) => report.notices.push(format!(
+            "inputs: the copy into the sandbox took more than {} s and was stopped; some inputs are missing",
+            COPY_TIMEOUT.as_secs()
+        )),
+        Ok(Err(e)) => report.notices.push(format!(
+            "inputs: the engine refused the copy ({e}); the inputs are missing. Is inputs_size large enough?"
+        )),
+        Ok(Ok(())) => {
+            if let Err(e) = written {
+                report
+                    .notices
+                    .push(format!("inputs: the copy stopped early: {e}"));
+            }
+        }
+    }
+    tracing::info!(
+        container = %&id[..id.len().min(12)],
+        files = report.files,
+        bytes = report.bytes,
+        ms = t0.elapsed().as_millis() as u64,
+        notices = report.notices.len(),
+        "inputs copied in"
+    );
+    for n in &report.notices {
+        tracing::warn!("{n}");
+    }
+    report.notices
+}
+
+/// The uid and gid the files are given (those of `container_user` when numeric, else nobody),
+/// so the code can read them whatever the modes on the host.
+fn owner_ids(user: &str) -> (u64, u64) {
+    let mut parts = user.split(':').map(|p| p.parse::<u64>().ok());
+    let uid = parts.next().flatten().unwrap_or(65534);
+    let gid = parts.next().flatten().unwrap_or(uid);
+    (uid, gid)
+}
+
+fn write_all<W: io::Write>(
+    builder: &mut tar::Builder<W>,
+    inputs: &[InputEntry],
+    cap: u64,
+    owner: (u64, u64),
+    report: &mut Report,
+) -> io::Result<()> {
+    let mut walker = Walker {
+        builder,
+        cap,
+        owner,
+        entries: 0,
+        report,
+    };
+    for input in inputs {
+        let host = input.host_path();
+        let rel = input.relative();
+        // Parents of the sandbox path, so `/data/a/b` works when only `/data` exists.
+        let mut parent = String::new();
+        for part in rel
+            .split('/')
+            .collect::<Vec<_>>()
+            .split_last()
+            .map_or(&[][..], |(_, p)| p)
+        {
+            parent = if parent.is_empty() {
+                part.to_string()
+            } else {
+                format!("{parent}/{part}")
+            };
+            walker.dir(&parent)?;
+        }
+        // The declared path itself is the user's choice: a link there is followed.
+        match std::fs::metadata(&host) {
+            Ok(m) if m.is_dir() => walker.tree(&host, &rel)?,
+            Ok(m) if m.is_file() => walker.file(&host, &rel, &m)?,
+            Ok(_) => walker.report.notices.push(format!(
+                "input {}: not a file or directory; not copied",
+                input.host
+            )),
+            Err(e) => walker.report.notices.push(format!(
+                "input {} ({}): {e}; it is not in the sandbox. Check [[inputs]] in the configuration",
+                input.host,
+                input.sandbox_path()
+            )),
+        }
+    }
+    Ok(())
+}
+
+struct Walker<'a, W: io::Write> {
+    builder: &'a mut tar::Builder<W>,
+    cap: u64,
+    owner: (u64, u64),
+    entries: usize,
+    report: &'a mut Report,
+}
+
+impl<W: io::Write> Walker<'_, W> {
+    fn header(&self, kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_size(size);
+        h.set_uid(self.owner.0);
+        h.set_gid(self.owner.1);
+        h.set_mtime(0);
+        h
+    }
+
+    fn room(&mut self, size: u64) -> bool {
+        if self.entries >= MAX_ENTRIES || self.report.bytes + size > self.cap {
+            self.report.over_cap += 1;
+            return false;
+        }
+        self.entries += 1;
+        true
+    }
+
+    fn dir(&mut self, rel: &str) -> io::Result<()> {
+        if !self.room(0) {
+            return Ok(());
+        }
+        let mut h = self.header(tar::EntryType::Directory, 0o755, 0);
+        self.builder
+            .append_data(&mut h, format!("{rel}/"), io::empty())
+    }
+
+    fn tree(&mut self, dir: &Path, rel: &str) -> io::Result<()> {
+        self.dir(rel)?;
+        let mut entries: Vec<_> = match std::fs::read_dir(dir) {
+            Ok(r) => r.flatten().collect(),
+            Err(e) => {
+                self.report
+                    .unreadable
+                    .push(format!("{} ({e})", dir.display()));
+                return Ok(());
+            }
+        };
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let path = entry.path();
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else {
+                self.report
+                    .unreadable
+                    .push(format!("{} (name not UTF-8)", path.display()));
+                continue;
+            };
+            let child = format!("{rel}/{name}");
+            // Never followed: what the entry is, not what it points to.
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.file_type().is_symlink() => self.report.links += 1,
+                Ok(m) if m.is_dir() => self.tree(&path, &child)?,
+                Ok(m) if m.is_file() => self.file(&path, &child, &m)?,
+                Ok(_) => self.report.special += 1,
+                Err(e) => self
+                    .report
+                    .unreadable
+                    .push(format!("{} ({e})", path.display())),
+            }
+        }
+        Ok(())
+    }
+
+    fn file(&mut self, path: &Path, rel: &str, seen: &Metadata) -> io::Result<()> {
+        // O_NOFOLLOW: a link swapped in since the walk looked is refused, not followed (the
+        // declared path itself was resolved by `metadata`, so it is opened as resolved).
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path);
+        let file = match opened.and_then(|f| f.metadata().map(|m| (f, m))) {
+            Ok((f, m)) if m.is_file() && m.ino() == seen.ino() => (f, m),
+            Ok(_) => {
+                self.report.changed.push(path.display().to_string());
+                return Ok(());
+            }
+            Err(e) => {
+                self.report
+                    .unreadable
+                    .push(format!("{} ({e})", path.display()));
+                return Ok(());
+            }
+        };
+        let (f, m) = file;
+        let size = m.len();
+        if !self.room(size) {
+            return Ok(());
+        }
+        let mut h = self.header(tar::EntryType::Regular, 0o644, size);
+        let mut body = Exactly::new(f, size);
+        self.builder.append_data(&mut h, rel, &mut body)?;
+        if body.changed {
+            self.report.changed.push(path.display().to_string());
+        }
+        self.report.files += 1;
+        self.report.bytes += size;
+        Ok(())
+    }
+}
+
+/// A file read as exactly `size` bytes: cut if it grew, padded with zeros if it shrank, so the
+/// tar entry matches its header whatever happens to the file meanwhile.
+struct Exactly {
+    inner: io::Take<File>,
+    left: u64,
+    changed: bool,
+}
+
+impl Exactly {
+    fn new(f: File, size: u64) -> Exactly {
+        Exactly {
+            inner: f.take(size),
+            left: size,
+            changed: false,
+        }
+    }
+}
+
+impl Read for Exactly {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let want = buf.len().min(self.left as usize);
+        let n = match self.inner.read(&mut buf[..want])? {
+            0 => {
+                self.changed = true;
+                buf[..want].fill(0);
+                want
+            }
+            n => n,
+        };
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(inputs: &[InputEntry], cap: u64) -> (Vec<(String, u64, u32)>, Report) {
+        let mut report = Report::default();
+        let mut builder = tar::Builder::new(Vec::new());
+        write_all(&mut builder, inputs, cap, (65534, 65534), &mut report).unwrap();
+        report.finish();
+        let bytes = builder.into_inner().unwrap();
+        let mut archive = tar::Archive::new(&bytes[..]);
+        let list = archive
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let h = e.header();
+                assert_eq!(h.uid().unwrap(), 65534);
+                (
+                    e.path().unwrap().display().to_string(),
+                    h.size().unwrap(),
+                    h.mode().unwrap(),
+                )
+            })
+            .collect();
+        (list, report)
+    }
+
+    #[test]
+    fn a_tree_is_copied_without_its_links_or_specials() {
+        let dir = tempfile::tempdir().unwrap();
+        let sales = dir.path().join("sales");
+        std::fs::create_dir_all(sales.join("2025")).unwrap();
+        std::fs::write(sales.join("a.csv"), "x,y\n1,2\n").unwrap();
+        std::fs::write(sales.join("2025/b.csv"), "x\n").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", sales.join("passwd")).unwrap();
+        std::os::unix::fs::symlink("/", sales.join("root")).unwrap();
+        nix_mkfifo(&sales.join("fifo"));
+        let input = InputEntry {
+            host: sales.display().to_string(),
+            path: Some("/data/in/sales".into()),
+        };
+        let (list, report) = entries(&[input], 1 << 20);
+        let names: Vec<&str> = list.iter().map(|(n, _, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "in/",
+                "in/sales/",
+                "in/sales/2025/",
+                "in/sales/2025/b.csv",
+                "in/sales/a.csv"
+            ]
+        );
+        assert_eq!(list[4].1, 8);
+        assert_eq!(list[4].2, 0o644);
+        assert!(
+            report
+                .notices
+                .iter()
+                .any(|n| n.contains("2 symbolic link(s)")),
+            "{:?}",
+            report.notices
+        );
+        assert!(
+            report.notices.iter().any(|n| n.contains("fifo")),
+            "{:?}",
+            report.notices
+        );
+    }
+
+    #[test]
+    fn the_cap_and_a_missing_input_are_notices() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("big.bin"), vec![1u8; 4096]).unwrap();
+        std::fs::write(dir.path().join("small.txt"), "ok").unwrap();
+        let input = |name: &str| InputEntry {
+            host: dir.path().join(name).display().to_string(),
+            path: None,
+        };
+        let (list, report) = entries(&[input("big.bin"), input("small.txt"), input("gone")], 100);
+        let names: Vec<&str> = list.iter().map(|(n, _, _)| n.as_str()).collect();
+        assert_eq!(names, ["small.txt"]);
+        assert!(
+            report.notices.iter().any(|n| n.contains("inputs_size")),
+            "{:?}",
+            report.notices
+        );
+        assert!(
+            report
+                .notices
+                .iter()
+                .any(|n| n.contains("gone") && n.contains("[[inputs]]")),
+            "{:?}",
+            report.notices
+        );
+    }
+
+    #[test]
+    fn a_file_that_shrinks_is_padded_to_its_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, "abc").unwrap();
+        let f = File::open(&p).unwrap();
+        let mut r = Exactly::new(f, 10);
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).unwrap();
+        assert_eq!(out, b"abc\0\0\0\0\0\0\0");
+        assert!(r.changed);
+    }
+
+    fn nix_mkfifo(p: &Path) {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    }
+}
