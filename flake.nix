@@ -80,6 +80,7 @@
           default = pkgs.mcp-code-bridge-with-image;
           mcp-code-bridge = pkgs.mcp-code-bridge;
           sandbox-image = pkgs.mcp-code-bridge-sandbox-image;
+          sandbox-image-data = pkgs.mcp-code-bridge-sandbox-image.override { profile = "data"; };
         }
       );
 

@@ -9,12 +9,17 @@
 # Needs: mmdebstrap, podman (rootful or rootless). The script never touches the podman image store
 # you use: it imports, saves and smoke-tests the image in a throwaway store that it deletes.
 #
-# Usage: image/build-debian.sh [--output PATH] [--tag NAME:TAG] [--extra PKG]... [--mirror URL]
-#                              [--suite SUITE] [--keep-rootfs PATH]
+# Usage: image/build-debian.sh [--profile default|data] [--output PATH] [--tag NAME:TAG]
+#                              [--extra PKG]... [--mirror URL] [--suite SUITE] [--keep-rootfs PATH]
+#
+# Profiles: `default` (python3, numpy, pandas, matplotlib) and `data`, which adds scipy,
+# scikit-learn and pyarrow (Parquet). The image carries its profile as the label
+# io.mcp-code-bridge.profile, which `mcp-code-bridge doctor` shows.
 set -euo pipefail
 
-output="mcp-code-bridge-sandbox.tar"
-tag="mcp-code-bridge-sandbox:latest"
+output=""
+tag=""
+profile="default"
 suite="sid"
 mirror=""
 keep_rootfs=""
@@ -31,8 +36,10 @@ Builds the mcp-code-bridge sandbox image from Debian packages with mmdebstrap an
 docker-archive tarball (a plain tar whose layer is gzip-compressed).
 
 Options:
-  --output PATH   where to write the archive (default: ./mcp-code-bridge-sandbox.tar)
-  --tag NAME:TAG  the image's name in the archive (default: mcp-code-bridge-sandbox:latest)
+  --profile NAME  default (python3, numpy, pandas, matplotlib) or data (also scipy,
+                  scikit-learn and pyarrow)
+  --output PATH   where to write the archive (default: ./mcp-code-bridge-sandbox[-data].tar)
+  --tag NAME:TAG  the image's name in the archive (default: mcp-code-bridge-sandbox[-data]:latest)
   --extra PKG     an extra Debian package to install (repeatable), e.g. python3-scipy
                   (python3, numpy, pandas and matplotlib are always installed)
   --mirror URL    the Debian mirror (default: the Debian mirror apt on this host is configured with)
@@ -47,6 +54,8 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --output) need_arg "$@"; output="$2"; shift 2 ;;
         --output=*) output="${1#*=}"; shift ;;
+        --profile) need_arg "$@"; profile="$2"; shift 2 ;;
+        --profile=*) profile="${1#*=}"; shift ;;
         --tag) need_arg "$@"; tag="$2"; shift 2 ;;
         --tag=*) tag="${1#*=}"; shift ;;
         --extra) need_arg "$@"; extras+=("$2"); shift 2 ;;
@@ -61,6 +70,16 @@ while [[ $# -gt 0 ]]; do
         *) usage >&2; die "unknown argument: $1" ;;
     esac
 done
+
+# The profiles, each defined here once: the packages a profile adds to the defaults, and the
+# imports its smoke test makes.
+case "$profile" in
+    default) profile_packages=(); profile_suffix="" ;;
+    data) profile_packages=(python3-scipy python3-sklearn python3-pyarrow); profile_suffix="-data" ;;
+    *) die "unknown profile: $profile (default or data)" ;;
+esac
+[[ -n "$output" ]] || output="mcp-code-bridge-sandbox$profile_suffix.tar"
+[[ -n "$tag" ]] || tag="mcp-code-bridge-sandbox$profile_suffix:latest"
 
 for pkg in ${extras[@]+"${extras[@]}"}; do
     [[ "$pkg" =~ ^[a-z0-9][a-z0-9.+-]+$ ]] || die "not a Debian package name: $pkg"
@@ -105,7 +124,7 @@ if command -v apt-config >/dev/null; then
 fi
 
 # The default packages: what the tool description promises (display() of a matplotlib figure).
-defaults=(python3 python3-numpy python3-pandas python3-matplotlib)
+defaults=(python3 python3-numpy python3-pandas python3-matplotlib ${profile_packages[@]+"${profile_packages[@]}"})
 include=$(IFS=,; printf '%s' "${defaults[*]}")
 for pkg in ${extras[@]+"${extras[@]}"}; do
     [[ ",$include," == *",$pkg,"* ]] || include+=",$pkg"
@@ -151,7 +170,7 @@ rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/var/cache/deb
        "$root"/var/log/apt "$root"/var/log/dpkg.log "$root"/var/log/alternatives.log \
        "$root"/var/log/bootstrap.log
 site="$root/usr/lib/python3/dist-packages"
-for d in numpy pandas matplotlib mpl_toolkits; do
+for d in numpy pandas matplotlib mpl_toolkits scipy sklearn pyarrow; do
     [ -d "$site/$d" ] || continue
     find "$site/$d" -depth -type d -name tests -exec rm -rf {} +
 done
@@ -164,7 +183,12 @@ rm -rf "$site"/sympy "$site"/sympy-* "$site"/mpmath "$site"/mpmath-* "$site"/lxm
 rm -f "$site"/PIL/_avif.* "$site"/PIL/_imagingtk.* "$root"/usr/lib/"$py"/lib-dynload/_tkinter.*
 for lib in libaom libSvtAv1Enc librav1e libgav1 libdav1d libyuv libabsl_ libavif libtk8 libtcl8 \
            libxslt libexslt; do
-    rm -f "$root"/usr/lib/*/"$lib"*.so*
+    # Arrow (the data profile) links abseil itself: keep what any library left still needs.
+    for f in "$root"/usr/lib/*/"$lib"*.so*; do
+        [ -e "$f" ] || continue
+        if [ "$lib" = libabsl_ ] && ls "$root"/usr/lib/*/libarrow*.so* >/dev/null 2>&1; then continue; fi
+        rm -f "$f"
+    done
 done
 mkdir -p "$root/workspace" "$root/tmp"
 chmod 1777 "$root/workspace" "$root/tmp"'
@@ -198,7 +222,8 @@ log "importing into a throwaway podman store as $tag"
     --change 'ENV MPLCONFIGDIR=/tmp/.matplotlib' \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'LABEL org.opencontainers.image.title=mcp-code-bridge-sandbox' \
-    --change "LABEL org.opencontainers.image.description=mcp-code-bridge sandbox: Debian $suite python3 + numpy + pandas + matplotlib" \
+    --change "LABEL org.opencontainers.image.description=mcp-code-bridge sandbox ($profile): Debian $suite $(IFS=' '; printf '%s' "${defaults[*]}")" \
+    --change "LABEL io.mcp-code-bridge.profile=$profile" \
     --change 'CMD ["python3"]' \
     "$rootfs" "$tag" >/dev/null
 rm -f -- "$rootfs"
@@ -251,13 +276,26 @@ print("python", sys.version.split()[0])
 print("numpy", numpy.__version__)
 print("pandas", pandas.__version__)
 print("matplotlib", matplotlib.__version__, "(" + matplotlib.get_backend() + ")")
-')
+if sys.argv[1] == "data":
+    import numpy as np, scipy, scipy.optimize, sklearn, sklearn.linear_model, pyarrow, pyarrow.parquet
+    r = scipy.optimize.minimize_scalar(lambda x: (x - 2) ** 2)
+    assert abs(r.x - 2) < 1e-6, r.x
+    X = np.arange(20, dtype=float).reshape(-1, 1)
+    model = sklearn.linear_model.LinearRegression().fit(X, 3 * X.ravel() + 1)
+    assert abs(model.coef_[0] - 3) < 1e-9, model.coef_
+    df = pandas.DataFrame({"region": ["n", "s"], "amount": [1.5, 2.5]})
+    df.to_parquet("/tmp/smoke.parquet")
+    assert pandas.read_parquet("/tmp/smoke.parquet").equals(df)
+    print("scipy", scipy.__version__)
+    print("scikit-learn", sklearn.__version__)
+    print("pyarrow", pyarrow.__version__)
+' "$profile")
 mv -f -- "$tmp_out" "$output"
 
 size=$(stat -c %s "$output")
 sha=$(sha256sum "$output" | cut -d' ' -f1)
 log "done in $(( $(date +%s) - start ))s"
-printf 'image   %s\n' "$tag"
+printf 'image   %s (profile %s)\n' "$tag" "$profile"
 printf '%s\n' "$versions"
 [[ ${#extras[@]} -eq 0 ]] || printf 'extra   %s\n' "${extras[*]}"
 printf 'archive %s\n' "$output"

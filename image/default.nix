@@ -7,12 +7,16 @@
 #
 #   lib.callPackageWith pkgs ./image { }
 #   (lib.callPackageWith pkgs ./image { }).override { extraPythonPackages = ps: [ ps.scipy ]; }
+#   (lib.callPackageWith pkgs ./image { }).override { profile = "data"; }
 {
   lib,
   dockerTools,
   runCommand,
   python314,
-  # Python packages added on top of pandas, numpy and matplotlib: a function of the package set.
+  # "default" (pandas, numpy, matplotlib) or "data" (also scipy, scikit-learn and pyarrow), the
+  # profiles of image/build-debian.sh; the image's label io.mcp-code-bridge.profile says which.
+  profile ? "default",
+  # Python packages added on top of the profile's: a function of the package set.
   extraPythonPackages ? (_ps: [ ]),
   # Other store paths to put in the image (their bin/ lands in /bin), e.g. [ coreutils ].
   extraContents ? [ ],
@@ -23,7 +27,24 @@
   created ? "1970-01-01T00:00:01Z",
 }:
 
+assert lib.assertOneOf "profile" profile [
+  "default"
+  "data"
+];
+
 let
+  # What the data profile adds. Looked up by name (and left out when absent) for the offline
+  # evaluation stub of nixpkgs, as matplotlib below; nixpkgs has all three.
+  profilePackages =
+    ps:
+    lib.optionals (profile == "data") (
+      lib.concatMap (n: lib.optional (ps ? ${n}) ps.${n}) [
+        "scipy"
+        "scikit-learn"
+        "pyarrow"
+      ]
+    );
+
   # matplotlib: the tool description promises that display() of a figure returns an image.
   # `optional`: the offline evaluation stub of nixpkgs (docs/nix.md) has no matplotlib; nixpkgs
   # has, so it is never left out there.
@@ -34,6 +55,7 @@ let
       ps.numpy
     ]
     ++ lib.optional (ps ? matplotlib) ps.matplotlib
+    ++ profilePackages ps
     ++ extraPythonPackages ps
   );
 
@@ -91,7 +113,9 @@ let
       ];
       Labels = {
         "org.opencontainers.image.title" = "mcp-code-bridge-sandbox";
-        "org.opencontainers.image.description" = "Sandbox image of mcp-code-bridge: ${python.name}";
+        "org.opencontainers.image.description" = "Sandbox image of mcp-code-bridge (${profile}): ${python.name}";
+        # Read by `mcp-code-bridge doctor` (sandbox::image::PROFILE_LABEL).
+        "io.mcp-code-bridge.profile" = profile;
       };
     };
   };

@@ -125,6 +125,23 @@ rec {
       '';
     };
 
+    imageProfile = mkOption {
+      type = types.nullOr (
+        types.enum [
+          "default"
+          "data"
+        ]
+      );
+      default = null;
+      example = "data";
+      description = ''
+        The sandbox image's profile: `default` (pandas, numpy, matplotlib) or `data` (also scipy,
+        scikit-learn and pyarrow). Applied with `image.override`, so the image must come from
+        image/default.nix; `null` keeps the image as it is. `mcp-code-bridge doctor` names the
+        profile in use.
+      '';
+    };
+
     extraPythonPackages = mkOption {
       type = types.functionTo (types.listOf types.package);
       default = _: [ ];
@@ -352,7 +369,7 @@ rec {
     };
   };
 
-  # The image actually used: `image` with extraPythonPackages applied.
+  # The image actually used: `image` with imageProfile and extraPythonPackages applied.
   effectiveImage =
     cfg:
     if
@@ -360,7 +377,12 @@ rec {
       && cfg.image ? override
       && (lib.functionArgs cfg.image.override) ? extraPythonPackages
     then
-      cfg.image.override { inherit (cfg) extraPythonPackages; }
+      cfg.image.override (
+        {
+          inherit (cfg) extraPythonPackages;
+        }
+        // lib.optionalAttrs (cfg.imageProfile != null) { profile = cfg.imageProfile; }
+      )
     else
       cfg.image;
 

@@ -108,6 +108,22 @@ let
         "image_archive"
       ];
     };
+    # The data profile is the image rebuilt with its packages: another archive, another tag.
+    testImageProfileDataIsAnotherImage = {
+      expr =
+        let
+          s = (nixos { imageProfile = "data"; }).services.mcp-code-bridge.settings;
+          plain = (nixos { }).services.mcp-code-bridge.settings;
+        in
+        {
+          differs = s.image_archive != plain.image_archive && s.image != plain.image;
+          profile = (pkgs.mcp-code-bridge-sandbox-image.override { profile = "data"; }).imageTag != pkgs.mcp-code-bridge-sandbox-image.imageTag;
+        };
+      expected = {
+        differs = true;
+        profile = true;
+      };
+    };
     testTypedOptionsAreWrittenUnderTheirKeys = {
       expr =
         (nixos (

@@ -9,7 +9,8 @@
 #     /etc/mcp-code-bridge/config.toml still names it,
 #   - with --configure, points the bridge at the archive in /etc/mcp-code-bridge/config.toml (`image`,
 #     `image_archive`, `image_sha256`; only those keys of a file it wrote, replaced atomically),
-#   - with --test-deps, installs the real MCP servers the integration tests talk to (npm and PyPI)
+#   - with --test-deps, also builds the data profile's image (tests/data_image.rs) and installs the
+#     real MCP servers the integration tests talk to (npm and PyPI)
 #     and the Python `mcp` SDK, and checks that each one answers initialize + tools/list.
 # It ends by printing (and writing to <cache>/setup.env) the variables to use, e.g.
 #   MCP_BRIDGE_IMAGE=... MCP_BRIDGE_IMAGE_ARCHIVE=... MCP_BRIDGE_IMAGE_SHA256=...
@@ -59,7 +60,8 @@ Usage: scripts/setup-debian.sh [options]     (as root; as another user it runs i
   --test-deps        also install the MCP servers and the Python mcp SDK used by the tests
   --cache-dir DIR    where the image archive and test servers go
                      (default: $MCP_CODE_BRIDGE_CACHE_DIR or /var/cache/mcp-code-bridge)
-  --extra PKG        extra Debian package for the image (repeatable), e.g. python3-scipy
+  --profile NAME     the image's profile: default, or data (adds scipy, scikit-learn, pyarrow)
+  --extra PKG        extra Debian package for the image (repeatable), e.g. python3-statsmodels
                      (python3, numpy, pandas and matplotlib are always in it)
   --mirror URL       Debian mirror for the image (default: the one apt on this host uses)
   --no-image         do not build the image archive
@@ -74,6 +76,7 @@ while [[ $# -gt 0 ]]; do
         --configure) configure=1; shift ;;
         --cache-dir) need_arg "$@"; cache_dir="$2"; shift 2 ;;
         --extra) need_arg "$@"; extras+=("$2"); build_args+=(--extra "$2"); shift 2 ;;
+        --profile) need_arg "$@"; build_args+=(--profile "$2"); shift 2 ;;
         --mirror) need_arg "$@"; build_args+=(--mirror "$2"); shift 2 ;;
         --no-image) build_image=0; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -188,27 +191,34 @@ toml_string() {
         }' "$2"
 }
 
-if [[ $build_image -eq 1 ]]; then
-    build_script="$repo/image/build-debian.sh"
+build_script="$repo/image/build-debian.sh"
+# Build (or reuse) an image archive in DIR with build-debian.sh's ARGS; sets `archive` and `sha`.
+# The archive's name is keyed by the script and the arguments, so any change rebuilds it.
+build_archive() {
+    local dir=$1 key start
+    shift
     [[ -x "$build_script" ]] || die "$build_script not found or not executable"
-    key=$( { sha256sum < "$build_script"; printf '%s\n' ${build_args[@]+"${build_args[@]}"}; } \
-        | sha256sum | cut -c1-16)
-    image_dir="$cache_dir/image"
-    archive="$image_dir/mcp-code-bridge-sandbox-$key.tar"
-    mkdir -p "$image_dir"
+    key=$( { sha256sum < "$build_script"; printf '%s\n' "$@"; } | sha256sum | cut -c1-16)
+    archive="$dir/mcp-code-bridge-sandbox-$key.tar"
+    mkdir -p "$dir"
     if [[ -f "$archive" && -f "$archive.sha256" ]] \
         && [[ "$(sha256sum < "$archive" | cut -d' ' -f1)" == "$(cat "$archive.sha256")" ]]; then
         step "reusing the image archive $archive (build-debian.sh and options unchanged)"
     else
-        step "building the image archive (image/build-debian.sh${build_args[*]:+ ${build_args[*]}})"
+        step "building the image archive (image/build-debian.sh${*:+ $*})"
         start=$(date +%s)
         rm -f -- "$archive" "$archive.sha256"
-        "$build_script" --output "$archive" ${build_args[@]+"${build_args[@]}"} >&2
+        "$build_script" --output "$archive" "$@" >&2
         sha256sum < "$archive" | cut -d' ' -f1 > "$archive.sha256"
         log "built in $(( $(date +%s) - start ))s"
     fi
     [[ -s "$archive" ]] || die "no image archive at $archive"
     sha=$(cat "$archive.sha256")
+}
+
+if [[ $build_image -eq 1 ]]; then
+    image_dir="$cache_dir/image"
+    build_archive "$image_dir" ${build_args[@]+"${build_args[@]}"}
     # The image's name in the engine: tagged with the archive's digest, so that a bridge configured
     # with this archive never runs an image another archive loaded under the same name.
     image="mcp-code-bridge-sandbox:${sha:0:16}"
@@ -286,6 +296,23 @@ if [[ $build_image -eq 1 ]]; then
         log "deleting $old (an older build)"
         rm -f -- "$old" "$old.sha256"
     done
+fi
+
+# --- the data profile's image for the tests (tests/data_image.rs) --------------------------------
+# In a directory of its own: each build keeps only its own archive there, so neither the default
+# image's build nor this one deletes the other's.
+if [[ $test_deps -eq 1 && $build_image -eq 1 ]]; then
+    main_archive=${archive:-}
+    main_sha=${sha:-}
+    build_archive "$cache_dir/image-data" --profile data
+    for old in "$cache_dir/image-data"/mcp-code-bridge-sandbox-*.tar; do
+        [[ -e "$old" && "$old" != "$archive" ]] || continue
+        log "deleting $old (an older build of the data image)"
+        rm -f -- "$old" "$old.sha256"
+    done
+    env_lines+=("MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE=$archive")
+    archive=$main_archive
+    sha=$main_sha
 fi
 
 # --- MCP servers for the tests -----------------------------------------------------------------

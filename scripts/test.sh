@@ -35,7 +35,7 @@ step "setup: scripts/setup-debian.sh --test-deps"
 bash scripts/setup-debian.sh --test-deps --cache-dir "$cache_dir" < /dev/null
 # Read (not export) what setup wrote: the tests get only the MCP_BRIDGE_TEST_* variables, so that
 # config tests see no stray MCP_BRIDGE_* settings.
-MCP_BRIDGE_IMAGE_ARCHIVE="" MCP_BRIDGE_TEST_SERVERS_BIN=""
+MCP_BRIDGE_IMAGE_ARCHIVE="" MCP_BRIDGE_TEST_SERVERS_BIN="" MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE=""
 # shellcheck disable=SC1091
 . "$cache_dir/setup.env"
 
@@ -44,6 +44,7 @@ command -v podman >/dev/null || die "podman is not installed"
 podman info >/dev/null || die "podman does not work"
 [[ -s "${MCP_BRIDGE_IMAGE_ARCHIVE:-}" ]] || die "no image archive (MCP_BRIDGE_IMAGE_ARCHIVE)"
 [[ -d "${MCP_BRIDGE_TEST_SERVERS_BIN:-}" ]] || die "no test servers (MCP_BRIDGE_TEST_SERVERS_BIN)"
+[[ -s "${MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE:-}" ]] || die "no data profile image (MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE)"
 for exe in mcp-server-everything mcp-server-filesystem mcp-server-time mcp-server-git mcp-python; do
     [[ -x "$MCP_BRIDGE_TEST_SERVERS_BIN/$exe" ]] || die "missing test server $exe"
 done
@@ -52,7 +53,7 @@ command -v cargo >/dev/null \
 [[ -f Cargo.toml ]] || die "no Cargo.toml in $repo"
 
 export MCP_BRIDGE_TEST_IMAGE_ARCHIVE="$MCP_BRIDGE_IMAGE_ARCHIVE"
-export MCP_BRIDGE_TEST_SERVERS_BIN
+export MCP_BRIDGE_TEST_SERVERS_BIN MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE
 unset MCP_BRIDGE_IMAGE MCP_BRIDGE_IMAGE_ARCHIVE MCP_BRIDGE_IMAGE_SHA256
 export PATH="$MCP_BRIDGE_TEST_SERVERS_BIN:$PATH"
 printf '    MCP_BRIDGE_TEST_IMAGE_ARCHIVE=%s\n    MCP_BRIDGE_TEST_SERVERS_BIN=%s\n    setup took %ss\n' \

@@ -147,9 +147,10 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
         let image_src = loaded.source("image");
         match engine.docker.inspect_image(&config.image).await {
             Ok(img) => c.ok(&format!(
-                "image {} present ({} MiB)",
+                "image {} present ({} MiB, profile {})",
                 config.image,
-                img.size.unwrap_or(0) >> 20
+                img.size.unwrap_or(0) >> 20,
+                image::profile(&img)
             )),
             Err(_) => match &config.image_archive {
                 Some(a) if archive_ok => c.ok(&format!(

@@ -60,6 +60,23 @@ pub enum Provenance {
 
 /// Whether `reference` names a registry (`host.tld/…`, `host:port/…`) so that pulling it makes
 /// sense. `localhost/…` is podman's name for local images: never pulled.
+/// The label naming an image's profile (`image/build-debian.sh --profile`, the Nix image's
+/// `profile`): which packages beyond Python, numpy, pandas and matplotlib it has.
+pub const PROFILE_LABEL: &str = "io.mcp-code-bridge.profile";
+
+/// The profile an image says it was built with; `default` for one without the label (an older
+/// build, or an image made by other means).
+pub fn profile(image: &bollard::models::ImageInspect) -> String {
+    image
+        .config
+        .as_ref()
+        .and_then(|c| c.labels.as_ref())
+        .and_then(|l| l.get(PROFILE_LABEL))
+        .filter(|p| !p.is_empty())
+        .cloned()
+        .unwrap_or_else(|| "default".into())
+}
+
 pub fn names_registry(reference: &str) -> bool {
     reference
         .split_once('/')
