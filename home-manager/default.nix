@@ -86,6 +86,9 @@ let
     ;
 in
 {
+  # `http`: `mcp-code-bridge serve` as a service, for a team or remote clients.
+  imports = [ ../nix/http-home.nix ];
+
   options.programs.mcp-code-bridge = common.options // {
     enable = mkEnableOption "mcp-code-bridge, an MCP server whose one tool, run_python, runs code in a rootless podman sandbox";
 

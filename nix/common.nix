@@ -107,9 +107,93 @@ let
   isStorePath = p: lib.hasPrefix builtins.storeDir (toString p);
 
   nonEmpty = lib.filterAttrs (_: v: v != null && v != [ ] && v != { });
+
+  # `mkDefault` on each value, and on each key of a section (`policy`, `audit`, `oauth`), so a
+  # key set by hand in `settings` wins over a typed option without dropping its neighbours.
+  withDefaults = lib.mapAttrs (
+    _: v: if lib.isAttrs v && !lib.isDerivation v then lib.mapAttrs (_: lib.mkDefault) v else lib.mkDefault v
+  );
+
+  # `listen` as the bridge parses it (a socket address, src/config/http.rs: `[v6]:port` or
+  # `v4:port`, no host names) -> { ip; v6; port; }, or null when it is not one.
+  parseListen =
+    l:
+    let
+      v6 = builtins.match "\\[([0-9a-fA-F:.]+)]:([0-9]+)" l;
+      v4 = builtins.match "([0-9]+\\.[0-9]+\\.[0-9]+\\.[0-9]+):([0-9]+)" l;
+      m = if v6 != null then v6 else v4;
+    in
+    if m == null then
+      null
+    else
+      {
+        ip = builtins.elemAt m 0;
+        v6 = v6 != null;
+        port = lib.toInt (builtins.elemAt m 1);
+      };
+  # Loopback as Rust's `IpAddr::is_loopback` says: 127.0.0.0/8, and ::1 however it is written.
+  isLoopback =
+    a:
+    if a.v6 then
+      builtins.match "[0:]*:[0:]*1" a.ip != null
+    else
+      lib.hasPrefix "127." a.ip;
+
+  # Which engine the bridge uses, from `settings.runtime` as the bridge reads it: "auto" (unset:
+  # podman's sockets, then docker's), "podman", "docker", or "other" (a URL that names neither,
+  # the user's to run). nixos-module/ and nix/http-*.nix all ask this.
+  engineOf =
+    runtime:
+    let
+      isUrl = runtime != null && builtins.match "(unix|tcp|http)://.*|/.*" runtime != null;
+    in
+    if runtime == null || runtime == "auto" then
+      "auto"
+    else if runtime == "podman" || (isUrl && lib.hasInfix "podman" runtime) then
+      "podman"
+    else if runtime == "docker" || (isUrl && lib.hasSuffix "/docker.sock" runtime) then
+      "docker"
+    else
+      "other";
+
+  # A duration as the bridge reads it (see `duration` above) -> whole seconds, rounded up; null
+  # when it is not one (the bridge's check of config.toml then says so at build time).
+  durationSeconds =
+    d:
+    let
+      m = if builtins.isString d then builtins.match "([0-9]+)(\\.[0-9]+)?(ms|s|sec|secs|m|min|h)?" d else null;
+    in
+    if builtins.isInt d then
+      d
+    else if m == null then
+      null
+    else
+      let
+        whole = lib.toInt (builtins.elemAt m 0);
+        frac = if builtins.elemAt m 1 == null then 0 else builtins.fromJSON "0${builtins.elemAt m 1}";
+        unit = builtins.elemAt m 2;
+        scale =
+          if unit == "ms" then
+            0.001
+          else if unit == "m" || unit == "min" then
+            60
+          else if unit == "h" then
+            3600
+          else
+            1;
+      in
+      builtins.ceil ((whole + frac) * scale);
 in
 rec {
-  inherit tomlFormat serverModule secretLike;
+  inherit
+    tomlFormat
+    serverModule
+    secretLike
+    parseListen
+    isLoopback
+    durationSeconds
+    engineOf
+    ;
 
   # The options both modules declare, given the prefix used in descriptions.
   options = {
@@ -404,11 +488,7 @@ rec {
 
   # Typed options -> settings with `mkDefault` on each value, a section's (`policy`, `audit`) on
   # each of its keys, so `settings.policy.deny` set by hand keeps the typed `policy.allow`.
-  typedDefaults =
-    cfg:
-    lib.mapAttrs (
-      _: v: if lib.isAttrs v && !lib.isDerivation v then lib.mapAttrs (_: lib.mkDefault) v else lib.mkDefault v
-    ) (typedSettings cfg);
+  typedDefaults = cfg: withDefaults (typedSettings cfg);
 
   # Typed options -> settings.
   typedSettings =
@@ -444,6 +524,138 @@ rec {
       image = "${image.imageName}:${image.imageTag}";
       image_archive = "${image}";
     };
+
+  # `mcp-code-bridge serve` as a service (NixOS: services.mcp-code-bridge.http, a system
+  # service; home-manager: programs.mcp-code-bridge.http, a user service). These options are
+  # declared by nix/http-nixos.nix and nix/http-home.nix; the NixOS one adds `openFirewall`.
+  httpOptions = {
+    enable = lib.mkEnableOption ''
+      `mcp-code-bridge serve` as a service, `mcp-code-bridge-http`: MCP over Streamable HTTP at
+      `/mcp`, for clients on other machines or in other users' sessions. It reads the same
+      config.toml as the bridge started by a client; `serve`'s own keys (`[http]`, e.g.
+      `settings.http.allowed_hosts`, `public_url`, `tls_cert`/`tls_key`, the per-identity limits)
+      go in {option}`settings`'';
+
+    listen = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = "0.0.0.0:8931";
+      description = ''
+        Address and port `serve` listens on (`listen`): an IP address, not a host name, e.g.
+        `"0.0.0.0:8931"` or `"[::]:8931"`. `null`: the bridge's default, a loopback address.
+        An address other than loopback needs {option}`tokenFile` or {option}`oauth.issuer`:
+        whoever reaches the port can run code.
+      '';
+    };
+
+    tokenFile = mkOption {
+      # `or`: types.externalPath (an absolute path string outside the Nix store) is recent
+      # nixpkgs lib; with an older one, an absolute path string, and an assertion for the store.
+      type = types.nullOr (types.externalPath or (types.strMatching "/.*"));
+      default = null;
+      example = "/run/secrets/mcp-code-bridge-tokens";
+      description = ''
+        File of bearer tokens `serve` accepts, one `name:token` per line; the name is the caller's
+        identity (in the audit log, and for the per-identity limits). Keep it out of the Nix store
+        (sops-nix, agenix, or a `chmod 600` file). NixOS: it may belong to root alone; systemd
+        hands the service a copy (`LoadCredential`), read at each start. home-manager: you must
+        be able to read it; it is written as `token_file`. Restart the service after changing it.
+      '';
+    };
+
+    oauth = {
+      issuer = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "https://auth.example.com/realms/dev";
+        description = ''
+          Accept OAuth access tokens (JWTs) of this authorization server (`oauth.issuer`),
+          checked against its published keys; needs {option}`oauth.audience`.
+        '';
+      };
+      audience = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "https://bridge.example.com/mcp";
+        description = "The `aud` a token must carry (`oauth.audience`): this server's URL as the issuer knows it.";
+      };
+    };
+  };
+
+  # The `http` options -> settings (with `mkDefault`, so `settings` wins).
+  httpDefaults =
+    http:
+    withDefaults (nonEmpty {
+      inherit (http) listen;
+      oauth = nonEmpty { inherit (http.oauth) issuer audience; };
+    });
+
+  # What the service is given from the effective settings: its listen address (null: the
+  # bridge's default, loopback), and the stop timeout. `serve` lets calls in flight finish for up
+  # to max_timeout + 5 s after SIGTERM, then closes the sessions (another 5 s at most) and removes
+  # the containers; systemd waits 30 s beyond max_timeout before it kills. 120: the bridge's
+  # max_timeout when none is set (src/config/mod.rs); keep the two in step.
+  httpListen = settings: settings.listen or null;
+  httpStopTimeout =
+    settings:
+    let
+      given = durationSeconds (settings.max_timeout or null);
+    in
+    (if given == null then 120 else given) + 30;
+
+  # Assertions of the `http` options, against the effective settings (a key set in `settings`
+  # counts as much as the option that writes it). `opt` is the option path for messages.
+  httpAssertions =
+    opt: cfg:
+    let
+      inherit (cfg) http settings;
+      listen = httpListen settings;
+      parsed = if listen == null then null else parseListen listen;
+      issuer = settings.oauth.issuer or null;
+      audience = settings.oauth.audience or null;
+      hasAuth = http.tokenFile != null || (settings.token_file or null) != null || issuer != null;
+    in
+    [
+      {
+        assertion = cfg.enable;
+        message = ''
+          ${opt}.http.enable needs ${opt}.enable = true: the service reads the bridge's
+          config.toml, which that writes. Set ${opt}.enable = true.
+        '';
+      }
+      {
+        assertion = listen == null || parsed != null;
+        message = ''
+          ${opt}.http.listen = "${toString listen}" is not an address and port: write an IP
+          address (not a host name) and a port, like "127.0.0.1:8931", "0.0.0.0:8931" or "[::]:8931".
+        '';
+      }
+      {
+        assertion = parsed == null || isLoopback parsed || hasAuth;
+        message = ''
+          ${opt}.http.listen = "${toString listen}" can be reached from other machines, and
+          `mcp-code-bridge serve` refuses to run code for anyone who reaches it unauthenticated.
+          Set ${opt}.http.tokenFile = "/run/secrets/mcp-code-bridge-tokens"; (lines of
+          `name:token`), or ${opt}.http.oauth.issuer and ${opt}.http.oauth.audience, or listen
+          on a loopback address ("127.0.0.1:8931", e.g. behind a reverse proxy that authenticates).
+        '';
+      }
+      {
+        assertion = issuer == null || audience != null;
+        message = ''
+          ${opt}.http.oauth.issuer = "${toString issuer}" needs ${opt}.http.oauth.audience: the
+          `aud` its tokens carry for this server, usually the URL clients reach it at, e.g.
+          ${opt}.http.oauth.audience = "https://bridge.example.com/mcp";
+        '';
+      }
+      {
+        assertion = http.tokenFile == null || !isStorePath http.tokenFile;
+        message = ''
+          ${opt}.http.tokenFile points into the Nix store, which every user can read. Give the
+          path of a file outside it as a string, e.g. "/run/secrets/mcp-code-bridge-tokens".
+        '';
+      }
+    ];
 
   # Assertions about the server declarations; `opt` is the option path for messages.
   serverAssertions =

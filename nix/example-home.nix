@@ -39,5 +39,8 @@
       url = "https://mcp.example.com/mcp";
       description = "Project documentation";
     };
+    # `mcp-code-bridge serve` as a user service, on the bridge's default listen address, a
+    # loopback one (so no token is needed).
+    http.enable = true;
   };
 }

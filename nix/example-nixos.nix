@@ -46,5 +46,13 @@
       };
     };
     settings.log_level = "debug";
+    # `mcp-code-bridge serve` for the team: MCP over HTTP at http://<host>:8931/mcp.
+    http = {
+      enable = true;
+      listen = "0.0.0.0:8931";
+      # Lines of `name:token`, outside the Nix store; the service gets a copy at start.
+      tokenFile = "/run/secrets/mcp-code-bridge-tokens";
+      openFirewall = true;
+    };
   };
 }

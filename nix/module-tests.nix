@@ -347,6 +347,292 @@ let
       expected = [ "services.mcp-code-bridge.servers.s.env.OPENAI_API_KEY" ];
     };
 
+    # http: `mcp-code-bridge serve` as a hardened system service on the rootful podman socket.
+    testHttpServiceRunsServeOnThePodmanSocket =
+      let
+        c = nixos (noImage // { http.enable = true; });
+        s = c.systemd.services.mcp-code-bridge-http;
+      in
+      {
+        expr = {
+          serve = lib.hasSuffix "/bin/mcp-code-bridge serve" s.serviceConfig.ExecStart;
+          inherit (s.serviceConfig)
+            User
+            SupplementaryGroups
+            NoNewPrivileges
+            ProtectSystem
+            StateDirectory
+            RestrictAddressFamilies
+            CapabilityBoundingSet
+            KillSignal
+            KillMode
+            TimeoutStopSec
+            LoadCredential
+            ;
+          inherit (s.environment) CONTAINER_HOST MCP_BRIDGE_STATE_DIR;
+          after = lib.elem "podman.socket" s.after;
+          user = c.users.users.mcp-code-bridge.isSystemUser;
+          # No listen set: nothing written, the bridge's loopback default holds.
+          settings = c.services.mcp-code-bridge.settings;
+          failed = failed c;
+        };
+        expected = {
+          serve = true;
+          User = "mcp-code-bridge";
+          SupplementaryGroups = [ "podman" ];
+          NoNewPrivileges = true;
+          ProtectSystem = "strict";
+          StateDirectory = "mcp-code-bridge-http";
+          RestrictAddressFamilies = [
+            "AF_UNIX"
+            "AF_INET"
+            "AF_INET6"
+          ];
+          CapabilityBoundingSet = "";
+          KillSignal = "SIGTERM";
+          KillMode = "mixed";
+          # The bridge's max_timeout (120 s) + 30 s.
+          TimeoutStopSec = 150;
+          LoadCredential = [ ];
+          CONTAINER_HOST = "unix:///run/podman/podman.sock";
+          MCP_BRIDGE_STATE_DIR = "/var/lib/mcp-code-bridge-http";
+          after = true;
+          user = true;
+          settings = { };
+          failed = [ ];
+        };
+      };
+    testHttpTokenFileIsACredentialAndListenIsWritten =
+      let
+        c = nixos (
+          noImage
+          // {
+            http = {
+              enable = true;
+              listen = "0.0.0.0:8931";
+              tokenFile = "/run/secrets/mcp-tokens";
+            };
+            limits.maxTimeout = "5m";
+          }
+        );
+        s = c.systemd.services.mcp-code-bridge-http;
+      in
+      {
+        expr = {
+          inherit (s.serviceConfig) LoadCredential TimeoutStopSec;
+          inherit (s.environment) MCP_BRIDGE_TOKEN_FILE;
+          settings = c.services.mcp-code-bridge.settings;
+          failed = failed c;
+        };
+        expected = {
+          LoadCredential = [ "tokens:/run/secrets/mcp-tokens" ];
+          TimeoutStopSec = 330;
+          MCP_BRIDGE_TOKEN_FILE = "%d/tokens";
+          settings = {
+            listen = "0.0.0.0:8931";
+            max_timeout = "5m";
+          };
+          failed = [ ];
+        };
+      };
+    testHttpPublicListenWithoutAuthSaysHowToFix = {
+      expr = saying "Set services.mcp-code-bridge.http.tokenFile = " (
+        failed (
+          nixos {
+            http = {
+              enable = true;
+              listen = "0.0.0.0:8931";
+            };
+          }
+        )
+      );
+      expected = "Set services.mcp-code-bridge.http.tokenFile = ";
+    };
+    testHttpLoopbackListenNeedsNoAuth = {
+      expr = map (
+        listen:
+        failed (
+          nixos {
+            http = {
+              enable = true;
+              inherit listen;
+            };
+          }
+        )
+      ) [ "127.0.0.1:9000" "[::1]:9000" ];
+      expected = [ [ ] [ ] ];
+    };
+    testHttpIssuerNeedsAudience = {
+      expr = saying "needs services.mcp-code-bridge.http.oauth.audience" (
+        failed (
+          nixos {
+            http = {
+              enable = true;
+              listen = "[::]:8931";
+              oauth.issuer = "https://auth.example.com";
+            };
+          }
+        )
+      );
+      expected = "needs services.mcp-code-bridge.http.oauth.audience";
+    };
+    testHttpBadListenSaysHowToWriteIt = {
+      expr = saying "is not an address and port" (
+        failed (
+          nixos {
+            http = {
+              enable = true;
+              listen = "localhost:8931";
+            };
+          }
+        )
+      );
+      expected = "is not an address and port";
+    };
+    testHttpNeedsTheBridgeEnabled = {
+      expr = saying "Set services.mcp-code-bridge.enable = true" (
+        failed (
+          nixos {
+            enable = false;
+            http.enable = true;
+          }
+        )
+      );
+      expected = "Set services.mcp-code-bridge.enable = true";
+    };
+    testHttpOpenFirewallOpensTheListenPort =
+      let
+        c = nixos (
+          noImage
+          // {
+            http = {
+              enable = true;
+              listen = "[::]:9443";
+              oauth = {
+                issuer = "https://auth.example.com";
+                audience = "https://bridge.example.com/mcp";
+              };
+              openFirewall = true;
+            };
+          }
+        );
+      in
+      {
+        expr = {
+          ports = c.networking.firewall.allowedTCPPorts;
+          oauth = c.services.mcp-code-bridge.settings.oauth;
+          online = lib.elem "network-online.target" c.systemd.services.mcp-code-bridge-http.after;
+          failed = failed c;
+        };
+        expected = {
+          ports = [ 9443 ];
+          oauth = {
+            issuer = "https://auth.example.com";
+            audience = "https://bridge.example.com/mcp";
+          };
+          online = true;
+          failed = [ ];
+        };
+      };
+    testHttpOpenFirewallOnLoopbackIsRefused = {
+      expr = saying "a loopback address that other machines cannot reach" (
+        failed (
+          nixos {
+            http = {
+              enable = true;
+              openFirewall = true;
+            };
+          }
+        )
+      );
+      expected = "a loopback address that other machines cannot reach";
+    };
+    testHttpPrivilegedPortKeepsOnlyBindCapability = {
+      expr =
+        (nixos {
+          http = {
+            enable = true;
+            listen = "0.0.0.0:443";
+            tokenFile = "/run/secrets/t";
+          };
+        }).systemd.services.mcp-code-bridge-http.serviceConfig.CapabilityBoundingSet;
+      expected = [ "CAP_NET_BIND_SERVICE" ];
+    };
+    testHttpDockerRuntimeUsesTheDockerGroup =
+      let
+        s =
+          (nixosWith { virtualisation.docker.enable = true; } {
+            settings.runtime = "docker";
+            http.enable = true;
+          }).systemd.services.mcp-code-bridge-http;
+      in
+      {
+        expr = {
+          groups = s.serviceConfig.SupplementaryGroups;
+          podmanHost = s.environment ? CONTAINER_HOST;
+        };
+        expected = {
+          groups = [ "docker" ];
+          podmanHost = false;
+        };
+      };
+    testListenParsingAndDurations = {
+      expr = {
+        loopback = map (l: common.isLoopback (common.parseListen l)) [
+          "127.0.0.1:8931"
+          "127.1.2.3:1"
+          "[::1]:8931"
+          "[0:0:0:0:0:0:0:1]:8931"
+          "0.0.0.0:8931"
+          "[::]:8931"
+          "192.168.1.2:8931"
+          "[::ffff:127.0.0.1]:8931"
+        ];
+        unparsed = map common.parseListen [
+          "localhost:8931"
+          "0.0.0.0"
+          ":8931"
+        ];
+        seconds = map common.durationSeconds [
+          120
+          "120"
+          "45s"
+          "1.5s"
+          "500ms"
+          "2m"
+          "1h"
+          "5 minutes"
+        ];
+      };
+      expected = {
+        loopback = [
+          true
+          true
+          true
+          true
+          false
+          false
+          false
+          false
+        ];
+        unparsed = [
+          null
+          null
+          null
+        ];
+        seconds = [
+          120
+          120
+          45
+          2
+          1
+          120
+          3600
+          null
+        ];
+      };
+    };
+
     # home-manager: programs.mcp.servers become upstream servers, the bridge itself does not.
     testHomeImportsProgramsMcpAndWritesNoDefaults =
       let
@@ -434,6 +720,61 @@ let
           warned = "programs.mcp.servers are not used as upstream servers";
         };
       };
+    # home-manager's http: a user service with the user's rootless podman.
+    testHomeHttpIsAUserService =
+      let
+        c = home {
+          programs.mcp-code-bridge = {
+            enable = true;
+            image = null;
+            http = {
+              enable = true;
+              listen = "0.0.0.0:8931";
+              tokenFile = "/home/alice/.config/mcp-code-bridge/tokens";
+            };
+          };
+        };
+        u = c.systemd.user.services.mcp-code-bridge-http;
+      in
+      {
+        expr = {
+          serve = lib.hasSuffix "/bin/mcp-code-bridge serve" (toString u.Service.ExecStart);
+          inherit (u.Service) KillSignal KillMode TimeoutStopSec;
+          wantedBy = u.Install.WantedBy;
+          socket = u.Unit.After;
+          settings = c.programs.mcp-code-bridge.settings;
+          failed = failed c;
+        };
+        expected = {
+          serve = true;
+          KillSignal = "SIGTERM";
+          KillMode = "mixed";
+          TimeoutStopSec = 150;
+          wantedBy = [ "default.target" ];
+          socket = [ "podman.socket" ];
+          settings = {
+            listen = "0.0.0.0:8931";
+            token_file = "/home/alice/.config/mcp-code-bridge/tokens";
+          };
+          failed = [ ];
+        };
+      };
+    testHomeHttpPublicListenWithoutAuthSaysHowToFix = {
+      expr = saying "Set programs.mcp-code-bridge.http.tokenFile = " (
+        failed (
+          homeWithoutMcp {
+            programs.mcp-code-bridge = {
+              enable = true;
+              http = {
+                enable = true;
+                listen = "[::]:8931";
+              };
+            };
+          }
+        )
+      );
+      expected = "Set programs.mcp-code-bridge.http.tokenFile = ";
+    };
     testHomeRegisterWithoutProgramsMcpSaysWhatToDo = {
       expr = saying "needs home-manager's programs.mcp module" (
         failed (

@@ -30,16 +30,7 @@ let
   # /run/docker.sock); any other URL (tcp://, a socket elsewhere) is the user's to run, and
   # nothing is asserted about it.
   runtime = cfg.settings.runtime or null;
-  isUrl = runtime != null && builtins.match "(unix|tcp|http)://.*|/.*" runtime != null;
-  engine =
-    if runtime == null || runtime == "auto" then
-      "auto"
-    else if runtime == "podman" || (isUrl && lib.hasInfix "podman" runtime) then
-      "podman"
-    else if runtime == "docker" || (isUrl && lib.hasSuffix "/docker.sock" runtime) then
-      "docker"
-    else
-      "other";
+  engine = common.engineOf runtime;
   podmanOn = config.virtualisation.podman.enable;
   # `or false`: the offline evaluation stub of NixOS (docs/nix.md) does not declare docker's
   # options; NixOS does (default false), so there this is always the option's value.
@@ -62,6 +53,9 @@ let
     ;
 in
 {
+  # `http`: `mcp-code-bridge serve` as a service, for a team or remote clients.
+  imports = [ ../nix/http-nixos.nix ];
+
   options.services.mcp-code-bridge = common.options // {
     enable = mkEnableOption "mcp-code-bridge, an MCP server whose one tool, run_python, runs code in a rootless podman sandbox";
 

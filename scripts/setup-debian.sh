@@ -35,6 +35,15 @@ NPM_PACKAGES=(
     "@modelcontextprotocol/server-filesystem@2026.8.31"
     "oidc-provider@9.13.3"  # a real OpenID provider for tests/oauth.rs (tests/fixtures/oidc)
     "jose@6.2.18"           # its key generation, imported by the fixture itself
+    "@modelcontextprotocol/sdk@1.32.2"  # the TypeScript SDK client of tests/http.rs
+)
+# Tools that need Node >= 22 (Debian 12 has 20), installed beside the npm registry's own build of
+# Node 22 and run by wrappers that put it first on PATH: the official conformance suite
+# (tests/conformance.rs) and the MCP Inspector's CLI (tests/http.rs).
+NODE22_PACKAGES=(
+    "node@22.23.3"
+    "@modelcontextprotocol/conformance@0.1.16"
+    "@modelcontextprotocol/inspector@2.12.0"
 )
 PIP_PACKAGES=(
     "mcp-server-time==2026.10.19"
@@ -349,6 +358,18 @@ if [[ $test_deps -eq 1 ]]; then
     step "PyPI: ${PIP_PACKAGES[*]} (venv from $("$python" --version 2>&1))"
     [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "${PIP_PACKAGES[@]}" >&2
+
+    step "npm (Node 22): ${NODE22_PACKAGES[*]}"
+    mkdir -p "$servers/node22"
+    npm install --prefix "$servers/node22" --no-audit --no-fund --no-update-notifier --loglevel=error \
+        "${NODE22_PACKAGES[@]}" >&2
+    node22_bin="$servers/node22/node_modules/.bin"
+    "$node22_bin/node" --version >/dev/null || die "the npm registry's Node 22 does not run here"
+    for exe in conformance mcp-inspector; do
+        rm -f -- "$bin/$exe"
+        printf '#!/bin/sh\nPATH=%q:"$PATH" exec %q "$@"\n' "$node22_bin" "$node22_bin/$exe" > "$bin/$exe"
+        chmod +x "$bin/$exe"
+    done
 
     for exe in mcp-server-everything mcp-server-filesystem; do
         ln -sfn "$servers/npm/node_modules/.bin/$exe" "$bin/$exe"

@@ -45,7 +45,7 @@ podman info >/dev/null || die "podman does not work"
 [[ -s "${MCP_BRIDGE_IMAGE_ARCHIVE:-}" ]] || die "no image archive (MCP_BRIDGE_IMAGE_ARCHIVE)"
 [[ -d "${MCP_BRIDGE_TEST_SERVERS_BIN:-}" ]] || die "no test servers (MCP_BRIDGE_TEST_SERVERS_BIN)"
 [[ -s "${MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE:-}" ]] || die "no data profile image (MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE)"
-for exe in mcp-server-everything mcp-server-filesystem mcp-server-time mcp-server-git mcp-python; do
+for exe in mcp-server-everything mcp-server-filesystem mcp-server-time mcp-server-git mcp-python conformance mcp-inspector; do
     [[ -x "$MCP_BRIDGE_TEST_SERVERS_BIN/$exe" ]] || die "missing test server $exe"
 done
 command -v cargo >/dev/null \
@@ -64,6 +64,10 @@ step "pytest image/tests (the sandbox runtime, frame by frame)"
 
 step "cargo test --release --locked --no-fail-fast -- --test-threads=2"
 cargo --version >&2
-cargo test --release --locked --no-fail-fast -- --test-threads=2 < /dev/null
+# The conformance suite runs on its own below, where its summary is printed.
+cargo test --release --locked --no-fail-fast -- --test-threads=2 --skip official_conformance_suite < /dev/null
+
+step "the official MCP conformance suite against serve (tests/conformance.rs)"
+cargo test --release --locked --test conformance -- --nocapture < /dev/null
 
 step "all done in $(( $(date +%s) - start ))s"

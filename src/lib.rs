@@ -5,6 +5,8 @@ pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod flock;
+pub mod http;
+pub mod identity;
 pub mod logging;
 pub mod oauth;
 pub mod policy;

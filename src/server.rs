@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 
 use crate::audit::{self, Audit};
 use crate::config::Config;
+use crate::identity;
 use crate::policy::{Approval, ApprovalRequest, Approver};
 use crate::progress::Forwarder;
 use crate::render;
@@ -229,6 +230,9 @@ pub struct Bridge {
     skills: Arc<skills::Store>,
     /// `run_python` calls running as tasks, for clients that declared the tasks extension.
     tasks: TaskManager,
+    /// Whose each task is (`None`: the stdio user's), so one identity cannot read or cancel
+    /// another's task by its id. Pruned of the tasks the manager has let go of.
+    task_owners: Arc<std::sync::Mutex<std::collections::HashMap<String, Option<String>>>>,
 }
 
 impl Bridge {
@@ -244,7 +248,33 @@ impl Bridge {
             log_level: Default::default(),
             audit,
             tasks: TaskManager::new(),
+            task_owners: Default::default(),
         }
+    }
+
+    /// The bridge as one HTTP client's connection sees it: shared sessions, servers, audit and
+    /// tasks, and its own `logging/setLevel`.
+    pub fn for_connection(&self) -> Bridge {
+        Bridge {
+            log_level: Default::default(),
+            ..self.clone()
+        }
+    }
+
+    /// Whether `identity` may see task `id`: its own, or one that is unknown (the manager
+    /// answers those with its own error).
+    fn task_visible(&self, id: &str, identity: &Option<String>) -> Result<(), ErrorData> {
+        match self.task_owners.lock().unwrap().get(id) {
+            Some(owner) if owner != identity => {
+                Err(ErrorData::invalid_params(format!("no task {id:?}"), None))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Start the engine, the image and the pool in the background (see `Sandbox::warm_up`).
+    pub fn warm_up(&self) {
+        self.sandbox.warm_up();
     }
 
     /// The audit log, for whoever records proxied calls (a clone shares the one writer).
@@ -260,7 +290,7 @@ impl Bridge {
         cancel: tokio_util::sync::CancellationToken,
         on_output: Option<OutputSink>,
     ) -> CallToolResult {
-        self.run_for(args, cancel, on_output, None, CallRelay::default())
+        self.run_for(args, cancel, on_output, None, CallRelay::default(), None)
             .await
     }
 
@@ -275,6 +305,7 @@ impl Bridge {
         on_output: Option<OutputSink>,
         approver: Option<Arc<dyn Approver>>,
         relay: CallRelay,
+        identity: Option<&str>,
     ) -> CallToolResult {
         let started = std::time::Instant::now();
         let session = args
@@ -282,8 +313,11 @@ impl Bridge {
             .as_deref()
             .unwrap_or(DEFAULT_SESSION)
             .to_string();
+        // The sandbox session, approvals and files are found by the key: under `serve` it is
+        // the identity's own, whatever session name another identity uses.
+        let key = identity::session_key(identity, &session);
         if args.reset {
-            self.upstreams.forget_session(&session);
+            self.upstreams.forget_session(&key);
         }
         // The code goes to the sandbox; the log needs it after (its digest, or all of it).
         let code = self.audit.is_on().then(|| args.code.clone());
@@ -291,7 +325,7 @@ impl Bridge {
             if let Some(code) = &code {
                 self.audit.exec(audit::Exec {
                     session: &session,
-                    identity: None,
+                    identity,
                     code,
                     servers: &args.servers,
                     status,
@@ -301,13 +335,19 @@ impl Bridge {
             }
         };
         let call = CallContext {
-            session: session.clone(),
+            session: key.clone(),
             approver,
             relay,
             audit: self.audit.clone(),
         };
         let binding = match self.upstreams.load_for(&args.servers, call).await {
-            Ok(b) => skills::rpc::SkillRpc::bind(&self.skills, b),
+            Ok(b) => match identity {
+                Some(id) => skills::rpc::SkillRpc::bind(
+                    &Arc::new(skills::Store::for_identity(&self.config, id)),
+                    b,
+                ),
+                None => skills::rpc::SkillRpc::bind(&self.skills, b),
+            },
             Err(e) => {
                 record("setup_error", Some(e.kind()));
                 return render::setup_error(e.kind(), &e.message());
@@ -322,7 +362,7 @@ impl Bridge {
             cancel,
             on_output,
         };
-        match self.sandbox.run(&session, args.reset, req).await {
+        match self.sandbox.run(&key, args.reset, req).await {
             Ok(outcome) => {
                 let status = serde_json::to_value(outcome.outcome).unwrap_or_default();
                 let error_type = outcome.error.as_ref().map(|e| e.kind.as_str());
@@ -342,6 +382,8 @@ impl Bridge {
     fn run_as_task(&self, args: RunArgs, context: &RequestContext<RoleServer>) -> CallToolResponse {
         let bridge = self.clone();
         let peer = context.peer.clone();
+        let identity = identity::of_request(&context.extensions);
+        let owner = identity.clone();
         // rmcp fails a task still running at its TTL, and keeps a finished one's result for as
         // long: longer than the longest call, so only results expire (bounded in count by the
         // sessions, in size by the output and image caps).
@@ -356,9 +398,16 @@ impl Bridge {
                     let approver: Arc<dyn Approver> = Arc::new(ClientApprover(peer.clone()));
                     let relay = CallRelay {
                         progress: None,
-                        client: Some(Arc::new(PeerLink(peer))),
+                        client: Some(Arc::new(PeerLink::new(peer, identity.as_deref()))),
                     };
-                    let run = bridge.run_for(args, cancel.clone(), None, Some(approver), relay);
+                    let run = bridge.run_for(
+                        args,
+                        cancel.clone(),
+                        None,
+                        Some(approver),
+                        relay,
+                        identity.as_deref(),
+                    );
                     tokio::pin!(run);
                     tokio::select! {
                         r = &mut run => Ok(r),
@@ -372,6 +421,11 @@ impl Bridge {
                 })
             },
         );
+        {
+            let mut owners = self.task_owners.lock().unwrap();
+            owners.retain(|id, _| self.tasks.get_task(id).is_ok());
+            owners.insert(task.task_id.clone(), owner);
+        }
         CallToolResponse::Task(CreateTaskResult::new(task))
     }
 
@@ -582,10 +636,14 @@ impl ServerHandler for Bridge {
         }
         let args = RunArgs::parse(request.arguments)
             .map_err(|e| refused("tools/call", ErrorData::invalid_params(e, None)))?;
-        // A client that declared the tasks extension gets a task: the call runs on, polled with
-        // `tasks/get` and cancelled with `tasks/cancel`, however long the client's own request
-        // timeout is. Its output is in the result (no progress: the request has been answered).
+        // A request whose own capabilities (`_meta`, as every 2026-07-28 request carries them
+        // and SEP-2663 asks) declare the tasks extension gets a task: the call runs on, polled
+        // with `tasks/get` and cancelled with `tasks/cancel`, however long the client's own
+        // request timeout is. Its output is in the result (no progress: the request has been
+        // answered). A declaration at `initialize` alone does not do: the Inspector makes one
+        // and cannot read a task.
         if context
+            .meta
             .client_capabilities()
             .is_some_and(|c| c.supports_tasks())
         {
@@ -595,13 +653,24 @@ impl ServerHandler for Bridge {
             Some((f, out, up)) => (Some(f), Some(out), Some(up)),
             None => (None, None, None),
         };
+        let identity = identity::of_request(&context.extensions);
         let approver: Arc<dyn Approver> = Arc::new(ClientApprover(context.peer.clone()));
         let relay = CallRelay {
             progress,
-            client: Some(Arc::new(PeerLink(context.peer.clone()))),
+            client: Some(Arc::new(PeerLink::new(
+                context.peer.clone(),
+                identity.as_deref(),
+            ))),
         };
         let result = self
-            .run_for(args, context.ct.clone(), on_output, Some(approver), relay)
+            .run_for(
+                args,
+                context.ct.clone(),
+                on_output,
+                Some(approver),
+                relay,
+                identity.as_deref(),
+            )
             .await;
         if let Some(f) = forwarder {
             f.finish().await;
@@ -612,16 +681,18 @@ impl ServerHandler for Bridge {
     async fn get_task(
         &self,
         request: GetTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
+        self.task_visible(&request.task_id, &identity::of_request(&context.extensions))?;
         Ok(GetTaskResult::new(self.tasks.get_task(&request.task_id)?))
     }
 
     async fn update_task(
         &self,
         request: UpdateTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        self.task_visible(&request.task_id, &identity::of_request(&context.extensions))?;
         self.tasks
             .update_task(&request.task_id, request.input_responses)
     }
@@ -629,22 +700,28 @@ impl ServerHandler for Bridge {
     async fn cancel_task(
         &self,
         request: CancelTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        self.task_visible(&request.task_id, &identity::of_request(&context.extensions))?;
         self.tasks.cancel_task(&request.task_id)
     }
 
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
+        let identity = identity::of_request(&context.extensions);
         let r = Resource::new(CAPABILITIES_URI, "capabilities")
             .with_description("What run_python offers and how to load MCP servers inside it")
             .with_mime_type("text/markdown");
         let mut all = vec![r];
         // The live sessions' files of /workspace/out, until their session is reset or closed.
-        for (session, f) in self.sandbox.files().await {
+        for (key, f) in self.sandbox.files().await {
+            if !identity::owns(identity.as_deref(), &key) {
+                continue;
+            }
+            let session = identity::split_key(&key).1;
             all.push(
                 Resource::new(f.uri, f.name.clone())
                     .with_title(format!("{}/{} (session {session})", files::OUT_DIR, f.name))
@@ -658,10 +735,17 @@ impl ServerHandler for Bridge {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        if let Some((session, name)) = files::parse_uri(&request.uri) {
-            return self.read_file(&request.uri, &session, &name).await;
+        if let Some((key, name)) = files::parse_uri(&request.uri) {
+            // Another identity's file is as absent as one never written.
+            let key = if identity::owns(identity::of_request(&context.extensions).as_deref(), &key)
+            {
+                key
+            } else {
+                String::new()
+            };
+            return self.read_file(&request.uri, &key, &name).await;
         }
         if request.uri != CAPABILITIES_URI {
             return Err(refused(
@@ -787,13 +871,20 @@ impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for StdinWatch<R> {
 }
 
 /// The client of a `run_python` request, as its proxied calls reach it: a server's question
-/// goes to the user through this peer (stdio has one client, so one identity).
-struct PeerLink(rmcp::service::Peer<RoleServer>);
+/// goes to the user through this peer, and only while every running call is the same
+/// identity's (stdio has one client, so one identity).
+struct PeerLink(rmcp::service::Peer<RoleServer>, String);
+
+impl PeerLink {
+    fn new(peer: rmcp::service::Peer<RoleServer>, identity: Option<&str>) -> PeerLink {
+        PeerLink(peer, identity.unwrap_or("stdio").to_string())
+    }
+}
 
 #[async_trait::async_trait]
 impl ClientLink for PeerLink {
     fn identity(&self) -> &str {
-        "stdio"
+        &self.1
     }
 
     fn can_elicit(&self, request: &ElicitRequestParams) -> bool {
@@ -821,9 +912,7 @@ impl ClientLink for PeerLink {
 /// Serve MCP over stdio until the client closes it, then remove every container.
 pub async fn serve_stdio(bridge: Bridge) -> anyhow::Result<()> {
     use rmcp::ServiceExt;
-    let sandbox = bridge.sandbox.clone();
-    let upstreams = bridge.upstreams.clone();
-    let audit = bridge.audit.clone();
+    let this = bridge.clone();
     // rmcp drops lines over 16 MiB without a word, so a `code` between that and our own limit
     // would never be answered; up to this length it gets the clear refusal of `RunArgs::parse`.
     let (stdin, stdout) = rmcp::transport::stdio();
@@ -842,12 +931,19 @@ pub async fn serve_stdio(bridge: Bridge) -> anyhow::Result<()> {
         r = service.waiting() => { if let Err(e) = r { tracing::warn!("MCP service ended: {e}"); } }
         sig = quit => tracing::info!("{sig}: shutting down"),
     }
-    sandbox.shutdown().await;
-    upstreams.shutdown().await;
-    // Records of the last calls may still be queued: written before the process ends.
-    let _ =
-        tokio::task::spawn_blocking(move || audit.flush(std::time::Duration::from_secs(5))).await;
+    this.shutdown().await;
     Ok(())
+}
+
+impl Bridge {
+    /// Remove every container and stop every server; write the audit records still queued.
+    pub async fn shutdown(&self) {
+        self.sandbox.shutdown().await;
+        self.upstreams.shutdown().await;
+        let audit = self.audit.clone();
+        let _ = tokio::task::spawn_blocking(move || audit.flush(std::time::Duration::from_secs(5)))
+            .await;
+    }
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use common::oidc::{Provider, free_port};
+
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -17,114 +17,6 @@ use mcp_code_bridge::config::OAuthConfig;
 use mcp_code_bridge::oauth::{OAuthError, TokenError, Verifier};
 
 const AUDIENCE: &str = "http://127.0.0.1:8931/mcp";
-
-/// A running provider; killed when dropped.
-struct Provider {
-    child: Child,
-    issuer: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Provider {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The test servers' npm tree, where `scripts/setup-debian.sh --test-deps` installs
-/// oidc-provider and jose.
-fn node_modules() -> PathBuf {
-    let bin = common::server_bin("mcp-server-everything");
-    let dir = bin
-        .parent()
-        .and_then(|b| b.parent())
-        .map(|s| s.join("npm/node_modules"))
-        .filter(|d| d.join("oidc-provider").is_dir());
-    dir.unwrap_or_else(|| {
-        panic!(
-            "oidc-provider is not installed beside the test servers ({}); \
-             scripts/setup-debian.sh --test-deps installs it",
-            bin.display()
-        )
-    })
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Provider {
-    fn start() -> Provider {
-        // ESM resolves packages from the importing file's directory: the fixture runs from a
-        // directory whose node_modules is the test servers'.
-        let dir = tempfile::tempdir().unwrap();
-        std::os::unix::fs::symlink(node_modules(), dir.path().join("node_modules")).unwrap();
-        let script = dir.path().join("provider.mjs");
-        std::fs::copy(common::fixture("oidc/provider.mjs"), &script).unwrap();
-        let port = free_port();
-        let mut child = Command::new(common::server_bin("node"))
-            .arg(&script)
-            .arg(port.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start node");
-        let mut line = String::new();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-        assert!(
-            line.starts_with("ready "),
-            "the provider did not start: {line:?}"
-        );
-        Provider {
-            child,
-            issuer: line["ready ".len()..].trim().to_string(),
-            _dir: dir,
-        }
-    }
-
-    /// An access token of `client` for `resource` (client-credentials grant).
-    async fn token(&self, client: &str, resource: &str) -> String {
-        let body = format!(
-            "grant_type=client_credentials&client_id={client}&client_secret={client}-secret&scope=mcp&resource={}",
-            percent_encoding::utf8_percent_encode(resource, percent_encoding::NON_ALPHANUMERIC)
-        );
-        let resp = reqwest::Client::new()
-            .post(format!("{}/token", self.issuer))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status();
-        let v: serde_json::Value = resp.json().await.unwrap();
-        assert!(status.is_success(), "token request refused: {v}");
-        v["access_token"].as_str().unwrap().to_string()
-    }
-
-    async fn jwks_hits(&self) -> u64 {
-        let v: serde_json::Value = reqwest::get(format!("{}/test/jwks-hits", self.issuer))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        v["hits"].as_u64().unwrap()
-    }
-
-    fn config(&self, audience: &str) -> OAuthConfig {
-        OAuthConfig {
-            issuer: Some(self.issuer.clone()),
-            audience: Some(audience.into()),
-        }
-    }
-}
 
 /// `token` with its claims replaced by `claims` (the signature left as it was).
 fn with_claims(token: &str, claims: &serde_json::Value) -> String {

@@ -10,7 +10,8 @@ use common::*;
 use rmcp::ServiceExt;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ClientCapabilities,
-    ClientConfig, DetailedTask, GetTaskParams, Implementation, Task, TaskPayload,
+    ClientConfig, DetailedTask, GetTaskParams, Implementation, RequestMetaObject, Task,
+    TaskPayload,
 };
 use rmcp::service::{RoleClient, RunningService};
 use serde_json::{Value, json};
@@ -27,10 +28,20 @@ async fn tasks_client(home: &Home) -> Client {
     .expect("initialize with the bridge")
 }
 
+/// `run_python` with `args`, its request's own capabilities (`_meta`) declaring the tasks
+/// extension, as SEP-2663 has a client opt in per request.
+fn task_request(args: Value) -> CallToolRequestParams {
+    let mut params =
+        CallToolRequestParams::new("run_python").with_arguments(args.as_object().cloned().unwrap());
+    let mut meta = RequestMetaObject::new();
+    meta.set_client_capabilities(ClientCapabilities::builder().enable_tasks().build());
+    params.meta = Some(meta);
+    params
+}
+
 /// Start `run_python` with `args`: the bridge must answer with a task handle.
 async fn start(client: &Client, args: Value) -> Task {
-    let params =
-        CallToolRequestParams::new("run_python").with_arguments(args.as_object().cloned().unwrap());
+    let params = task_request(args);
     match client.call_tool_once(params).await.expect("tools/call") {
         CallToolResponse::Task(create) => create.task,
         other => panic!("expected a task handle, got {other:?}"),
@@ -120,4 +131,25 @@ async fn tasks_cancel_interrupts_the_code_and_keeps_the_session() {
         .unwrap();
     assert_eq!(sc["stdout"], "yes\n", "the session was kept: {sc}");
     client.cancel().await.unwrap();
+}
+
+/// A client that names the extension at `initialize` only (as the MCP Inspector does, which
+/// cannot read a task) gets the call's result itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_declaration_at_initialize_alone_gets_the_result() {
+    let home = Home::new();
+    let client = tasks_client(&home).await;
+    let params = CallToolRequestParams::new("run_python").with_arguments(
+        json!({"code": "print(6 * 7)"})
+            .as_object()
+            .cloned()
+            .unwrap(),
+    );
+    match client.call_tool_once(params).await.expect("tools/call") {
+        CallToolResponse::Complete(r) => {
+            assert_eq!(r.structured_content.unwrap()["stdout"], "42\n");
+        }
+        other => panic!("expected the result itself, got {other:?}"),
+    }
+    let _ = client.cancel().await;
 }

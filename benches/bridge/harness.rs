@@ -277,6 +277,50 @@ impl Live {
         }
     }
 
+    /// `serve` on a loopback port with the home's settings, and rmcp's Streamable HTTP client
+    /// of it (no authentication: loopback).
+    pub(crate) async fn serve(home: Home) -> Live {
+        let mut cmd = Command::new(bridge_bin());
+        cmd.args(["serve", "--listen", "127.0.0.1:0"])
+            .env_clear()
+            .envs(home.env())
+            .current_dir(home.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(home.path().join("bridge.log")).unwrap(),
+            ))
+            .kill_on_drop(true);
+        let child = cmd.spawn().expect("spawn serve");
+        let pid = child.id().unwrap_or(0);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let url = loop {
+            let log = home.log();
+            if let Some(i) = log.find("serving MCP at ") {
+                let rest = &log[i + "serving MCP at ".len()..];
+                break rest[..rest.find([' ', ';', '\n']).unwrap_or(rest.len())].to_string();
+            }
+            if Instant::now() > deadline {
+                fail(&format!("serve did not start within 60 s\n{log}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.as_str());
+        let client = match ().serve(transport).await {
+            Ok(c) => c,
+            Err(e) => fail(&format!(
+                "MCP initialize over HTTP failed: {e}\n{}",
+                home.log()
+            )),
+        };
+        Live {
+            client,
+            child,
+            pid,
+            home,
+        }
+    }
+
     pub(crate) async fn call(&self, args: Value) -> Res<CallToolResult> {
         let params = CallToolRequestParams::new("run_python")
             .with_arguments(args.as_object().cloned().unwrap());
@@ -316,6 +360,13 @@ impl Live {
             home,
         } = self;
         let _ = client.cancel().await;
+        // `serve` outlives its clients: it ends on SIGTERM (`run` ends with its stdin).
+        if child.try_wait().ok().flatten().is_none()
+            && std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split('\0').nth(1) == Some("serve"))
+        {
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
         if tokio::time::timeout(Duration::from_secs(60), child.wait())
             .await
             .is_err()

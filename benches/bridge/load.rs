@@ -91,25 +91,34 @@ pub(crate) async fn load_run(o: &Opts, live: &Live, run: usize) -> LoadRun {
     lr
 }
 
-pub(crate) async fn load_test(o: &Opts, live: &Live, t: &mut Table) -> Vec<f64> {
+/// The load test against `live`; `over` names its transport in the rows ("stdio" opens the
+/// section, "HTTP" adds its rows to it: `serve` and rmcp's Streamable HTTP client, same calls).
+pub(crate) async fn load_test(o: &Opts, live: &Live, t: &mut Table, over: &str) -> Vec<f64> {
     let mut runs = Vec::new();
     for run in 0..o.load_runs {
         runs.push(load_run(o, live, run).await);
     }
     let calls = o.load_sessions * o.load_calls;
-    t.section(
-        6,
-        &format!(
-        "6. Load test: {} concurrent sessions × {} calls, each calling server-everything `echo` with a unique token",
-            o.load_sessions, o.load_calls
-        ),
-    );
+    if over == "stdio" {
+        t.section(
+            6,
+            &format!(
+            "6. Load test: {} concurrent sessions × {} calls, each calling server-everything `echo` with a unique token; over stdio, then over HTTP (`serve`)",
+                o.load_sessions, o.load_calls
+            ),
+        );
+    }
     let rate: Vec<f64> = runs.iter().map(|r| calls as f64 / r.wall).collect();
-    t.samples("calls/s (per run)", &rate, Unit::PerSec, Target::None);
+    t.samples(
+        &format!("{over}: calls/s (per run)"),
+        &rate,
+        Unit::PerSec,
+        Target::None,
+    );
     let lat: Vec<f64> = runs.iter().flat_map(|r| r.latencies.clone()).collect();
     let (p50, p99) = (pct(&lat, 0.5), pct(&lat, 0.99));
     t.fact(
-        "latency per call: p50 (median column) / p99 (p95 column)",
+        &format!("{over}: latency per call: p50 (median column) / p99 (p95 column)"),
         &lat.len().to_string(),
         String::new(),
         "",
@@ -135,7 +144,7 @@ pub(crate) async fn load_test(o: &Opts, live: &Live, t: &mut Table) -> Vec<f64> 
     ];
     for (what, total) in counts {
         t.fact(
-            &format!("{what}, total over all runs"),
+            &format!("{over}: {what}, total over all runs"),
             &(runs.len() * calls).to_string(),
             total.to_string(),
             "= 0",

@@ -125,7 +125,11 @@ async fn main() {
         let mut under_load = Vec::new();
         if o.wants("load") {
             eprintln!("bench: load test…");
-            under_load = load_test(&o, &live, &mut t).await;
+            under_load = load_test(&o, &live, &mut t, "stdio").await;
+            eprintln!("bench: load test over HTTP…");
+            let http = Live::serve(Home::new(&fx.real())).await;
+            load_test(&o, &http, &mut t, "HTTP").await;
+            http.shutdown().await;
         }
         if o.wants("footprint") {
             t.section(5, "5. Footprint");

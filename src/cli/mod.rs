@@ -1,4 +1,4 @@
-//! The command line: `run` (the stdio MCP server, default), `exec`, `doctor`, `servers`,
+//! The command line: `run` (the stdio MCP server, default), `serve` (Streamable HTTP), `exec`, `doctor`, `servers`,
 //! `config` and `image load`. Everything printed for people goes to stdout except in `run`,
 //! where stdout is the MCP channel and only the log (stderr) speaks.
 //!
@@ -51,6 +51,9 @@ pub struct Cli {
 pub enum Command {
     /// Serve MCP over stdio (the default).
     Run,
+    /// Serve MCP over Streamable HTTP at /mcp, for a team or remote clients (--listen,
+    /// token_file or [oauth] for who may call it).
+    Serve,
     /// Run code once in a fresh sandbox and print what it prints.
     Exec {
         /// The code; without it and without -f, it is read from stdin.
@@ -172,6 +175,21 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Err(e) => {
                     tracing::error!("{e}");
                     ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Serve => {
+            let sandbox = Sandbox::new(config.clone());
+            let ups = Upstreams::from_loaded(&loaded);
+            ups.log_discovery();
+            let bridge = Bridge::new(config.clone(), sandbox, ups);
+            // Clients come and go: warm up now rather than at each one's `initialized`.
+            bridge.warm_up();
+            match crate::http::serve(bridge, config).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}\nhint: {}", e.hint());
+                    ExitCode::from(2)
                 }
             }
         }

@@ -240,6 +240,46 @@ pub const KEYS: &[Key] = &[
         doc: "Most skills kept in <state_dir>/skills; saving one more is refused until one is removed. 1 to 1000.",
     },
     Key {
+        name: "listen",
+        doc: "Address and port `serve` listens on; an address other than loopback needs token_file or oauth.",
+    },
+    Key {
+        name: "token_file",
+        doc: "`serve`'s bearer tokens: lines of `name:token` (the name is the identity); read at start.",
+    },
+    Key {
+        name: "http.allowed_hosts",
+        doc: "`Host` values `serve` accepts besides loopback names and the listen address (DNS-rebinding protection); `*` for any.",
+    },
+    Key {
+        name: "http.allowed_origins",
+        doc: "Browser `Origin`s accepted besides loopback ones (`https://app.example`, `:*` for any port); others get 403.",
+    },
+    Key {
+        name: "http.tls_cert",
+        doc: "PEM certificate chain; with http.tls_key, `serve` speaks HTTPS.",
+    },
+    Key {
+        name: "http.tls_key",
+        doc: "PEM private key of http.tls_cert.",
+    },
+    Key {
+        name: "http.public_url",
+        doc: "URL clients reach /mcp at (behind a proxy, the proxy's), named by the Protected Resource Metadata; else from each request's Host.",
+    },
+    Key {
+        name: "http.max_sessions_per_identity",
+        doc: "Most sandbox sessions one identity keeps alive under `serve` (max_sessions bounds them all).",
+    },
+    Key {
+        name: "http.max_requests_per_identity",
+        doc: "Most requests of one identity in flight at once; more are answered 429.",
+    },
+    Key {
+        name: "http.max_request_size",
+        doc: "Largest request body `serve` reads; more is answered 413.",
+    },
+    Key {
         name: "oauth.issuer",
         doc: "serve: accept OAuth access tokens (JWT) of this authorization server, checked against its published keys; https, or http on a loopback host.",
     },

@@ -8,6 +8,7 @@
 //! - [`audit`]: the `[audit]` section ([`AuditConfig`]);
 //! - [`skills`]: the `[skills]` section ([`SkillsConfig`]);
 //! - [`oauth`]: the `[oauth]` section ([`OAuthConfig`]), the issuer `serve` accepts tokens of;
+//! - [`http`]: `listen`, `token_file` and the `[http]` section ([`HttpConfig`]) of `serve`;
 //! - [`error`]: why a configuration was refused;
 //! - here: the [`Config`] struct, its defaults and checks, and the command-line [`Overrides`].
 //!
@@ -24,6 +25,7 @@
 
 pub mod audit;
 pub mod error;
+pub mod http;
 pub mod inputs;
 pub mod keys;
 pub mod load;
@@ -41,6 +43,7 @@ use serde::{Deserialize, Serialize};
 
 pub use audit::{AuditConfig, CodeKept};
 pub use error::{ConfigError, Problem};
+pub use http::HttpConfig;
 pub use inputs::InputEntry;
 pub use keys::{DEFAULT_IMAGE, ENV_PREFIX, KEYS, Key, closest_key, env_name};
 pub use load::{
@@ -111,6 +114,14 @@ pub struct Config {
     /// `[skills]`: the bounds of the saved skills.
     #[serde(default)]
     pub skills: SkillsConfig,
+    /// Where `serve` listens (`address:port`).
+    pub listen: String,
+    /// `serve`'s bearer tokens: lines of `name:token`, the name being the identity.
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub token_file: Option<PathBuf>,
+    /// `[http]`: what `serve` accepts besides authentication.
+    #[serde(default)]
+    pub http: HttpConfig,
     /// `[oauth]`: the authorization server whose tokens `serve` accepts.
     #[serde(default)]
     pub oauth: OAuthConfig,
@@ -159,6 +170,9 @@ impl Default for Config {
             policy: PolicyConfig::default(),
             audit: AuditConfig::default(),
             skills: SkillsConfig::default(),
+            listen: http::DEFAULT_LISTEN.into(),
+            token_file: None,
+            http: HttpConfig::default(),
             oauth: OAuthConfig::default(),
             inputs: Vec::new(),
             servers: BTreeMap::new(),
@@ -208,6 +222,10 @@ pub struct Overrides {
     #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_level: Option<String>,
+    /// Address and port `serve` listens on (127.0.0.1:8931).
+    #[arg(long, global = true, value_name = "ADDR:PORT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
     /// State directory of the bridge.
     #[arg(long, global = true, value_name = "PATH")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -315,6 +333,7 @@ impl Config {
         self.audit.check()?;
         self.skills.check()?;
         self.oauth.check()?;
+        self.http.check(&self.listen)?;
         inputs::check(&self.inputs)
     }
 

@@ -37,14 +37,16 @@ pub enum SandboxError {
     /// caller waited for, its hint included: it is not tried twice in a row.
     #[error("{0}")]
     Shared(String),
-    /// `max_sessions` are alive and every one is running code.
+    /// `max_sessions` (or the identity's `http.max_sessions_per_identity`) are alive and every
+    /// one is running code. `busy` names the caller's own sessions only (and counts others').
     #[error(
-        "cannot start session {session:?}: all {max} sessions allowed by max_sessions are running code ({})",
+        "cannot start session {session:?}: all {max} sessions allowed by {key} are running code ({})",
         .busy.join(", ")
     )]
     AllBusy {
         session: String,
         max: u32,
+        key: &'static str,
         busy: Vec<String>,
     },
 }
@@ -57,10 +59,10 @@ impl SandboxError {
                 "Run as a user/host with cgroup v2 delegation, or set MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1 to accept it (`mcp-code-bridge doctor` explains)."
                     .into(),
             ),
-            SandboxError::AllBusy { .. } => Some(
-                "Wait for one to finish, run this code in one of them, or raise max_sessions (MCP_BRIDGE_MAX_SESSIONS)."
-                    .into(),
-            ),
+            SandboxError::AllBusy { key, .. } => Some(format!(
+                "Wait for one to finish, run this code in one of them, or raise {key} ({}).",
+                crate::config::env_name(key)
+            )),
             SandboxError::Create { .. } | SandboxError::ExitedAtStart { .. } => {
                 Some("`mcp-code-bridge doctor` checks the engine and the image.".into())
             }
@@ -92,6 +94,7 @@ mod tests {
         let e = SandboxError::AllBusy {
             session: "b".into(),
             max: 2,
+            key: "max_sessions",
             busy: vec!["a".into(), "c".into()],
         };
         assert_eq!(

@@ -25,6 +25,7 @@ use std::time::Duration;
 use tokio::sync::{Mutex, OnceCell};
 
 use crate::config::Config;
+use crate::identity;
 use container::Role;
 use engine::{Enforcement, Engine};
 pub use error::SandboxError;
@@ -310,30 +311,53 @@ impl Sandbox {
     /// and the pool can only shrink; pooled sandboxes (being started) count too.
     async fn make_room(&self, name: &str) -> Result<Vec<String>, SandboxError> {
         let max = self.config.max_sessions as usize;
+        // Under `serve` an identity's sessions are also bounded on their own, and make room
+        // among themselves first: one user cannot close everyone else's sessions.
+        let owner = identity::split_key(name).0;
+        let per_identity = self.config.http.max_sessions_per_identity as usize;
         let mut notices = Vec::new();
         loop {
-            let (victim, busy) = {
+            let (victim, busy, key, limit) = {
                 let sessions = self.sessions.lock().await;
                 let live: Vec<(&String, &Arc<Session>)> = sessions
                     .iter()
                     .filter(|(k, s)| k.as_str() != name && !s.is_dead())
                     .collect();
-                if live.len() + self.pool.held() < max {
+                let mine: Vec<(&String, &Arc<Session>)> = live
+                    .iter()
+                    .filter(|(k, _)| identity::owns(owner, k))
+                    .copied()
+                    .collect();
+                let (candidates, key, limit) = if owner.is_some() && mine.len() >= per_identity {
+                    (mine, "http.max_sessions_per_identity", per_identity)
+                } else if live.len() + self.pool.held() >= max {
+                    (live, "max_sessions", max)
+                } else {
                     return Ok(notices);
-                }
-                let victim = live
+                };
+                let victim = candidates
                     .iter()
                     .filter(|(_, s)| !s.is_busy())
                     .max_by_key(|(_, s)| s.idle_for())
                     .map(|(k, s)| ((*k).clone(), Arc::clone(s)));
-                let mut busy: Vec<String> = live.iter().map(|(k, _)| (*k).clone()).collect();
+                // The caller's own sessions by name; others' only counted, never named.
+                let mut busy: Vec<String> = candidates
+                    .iter()
+                    .filter(|(k, _)| identity::owns(owner, k))
+                    .map(|(k, _)| identity::split_key(k).1.to_string())
+                    .collect();
                 busy.sort();
-                (victim, busy)
+                let others = candidates.len() - busy.len();
+                if others > 0 {
+                    busy.push(format!("{others} of other users"));
+                }
+                (victim, busy, key, limit)
             };
             let Some((victim, s)) = victim else {
                 return Err(SandboxError::AllBusy {
-                    session: name.to_string(),
-                    max: self.config.max_sessions,
+                    session: identity::split_key(name).1.to_string(),
+                    max: limit as u32,
+                    key,
                     busy,
                 });
             };
@@ -347,10 +371,15 @@ impl Sandbox {
                     sessions.remove(&victim);
                 }
             }
-            tracing::info!(session = %victim, idle_secs = idle, max_sessions = max, "closing the least recently used session to make room");
+            tracing::info!(session = %victim, idle_secs = idle, limit, key, "closing the least recently used session to make room");
             s.destroy().await;
+            let shown = if identity::owns(owner, &victim) {
+                format!("session {:?}", identity::split_key(&victim).1)
+            } else {
+                "another user's session".to_string()
+            };
             notices.push(format!(
-                "session {victim:?} (unused for {idle}s) was closed to stay within max_sessions = {max}; its variables are gone"
+                "{shown} (unused for {idle}s) was closed to stay within {key} = {limit}; its variables are gone"
             ));
         }
     }

@@ -33,6 +33,8 @@ use crate::config::Config;
 
 /// Directory of the store under the state directory.
 pub const DIR: &str = "skills";
+/// Where the identities of `serve` keep theirs, inside [`DIR`].
+pub const USERS_DIR: &str = "users";
 /// Longest skill name: a function name, not a sentence.
 pub const MAX_NAME: usize = 64;
 
@@ -179,6 +181,21 @@ impl Store {
     pub fn from_config(config: &Config) -> Store {
         Store::new(
             config.state_dir.join(DIR),
+            config.skills.max_size.0,
+            config.skills.max_count,
+        )
+    }
+
+    /// An identity's own store under `serve`: `<state_dir>/skills/users/<identity>` (see
+    /// `crate::identity::dir_name`), so one user's skills are never defined in another's
+    /// sessions. The directory has no `.py` name, so the stdio user's store never lists it.
+    pub fn for_identity(config: &Config, identity: &str) -> Store {
+        Store::new(
+            config
+                .state_dir
+                .join(DIR)
+                .join(USERS_DIR)
+                .join(crate::identity::dir_name(identity)),
             config.skills.max_size.0,
             config.skills.max_count,
         )

@@ -218,6 +218,8 @@ struct Inner {
 /// and what its proxied calls pass back to that client (their progress, their servers' questions).
 #[derive(Clone, Default)]
 pub struct CallContext {
+    /// The session's key (`crate::identity::session_key`): under `serve`, the identity and the
+    /// session name, so approvals "for this session" and audit records are the identity's.
     pub session: String,
     pub approver: Option<Arc<dyn Approver>>,
     pub relay: CallRelay,

@@ -268,14 +268,21 @@ impl ExecRpc {
         let mut record = RecordOnDrop {
             audit: &self.call.audit,
             started,
-            record: Some(ToolCallRecord::new(
-                &self.call.session,
-                slot.name(),
-                &tool_name,
-                arguments.as_ref(),
-                audit_decision(decision.verdict),
-                rule_text(&decision).as_deref(),
-            )),
+            record: Some({
+                let (identity, session) = crate::identity::split_key(&self.call.session);
+                let r = ToolCallRecord::new(
+                    session,
+                    slot.name(),
+                    &tool_name,
+                    arguments.as_ref(),
+                    audit_decision(decision.verdict),
+                    rule_text(&decision).as_deref(),
+                );
+                match identity {
+                    Some(id) => r.with_identity(id),
+                    None => r,
+                }
+            }),
         };
         let outcome = if decision.allowed {
             self.up

@@ -3,6 +3,9 @@
 //! when the image archive is not provided the tests fail, they never skip.
 #![allow(dead_code)]
 
+pub mod oidc;
+pub mod served;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;

@@ -1,0 +1,193 @@
+# services.mcp-code-bridge.http: `mcp-code-bridge serve` (MCP over Streamable HTTP at /mcp) as a
+# hardened system service, mcp-code-bridge-http, for clients on other machines. Imported by the
+# nixos-module/ (its `imports`); it reads that module's options (package,
+# settings, configFile) and its /etc/mcp-code-bridge/config.toml.
+#
+# The engine is the one the NixOS module already enables: rootful podman, reached through its
+# socket /run/podman/podman.sock, whose group is `podman` (docker's socket and group `docker`
+# when settings.runtime picks docker). The service runs as the system user `mcp-code-bridge` in
+# that group. A member of that group can start any container, so it is as good as root: the
+# sandboxing below bounds the bridge and its upstream servers, not the engine.
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}:
+
+let
+  cfg = config.services.mcp-code-bridge;
+  http = cfg.http;
+  common = import ./common.nix { inherit lib pkgs; };
+  opt = "services.mcp-code-bridge";
+
+  user = "mcp-code-bridge";
+  stateDir = "/var/lib/mcp-code-bridge-http";
+
+  listen = common.parseListen (cfg.settings.listen or "");
+  engine = common.engineOf (cfg.settings.runtime or null);
+  podmanOn = config.virtualisation.podman.enable;
+  # `or false`: the offline evaluation stub of NixOS (docs/nix.md) does not declare docker's
+  # options; NixOS does (default false), so there this is always the option's value. Rootless
+  # docker is the user's own and cannot serve this system user.
+  dockerOn = config.virtualisation.docker.enable or false;
+  usePodman = podmanOn && (engine == "auto" || engine == "podman");
+  useDocker = dockerOn && (engine == "auto" || engine == "docker");
+
+  # A port below 1024 needs CAP_NET_BIND_SERVICE, the one capability the service may then keep.
+  bindCaps = lib.optional (listen != null && listen.port < 1024) "CAP_NET_BIND_SERVICE";
+
+  # A credential name: the file is $CREDENTIALS_DIRECTORY/tokens (`%d/tokens` in the unit).
+  tokenCredential = "tokens";
+
+  # An audit log outside the state directory (an absolute `audit.path`) must be writable.
+  auditPath = cfg.settings.audit.path or null;
+  auditDir = lib.optional (
+    auditPath != null && lib.hasPrefix "/" auditPath && !lib.hasPrefix "${stateDir}/" auditPath
+  ) (dirOf auditPath);
+
+  on = cfg.enable && http.enable;
+
+  inherit (lib) mkIf mkOption types;
+in
+{
+  options.services.mcp-code-bridge.http = common.httpOptions // {
+    openFirewall = mkOption {
+      type = types.bool;
+      default = false;
+      description = ''
+        Open the port of {option}`listen` in the firewall (TCP), on every interface. Needs
+        {option}`listen` set to an address other than loopback.
+      '';
+    };
+  };
+
+  # Conditions at the second level, not around the whole config: a definition that is
+  # `mkIf false` at the top level still creates that attribute in a free-form module (the
+  # offline stub of NixOS, nix/module-tests.nix), and reading it fails.
+  config = {
+    # Whenever http.enable (one says that enable is needed too).
+    assertions = mkIf http.enable (
+      common.httpAssertions opt cfg
+      ++ [
+        {
+          assertion = http.openFirewall -> (listen != null && !common.isLoopback listen);
+          message = ''
+            ${opt}.http.openFirewall opens the port of ${opt}.http.listen, but the service listens
+            on ${
+              if cfg.settings ? listen then "\"${cfg.settings.listen}\"" else "the bridge's default address"
+            }, a loopback address that other machines cannot reach anyway. Set
+            ${opt}.http.listen = "0.0.0.0:8931"; (with tokenFile or oauth), or openFirewall = false.
+          '';
+        }
+      ]
+      ++ lib.optional cfg.enable {
+        assertion = engine == "other" || usePodman || useDocker;
+        message = ''
+          ${opt}.http: the service runs as the system user ${user} and reaches the container
+          engine through a rootful socket, podman's (virtualisation.podman.enable, which
+          ${opt} enables unless settings.runtime picks docker) or docker's
+          (virtualisation.docker.enable; rootless docker is not reachable from it). Enable one
+          of them, or point ${opt}.settings.runtime at an engine URL the service can reach.
+        '';
+      }
+    );
+
+    # The rest with the bridge's module enabled too: the service reads its config.toml.
+    services.mcp-code-bridge.settings = mkIf on (common.httpDefaults http);
+
+    users.users.${user} = mkIf on {
+      isSystemUser = true;
+      group = user;
+      description = "mcp-code-bridge HTTP service";
+    };
+    users.groups.${user} = mkIf on { };
+
+    networking.firewall.allowedTCPPorts = mkIf (on && http.openFirewall && listen != null) [
+      listen.port
+    ];
+
+    systemd.services.mcp-code-bridge-http = mkIf on (
+      let
+        sockets = lib.optional usePodman "podman.socket" ++ lib.optional useDocker "docker.socket";
+        # The issuer's keys are fetched over the network.
+        online = lib.optional ((cfg.settings.oauth.issuer or null) != null) "network-online.target";
+        image = lib.optional cfg.preloadImage "mcp-code-bridge-image.service";
+      in
+      {
+        description = "mcp-code-bridge: MCP over Streamable HTTP (mcp-code-bridge serve)";
+        wantedBy = [ "multi-user.target" ];
+        wants = sockets ++ online ++ image;
+        after = [ "network.target" ] ++ sockets ++ online ++ image;
+        # /etc/mcp-code-bridge/config.toml is read at start.
+        restartTriggers = [ cfg.configFile ];
+        environment = {
+          HOME = stateDir;
+          # Like the image preload unit: the service's state (audit log, skills) in its
+          # StateDirectory, whatever state_dir the users' bridges share in config.toml.
+          MCP_BRIDGE_STATE_DIR = stateDir;
+        }
+        # Tried first when the bridge looks for podman (runtime unset, "auto" or "podman"); a
+        # runtime URL in settings still wins.
+        // lib.optionalAttrs usePodman { CONTAINER_HOST = "unix:///run/podman/podman.sock"; }
+        # Above config.toml; `%d` is the unit's credentials directory.
+        // lib.optionalAttrs (http.tokenFile != null) {
+          MCP_BRIDGE_TOKEN_FILE = "%d/${tokenCredential}";
+        };
+        serviceConfig = {
+          ExecStart = "${lib.getExe cfg.package} serve";
+          User = user;
+          Group = user;
+          SupplementaryGroups = lib.optional usePodman "podman" ++ lib.optional useDocker "docker";
+          LoadCredential = lib.optional (http.tokenFile != null) "${tokenCredential}:${http.tokenFile}";
+          StateDirectory = "mcp-code-bridge-http";
+          StateDirectoryMode = "0700";
+          ReadWritePaths = map (d: "-${d}") auditDir;
+          Restart = "on-failure";
+          RestartSec = 5;
+
+          # Stop: SIGTERM to the bridge alone, which lets calls in flight finish and removes its
+          # containers; what is left (upstream servers) gets SIGKILL after it exits or at the
+          # timeout, max_timeout + 30 s.
+          KillSignal = "SIGTERM";
+          KillMode = "mixed";
+          TimeoutStopSec = common.httpStopTimeout cfg.settings;
+
+          # Sandboxing that leaves the engine's socket and /proc (the bridge reads other
+          # bridges' /proc/<pid>/stat to tell orphaned containers, so no ProtectProc) reachable.
+          # No MemoryDenyWriteExecute: upstream servers may be node or other JITs.
+          NoNewPrivileges = true;
+          ProtectSystem = "strict";
+          ProtectHome = true;
+          PrivateTmp = true;
+          PrivateDevices = true;
+          ProtectKernelTunables = true;
+          ProtectKernelModules = true;
+          ProtectKernelLogs = true;
+          ProtectControlGroups = true;
+          ProtectClock = true;
+          ProtectHostname = true;
+          RestrictAddressFamilies = [
+            "AF_UNIX"
+            "AF_INET"
+            "AF_INET6"
+          ];
+          RestrictNamespaces = true;
+          RestrictRealtime = true;
+          RestrictSUIDSGID = true;
+          LockPersonality = true;
+          RemoveIPC = true;
+          # "" (an empty list would write no line at all, keeping every capability).
+          CapabilityBoundingSet = if bindCaps == [ ] then "" else bindCaps;
+          AmbientCapabilities = bindCaps;
+          SystemCallArchitectures = "native";
+          SystemCallFilter = [
+            "@system-service"
+            "~@privileged"
+          ];
+          UMask = "0077";
+        };
+      }
+    );
+  };
+}

@@ -1,0 +1,402 @@
+//! `serve`: the bridge over MCP's Streamable HTTP, for a team or a remote client. rmcp's
+//! `StreamableHttpService` speaks the protocol at `/mcp` (2026-07-28 stateless requests, and
+//! `Mcp-Session-Id` sessions for older revisions); around it, in this order:
+//!
+//! 1. [`guard::check_host_and_origin`]: DNS-rebinding protection, before anything else, so a
+//!    page on a foreign origin learns nothing, not even whether authentication is on;
+//! 2. [`auth`]: who the request is (bearer token of `token_file`, or OAuth access token), put in
+//!    its extensions as an [`Identity`] for the handler, which keys sessions, skills, files,
+//!    tasks and audit records by it;
+//! 3. [`guard::Limits`]: an `Mcp-Session-Id` is only its creator's, requests of one identity in
+//!    flight and SSE streams of one MCP session are bounded.
+//!
+//! The Protected Resource Metadata (RFC 9728) is served at
+//! `/.well-known/oauth-protected-resource[/mcp]` when OAuth is on.
+//!
+//! **Architecture invariant:** this module knows nothing of sandboxes or upstream servers; it
+//! hands requests to the [`Bridge`] with an identity and leaves the rest to it.
+
+pub mod auth;
+mod guard;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use rmcp::transport::StreamableHttpService;
+use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use serde_json::json;
+
+use crate::config::{Config, http::parse_listen};
+use crate::identity::Identity;
+use crate::server::Bridge;
+use auth::Auth;
+
+/// Where the MCP endpoint is.
+pub const MCP_PATH: &str = "/mcp";
+/// The Protected Resource Metadata of `/mcp` (RFC 9728 §3.1: the resource's path appended).
+pub const PRM_PATH: &str = "/.well-known/oauth-protected-resource/mcp";
+/// How long in-flight calls get to finish after SIGTERM, beyond the longest call.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Why `serve` cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(
+        "refusing to listen on {0} without authentication: anyone who can reach it could run code"
+    )]
+    Unauthenticated(SocketAddr),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot read the TLS certificate or key: {0}")]
+    Tls(std::io::Error),
+    #[error(transparent)]
+    Auth(#[from] auth::AuthSetupError),
+    #[error("{0}")]
+    Listen(String),
+}
+
+impl ServeError {
+    pub fn hint(&self) -> String {
+        match self {
+            ServeError::Unauthenticated(_) => "set token_file (lines of `name:token`) or oauth.issuer and oauth.audience, or listen on 127.0.0.1".into(),
+            ServeError::Bind { .. } => "choose another port with --listen (or MCP_BRIDGE_LISTEN), or stop what uses it".into(),
+            ServeError::Tls(_) => "http.tls_cert must be a PEM certificate chain and http.tls_key its PEM private key (PKCS#8, PKCS#1 or SEC1)".into(),
+            ServeError::Auth(e) => e.hint(),
+            ServeError::Listen(_) => "write listen as address:port, like 127.0.0.1:8931".into(),
+        }
+    }
+}
+
+/// The MCP endpoint itself, for the notifications the bridge sends on a client's behalf.
+type Mcp = StreamableHttpService<Bridge, LocalSessionManager>;
+
+/// What every request's middleware shares.
+struct Shared {
+    mcp: Mcp,
+    max_body: usize,
+    auth: Option<Auth>,
+    guard: Arc<guard::Limits>,
+    hosts: guard::Hosts,
+    tls: bool,
+}
+
+/// Serve `bridge` over HTTP until SIGTERM or SIGINT; then let the calls in flight finish (up to
+/// `max_timeout` and a grace), close the MCP sessions and remove every container.
+pub async fn serve(bridge: Bridge, config: Arc<Config>) -> Result<(), ServeError> {
+    let addr = parse_listen(&config.listen).map_err(ServeError::Listen)?;
+    let auth = Auth::from_config(&config).await?;
+    if auth.is_none() && !addr.ip().is_loopback() {
+        return Err(ServeError::Unauthenticated(addr));
+    }
+    let tls = match (&config.http.tls_cert, &config.http.tls_key) {
+        (Some(cert), Some(key)) => {
+            // The one crypto provider of this process (jsonwebtoken and reqwest use aws-lc-rs too).
+            let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+            Some(
+                axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+                    .await
+                    .map_err(ServeError::Tls)?,
+            )
+        }
+        _ => None,
+    };
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let bound = listener.local_addr().unwrap_or(addr);
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mcp_config = StreamableHttpServerConfig::default()
+        .with_cancellation_token(stop.child_token())
+        .with_max_request_body_bytes(config.http.max_request_size.0 as usize)
+        // Host and Origin are checked by `guard` before authentication (its order matters:
+        // see the module doc); rmcp's own checks would see the same lists.
+        .disable_allowed_hosts()
+        .disable_allowed_origins();
+    let for_sessions = bridge.clone();
+    let mcp = StreamableHttpService::new(
+        move || Ok(for_sessions.for_connection()),
+        Arc::new(LocalSessionManager::default()),
+        mcp_config,
+    );
+    let shared = Arc::new(Shared {
+        mcp: mcp.clone(),
+        max_body: config.http.max_request_size.0 as usize,
+        hosts: guard::Hosts::new(&config.http, bound),
+        guard: guard::Limits::new(config.http.max_requests_per_identity as usize),
+        auth,
+        tls: tls.is_some(),
+    });
+    let app = axum::Router::new()
+        .route_service(MCP_PATH, mcp)
+        .route(PRM_PATH, axum::routing::get(protected_resource_metadata))
+        .route(
+            "/.well-known/oauth-protected-resource",
+            axum::routing::get(protected_resource_metadata),
+        )
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(shared.clone(), authenticate))
+        .layer(middleware::from_fn_with_state(
+            shared.clone(),
+            check_host_and_origin,
+        ))
+        .with_state(shared.clone());
+
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    match &shared.auth {
+        Some(a) => tracing::info!(
+            "serving MCP at {scheme}://{bound}{MCP_PATH}; accepting {}",
+            a.describe()
+        ),
+        None => tracing::info!(
+            "serving MCP at {scheme}://{bound}{MCP_PATH} without authentication (loopback only)"
+        ),
+    }
+
+    let handle = axum_server::Handle::new();
+    let service = app.into_make_service();
+    let server = {
+        let handle = handle.clone();
+        async move {
+            match tls {
+                Some(tls) => {
+                    axum_server::from_tcp_rustls(listener, tls)?
+                        .handle(handle)
+                        .serve(service)
+                        .await
+                }
+                None => {
+                    axum_server::from_tcp(listener)?
+                        .handle(handle)
+                        .serve(service)
+                        .await
+                }
+            }
+        }
+    };
+    tokio::pin!(server);
+    let quit = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("signal handler");
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .expect("signal handler");
+        tokio::select! { _ = term.recv() => "SIGTERM", _ = int.recv() => "SIGINT" }
+    };
+    tokio::select! {
+        r = &mut server => {
+            if let Err(e) = r { tracing::error!("the HTTP server stopped: {e}"); }
+        }
+        sig = quit => {
+            let deadline = config.max_timeout.0 + SHUTDOWN_GRACE;
+            tracing::info!(
+                in_flight = shared.guard.in_flight(),
+                "{sig}: no new connections; calls in flight get up to {}s",
+                deadline.as_secs()
+            );
+            handle.graceful_shutdown(Some(deadline));
+            // Calls end on their own (each is bounded by its timeout); open SSE streams would
+            // not, so the MCP sessions are closed once no call is left.
+            let _ = tokio::time::timeout(deadline, shared.guard.idle()).await;
+            stop.cancel();
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await;
+        }
+    }
+    bridge.shutdown().await;
+    Ok(())
+}
+
+/// The scheme and authority clients used for this request: `http.public_url`'s, else the
+/// request's `Host`.
+fn base_url(shared: &Shared, headers: &HeaderMap) -> String {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    let scheme = if shared.tls { "https" } else { "http" };
+    format!("{scheme}://{host}")
+}
+
+/// RFC 9728 metadata: where this resource's tokens come from. 404 when OAuth is off.
+async fn protected_resource_metadata(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(issuer) = shared.auth.as_ref().and_then(Auth::oauth_issuer) else {
+        return not_found().await;
+    };
+    let resource = shared
+        .auth
+        .as_ref()
+        .map(|a| a.resource(format!("{}{MCP_PATH}", base_url(&shared, &headers))))
+        .unwrap_or_default();
+    axum::Json(json!({
+        "resource": resource,
+        "authorization_servers": [issuer],
+        "bearer_methods_supported": ["header"],
+        "resource_name": "mcp-code-bridge",
+    }))
+    .into_response()
+}
+
+async fn not_found() -> Response {
+    problem(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("nothing here; MCP is served at {MCP_PATH}"),
+    )
+}
+
+/// A JSON error body: what went wrong, for a person reading a client's log.
+fn problem(status: StatusCode, error: &str, description: String) -> Response {
+    (
+        status,
+        axum::Json(json!({"error": error, "error_description": description})),
+    )
+        .into_response()
+}
+
+async fn check_host_and_origin(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Err(why) = shared.hosts.check(&request) {
+        tracing::info!("refused a request: {why}");
+        return problem(StatusCode::FORBIDDEN, "forbidden", why);
+    }
+    next.run(request).await
+}
+
+async fn authenticate(
+    State(shared): State<Arc<Shared>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let path = request.uri().path();
+    if path != MCP_PATH {
+        return next.run(request).await;
+    }
+    // Without authentication (loopback only) there is one user, as over stdio: no identity,
+    // and its sessions and skills are that user's own. The bounds still count its requests.
+    let identity = match &shared.auth {
+        None => String::new(),
+        Some(auth) => {
+            let header = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .map(HeaderValue::as_bytes);
+            match auth.check(header).await {
+                Ok(id) => id,
+                Err(refusal) => return unauthorized(&shared, request.headers(), refusal),
+            }
+        }
+    };
+    if shared.auth.is_some() {
+        request.extensions_mut().insert(Identity(identity.clone()));
+    }
+    let (request, abandoned) = match cancel_on_disconnect(&shared, request).await {
+        Ok(r) => r,
+        Err(response) => return response,
+    };
+    shared.guard.run(identity, request, next, abandoned).await
+}
+
+/// For a `tools/call` of an MCP session (2025-11-25 and older): what cancels it when its client
+/// goes away before the answer. rmcp does so itself for requests without a session; a session's
+/// request would run on to its timeout, holding its interpreter. The bridge sends
+/// `notifications/cancelled` for it into the session, as the client would have. The body is
+/// read here (within `http.max_request_size`, as rmcp would) to find the request's id.
+async fn cancel_on_disconnect(
+    shared: &Arc<Shared>,
+    request: Request,
+) -> Result<(Request, Option<guard::OnAbandoned>), Response> {
+    if request.method() != axum::http::Method::POST
+        || !request.headers().contains_key("mcp-session-id")
+    {
+        return Ok((request, None));
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, shared.max_body).await {
+        Ok(b) => b,
+        Err(_) => {
+            return Err(problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!(
+                    "the request body is over http.max_request_size ({} bytes) or was cut off",
+                    shared.max_body
+                ),
+            ));
+        }
+    };
+    let id = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .filter(|v| v.get("method").and_then(|m| m.as_str()) == Some("tools/call"))
+        .and_then(|v| v.get("id").cloned());
+    let abandoned = id.map(|id| {
+        let mut headers = HeaderMap::new();
+        for name in ["mcp-session-id", "mcp-protocol-version", "host"] {
+            if let Some(v) = parts.headers.get(name) {
+                headers.insert(name, v.clone());
+            }
+        }
+        let mcp = shared.mcp.clone();
+        Box::new(move || {
+            tokio::spawn(async move {
+                use tower_service::Service as _;
+                let body = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                    "params": {"requestId": id, "reason": "the client disconnected"}});
+                let mut req = axum::http::Request::post(MCP_PATH)
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .header(header::ACCEPT, "application/json, text/event-stream")
+                    .body(axum::body::Body::from(body.to_string()))
+                    .expect("a valid request");
+                req.headers_mut().extend(headers);
+                let mut mcp = mcp;
+                let _ = mcp.call(req).await;
+                tracing::info!(
+                    "a client disconnected before its tools/call was answered: cancelled it"
+                );
+            });
+        }) as guard::OnAbandoned
+    });
+    Ok((
+        Request::from_parts(parts, axum::body::Body::from(bytes)),
+        abandoned,
+    ))
+}
+
+/// 401 with the challenge of RFC 6750 §3, and the metadata's URL when OAuth is on (MCP
+/// authorization spec: clients find the authorization server from it).
+fn unauthorized(shared: &Shared, headers: &HeaderMap, refusal: auth::Refusal) -> Response {
+    let mut challenge = String::from("Bearer realm=\"mcp-code-bridge\"");
+    if shared.auth.as_ref().and_then(Auth::oauth_issuer).is_some() {
+        challenge.push_str(&format!(
+            ", resource_metadata=\"{}{PRM_PATH}\"",
+            base_url(shared, headers)
+        ));
+    }
+    if let Some(e) = refusal.error {
+        let quoted = refusal.description.replace(['"', '\\'], "'");
+        challenge.push_str(&format!(", error=\"{e}\", error_description=\"{quoted}\""));
+    }
+    tracing::info!("refused a request: {}", refusal.description);
+    let mut r = problem(
+        StatusCode::UNAUTHORIZED,
+        refusal.error.unwrap_or("unauthorized"),
+        refusal.description,
+    );
+    if let Ok(v) = HeaderValue::from_str(&challenge) {
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
+    r
+}

@@ -1,0 +1,116 @@
+//! A real OpenID provider for the tests: npm's certified `oidc-provider`
+//! (tests/fixtures/oidc/provider.mjs), started on a loopback port with keys of its own, issuing
+//! JWT access tokens by the client-credentials grant (clients `alice` and `bob`).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use mcp_code_bridge::config::OAuthConfig;
+
+/// A running provider; killed when dropped.
+pub struct Provider {
+    child: Child,
+    pub issuer: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The test servers' npm tree, where `scripts/setup-debian.sh --test-deps` installs
+/// oidc-provider and jose.
+pub fn node_modules() -> PathBuf {
+    let bin = super::server_bin("mcp-server-everything");
+    let dir = bin
+        .parent()
+        .and_then(|b| b.parent())
+        .map(|s| s.join("npm/node_modules"))
+        .filter(|d| d.join("oidc-provider").is_dir());
+    dir.unwrap_or_else(|| {
+        panic!(
+            "oidc-provider is not installed beside the test servers ({}); \
+             scripts/setup-debian.sh --test-deps installs it",
+            bin.display()
+        )
+    })
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Provider {
+    pub fn start() -> Provider {
+        // ESM resolves packages from the importing file's directory: the fixture runs from a
+        // directory whose node_modules is the test servers'.
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(node_modules(), dir.path().join("node_modules")).unwrap();
+        let script = dir.path().join("provider.mjs");
+        std::fs::copy(super::fixture("oidc/provider.mjs"), &script).unwrap();
+        let port = free_port();
+        let mut child = Command::new(super::server_bin("node"))
+            .arg(&script)
+            .arg(port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start node");
+        let mut line = String::new();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert!(
+            line.starts_with("ready "),
+            "the provider did not start: {line:?}"
+        );
+        Provider {
+            child,
+            issuer: line["ready ".len()..].trim().to_string(),
+            _dir: dir,
+        }
+    }
+
+    /// An access token of `client` for `resource` (client-credentials grant).
+    pub async fn token(&self, client: &str, resource: &str) -> String {
+        let body = format!(
+            "grant_type=client_credentials&client_id={client}&client_secret={client}-secret&scope=mcp&resource={}",
+            percent_encoding::utf8_percent_encode(resource, percent_encoding::NON_ALPHANUMERIC)
+        );
+        let resp = reqwest::Client::new()
+            .post(format!("{}/token", self.issuer))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        let v: serde_json::Value = resp.json().await.unwrap();
+        assert!(status.is_success(), "token request refused: {v}");
+        v["access_token"].as_str().unwrap().to_string()
+    }
+
+    pub async fn jwks_hits(&self) -> u64 {
+        let v: serde_json::Value = reqwest::get(format!("{}/test/jwks-hits", self.issuer))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["hits"].as_u64().unwrap()
+    }
+
+    pub fn config(&self, audience: &str) -> OAuthConfig {
+        OAuthConfig {
+            issuer: Some(self.issuer.clone()),
+            audience: Some(audience.into()),
+        }
+    }
+}

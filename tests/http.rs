@@ -1,0 +1,567 @@
+//! `serve`: MCP over Streamable HTTP, through the real binary, real podman, rmcp's real HTTP
+//! client, the official Python and TypeScript SDK clients, and a real OpenID provider. What
+//! each test attacks: requests without or with a wrong token (401 and its challenge), a foreign
+//! `Origin` or `Host` (403, before authentication), one identity reaching for another's
+//! interpreter, files, skills or MCP session, too many requests of one identity (429), a client
+//! that goes away mid-call, and SIGTERM with a call in flight.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::served::Served;
+use common::{Home, Outcome};
+use rmcp::RoleClient;
+use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams};
+use rmcp::service::RunningService;
+use serde_json::{Value, json};
+
+const ALICE: &str = "alice-0123456789abcdef0123";
+const BOB: &str = "bob-fedcba9876543210fedcba98";
+
+fn token_home() -> (Home, String) {
+    let home = Home::new();
+    let tokens = home.path().join("tokens");
+    std::fs::write(&tokens, format!("# the team\nalice:{ALICE}\nbob:{BOB}\n")).unwrap();
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let path = tokens.display().to_string();
+    (home, path)
+}
+
+async fn run(client: &RunningService<RoleClient, ()>, args: Value) -> Outcome {
+    let params =
+        CallToolRequestParams::new("run_python").with_arguments(args.as_object().cloned().unwrap());
+    Outcome(
+        tokio::time::timeout(Duration::from_secs(240), client.call_tool(params))
+            .await
+            .expect("run_python answered within 240 s")
+            .expect("run_python over HTTP"),
+    )
+}
+
+/// A raw POST of `body` to the server with these headers; the status, headers and body.
+async fn post(
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Value,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let mut req = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.body(body.to_string()).send().await.expect("POST");
+    let status = resp.status().as_u16();
+    let h = resp.headers().clone();
+    (status, h, resp.text().await.unwrap_or_default())
+}
+
+fn initialize() -> Value {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}})
+}
+
+#[test]
+fn serve_refuses_a_public_address_without_authentication() {
+    let home = Home::new();
+    let out = home
+        .command()
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("refusing to listen on 0.0.0.0:0 without authentication"),
+        "{err}"
+    );
+    assert!(err.contains("hint: set token_file"), "{err}");
+    // A token file that is not one is refused with the line at fault.
+    let bad = home.path().join("bad-tokens");
+    std::fs::write(&bad, "alice:short\n").unwrap();
+    let out = home
+        .command()
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("MCP_BRIDGE_TOKEN_FILE", &bad)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("line 1") && err.contains("hint: write one `name:token`"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bearer_tokens_admit_their_identity_and_keep_identities_apart() {
+    let (home, tokens) = token_home();
+    let audit = home.path().join("audit.jsonl");
+    let served = Served::start(
+        home,
+        &[
+            ("MCP_BRIDGE_TOKEN_FILE", &tokens),
+            ("MCP_BRIDGE_AUDIT_PATH", &audit.display().to_string()),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ],
+        &[],
+    );
+    let url = served.url.clone();
+
+    // 401: no token, a wrong one, another scheme; each with the RFC 6750 challenge.
+    let (status, h, body) = post(&url, &[], initialize()).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(h["www-authenticate"], "Bearer realm=\"mcp-code-bridge\"");
+    let (status, h, body) = post(
+        &url,
+        &[("authorization", "Bearer alice-0123456789abcdef0124")],
+        initialize(),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        h["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .contains("error=\"invalid_token\"")
+    );
+    let (status, _, _) = post(
+        &url,
+        &[("authorization", &format!("Basic {ALICE}"))],
+        initialize(),
+    )
+    .await;
+    assert_eq!(status, 401);
+    // 403 before authentication: a page elsewhere learns nothing, not even that a token is needed.
+    let (status, h, body) = post(&url, &[("origin", "https://evil.example")], initialize()).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(h.get("www-authenticate").is_none());
+    assert!(body.contains("http.allowed_origins"), "{body}");
+    let bearer = format!("Bearer {ALICE}");
+    let (status, _, body) = post(
+        &url,
+        &[("authorization", &bearer), ("host", "rebound.example:80")],
+        initialize(),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    // A loopback origin (the Inspector's web UI, say) is welcome.
+    let (status, _, body) = post(
+        &url,
+        &[
+            ("authorization", &bearer),
+            ("origin", "http://localhost:6274"),
+        ],
+        initialize(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    // An MCP session (2025-11-25) is its creator's: bob cannot use alice's id.
+    let (status, h, _) = post(&url, &[("authorization", &bearer)], initialize()).await;
+    assert_eq!(status, 200);
+    let sid = h["mcp-session-id"].to_str().unwrap().to_string();
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let common_headers = |token: &str| {
+        vec![
+            ("authorization", format!("Bearer {token}")),
+            ("mcp-session-id", sid.clone()),
+            ("mcp-protocol-version", "2025-11-25".to_string()),
+        ]
+    };
+    let as_refs = |v: &Vec<(&'static str, String)>| {
+        v.iter().map(|(k, v)| (*k, v.clone())).collect::<Vec<_>>()
+    };
+    let bob_h = as_refs(&common_headers(BOB));
+    let bob_h: Vec<(&str, &str)> = bob_h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (status, _, body) = post(&url, &bob_h, list.clone()).await;
+    assert_eq!(status, 404, "bob used alice's MCP session: {body}");
+    let alice_h = as_refs(&common_headers(ALICE));
+    let alice_h: Vec<(&str, &str)> = alice_h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    post(
+        &url,
+        &alice_h,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    let (status, _, body) = post(&url, &alice_h, list).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("run_python"), "{body}");
+
+    // Two identities, one session name: two interpreters.
+    let alice = served.client(Some(ALICE)).await;
+    let bob = served.client(Some(BOB)).await;
+    run(&alice, json!({"code": "secret = 'alice-only'\nimport os\nos.makedirs('/workspace/out', exist_ok=True)\nopen('/workspace/out/mine.txt', 'w').write(secret)", "session": "work"})).await.ok();
+    let seen = run(
+        &bob,
+        json!({"code": "print(globals().get('secret'))", "session": "work"}),
+    )
+    .await
+    .ok();
+    assert_eq!(seen.stdout().trim(), "None", "bob saw alice's variable");
+    let again = run(&alice, json!({"code": "print(secret)", "session": "work"}))
+        .await
+        .ok();
+    assert_eq!(again.stdout().trim(), "alice-only");
+
+    // Files: alice's are listed for her only, and bob cannot read one by its URI.
+    let mine = alice.list_all_resources().await.unwrap();
+    let uri = mine
+        .iter()
+        .find(|r| r.name == "mine.txt")
+        .expect("alice's file listed")
+        .uri
+        .clone();
+    let bobs = bob.list_all_resources().await.unwrap();
+    assert!(
+        !bobs.iter().any(|r| r.uri == uri),
+        "bob's list shows alice's file"
+    );
+    let read = bob
+        .read_resource(ReadResourceRequestParams::new(uri.clone()))
+        .await;
+    assert!(read.is_err(), "bob read alice's file: {read:?}");
+    assert!(
+        alice
+            .read_resource(ReadResourceRequestParams::new(uri))
+            .await
+            .is_ok()
+    );
+
+    // Skills: alice's saved function is defined in her next session, not in bob's.
+    run(&alice, json!({"code": "from mcp import runtime\ndef twice(x):\n    \"\"\"Double it.\"\"\"\n    return 2 * x\nruntime.save_skill(twice)", "session": "skills"})).await.ok();
+    let hers = run(
+        &alice,
+        json!({"code": "print(twice(21))", "session": "fresh"}),
+    )
+    .await
+    .ok();
+    assert_eq!(hers.stdout().trim(), "42");
+    let his = run(&bob, json!({"code": "from mcp import runtime\nprint('twice' in globals(), runtime.list_skills())", "session": "fresh"})).await.ok();
+    assert_eq!(his.stdout().trim(), "False []", "bob got alice's skill");
+
+    // The audit log names who ran what.
+    alice.cancel().await.ok();
+    bob.cancel().await.ok();
+    let mut served = served;
+    let status = served
+        .terminate(Duration::from_secs(60))
+        .expect("serve exits after SIGTERM");
+    assert!(status.success(), "{status:?}\n{}", served.home.log());
+    let records: Vec<Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let execs: Vec<(&str, &str)> = records
+        .iter()
+        .filter(|r| r["kind"] == "exec")
+        .map(|r| {
+            (
+                r["identity"].as_str().unwrap_or("?"),
+                r["session"].as_str().unwrap_or("?"),
+            )
+        })
+        .collect();
+    assert!(
+        execs.contains(&("alice", "work")) && execs.contains(&("bob", "work")),
+        "{execs:?}"
+    );
+    let left = common::wait_no_containers(served.pid, Duration::from_secs(20)).await;
+    assert!(left.is_empty(), "containers left after SIGTERM: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_identity_is_bounded_and_a_client_that_leaves_cancels_its_call() {
+    let (home, tokens) = token_home();
+    let served = Served::start(
+        home,
+        &[
+            ("MCP_BRIDGE_TOKEN_FILE", &tokens),
+            ("MCP_BRIDGE_HTTP_MAX_REQUESTS_PER_IDENTITY", "2"),
+            ("MCP_BRIDGE_HTTP_MAX_SESSIONS_PER_IDENTITY", "1"),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ],
+        &[],
+    );
+    let alice = served.client(Some(ALICE)).await;
+    run(&alice, json!({"code": "x = 1", "session": "a"}))
+        .await
+        .ok();
+    // One session per identity: alice's second closes her first, and says so.
+    let second = run(&alice, json!({"code": "print(1)", "session": "b"}))
+        .await
+        .ok();
+    assert!(
+        second.sc()["notices"]
+            .to_string()
+            .contains("session \\\"a\\\"")
+            && second.sc()["notices"]
+                .to_string()
+                .contains("http.max_sessions_per_identity"),
+        "{}",
+        second.sc()
+    );
+    // Bob's session is not alice's to close.
+    let bob = served.client(Some(BOB)).await;
+    run(&bob, json!({"code": "y = 2", "session": "keep"}))
+        .await
+        .ok();
+    run(&alice, json!({"code": "print(2)", "session": "c"}))
+        .await
+        .ok();
+    let kept = run(&bob, json!({"code": "print(y)", "session": "keep"}))
+        .await
+        .ok();
+    assert_eq!(kept.stdout().trim(), "2", "alice's sessions closed bob's");
+
+    // Two calls of alice in flight: a third request of hers is 429, bob's is not.
+    let slow = |c: &str| json!({"code": c, "session": "c", "timeout": 60});
+    let calls: Vec<_> = (0..2)
+        .map(|_| {
+            let peer = alice.peer().clone();
+            let params = CallToolRequestParams::new("run_python").with_arguments(
+                slow("import time; time.sleep(4)")
+                    .as_object()
+                    .cloned()
+                    .unwrap(),
+            );
+            tokio::spawn(async move { peer.call_tool(params).await.map(|r| r.is_error) })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, h, body) = post(
+        &served.url,
+        &[("authorization", &format!("Bearer {ALICE}"))],
+        initialize(),
+    )
+    .await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(h["retry-after"], "1");
+    assert!(body.contains("http.max_requests_per_identity"), "{body}");
+    let tools = bob
+        .list_all_tools()
+        .await
+        .expect("bob is not limited by alice's calls");
+    assert_eq!(tools.len(), 1);
+    for c in calls {
+        assert_eq!(c.await.unwrap().expect("alice's call"), Some(false));
+    }
+
+    // A client that goes away mid-call cancels it: the code stops where it was, and the
+    // session serves the next call at once instead of after the abandoned one. Over an MCP
+    // session of 2025-11-25, raw, so that nothing but the closed connection says so.
+    let bearer = format!("Bearer {ALICE}");
+    let (status, h, _) = post(&served.url, &[("authorization", &bearer)], initialize()).await;
+    assert_eq!(status, 200);
+    let sid = h["mcp-session-id"].to_str().unwrap().to_string();
+    let headers = [
+        ("authorization", bearer.clone()),
+        ("mcp-session-id", sid.clone()),
+        ("mcp-protocol-version", "2025-11-25".to_string()),
+    ];
+    let refs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    post(
+        &served.url,
+        &refs,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    let url = served.url.clone();
+    let owned = headers.clone();
+    let gone = tokio::spawn(async move {
+        let refs: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        post(&url, &refs, json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call", "params": {"name": "run_python", "arguments": slow("import time\nfor i in range(40):\n    time.sleep(0.5)\nopen('/tmp/finished', 'w').write('yes')")}})).await
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    gone.abort();
+    let _ = gone.await;
+    let started = Instant::now();
+    let after = run(
+        &alice,
+        json!({"code": "import os\nprint(os.path.exists('/tmp/finished'))", "session": "c"}),
+    )
+    .await
+    .ok();
+    assert_eq!(
+        after.stdout().trim(),
+        "False",
+        "the abandoned call ran to its end ({:?})",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the next call waited for the abandoned one: {:?}",
+        started.elapsed()
+    );
+}
+
+/// The official clients over HTTP: the Python SDK's (`mcp` on PyPI), the TypeScript SDK's
+/// (`@modelcontextprotocol/sdk` on npm) and the MCP Inspector's CLI, each with a bearer token,
+/// each calling `run_python`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_official_clients_call_over_http() {
+    let (home, tokens) = token_home();
+    let served = Served::start(home, &[("MCP_BRIDGE_TOKEN_FILE", &tokens)], &[]);
+    let py = tokio::process::Command::new(common::server_bin("mcp-python"))
+        .arg(common::fixture("sdk_http_client.py"))
+        .args([&served.url, ALICE, "print(6 * 7)"])
+        .output()
+        .await
+        .unwrap();
+    let out = String::from_utf8_lossy(&py.stdout);
+    assert!(
+        py.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["structured"]["stdout"], "42\n", "{v}");
+    assert_eq!(v["tools"], json!(["run_python"]));
+
+    let ts = tokio::process::Command::new(common::server_bin("node"))
+        .arg(common::fixture("sdk_http_client.mjs"))
+        .args([&served.url, BOB, "print(6 * 7)"])
+        .env("NODE_PATH", common::oidc::node_modules())
+        .output()
+        .await
+        .unwrap();
+    let out = String::from_utf8_lossy(&ts.stdout);
+    assert!(
+        ts.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&ts.stderr)
+    );
+    let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["structured"]["stdout"], "42\n", "{v}");
+    assert_eq!(v["tools"], json!(["run_python"]));
+
+    // The MCP Inspector's CLI (Node 22), with the token as a header.
+    let scratch = tempfile::tempdir().unwrap();
+    let inspector = tokio::process::Command::new(common::server_bin("mcp-inspector"))
+        .args([
+            "--cli",
+            &served.url,
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "run_python",
+        ])
+        .args([
+            "--tool-arg",
+            "code=print(6 * 7)",
+            "--header",
+            &format!("Authorization: Bearer {ALICE}"),
+        ])
+        .env("HOME", scratch.path())
+        .output()
+        .await
+        .unwrap();
+    let out = String::from_utf8_lossy(&inspector.stdout);
+    assert!(
+        inspector.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&inspector.stderr)
+    );
+    let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["structuredContent"]["stdout"], "42\n", "{v}");
+
+    // A wrong token: the Python client's error names the 401.
+    let py = tokio::process::Command::new(common::server_bin("mcp-python"))
+        .arg(common::fixture("sdk_http_client.py"))
+        .args([&served.url, "not-a-token-of-this-server", "print(1)"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!py.status.success());
+}
+
+/// OAuth 2.1 resource server: tokens of a real OpenID provider, its metadata and challenge.
+#[tokio::test(flavor = "multi_thread")]
+async fn oauth_tokens_of_a_real_provider_are_accepted_or_refused() {
+    let provider = common::oidc::Provider::start();
+    // The audience names this server's URL, so its port is chosen first.
+    let port = common::oidc::free_port();
+    let audience = format!("http://127.0.0.1:{port}/mcp");
+    // A token that lives a second, asked for first: it has expired (beyond the 30 s leeway)
+    // by the end of the test.
+    let short = provider.token("carol", &audience).await;
+    let short_at = Instant::now();
+    let served = Served::start(
+        Home::new(),
+        &[
+            ("MCP_BRIDGE_OAUTH_ISSUER", &provider.issuer),
+            ("MCP_BRIDGE_OAUTH_AUDIENCE", &audience),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ],
+        &["--listen", &format!("127.0.0.1:{port}")],
+    );
+    assert_eq!(served.url, audience);
+
+    // Protected Resource Metadata (RFC 9728), and the challenge that points at it.
+    let prm: Value = reqwest::get(format!(
+        "{}/.well-known/oauth-protected-resource/mcp",
+        served.base()
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(prm["resource"], audience.as_str());
+    assert_eq!(prm["authorization_servers"], json!([provider.issuer]));
+    let (status, h, _) = post(&served.url, &[], initialize()).await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        h["www-authenticate"].to_str().unwrap(),
+        format!(
+            "Bearer realm=\"mcp-code-bridge\", resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\"",
+            served.base()
+        )
+    );
+
+    // Accepted: alice's token for this audience; her identity is the token's subject.
+    let alice = provider.token("alice", &audience).await;
+    let client = served.client(Some(&alice)).await;
+    let out = run(&client, json!({"code": "v = 'from alice'\nprint(v)"}))
+        .await
+        .ok();
+    assert_eq!(out.stdout().trim(), "from alice");
+    // Bob's token reaches bob's interpreter, not alice's.
+    let bob = provider.token("bob", &audience).await;
+    let bobs = served.client(Some(&bob)).await;
+    let seen = run(&bobs, json!({"code": "print(globals().get('v'))"}))
+        .await
+        .ok();
+    assert_eq!(seen.stdout().trim(), "None");
+
+    // Refused: a token for another audience of the same issuer, with its reason.
+    let elsewhere = provider.token("alice", "https://other.test/").await;
+    let (status, h, body) = post(
+        &served.url,
+        &[("authorization", &format!("Bearer {elsewhere}"))],
+        initialize(),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    let challenge = h["www-authenticate"].to_str().unwrap();
+    assert!(
+        challenge.contains("error=\"invalid_token\"") && challenge.contains("another audience"),
+        "{challenge}"
+    );
+
+    // Refused: the expired one.
+    let wait = Duration::from_secs(33).saturating_sub(short_at.elapsed());
+    tokio::time::sleep(wait).await;
+    let (status, _, body) = post(
+        &served.url,
+        &[("authorization", &format!("Bearer {short}"))],
+        initialize(),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("expired"), "{body}");
+}
