@@ -909,6 +909,14 @@ impl ClientLink for PeerLink {
     }
 }
 
+/// The first SIGTERM or SIGINT, by name: both servers shut down cleanly on either.
+pub async fn quit_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("signal handler");
+    let mut int = signal(SignalKind::interrupt()).expect("signal handler");
+    tokio::select! { _ = term.recv() => "SIGTERM", _ = int.recv() => "SIGINT" }
+}
+
 /// Serve MCP over stdio until the client closes it, then remove every container.
 pub async fn serve_stdio(bridge: Bridge) -> anyhow::Result<()> {
     use rmcp::ServiceExt;
@@ -920,16 +928,9 @@ pub async fn serve_stdio(bridge: Bridge) -> anyhow::Result<()> {
     let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(stdin, stdout)
         .with_max_line_length(MAX_REQUEST_LINE_BYTES);
     let service = bridge.serve(transport).await?;
-    let quit = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("signal handler");
-        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-            .expect("signal handler");
-        tokio::select! { _ = term.recv() => "SIGTERM", _ = int.recv() => "SIGINT" }
-    };
     tokio::select! {
         r = service.waiting() => { if let Err(e) = r { tracing::warn!("MCP service ended: {e}"); } }
-        sig = quit => tracing::info!("{sig}: shutting down"),
+        sig = quit_signal() => tracing::info!("{sig}: shutting down"),
     }
     this.shutdown().await;
     Ok(())

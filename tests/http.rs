@@ -565,3 +565,120 @@ async fn oauth_tokens_of_a_real_provider_are_accepted_or_refused() {
     assert_eq!(status, 401, "{body}");
     assert!(body.contains("expired"), "{body}");
 }
+
+/// A task is its creator's: another identity's `tasks/get` and `tasks/cancel` of its id are
+/// refused as for an unknown task, and the task runs on to its result.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_identitys_task_is_unknown() {
+    use rmcp::ServiceExt as _;
+    use rmcp::model::{
+        CallToolResponse, CancelTaskParams, ClientCapabilities, ClientConfig, GetTaskParams,
+        Implementation, RequestMetaObject,
+    };
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let (home, tokens) = token_home();
+    let served = Served::start(home, &[("MCP_BRIDGE_TOKEN_FILE", &tokens)], &[]);
+    let connect = |token: &'static str| {
+        let url = served.url.clone();
+        async move {
+            let transport = StreamableHttpClientTransport::from_config(
+                StreamableHttpClientTransportConfig::with_uri(url.as_str()).auth_header(token),
+            );
+            ClientConfig::new(
+                ClientCapabilities::builder().enable_tasks().build(),
+                Implementation::new("tasks-over-http", "1"),
+            )
+            .serve(transport)
+            .await
+            .expect("initialize over HTTP")
+        }
+    };
+    let alice = connect(ALICE).await;
+    let bob = connect(BOB).await;
+    let mut params = CallToolRequestParams::new("run_python").with_arguments(
+        json!({"code": "import time; time.sleep(3); print('done')"})
+            .as_object()
+            .cloned()
+            .unwrap(),
+    );
+    let mut meta = RequestMetaObject::new();
+    meta.set_client_capabilities(ClientCapabilities::builder().enable_tasks().build());
+    params.meta = Some(meta);
+    let task = match alice.call_tool_once(params).await.expect("tools/call") {
+        CallToolResponse::Task(t) => t.task,
+        other => panic!("expected a task, got {other:?}"),
+    };
+    let id = task.task_id.clone();
+    let peek = bob.peer().get_task(GetTaskParams::new(id.clone())).await;
+    assert!(peek.is_err(), "bob read alice's task: {peek:?}");
+    let cancel = bob
+        .peer()
+        .cancel_task(CancelTaskParams::new(id.clone()))
+        .await;
+    assert!(cancel.is_err(), "bob cancelled alice's task: {cancel:?}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let t = alice
+            .peer()
+            .get_task(GetTaskParams::new(id.clone()))
+            .await
+            .expect("alice polls her task")
+            .task;
+        if t.status().is_terminal() {
+            assert!(format!("{t:?}").contains("done"), "{t:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the task did not end: {t:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// HTTPS from certificate files: a client that trusts the certificate calls `run_python`; plain
+/// HTTP to the same port gets no MCP answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_from_certificate_and_key_files() {
+    use rmcp::ServiceExt as _;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let (home, tokens) = token_home();
+    let key = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let cert_pem = key.cert.pem();
+    let cert = home.path().join("cert.pem");
+    let private = home.path().join("key.pem");
+    std::fs::write(&cert, &cert_pem).unwrap();
+    std::fs::write(&private, key.signing_key.serialize_pem()).unwrap();
+    let served = Served::start(
+        home,
+        &[
+            ("MCP_BRIDGE_TOKEN_FILE", &tokens),
+            ("MCP_BRIDGE_HTTP_TLS_CERT", &cert.display().to_string()),
+            ("MCP_BRIDGE_HTTP_TLS_KEY", &private.display().to_string()),
+        ],
+        &[],
+    );
+    assert!(
+        served.url.starts_with("https://127.0.0.1:"),
+        "{}",
+        served.url
+    );
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(cert_pem.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let transport = StreamableHttpClientTransport::with_client(
+        http,
+        StreamableHttpClientTransportConfig::with_uri(served.url.as_str()).auth_header(ALICE),
+    );
+    let client = ().serve(transport).await.expect("initialize over HTTPS");
+    let out = run(&client, json!({"code": "print(6 * 7)"})).await.ok();
+    assert_eq!(out.stdout().trim(), "42");
+    let plain = served.url.replacen("https://", "http://", 1);
+    let r = reqwest::Client::new().post(&plain).body("{}").send().await;
+    assert!(
+        r.as_ref().map_or(true, |r| !r.status().is_success()),
+        "plain HTTP was answered: {r:?}"
+    );
+}

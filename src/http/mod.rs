@@ -184,18 +184,11 @@ pub async fn serve(bridge: Bridge, config: Arc<Config>) -> Result<(), ServeError
         }
     };
     tokio::pin!(server);
-    let quit = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("signal handler");
-        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-            .expect("signal handler");
-        tokio::select! { _ = term.recv() => "SIGTERM", _ = int.recv() => "SIGINT" }
-    };
     tokio::select! {
         r = &mut server => {
             if let Err(e) = r { tracing::error!("the HTTP server stopped: {e}"); }
         }
-        sig = quit => {
+        sig = crate::server::quit_signal() => {
             let deadline = config.max_timeout.0 + SHUTDOWN_GRACE;
             tracing::info!(
                 in_flight = shared.guard.in_flight(),
