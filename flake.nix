@@ -136,6 +136,7 @@
           runtime-tests = lib.callPackageWith pkgs ./nix/runtime-tests.nix { };
           nixos-sandbox = import ./tests/nixos/sandbox.nix testArgs;
           nixos-mcp-client = import ./tests/nixos/mcp-client.nix testArgs;
+          nixos-http = import ./tests/nixos/http.nix testArgs;
           home-manager = (exampleHome system).activationPackage;
           # What the modules write into config.toml, assert and warn, checked at evaluation.
           module-tests = import ./nix/module-tests.nix {

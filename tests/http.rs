@@ -421,6 +421,14 @@ async fn the_official_clients_call_over_http() {
     let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(v["structured"]["stdout"], "42\n", "{v}");
     assert_eq!(v["tools"], json!(["run_python"]));
+    // The output streamed as progress over the call's SSE stream, as over stdio.
+    let streamed: String = v["progress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(streamed.contains("42"), "no progress: {v}");
 
     let ts = tokio::process::Command::new(common::server_bin("node"))
         .arg(common::fixture("sdk_http_client.mjs"))
@@ -681,4 +689,52 @@ async fn tls_from_certificate_and_key_files() {
         r.as_ref().map_or(true, |r| !r.status().is_success()),
         "plain HTTP was answered: {r:?}"
     );
+}
+
+/// SIGTERM with a call in flight: the call gets its result, `serve` exits 0, no container is
+/// left; a new connection meanwhile is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_lets_the_call_in_flight_finish() {
+    let (home, tokens) = token_home();
+    let mut served = Served::start(home, &[("MCP_BRIDGE_TOKEN_FILE", &tokens)], &[]);
+    let alice = served.client(Some(ALICE)).await;
+    run(&alice, json!({"code": "pass"})).await.ok();
+    let peer = alice.peer().clone();
+    let call = tokio::spawn(async move {
+        let params = CallToolRequestParams::new("run_python").with_arguments(
+            json!({"code": "import time; time.sleep(4); print('finished')"})
+                .as_object()
+                .cloned()
+                .unwrap(),
+        );
+        peer.call_tool(params).await
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    unsafe { libc::kill(served.pid as i32, libc::SIGTERM) };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let late = reqwest::Client::new()
+        .post(&served.url)
+        .header("authorization", format!("Bearer {BOB}"))
+        .body(initialize().to_string())
+        .send()
+        .await;
+    assert!(
+        late.is_err(),
+        "a new connection was served after SIGTERM: {late:?}"
+    );
+    let result = call
+        .await
+        .unwrap()
+        .expect("the call in flight was answered");
+    assert_eq!(
+        result.structured_content.as_ref().unwrap()["stdout"],
+        "finished\n",
+        "{result:?}"
+    );
+    let status = served
+        .terminate(Duration::from_secs(60))
+        .expect("serve exits after the call");
+    assert!(status.success(), "{status:?}\n{}", served.home.log());
+    let left = common::wait_no_containers(served.pid, Duration::from_secs(20)).await;
+    assert!(left.is_empty(), "containers left after SIGTERM: {left:?}");
 }
