@@ -738,3 +738,74 @@ async fn sigterm_lets_the_call_in_flight_finish() {
     let left = common::wait_no_containers(served.pid, Duration::from_secs(20)).await;
     assert!(left.is_empty(), "containers left after SIGTERM: {left:?}");
 }
+
+/// The request bounds that need no sandbox: a body over `http.max_request_size` is 413 (with or
+/// without an MCP session), and a third SSE stream of one MCP session is 429 while two are open.
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_bodies_and_extra_sse_streams_are_refused() {
+    let (home, tokens) = token_home();
+    let served = Served::start(
+        home,
+        &[
+            ("MCP_BRIDGE_TOKEN_FILE", &tokens),
+            ("MCP_BRIDGE_HTTP_MAX_REQUEST_SIZE", "64k"),
+            ("MCP_BRIDGE_WARM_START", "false"),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ],
+        &[],
+    );
+    let bearer = format!("Bearer {ALICE}");
+    let big = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {
+        "name": "run_python", "arguments": {"code": "x".repeat(100 << 10)}}});
+    let (status, _, body) = post(&served.url, &[("authorization", &bearer)], big.clone()).await;
+    assert_eq!(status, 413, "{body}");
+
+    let (status, h, _) = post(&served.url, &[("authorization", &bearer)], initialize()).await;
+    assert_eq!(status, 200);
+    let sid = h["mcp-session-id"].to_str().unwrap().to_string();
+    let session = [
+        ("authorization", bearer.as_str()),
+        ("mcp-session-id", sid.as_str()),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    post(
+        &served.url,
+        &session,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    let (status, _, body) = post(&served.url, &session, big).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("http.max_request_size"), "{body}");
+
+    let get = || {
+        let mut req = reqwest::Client::new()
+            .get(&served.url)
+            .header("accept", "text/event-stream");
+        for (k, v) in session {
+            req = req.header(k, v);
+        }
+        req.send()
+    };
+    let first = get().await.unwrap();
+    assert_eq!(first.status(), 200);
+    let second = get().await.unwrap();
+    assert_eq!(second.status(), 200);
+    let third = get().await.unwrap();
+    assert_eq!(third.status(), 429);
+    // One closed, one may open again.
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let again = get().await.unwrap();
+        if again.status() == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a stream closed, yet another is still refused"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(second);
+}
