@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::Config;
-use crate::oauth::{OAuthError, TokenError, Verifier};
+use crate::oauth::{OAuthError, Verifier};
 
 /// Shortest token `token_file` may hold: guessing one must be hopeless.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -154,7 +154,7 @@ impl Auth {
                 Ok(id) => Ok(id.subject),
                 Err(e) => Err(Refusal {
                     error: Some("invalid_token"),
-                    description: token_error(&e),
+                    description: e.to_string(),
                 }),
             },
             _ => Err(Refusal {
@@ -176,10 +176,6 @@ impl Auth {
         }
         found
     }
-}
-
-fn token_error(e: &TokenError) -> String {
-    e.to_string()
 }
 
 /// The token of `Bearer <token>` (the scheme in any case, RFC 7235).

@@ -234,16 +234,10 @@ impl Drop for Held {
     }
 }
 
+/// A refusal of the bounds, logged, in `serve`'s one JSON error shape.
 fn refuse(status: StatusCode, error: &str, why: String) -> Response {
     tracing::info!("refused a request: {why}");
-    let body = serde_json::json!({"error": error, "error_description": why}).to_string();
-    let mut r = Response::new(Body::from(body));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
+    super::problem(status, error, why)
 }
 
 impl Limits {
