@@ -20,7 +20,7 @@ use rmcp::model::{
     CancelTaskParams, CreateTaskResult, GetTaskParams, GetTaskResult, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
-use rmcp::task_manager::{TaskExit, TaskManager, TaskOptions};
+use rmcp::task_manager::TaskManager;
 use rmcp::{RoleServer, ServerHandler};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -36,6 +36,8 @@ use crate::sandbox::{DEFAULT_SESSION, ExecRequest, OutputSink, Sandbox};
 use crate::skills;
 use crate::upstream::{CallContext, CallRelay, ClientLink, Hinted as _, ProgressSink, Upstreams};
 use base64::Engine as _;
+
+mod tasks;
 
 pub const TOOL_NAME: &str = "run_python";
 /// How often a task's client is told to poll it.
@@ -155,8 +157,8 @@ pub struct RunArgs {
 
 /// Largest `code` accepted, so a runaway client cannot make us buffer gigabytes.
 pub const MAX_CODE_BYTES: usize = 4 << 20;
-/// Longest JSON-RPC line read from the client; longer ones are dropped unanswered (their id is
-/// unknown without parsing them).
+/// Longest JSON-RPC line read from the client; a longer one is read through without being kept
+/// and answered `-32600` (its id is unknown without parsing it).
 pub const MAX_REQUEST_LINE_BYTES: usize = 64 << 20;
 
 impl RunArgs {
@@ -230,9 +232,9 @@ pub struct Bridge {
     skills: Arc<skills::Store>,
     /// `run_python` calls running as tasks, for clients that declared the tasks extension.
     tasks: TaskManager,
-    /// Whose each task is (`None`: the stdio user's), so one identity cannot read or cancel
+    /// Whose each task is (`None`: the stdio user's) and its form, so one identity cannot read or cancel
     /// another's task by its id. Pruned of the tasks the manager has let go of.
-    task_owners: Arc<std::sync::Mutex<std::collections::HashMap<String, Option<String>>>>,
+    task_owners: Arc<std::sync::Mutex<std::collections::HashMap<String, tasks::Owner>>>,
 }
 
 impl Bridge {
@@ -258,17 +260,6 @@ impl Bridge {
         Bridge {
             log_level: Default::default(),
             ..self.clone()
-        }
-    }
-
-    /// Whether `identity` may see task `id`: its own, or one that is unknown (the manager
-    /// answers those with its own error).
-    fn task_visible(&self, id: &str, identity: &Option<String>) -> Result<(), ErrorData> {
-        match self.task_owners.lock().unwrap().get(id) {
-            Some(owner) if owner != identity => {
-                Err(ErrorData::invalid_params(format!("no task {id:?}"), None))
-            }
-            _ => Ok(()),
         }
     }
 
@@ -374,59 +365,6 @@ impl Bridge {
                 render::setup_error("SandboxUnavailable", &e.with_hint())
             }
         }
-    }
-
-    /// Start `args` as a task (SEP-2663) and answer with its handle. The task ends like a call:
-    /// its result is the call's result; `tasks/cancel` interrupts the code as a client's
-    /// cancellation does; and the policy asks, and servers' questions go, through the peer.
-    fn run_as_task(&self, args: RunArgs, context: &RequestContext<RoleServer>) -> CallToolResponse {
-        let bridge = self.clone();
-        let peer = context.peer.clone();
-        let identity = identity::of_request(&context.extensions);
-        let owner = identity.clone();
-        // rmcp fails a task still running at its TTL, and keeps a finished one's result for as
-        // long: longer than the longest call, so only results expire (bounded in count by the
-        // sessions, in size by the output and image caps).
-        let ttl = self.config.max_timeout.0 + TASK_RETENTION;
-        let task = self.tasks.spawn(
-            TaskOptions::new()
-                .with_poll_interval_ms(TASK_POLL_MS)
-                .with_ttl_ms(ttl.as_millis() as u64),
-            move |ctx| {
-                Box::pin(async move {
-                    let cancel = tokio_util::sync::CancellationToken::new();
-                    let approver: Arc<dyn Approver> = Arc::new(ClientApprover(peer.clone()));
-                    let relay = CallRelay {
-                        progress: None,
-                        client: Some(Arc::new(PeerLink::new(peer, identity.as_deref()))),
-                    };
-                    let run = bridge.run_for(
-                        args,
-                        cancel.clone(),
-                        None,
-                        Some(approver),
-                        relay,
-                        identity.as_deref(),
-                    );
-                    tokio::pin!(run);
-                    tokio::select! {
-                        r = &mut run => Ok(r),
-                        () = ctx.cancelled() => {
-                            // Interrupt the code and let the call end as a cancelled one.
-                            cancel.cancel();
-                            let _ = run.await;
-                            Err(TaskExit::Cancelled)
-                        }
-                    }
-                })
-            },
-        );
-        {
-            let mut owners = self.task_owners.lock().unwrap();
-            owners.retain(|id, _| self.tasks.get_task(id).is_ok());
-            owners.insert(task.task_id.clone(), owner);
-        }
-        CallToolResponse::Task(CreateTaskResult::new(task))
     }
 
     /// `resources/read` of a file copied out of `/workspace/out`: text when its type is textual
@@ -647,7 +585,8 @@ impl ServerHandler for Bridge {
             .client_capabilities()
             .is_some_and(|c| c.supports_tasks())
         {
-            return Ok(self.run_as_task(args, &context));
+            let task = self.spawn_task(args, &context, false);
+            return Ok(CallToolResponse::Task(CreateTaskResult::new(task)));
         }
         let (forwarder, on_output, progress) = match self.progress(&context) {
             Some((f, out, up)) => (Some(f), Some(out), Some(up)),
@@ -788,8 +727,11 @@ impl ServerHandler for Bridge {
     async fn on_custom_request(
         &self,
         request: CustomRequest,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, ErrorData> {
+        if let Some(answer) = self.legacy_task_request(&request, &context).await {
+            return answer;
+        }
         let m = request.method;
         if METHODS.split(", ").any(|k| k == m) {
             let shape = if m == "tools/call" {
@@ -803,70 +745,6 @@ impl ServerHandler for Bridge {
             ));
         }
         Err(refused(&m, not_implemented(&m)))
-    }
-}
-
-/// The client's stdin as rmcp reads it, with every line that cannot be a JSON-RPC message (its
-/// first byte is not `{` or `[`) logged. rmcp drops unparsable lines without a reply and logs
-/// them only at debug level: JSON-RPC's `-32700` would need an id it cannot read, and the other
-/// MCP SDKs also stay silent, since answering garbage can start an error storm with a peer that
-/// echoes it (rust-sdk#938). Its reader is not ours to extend, so the bridge cannot send `-32700`
-/// without replacing rmcp's transport; it says in its log what it ignored instead. One byte of
-/// state per line: no line is buffered here. (A line that starts like JSON and breaks later is
-/// still only in rmcp's debug log.)
-struct StdinWatch<R> {
-    inner: R,
-    /// Nothing but whitespace seen since the last newline.
-    at_line_start: bool,
-    ignored: u64,
-}
-
-impl<R> StdinWatch<R> {
-    fn new(inner: R) -> Self {
-        StdinWatch {
-            inner,
-            at_line_start: true,
-            ignored: 0,
-        }
-    }
-
-    fn scan(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            if b == b'\n' {
-                self.at_line_start = true;
-            } else if self.at_line_start && !b.is_ascii_whitespace() {
-                self.at_line_start = false;
-                // 0xEF: a UTF-8 byte-order mark, which rmcp strips.
-                if !matches!(b, b'{' | b'[' | 0xEF) {
-                    self.ignored += 1;
-                    // The first few, then sparsely: a client spewing garbage cannot flood the log.
-                    if self.ignored <= 10 || self.ignored.is_power_of_two() {
-                        tracing::warn!(
-                            ignored = self.ignored,
-                            "ignored a line on stdin that is not a JSON-RPC message (it starts with {:?}); \
-                             such a line gets no reply. Is something other than the MCP client writing to the bridge's stdin?",
-                            char::from(b)
-                        );
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for StdinWatch<R> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let this = &mut *self;
-        let before = buf.filled().len();
-        let r = std::pin::Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let std::task::Poll::Ready(Ok(())) = &r {
-            this.scan(&buf.filled()[before..]);
-        }
-        r
     }
 }
 
@@ -921,12 +799,7 @@ pub async fn quit_signal() -> &'static str {
 pub async fn serve_stdio(bridge: Bridge) -> anyhow::Result<()> {
     use rmcp::ServiceExt;
     let this = bridge.clone();
-    // rmcp drops lines over 16 MiB without a word, so a `code` between that and our own limit
-    // would never be answered; up to this length it gets the clear refusal of `RunArgs::parse`.
-    let (stdin, stdout) = rmcp::transport::stdio();
-    let stdin = StdinWatch::new(stdin);
-    let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(stdin, stdout)
-        .with_max_line_length(MAX_REQUEST_LINE_BYTES);
+    let transport = crate::stdio::StdioTransport::process(MAX_REQUEST_LINE_BYTES);
     let service = bridge.serve(transport).await?;
     tokio::select! {
         r = service.waiting() => { if let Err(e) = r { tracing::warn!("MCP service ended: {e}"); } }

@@ -736,8 +736,9 @@ fn exec_timeout_notice_speaks_of_the_flag_not_a_session() {
     assert!(!notice.contains("\"timeout\""), "{notice}");
 }
 
-/// What a client gets for input the bridge cannot use: a line that is not JSON-RPC is logged
-/// (rmcp sends no reply for it: see `server::StdinWatch`) and serving goes on; `prompts/get`
+/// What a client gets for input the bridge cannot use: a line that is not JSON is answered
+/// `-32700`, JSON that is no request `-32600` (with its id when it has one), both logged, and
+/// serving goes on (see `stdio`); `prompts/get`
 /// names what the server implements; a timeout that is not positive is refused with what it
 /// must be.
 #[tokio::test(flavor = "multi_thread")]
@@ -745,7 +746,18 @@ async fn unusable_input_is_named_and_serving_goes_on() {
     use std::time::Duration;
     let mut b = common::RawBridge::start(Home::new(), &[]).await;
     b.send_line(b"hello, is this thing on?").await;
-    assert_eq!(b.next(Duration::from_millis(500)).await, None);
+    let r = b.next(Duration::from_secs(10)).await.expect("an answer");
+    assert_eq!(r["error"]["code"], -32700, "{r}");
+    assert!(r["id"].is_null(), "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("not JSON") && msg.contains("one JSON-RPC message"),
+        "{r}"
+    );
+    b.send_json(json!({"jsonrpc": "2.0", "id": 9, "params": {}}))
+        .await;
+    let r = b.response(9, Duration::from_secs(10)).await;
+    assert_eq!(r["error"]["code"], -32600, "{r}");
     b.send_json(
         json!({"jsonrpc": "2.0", "id": 1, "method": "prompts/get", "params": {"name": "x"}}),
     )
@@ -775,7 +787,7 @@ async fn unusable_input_is_named_and_serving_goes_on() {
     assert_eq!(r["result"]["tools"][0]["name"], "run_python");
     let log = b.home.log();
     assert!(
-        log.contains("ignored a line on stdin that is not a JSON-RPC message (it starts with 'h')"),
+        log.contains("stdin: Parse error: the line is not JSON"),
         "{log}"
     );
     // Error replies are one readable line each, not rmcp's Debug dump of the error.

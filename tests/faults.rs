@@ -443,8 +443,17 @@ async fn client_malformed_json_rpc_on_stdin_is_survived() {
     ] {
         b.send_line(garbage).await;
     }
-    // Unparsable input has no id to answer: nothing comes back for it.
-    assert_eq!(b.next(Duration::from_millis(500)).await, None);
+    // Each unparsable line is answered "Parse error", with the null id JSON-RPC gives an
+    // answer whose request cannot be read.
+    for _ in 0..4 {
+        let r = b
+            .next(Duration::from_secs(10))
+            .await
+            .expect("a parse error");
+        assert_eq!(r["error"]["code"], -32700, "{r}");
+        assert!(r["id"].is_null(), "{r}");
+    }
+    assert_eq!(b.next(Duration::from_millis(300)).await, None);
     // Well-formed JSON that is not a message gets "Invalid request".
     for not_a_message in [
         json!([]),

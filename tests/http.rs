@@ -643,6 +643,17 @@ async fn another_identitys_task_is_unknown() {
     }
 }
 
+/// The 2025-11-25 form of tasks over HTTP, through the official TypeScript SDK's tasks API:
+/// the same client and checks as over stdio (`common::sdk_tasks`), in an MCP session.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_typescript_sdk_runs_a_task_over_http() {
+    let (home, tokens) = token_home();
+    let served = Served::start(home, &[("MCP_BRIDGE_TOKEN_FILE", &tokens)], &[]);
+    let mut env = served.home.env();
+    env.push(("MCP_TOKEN".into(), ALICE.into()));
+    common::sdk_tasks::check(&served.url, env, served.home.path()).await;
+}
+
 /// HTTPS from certificate files: a client that trusts the certificate calls `run_python`; plain
 /// HTTP to the same port gets no MCP answer.
 #[tokio::test(flavor = "multi_thread")]

@@ -153,3 +153,11 @@ async fn a_declaration_at_initialize_alone_gets_the_result() {
     }
     let _ = client.cancel().await;
 }
+
+/// The 2025-11-25 form of tasks, through the official TypeScript SDK's tasks API over stdio:
+/// see `common::sdk_tasks` (its twin over HTTP is in tests/http.rs).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_typescript_sdk_runs_a_call_as_a_2025_11_25_task() {
+    let home = Home::new();
+    sdk_tasks::check(BIN, home.env(), home.path()).await;
+}

@@ -18,6 +18,7 @@
 
 pub mod auth;
 mod guard;
+mod legacy;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -248,6 +249,14 @@ async fn not_found() -> Response {
     )
 }
 
+fn too_large(max_body: usize) -> Response {
+    problem(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!("the request body is over http.max_request_size ({max_body} bytes) or was cut off"),
+    )
+}
+
 /// A JSON error body: what went wrong, for a person reading a client's log.
 fn problem(status: StatusCode, error: &str, description: String) -> Response {
     (
@@ -296,11 +305,19 @@ async fn authenticate(
     if shared.auth.is_some() {
         request.extensions_mut().insert(Identity(identity.clone()));
     }
+    let (request, wire) = match legacy::inbound(request, shared.max_body).await {
+        Ok(r) => r,
+        Err(response) => return response,
+    };
     let (request, abandoned) = match cancel_on_disconnect(&shared, request).await {
         Ok(r) => r,
         Err(response) => return response,
     };
-    shared.guard.run(identity, request, next, abandoned).await
+    let response = shared.guard.run(identity, request, next, abandoned).await;
+    match wire {
+        Some(wire) => legacy::outbound(response, wire).await,
+        None => response,
+    }
 }
 
 /// For a `tools/call` of an MCP session (2025-11-25 and older): what cancels it when its client
@@ -318,19 +335,9 @@ async fn cancel_on_disconnect(
         return Ok((request, None));
     }
     let (parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, shared.max_body).await {
-        Ok(b) => b,
-        Err(_) => {
-            return Err(problem(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!(
-                    "the request body is over http.max_request_size ({} bytes) or was cut off",
-                    shared.max_body
-                ),
-            ));
-        }
-    };
+    let bytes = axum::body::to_bytes(body, shared.max_body)
+        .await
+        .map_err(|_| too_large(shared.max_body))?;
     let id = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .filter(|v| v.get("method").and_then(|m| m.as_str()) == Some("tools/call"))

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod oidc;
+pub mod sdk_tasks;
 pub mod served;
 
 use std::path::{Path, PathBuf};
