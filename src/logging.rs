@@ -1,7 +1,10 @@
-//! Logging: `tracing` to stderr only (stdout is the MCP channel), and a helper that turns a
-//! child's stderr into log lines.
+//! Logging: `tracing` to stderr only (stdout is the MCP channel); what others may put into it
+//! (the sandbox, upstream servers, child processes), bounded in lines and bytes; and a helper
+//! that turns a child's stderr into log lines.
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, BufReader};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogLevel;
@@ -41,11 +44,123 @@ fn is_rmcp_error_reply(meta: &tracing::Metadata<'_>) -> bool {
         && meta.fields().field("error").is_some()
 }
 
-/// Log each line a child writes (its stderr), tagged with `source`. Long lines are cut.
+/// The window of a [`LogBudget`].
+const LOG_WINDOW: Duration = Duration::from_secs(60);
+/// The longest line a child's stderr makes the bridge read at once (a longer one comes in pieces).
+pub const MAX_LINE: usize = 2000;
+/// Lines per minute another process's stderr or log notifications may put into the log.
+pub const PROCESS_LINES_PER_MINUTE: u32 = 60;
+
+/// Lines a source others control (the sandbox, an upstream server, a child process) may put
+/// into the bridge's log per minute; the rest are counted, and the count is logged when the
+/// next minute opens. So no source can make the log grow faster than its budget.
+pub struct LogBudget {
+    what: &'static str,
+    per_window: u32,
+    window_start: Option<Instant>,
+    used: u32,
+    suppressed: u64,
+}
+
+impl LogBudget {
+    /// `what` names the lines in the count's message ("lines from the sandbox").
+    pub const fn new(what: &'static str, per_minute: u32) -> LogBudget {
+        LogBudget {
+            what,
+            per_window: per_minute,
+            window_start: None,
+            used: 0,
+            suppressed: 0,
+        }
+    }
+
+    /// Whether one more line of `source` may be logged now.
+    pub fn allow(&mut self, source: &str) -> bool {
+        let now = Instant::now();
+        if self
+            .window_start
+            .is_none_or(|t| now.duration_since(t) >= LOG_WINDOW)
+        {
+            if self.suppressed > 0 {
+                tracing::warn!(
+                    %source,
+                    suppressed = self.suppressed,
+                    "more {} were not logged (at most {} a minute)",
+                    self.what,
+                    self.per_window
+                );
+            }
+            self.window_start = Some(now);
+            self.used = 0;
+            self.suppressed = 0;
+        }
+        if self.used < self.per_window {
+            self.used += 1;
+            true
+        } else {
+            self.suppressed += 1;
+            false
+        }
+    }
+}
+
+/// The next line of `reader`, of at most `max` bytes (a longer line comes as pieces of `max`),
+/// lossily UTF-8, without its newline; `None` at the end or on an error. What a child writes
+/// without a newline never makes the bridge hold more than `max` bytes.
+pub async fn next_line<R: AsyncBufRead + Unpin>(reader: &mut R, max: usize) -> Option<String> {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = Vec::new();
+    match reader.take(max as u64).read_until(b'\n', &mut buf).await {
+        Ok(0) | Err(_) => None,
+        Ok(_) => {
+            if buf.last() == Some(&b'\n') {
+                buf.pop();
+            }
+            Some(String::from_utf8_lossy(&buf).into_owned())
+        }
+    }
+}
+
+/// Log each line a child writes (its stderr), tagged with `source`, within
+/// [`PROCESS_LINES_PER_MINUTE`]; long lines are cut into pieces.
 pub async fn forward_lines<R: AsyncRead + Unpin>(reader: R, source: String) {
-    let mut lines = BufReader::new(reader).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let line: String = line.chars().take(2000).collect();
-        tracing::info!(source = %source, "{line}");
+    let mut reader = BufReader::new(reader);
+    let mut budget = LogBudget::new("lines from this process", PROCESS_LINES_PER_MINUTE);
+    while let Some(line) = next_line(&mut reader, MAX_LINE).await {
+        if budget.allow(&source) {
+            tracing::info!(source = %source, "{line}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lines_are_bounded_and_split() {
+        let mut input = vec![b'a'; 5000];
+        input.extend_from_slice(b"\nshort\n\xff end");
+        let mut r = BufReader::new(std::io::Cursor::new(input));
+        let mut got = Vec::new();
+        while let Some(l) = next_line(&mut r, 2000).await {
+            got.push(l);
+        }
+        let lens: Vec<usize> = got.iter().map(String::len).collect();
+        assert_eq!(lens[..3], [2000, 2000, 1000]);
+        assert_eq!(got[3], "short");
+        assert_eq!(got[4], "\u{fffd} end");
+        assert_eq!(got.len(), 5);
+    }
+
+    #[test]
+    fn the_budget_counts_what_it_refuses() {
+        let mut b = LogBudget::new("lines", 3);
+        let allowed = (0..10).filter(|_| b.allow("x")).count();
+        assert_eq!(allowed, 3);
+        assert_eq!(b.suppressed, 7);
+        b.window_start = Some(Instant::now() - LOG_WINDOW);
+        assert!(b.allow("x"));
+        assert_eq!(b.suppressed, 0);
     }
 }

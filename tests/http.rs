@@ -575,7 +575,8 @@ async fn oauth_tokens_of_a_real_provider_are_accepted_or_refused() {
 }
 
 /// A task is its creator's: another identity's `tasks/get` and `tasks/cancel` of its id are
-/// refused as for an unknown task, and the task runs on to its result.
+/// refused as for an unknown task (and, in the 2025-11-25 form, `tasks/result`; `tasks/list`
+/// does not show it), and the task runs on to its result.
 #[tokio::test(flavor = "multi_thread")]
 async fn another_identitys_task_is_unknown() {
     use rmcp::ServiceExt as _;
@@ -626,6 +627,36 @@ async fn another_identitys_task_is_unknown() {
         .cancel_task(CancelTaskParams::new(id.clone()))
         .await;
     assert!(cancel.is_err(), "bob cancelled alice's task: {cancel:?}");
+    // Nor in the 2025-11-25 form: bob's tasks/list does not show it, tasks/result refuses it.
+    let bearer = format!("Bearer {BOB}");
+    let (status, h, _) = post(&served.url, &[("authorization", &bearer)], initialize()).await;
+    assert_eq!(status, 200);
+    let sid = h["mcp-session-id"].to_str().unwrap().to_string();
+    let session = [
+        ("authorization", bearer.as_str()),
+        ("mcp-session-id", sid.as_str()),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    let answer = |body: String| -> Value {
+        let json = body
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("data:")
+                    .map(str::trim)
+                    .filter(|d| d.starts_with('{'))
+            })
+            .unwrap_or(body.trim());
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {body}"))
+    };
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/list"});
+    let (_, _, body) = post(&served.url, &session, list).await;
+    let r = answer(body);
+    assert_eq!(r["result"]["tasks"], json!([]), "{r}");
+    let result =
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/result", "params": {"taskId": id}});
+    let (_, _, body) = post(&served.url, &session, result).await;
+    let r = answer(body);
+    assert_eq!(r["error"]["code"], -32602, "{r}");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let t = alice

@@ -152,3 +152,38 @@ fn a_client_without_elicitation_gets_the_server_a_decline() {
     let stdout = v["structured"]["stdout"].as_str().unwrap();
     assert!(stdout.contains("declined"), "{stdout}");
 }
+
+/// server-everything's log notifications reach the bridge's log, named by server, and no faster
+/// than the budget of a server's log messages (60 a minute), however often the code makes the
+/// server log: 150 toggles of its simulated logging each send one message at once.
+#[test]
+fn a_servers_log_messages_reach_the_bridges_log_within_a_budget() {
+    let home = everything_home();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let b = Bridge::start_with(home, &[], None).await;
+        let r = Outcome(
+            b.call(json!({
+                "code": "for _ in range(300):\n    await mcp_everything.toggle_simulated_logging()\nprint('toggled')",
+                "servers": ["everything"],
+                "timeout": 120,
+            }))
+            .await,
+        );
+        assert_eq!(r.status(), "ok", "{}", r.text());
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let log = b.home.log();
+        let logged = log
+            .lines()
+            .filter(|l| l.contains("server=everything"))
+            .filter(|l| l.contains("-level message") || l.contains("level-message"))
+            .count();
+        eprintln!("{logged} log messages of the server logged");
+        assert!(logged >= 1, "no log message of the server reached the log:\n{log}");
+        assert!(
+            logged <= 60,
+            "{logged} log messages in under a minute, over the budget of 60"
+        );
+        b.shutdown().await;
+    });
+}

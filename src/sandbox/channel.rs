@@ -26,10 +26,9 @@ pub(super) const QUEUE_BYTES: usize = 16 << 20;
 /// Lines of the container's stderr kept to explain a crash.
 const STDERR_TAIL: usize = 20;
 /// The container's stderr and the runtime's log frames reach the bridge's log at most this many
-/// lines per [`LOG_WINDOW`]; the rest are counted and the count logged, so junk from the sandbox
+/// lines a minute; the rest are counted and the count logged, so junk from the sandbox
 /// cannot make the log larger than it is.
-const LOG_LINES_PER_WINDOW: u32 = 20;
-const LOG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+const LOG_LINES_PER_MINUTE: u32 = 20;
 
 pub(super) type AttachOutput = std::pin::Pin<
     Box<dyn futures::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
@@ -74,7 +73,7 @@ impl Channel {
                 stderr_tail: stderr_tail.clone(),
                 session: session.to_string(),
                 booted: false,
-                log: RateLimit::default(),
+                log: crate::logging::LogBudget::new("lines from the sandbox", LOG_LINES_PER_MINUTE),
                 bad: 0,
                 stale: 0,
             }
@@ -95,40 +94,6 @@ impl Channel {
             current,
             dead,
             stderr_tail,
-        }
-    }
-}
-
-/// Lines allowed into the bridge's log per window; the rest counted.
-#[derive(Default)]
-struct RateLimit {
-    window_start: Option<std::time::Instant>,
-    used: u32,
-    suppressed: u64,
-}
-
-impl RateLimit {
-    /// Whether one more line may be logged now; logs how many were suppressed when a new window
-    /// opens.
-    fn allow(&mut self, session: &str) -> bool {
-        let now = std::time::Instant::now();
-        if self
-            .window_start
-            .is_none_or(|t| now.duration_since(t) >= LOG_WINDOW)
-        {
-            if self.suppressed > 0 {
-                tracing::warn!(%session, suppressed = self.suppressed, "more lines from the sandbox were not logged (at most {LOG_LINES_PER_WINDOW} per {}s)", LOG_WINDOW.as_secs());
-            }
-            self.window_start = Some(now);
-            self.used = 0;
-            self.suppressed = 0;
-        }
-        if self.used < LOG_LINES_PER_WINDOW {
-            self.used += 1;
-            true
-        } else {
-            self.suppressed += 1;
-            false
         }
     }
 }
@@ -166,7 +131,7 @@ struct Reader {
     session: String,
     /// `ready` was seen: later ones are forgeries.
     booted: bool,
-    log: RateLimit,
+    log: crate::logging::LogBudget,
     bad: u64,
     stale: u64,
 }

@@ -23,7 +23,7 @@ use rmcp::service::{
 };
 use rmcp::transport::Transport;
 use rmcp::{ClientHandler, ServiceExt};
-use tokio::io::{AsyncBufReadExt, AsyncRead};
+use tokio::io::AsyncRead;
 
 use super::discovery::{ServerEntry, redact_url};
 use super::error::{Hint, Hinted, stderr_suffix};
@@ -195,10 +195,15 @@ impl StderrTail {
     ) -> tokio::task::JoinHandle<()> {
         let tail = self.clone();
         tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(mut line)) = lines.next_line().await {
+            use crate::logging::{LogBudget, MAX_LINE, PROCESS_LINES_PER_MINUTE, next_line};
+            let mut reader = tokio::io::BufReader::new(stderr);
+            let mut budget =
+                LogBudget::new("stderr lines of this server", PROCESS_LINES_PER_MINUTE);
+            while let Some(mut line) = next_line(&mut reader, MAX_LINE).await {
                 crate::text::truncate_with(&mut line, STDERR_LINE_MAX, "…");
-                tracing::info!(target: "mcp_code_bridge::upstream::stderr", server = %server, "{line}");
+                if budget.allow(&server) {
+                    tracing::info!(target: "mcp_code_bridge::upstream::stderr", server = %server, "{line}");
+                }
                 let mut t = tail.0.lock().unwrap();
                 if t.len() == STDERR_TAIL_LINES {
                     t.pop_front();
@@ -224,6 +229,8 @@ pub(super) struct Handler {
     server: String,
     tools: Arc<ToolCache>,
     routes: Routes,
+    /// The server's log notifications reach the bridge's log within this budget.
+    log: std::sync::Mutex<crate::logging::LogBudget>,
 }
 
 impl ClientHandler for Handler {
@@ -262,10 +269,14 @@ impl ClientHandler for Handler {
         params: LoggingMessageNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        let data = match &params.data {
+        if !self.log.lock().unwrap().allow(&self.server) {
+            return;
+        }
+        let mut data = match &params.data {
             serde_json::Value::String(s) => s.clone(),
             other => other.to_string(),
         };
+        crate::text::truncate_with(&mut data, crate::logging::MAX_LINE, "…");
         let logger = params.logger.as_deref().unwrap_or("");
         match params.level {
             LoggingLevel::Debug => tracing::debug!(server = %self.server, logger, "{data}"),
@@ -400,6 +411,10 @@ pub(super) async fn connect(
         server: name.to_string(),
         tools,
         routes: routes.clone(),
+        log: std::sync::Mutex::new(crate::logging::LogBudget::new(
+            "log messages of this server",
+            crate::logging::PROCESS_LINES_PER_MINUTE,
+        )),
     };
     let sent = Arc::new(Mutex::new(HashSet::new()));
     let stderr_tail = StderrTail::default();
