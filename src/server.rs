@@ -530,6 +530,23 @@ impl Approver for ClientApprover {
     }
 }
 
+/// The arguments of a `tools/call` of `run_python`, or the refusal that says what is wrong.
+fn call_args(
+    name: std::borrow::Cow<'static, str>,
+    arguments: Option<serde_json::Map<String, Value>>,
+) -> Result<RunArgs, ErrorData> {
+    if name != TOOL_NAME {
+        return Err(refused(
+            "tools/call",
+            ErrorData::invalid_params(
+                format!("unknown tool {name:?}; this server has one tool, {TOOL_NAME:?}"),
+                None,
+            ),
+        ));
+    }
+    RunArgs::parse(arguments).map_err(|e| refused("tools/call", ErrorData::invalid_params(e, None)))
+}
+
 impl ServerHandler for Bridge {
     /// The client has its answer to `initialize`: warm up in the background (engine, image,
     /// pool) while the model writes its first code. Returns at once and fails nothing.
@@ -560,20 +577,7 @@ impl ServerHandler for Bridge {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        if request.name != TOOL_NAME {
-            return Err(refused(
-                "tools/call",
-                ErrorData::invalid_params(
-                    format!(
-                        "unknown tool {:?}; this server has one tool, {TOOL_NAME:?}",
-                        request.name
-                    ),
-                    None,
-                ),
-            ));
-        }
-        let args = RunArgs::parse(request.arguments)
-            .map_err(|e| refused("tools/call", ErrorData::invalid_params(e, None)))?;
+        let args = call_args(request.name, request.arguments)?;
         // A request whose own capabilities (`_meta`, as every 2026-07-28 request carries them
         // and SEP-2663 asks) declare the tasks extension gets a task: the call runs on, polled
         // with `tasks/get` and cancelled with `tasks/cancel`, however long the client's own

@@ -64,6 +64,13 @@ fn initialize() -> Value {
         "clientInfo": {"name": "raw", "version": "1"}}})
 }
 
+/// A raw MCP session of 2025-11-25 opened with `authorization`; its id.
+async fn open_session(url: &str, authorization: &str) -> String {
+    let (status, h, body) = post(url, &[("authorization", authorization)], initialize()).await;
+    assert_eq!(status, 200, "{body}");
+    h["mcp-session-id"].to_str().unwrap().to_string()
+}
+
 #[test]
 fn serve_refuses_a_public_address_without_authentication() {
     let home = Home::new();
@@ -355,9 +362,7 @@ async fn one_identity_is_bounded_and_a_client_that_leaves_cancels_its_call() {
     // session serves the next call at once instead of after the abandoned one. Over an MCP
     // session of 2025-11-25, raw, so that nothing but the closed connection says so.
     let bearer = format!("Bearer {ALICE}");
-    let (status, h, _) = post(&served.url, &[("authorization", &bearer)], initialize()).await;
-    assert_eq!(status, 200);
-    let sid = h["mcp-session-id"].to_str().unwrap().to_string();
+    let sid = open_session(&served.url, &bearer).await;
     let headers = [
         ("authorization", bearer.clone()),
         ("mcp-session-id", sid.clone()),
@@ -629,9 +634,7 @@ async fn another_identitys_task_is_unknown() {
     assert!(cancel.is_err(), "bob cancelled alice's task: {cancel:?}");
     // Nor in the 2025-11-25 form: bob's tasks/list does not show it, tasks/result refuses it.
     let bearer = format!("Bearer {BOB}");
-    let (status, h, _) = post(&served.url, &[("authorization", &bearer)], initialize()).await;
-    assert_eq!(status, 200);
-    let sid = h["mcp-session-id"].to_str().unwrap().to_string();
+    let sid = open_session(&served.url, &bearer).await;
     let session = [
         ("authorization", bearer.as_str()),
         ("mcp-session-id", sid.as_str()),
@@ -802,9 +805,7 @@ async fn oversized_bodies_and_extra_sse_streams_are_refused() {
     let (status, _, body) = post(&served.url, &[("authorization", &bearer)], big.clone()).await;
     assert_eq!(status, 413, "{body}");
 
-    let (status, h, _) = post(&served.url, &[("authorization", &bearer)], initialize()).await;
-    assert_eq!(status, 200);
-    let sid = h["mcp-session-id"].to_str().unwrap().to_string();
+    let sid = open_session(&served.url, &bearer).await;
     let session = [
         ("authorization", bearer.as_str()),
         ("mcp-session-id", sid.as_str()),

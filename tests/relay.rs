@@ -96,22 +96,33 @@ fn a_proxied_calls_progress_reaches_the_client_before_the_result() {
 /// progress: the server's notifications are dropped and its answer still arrives.
 #[test]
 fn without_a_progress_token_the_proxied_call_still_answers() {
+    let (r, _) = everything_call(
+        "r = await mcp_everything.trigger_long_running_operation(duration=1, steps=2)\nprint(r)",
+    );
+    assert_eq!(r.status(), "ok", "{}", r.text());
+    assert!(
+        r.stdout().to_lowercase().contains("completed"),
+        "{}",
+        r.stdout()
+    );
+}
+
+/// One `run_python` call with server-everything loaded, by rmcp's client (no progress token);
+/// its outcome and the bridge's log after it.
+fn everything_call(code: &str) -> (Outcome, String) {
     let home = everything_home();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let b = Bridge::start_with(home, &[], None).await;
         let r = Outcome(
-            b.call(json!({
-                "code": "r = await mcp_everything.trigger_long_running_operation(duration=1, steps=2)\nprint(r)",
-                "servers": ["everything"],
-                "timeout": 60,
-            }))
-            .await,
+            b.call(json!({"code": code, "servers": ["everything"], "timeout": 120}))
+                .await,
         );
-        assert_eq!(r.status(), "ok", "{}", r.text());
-        assert!(r.stdout().to_lowercase().contains("completed"), "{}", r.stdout());
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let log = b.home.log();
         b.shutdown().await;
-    });
+        (r, log)
+    })
 }
 
 const ELICIT: &str = "r = await mcp_everything.trigger_elicitation_request()\n\
@@ -158,32 +169,22 @@ fn a_client_without_elicitation_gets_the_server_a_decline() {
 /// server log: 150 toggles of its simulated logging each send one message at once.
 #[test]
 fn a_servers_log_messages_reach_the_bridges_log_within_a_budget() {
-    let home = everything_home();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let b = Bridge::start_with(home, &[], None).await;
-        let r = Outcome(
-            b.call(json!({
-                "code": "for _ in range(300):\n    await mcp_everything.toggle_simulated_logging()\nprint('toggled')",
-                "servers": ["everything"],
-                "timeout": 120,
-            }))
-            .await,
-        );
-        assert_eq!(r.status(), "ok", "{}", r.text());
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        let log = b.home.log();
-        let logged = log
-            .lines()
-            .filter(|l| l.contains("server=everything"))
-            .filter(|l| l.contains("-level message") || l.contains("level-message"))
-            .count();
-        eprintln!("{logged} log messages of the server logged");
-        assert!(logged >= 1, "no log message of the server reached the log:\n{log}");
-        assert!(
-            logged <= 60,
-            "{logged} log messages in under a minute, over the budget of 60"
-        );
-        b.shutdown().await;
-    });
+    let (r, log) = everything_call(
+        "for _ in range(300):\n    await mcp_everything.toggle_simulated_logging()\nprint('toggled')",
+    );
+    assert_eq!(r.status(), "ok", "{}", r.text());
+    let logged = log
+        .lines()
+        .filter(|l| l.contains("server=everything"))
+        .filter(|l| l.contains("-level message") || l.contains("level-message"))
+        .count();
+    eprintln!("{logged} log messages of the server logged");
+    assert!(
+        logged >= 1,
+        "no log message of the server reached the log:\n{log}"
+    );
+    assert!(
+        logged <= 60,
+        "{logged} log messages in under a minute, over the budget of 60"
+    );
 }

@@ -16,7 +16,7 @@ use rmcp::task_manager::{TaskExit, TaskOptions};
 use serde_json::{Value, json};
 
 use super::{
-    Bridge, CallRelay, ClientApprover, PeerLink, RunArgs, TASK_POLL_MS, TASK_RETENTION, TOOL_NAME,
+    Bridge, CallRelay, ClientApprover, PeerLink, RunArgs, TASK_POLL_MS, TASK_RETENTION, call_args,
     refused,
 };
 use crate::identity;
@@ -184,20 +184,7 @@ impl Bridge {
                 ),
             )
         })?;
-        if request.name != TOOL_NAME {
-            return Err(refused(
-                "tools/call",
-                ErrorData::invalid_params(
-                    format!(
-                        "unknown tool {:?}; this server has one tool, {TOOL_NAME:?}",
-                        request.name
-                    ),
-                    None,
-                ),
-            ));
-        }
-        let args = RunArgs::parse(request.arguments)
-            .map_err(|e| refused("tools/call", ErrorData::invalid_params(e, None)))?;
+        let args = call_args(request.name, request.arguments)?;
         Ok(json!({"task": legacy_task(&self.spawn_task(args, context, true))}))
     }
 
