@@ -202,7 +202,10 @@ where
         let out = self.out.clone();
         let wire = self.wire.clone();
         async move {
-            let bytes = {
+            // The writer first, as rmcp's own transport does: messages go out in the order their
+            // sends began.
+            let mut out = out.lock().await;
+            let mut bytes = {
                 let mut wire = wire.lock().unwrap();
                 if wire.awaits_answers() {
                     let mut v = serde_json::to_value(&item)?;
@@ -212,7 +215,9 @@ where
                     serde_json::to_vec(&item)?
                 }
             };
-            write_bytes(&out, bytes).await
+            bytes.push(b'\n');
+            out.write_all(&bytes).await?;
+            out.flush().await
         }
     }
 
@@ -243,13 +248,7 @@ async fn write_line<W: AsyncWrite + Unpin>(
     out: &tokio::sync::Mutex<W>,
     v: &Value,
 ) -> std::io::Result<()> {
-    write_bytes(out, serde_json::to_vec(v)?).await
-}
-
-async fn write_bytes<W: AsyncWrite + Unpin>(
-    out: &tokio::sync::Mutex<W>,
-    mut bytes: Vec<u8>,
-) -> std::io::Result<()> {
+    let mut bytes = serde_json::to_vec(v)?;
     bytes.push(b'\n');
     let mut out = out.lock().await;
     out.write_all(&bytes).await?;
