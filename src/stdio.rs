@@ -30,6 +30,7 @@ const ANSWERS_PER_SEC: f64 = 5.0;
 pub struct StdioTransport<R, W> {
     input: R,
     line: Vec<u8>,
+    partial: Partial,
     max_line: usize,
     out: Arc<tokio::sync::Mutex<W>>,
     wire: Arc<Mutex<Wire>>,
@@ -53,6 +54,7 @@ impl<R, W> StdioTransport<R, W> {
         StdioTransport {
             input,
             line: Vec::new(),
+            partial: Partial::default(),
             max_line,
             out: Arc::new(tokio::sync::Mutex::new(output)),
             wire: Arc::new(Mutex::new(Wire::new())),
@@ -60,6 +62,17 @@ impl<R, W> StdioTransport<R, W> {
             refused: 0,
         }
     }
+}
+
+/// Where the line being read stands.
+#[derive(Default)]
+struct Partial {
+    /// Some bytes of it were read.
+    any: bool,
+    /// It is over `max_line`: the rest is read through, not kept.
+    too_long: bool,
+    /// It was handed out; the next read starts a new one.
+    complete: bool,
 }
 
 /// What one line turned out to be.
@@ -78,30 +91,36 @@ where
 {
     /// Read one line into `self.line`, up to `max_line` bytes. `Ok(None)` at the end of input;
     /// `Ok(Some(false))` for a line that was too long (read through, not kept).
+    ///
+    /// Cancel-safe, as rmcp's service loop needs (it selects over `receive`): a line read in
+    /// part stays in `self` and the next call goes on with it.
     async fn read_line(&mut self) -> std::io::Result<Option<bool>> {
-        self.line.clear();
-        let mut too_long = false;
-        let mut any = false;
+        if std::mem::take(&mut self.partial.complete) {
+            self.line.clear();
+            self.partial = Partial::default();
+        }
         loop {
             let buf = self.input.fill_buf().await?;
             if buf.is_empty() {
-                return Ok(any.then_some(!too_long));
+                self.partial.complete = true;
+                return Ok(self.partial.any.then_some(!self.partial.too_long));
             }
-            any = true;
+            self.partial.any = true;
             let (chunk, done) = match memchr(buf) {
                 Some(i) => (&buf[..i], Some(i + 1)),
                 None => (buf, None),
             };
-            if !too_long && self.line.len() + chunk.len() <= self.max_line {
+            if !self.partial.too_long && self.line.len() + chunk.len() <= self.max_line {
                 self.line.extend_from_slice(chunk);
             } else {
-                too_long = true;
+                self.partial.too_long = true;
                 self.line = Vec::new();
             }
             let used = done.unwrap_or(buf.len());
             self.input.consume(used);
             if done.is_some() {
-                return Ok(Some(!too_long));
+                self.partial.complete = true;
+                return Ok(Some(!self.partial.too_long));
             }
         }
     }
@@ -371,6 +390,30 @@ mod tests {
             "{}",
             answers.len()
         );
+    }
+
+    /// A `receive` dropped halfway through a line (rmcp selects over it) loses nothing: the
+    /// next one goes on with the same line.
+    #[tokio::test]
+    async fn a_receive_cancelled_mid_line_loses_nothing() {
+        let (mut client, input) = tokio::io::duplex(1 << 16);
+        let (_out_reader, out) = tokio::io::duplex(1 << 16);
+        let mut t = StdioTransport::new(tokio::io::BufReader::new(input), out, 1 << 20);
+        use tokio::io::AsyncWriteExt as _;
+        client
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,")
+            .await
+            .unwrap();
+        let first = tokio::time::timeout(Duration::from_millis(100), t.receive()).await;
+        assert!(first.is_err(), "half a line is no message");
+        client.write_all(b"\"method\":\"ping\"}\n").await.unwrap();
+        let m = tokio::time::timeout(Duration::from_secs(5), t.receive())
+            .await
+            .expect("the rest of the line completes it")
+            .expect("the whole line");
+        let v = serde_json::to_value(&m).unwrap();
+        assert_eq!(v["method"], "ping");
+        assert_eq!(v["id"], 1);
     }
 
     #[test]

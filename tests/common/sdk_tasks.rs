@@ -2,7 +2,8 @@
 //! or HTTP (tests/fixtures/sdk_tasks_client.mjs), and what it must see: the capability and the
 //! tool's task support declared, so `callToolStream` makes the call a task; the task polled to
 //! its result, which `tasks/result` gives again tied to its task; a long task cancelled (the
-//! code interrupted, the session kept); `tasks/list` showing both; an unknown id an error.
+//! code interrupted, the session kept); `tasks/list` showing both; an unknown id an error; a
+//! job longer than the client's request timeout ending as a task where a plain call times out.
 
 use std::path::Path;
 use std::time::Duration;
@@ -81,4 +82,11 @@ pub async fn check(target: &str, env: Vec<(String, String)>, cwd: &Path) {
         v["unknown"].as_str().unwrap().contains("no-such-task"),
         "{v}"
     );
+    // A job longer than the client's own request timeout: the plain call gives up, the task
+    // (each of its requests answered at once) ends with the job's result.
+    assert!(
+        v["plain_slow"].as_str().unwrap().contains("timed out"),
+        "{v}"
+    );
+    assert_eq!(v["task_slow"]["stdout"], "slow done\n", "{v}");
 }
