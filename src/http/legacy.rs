@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use serde_json::Value;
 
-use super::{problem, too_large};
+use super::problem;
 use crate::legacy_tasks::Wire;
 
 /// The largest answer translated; an `initialize` or `tools/list` answer is a few KiB.
@@ -18,14 +18,15 @@ const MAX_ANSWER: usize = 4 << 20;
 /// How long such an answer may take to arrive whole.
 const ANSWER_WAIT: Duration = Duration::from_secs(30);
 
-/// Translate a POST's body; the [`Wire`] is returned when the answer must be translated too.
+/// Translate a POST's body; the [`Wire`] is returned when the answer must be translated too,
+/// and the message as translated when the body is JSON (the one parse of it the bridge makes).
 /// The body is read within `max_body` (as rmcp would read it).
 pub async fn inbound(
     request: Request,
     max_body: usize,
-) -> Result<(Request, Option<Wire>), Response> {
+) -> Result<(Request, Option<Wire>, Option<Value>), Response> {
     if request.method() != axum::http::Method::POST {
-        return Ok((request, None));
+        return Ok((request, None, None));
     }
     let headers = request.headers();
     let in_session = headers.contains_key("mcp-session-id");
@@ -38,22 +39,25 @@ pub async fn inbound(
         .await
         .map_err(|_| too_large(max_body))?;
     let mut wire = Wire::for_http(in_session, version.as_deref());
-    let bytes = match serde_json::from_slice::<Value>(&bytes) {
-        Ok(mut v) => {
+    // rmcp answers what is not JSON.
+    let mut message = serde_json::from_slice::<Value>(&bytes).ok();
+    let bytes = match message.take() {
+        Some(mut v) => {
             let before = v.get("method").cloned();
             wire.inbound(&mut v);
-            if v.get("method") != before.as_ref() {
+            let bytes = if v.get("method") != before.as_ref() {
                 parts.headers.remove(header::CONTENT_LENGTH);
                 serde_json::to_vec(&v).map(Into::into).unwrap_or(bytes)
             } else {
                 bytes
-            }
+            };
+            message = Some(v);
+            bytes
         }
-        // rmcp answers what is not JSON.
-        Err(_) => bytes,
+        None => bytes,
     };
     let wire = wire.awaits_answers().then_some(wire);
-    Ok((Request::from_parts(parts, Body::from(bytes)), wire))
+    Ok((Request::from_parts(parts, Body::from(bytes)), wire, message))
 }
 
 /// Translate the answer `response` carries, as JSON or as SSE `data:` lines.
@@ -111,4 +115,12 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+fn too_large(max_body: usize) -> Response {
+    problem(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!("the request body is over http.max_request_size ({max_body} bytes) or was cut off"),
+    )
 }

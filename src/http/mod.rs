@@ -249,14 +249,6 @@ async fn not_found() -> Response {
     )
 }
 
-fn too_large(max_body: usize) -> Response {
-    problem(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "payload_too_large",
-        format!("the request body is over http.max_request_size ({max_body} bytes) or was cut off"),
-    )
-}
-
 /// A JSON error body: what went wrong, for a person reading a client's log.
 fn problem(status: StatusCode, error: &str, description: String) -> Response {
     (
@@ -305,14 +297,11 @@ async fn authenticate(
     if shared.auth.is_some() {
         request.extensions_mut().insert(Identity(identity.clone()));
     }
-    let (request, wire) = match legacy::inbound(request, shared.max_body).await {
+    let (request, wire, message) = match legacy::inbound(request, shared.max_body).await {
         Ok(r) => r,
         Err(response) => return response,
     };
-    let (request, abandoned) = match cancel_on_disconnect(&shared, request).await {
-        Ok(r) => r,
-        Err(response) => return response,
-    };
+    let abandoned = cancel_on_disconnect(&shared, request.headers(), message.as_ref());
     let response = shared.guard.run(identity, request, next, abandoned).await;
     match wire {
         Some(wire) => legacy::outbound(response, wire).await,
@@ -323,29 +312,23 @@ async fn authenticate(
 /// For a `tools/call` of an MCP session (2025-11-25 and older): what cancels it when its client
 /// goes away before the answer. rmcp does so itself for requests without a session; a session's
 /// request would run on to its timeout, holding its interpreter. The bridge sends
-/// `notifications/cancelled` for it into the session, as the client would have. The body is
-/// read here (within `http.max_request_size`, as rmcp would) to find the request's id.
-async fn cancel_on_disconnect(
+/// `notifications/cancelled` for it into the session, as the client would have. `message` is
+/// the POST's body as `legacy::inbound` read it (`None` for anything but a JSON POST).
+fn cancel_on_disconnect(
     shared: &Arc<Shared>,
-    request: Request,
-) -> Result<(Request, Option<guard::OnAbandoned>), Response> {
-    if request.method() != axum::http::Method::POST
-        || !request.headers().contains_key("mcp-session-id")
-    {
-        return Ok((request, None));
+    request_headers: &HeaderMap,
+    message: Option<&serde_json::Value>,
+) -> Option<guard::OnAbandoned> {
+    if !request_headers.contains_key("mcp-session-id") {
+        return None;
     }
-    let (parts, body) = request.into_parts();
-    let bytes = axum::body::to_bytes(body, shared.max_body)
-        .await
-        .map_err(|_| too_large(shared.max_body))?;
-    let id = serde_json::from_slice::<serde_json::Value>(&bytes)
-        .ok()
+    let id = message
         .filter(|v| v.get("method").and_then(|m| m.as_str()) == Some("tools/call"))
         .and_then(|v| v.get("id").cloned());
-    let abandoned = id.map(|id| {
+    id.map(|id| {
         let mut headers = HeaderMap::new();
         for name in ["mcp-session-id", "mcp-protocol-version", "host"] {
-            if let Some(v) = parts.headers.get(name) {
+            if let Some(v) = request_headers.get(name) {
                 headers.insert(name, v.clone());
             }
         }
@@ -368,11 +351,7 @@ async fn cancel_on_disconnect(
                 );
             });
         }) as guard::OnAbandoned
-    });
-    Ok((
-        Request::from_parts(parts, axum::body::Body::from(bytes)),
-        abandoned,
-    ))
+    })
 }
 
 /// 401 with the challenge of RFC 6750 §3, and the metadata's URL when OAuth is on (MCP
