@@ -36,6 +36,7 @@ NPM_PACKAGES=(
     "oidc-provider@9.13.3"  # a real OpenID provider for tests/oauth.rs (tests/fixtures/oidc)
     "jose@6.2.18"           # its key generation, imported by the fixture itself
     "@modelcontextprotocol/sdk@1.32.2"  # the TypeScript SDK client of tests/http.rs
+    "@modelcontextprotocol/client@2.4.0"  # the TypeScript client 2.x (2026-07-28 in auto mode)
 )
 # Tools that need Node >= 22 (Debian 12 has 20), installed beside the npm registry's own build of
 # Node 22 and run by wrappers that put it first on PATH: the official conformance suite
