@@ -37,6 +37,7 @@ use crate::skills;
 use crate::upstream::{CallContext, CallRelay, ClientLink, Hinted as _, ProgressSink, Upstreams};
 use base64::Engine as _;
 
+mod rounds;
 mod tasks;
 
 pub const TOOL_NAME: &str = "run_python";
@@ -235,6 +236,8 @@ pub struct Bridge {
     /// Whose each task is (`None`: the stdio user's) and its form, so one identity cannot read or cancel
     /// another's task by its id. Pruned of the tasks the manager has let go of.
     task_owners: Arc<std::sync::Mutex<std::collections::HashMap<String, tasks::Owner>>>,
+    /// `run_python` calls paused on a question under 2026-07-28 (`input_required`), by handle.
+    paused: rounds::Paused,
 }
 
 impl Bridge {
@@ -251,6 +254,7 @@ impl Bridge {
             audit,
             tasks: TaskManager::new(),
             task_owners: Default::default(),
+            paused: Default::default(),
         }
     }
 
@@ -420,6 +424,68 @@ impl Bridge {
         Ok(ReadResourceResult::new(vec![c]).into())
     }
 
+    /// A 2026-07-28 `tools/call` whose client can be asked (or that answers a question): a new
+    /// call runs in the background until it asks or ends; a retry with `request_state` resumes
+    /// the paused call it names with the answers. Each round streams the output to its own
+    /// request's progress token while it lasts.
+    async fn call_in_rounds(
+        &self,
+        args: RunArgs,
+        request_state: Option<String>,
+        responses: Option<rmcp::model::InputResponses>,
+        askable: rounds::Askable,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let identity = identity::of_request(&context.extensions);
+        let session = args.session.as_deref().unwrap_or(DEFAULT_SESSION);
+        let binding = rounds::Binding::new(identity.clone(), session, &args.code);
+        let running = match request_state {
+            Some(state) => self
+                .paused
+                .take(&state, &binding, responses)
+                .map_err(|e| refused("tools/call", e.into_error()))?,
+            None => {
+                let (links, questions) = rounds::Running::links(askable, identity.as_deref());
+                let rounds::Links {
+                    approver,
+                    client,
+                    cancel,
+                    sinks,
+                } = links;
+                let relay = CallRelay {
+                    progress: Some(sinks.progress()),
+                    client: Some(Arc::new(client)),
+                };
+                let bridge = self.clone();
+                let out = sinks.output();
+                let run_cancel = cancel.clone();
+                rounds::Running::spawn(binding, cancel, sinks, questions, async move {
+                    bridge
+                        .run_for(
+                            args,
+                            run_cancel,
+                            Some(out),
+                            Some(Arc::new(approver)),
+                            relay,
+                            identity.as_deref(),
+                        )
+                        .await
+                })
+            }
+        };
+        let forwarder = self.progress(context).map(|(f, out, up)| {
+            running.sinks.set(Some((out, up)));
+            f
+        });
+        let sinks = running.sinks.clone();
+        let response = running.drive(&context.ct, &self.paused).await;
+        sinks.set(None);
+        if let Some(f) = forwarder {
+            f.finish().await;
+        }
+        Ok(response)
+    }
+
     /// The capability summary resource: the tool description, how to load servers, and the
     /// names of the servers discovered (no schemas).
     pub fn capabilities_markdown(&self) -> String {
@@ -505,28 +571,17 @@ impl Approver for ClientApprover {
     }
 
     async fn ask(&self, request: &ApprovalRequest) -> Approval {
-        use rmcp::model::{ElicitRequestParams, ElicitationAction};
         let params = ElicitRequestParams::FormElicitationParams {
             meta: None,
             message: request.message(),
             requested_schema: approval_schema(),
         };
-        match self.0.create_elicitation(params).await {
-            Ok(r) if r.action == ElicitationAction::Accept => {
-                match r
-                    .content
-                    .as_ref()
-                    .and_then(|c| c.get("decision"))
-                    .and_then(Value::as_str)
-                {
-                    Some(APPROVE_ONCE) => Approval::Once,
-                    Some(APPROVE_SESSION) => Approval::Session,
-                    _ => Approval::Denied,
-                }
-            }
-            Ok(_) => Approval::Denied,
-            Err(e) => Approval::Unavailable(e.to_string()),
-        }
+        rounds::approval_of(
+            self.0
+                .create_elicitation(params)
+                .await
+                .map_err(|e| e.to_string()),
+        )
     }
 }
 
@@ -592,25 +647,50 @@ impl ServerHandler for Bridge {
             let task = self.spawn_task(args, &context, false);
             return Ok(CallToolResponse::Task(CreateTaskResult::new(task)));
         }
+        // 2026-07-28 has no server-to-client requests: a client that declared elicitation in
+        // this request is asked by `input_required` rounds (`rounds`), and its retry resumes the
+        // call; one that did not cannot be asked (the policy's `ask_fallback`).
+        let modern = context
+            .protocol_version()
+            .is_some_and(|v| v >= rmcp::model::ProtocolVersion::V_2026_07_28);
+        if modern {
+            let askable = rounds::Askable::of(context.client_capabilities().as_ref());
+            if request.request_state.is_some() || askable.any() {
+                return self
+                    .call_in_rounds(
+                        args,
+                        request.request_state,
+                        request.input_responses,
+                        askable,
+                        &context,
+                    )
+                    .await;
+            }
+        }
         let (forwarder, on_output, progress) = match self.progress(&context) {
             Some((f, out, up)) => (Some(f), Some(out), Some(up)),
             None => (None, None, None),
         };
         let identity = identity::of_request(&context.extensions);
-        let approver: Arc<dyn Approver> = Arc::new(ClientApprover(context.peer.clone()));
-        let relay = CallRelay {
-            progress,
-            client: Some(Arc::new(PeerLink::new(
-                context.peer.clone(),
-                identity.as_deref(),
-            ))),
+        let (approver, client): (Option<Arc<dyn Approver>>, Option<Arc<dyn ClientLink>>) = if modern
+        {
+            (None, None)
+        } else {
+            (
+                Some(Arc::new(ClientApprover(context.peer.clone()))),
+                Some(Arc::new(PeerLink::new(
+                    context.peer.clone(),
+                    identity.as_deref(),
+                ))),
+            )
         };
+        let relay = CallRelay { progress, client };
         let result = self
             .run_for(
                 args,
                 context.ct.clone(),
                 on_output,
-                Some(approver),
+                approver,
                 relay,
                 identity.as_deref(),
             )

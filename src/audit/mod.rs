@@ -121,6 +121,10 @@ pub struct ToolCallRecord {
     /// The rule that decided, and where it is set (`github.delete_* (deny, config.toml)`);
     /// `None` for the default.
     pub rule: Option<String>,
+    /// For an `ask` rule, the path that decided (`elicitation`, `input_required`,
+    /// `session_grant`, `fallback`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ask: Option<String>,
     pub status: ToolStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_type: Option<String>,
@@ -150,6 +154,7 @@ impl ToolCallRecord {
             arguments_sha256: arguments_sha256(arguments),
             decision,
             rule: rule.map(cap),
+            ask: None,
             status,
             error_type: None,
             duration_ms: 0,
@@ -167,6 +172,11 @@ impl ToolCallRecord {
     /// Why it failed (an error kind, not a message: messages can quote arguments).
     pub fn with_error_type(mut self, kind: &str) -> ToolCallRecord {
         self.error_type = Some(cap(kind));
+        self
+    }
+
+    pub fn with_ask(mut self, path: &str) -> ToolCallRecord {
+        self.ask = Some(cap(path));
         self
     }
 

@@ -54,6 +54,10 @@ pub struct Decision {
     pub allowed: bool,
     pub rule: Option<String>,
     pub origin: Option<String>,
+    /// For an `ask` rule, which path decided: the human, asked by `elicitation` or
+    /// `input_required`; `session_grant` (allowed for the session before); `fallback` (the
+    /// client could not be asked: `ask_fallback`). `None` for other rules.
+    pub ask: Option<&'static str>,
 }
 
 /// What the rules say of a call before anyone is asked.
@@ -73,6 +77,15 @@ impl Ruling {
             allowed,
             rule: Some(self.rule.clone()),
             origin: Some(self.origin.clone()),
+            ask: None,
+        }
+    }
+
+    /// [`Ruling::decided`] for an `ask` rule, naming the path that decided.
+    pub fn asked(&self, verdict: Verdict, allowed: bool, path: &'static str) -> Decision {
+        Decision {
+            ask: Some(path),
+            ..self.decided(verdict, allowed)
         }
     }
 }
@@ -298,6 +311,11 @@ pub enum Approval {
 pub trait Approver: Send + Sync {
     /// Whether the client can be asked at all (it declared form elicitation).
     fn can_ask(&self) -> bool;
+    /// How the question travels, as the audit log names it: `elicitation` (a request to the
+    /// client) or `input_required` (a result the client answers by retrying, 2026-07-28).
+    fn path(&self) -> &'static str {
+        "elicitation"
+    }
     /// Ask; waits as long as the human takes. The caller bounds it: the RPC is aborted at the
     /// call's deadline or cancellation.
     async fn ask(&self, request: &ApprovalRequest) -> Approval;

@@ -260,29 +260,36 @@ impl ExecRpc {
             .and_then(|l| l.iter().find(|t| t.name == tool_name))
             .is_some_and(crate::policy::is_destructive);
         let started = Instant::now();
+        // A call whose exec ends while the human is still being asked (a client that never
+        // answers: its deadline) is recorded as denied, unanswered.
+        let mut unanswered = RecordOnDrop {
+            audit: &self.call.audit,
+            started,
+            record: Some(self.record(
+                slot.name(),
+                &tool_name,
+                arguments.as_ref(),
+                &Decision {
+                    verdict: Verdict::AskDenied,
+                    allowed: false,
+                    rule: None,
+                    origin: None,
+                    ask: Some("unanswered"),
+                },
+            )),
+            dropped: (ToolStatus::Denied, "unanswered"),
+        };
         let decision = self
             .decide(slot.name(), &tool_name, arguments.as_ref(), destructive)
             .await;
+        unanswered.record = None;
         // Written however the call ends: a call dropped with its exec (timeout, cancellation)
         // is recorded as failed by the guard.
         let mut record = RecordOnDrop {
             audit: &self.call.audit,
             started,
-            record: Some({
-                let (identity, session) = crate::identity::split_key(&self.call.session);
-                let r = ToolCallRecord::new(
-                    session,
-                    slot.name(),
-                    &tool_name,
-                    arguments.as_ref(),
-                    audit_decision(decision.verdict),
-                    rule_text(&decision).as_deref(),
-                );
-                match identity {
-                    Some(id) => r.with_identity(id),
-                    None => r,
-                }
-            }),
+            record: Some(self.record(slot.name(), &tool_name, arguments.as_ref(), &decision)),
+            dropped: (ToolStatus::Failed, "cancelled"),
         };
         let outcome = if decision.allowed {
             self.up
@@ -320,6 +327,33 @@ impl ExecRpc {
         outcome
     }
 
+    /// The `tool_call` record of a decided call.
+    fn record(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<&Map<String, Value>>,
+        decision: &Decision,
+    ) -> ToolCallRecord {
+        let (identity, session) = crate::identity::split_key(&self.call.session);
+        let r = ToolCallRecord::new(
+            session,
+            server,
+            tool,
+            arguments,
+            audit_decision(decision.verdict),
+            rule_text(decision).as_deref(),
+        );
+        let r = match decision.ask {
+            Some(path) => r.with_ask(path),
+            None => r,
+        };
+        match identity {
+            Some(id) => r.with_identity(id),
+            None => r,
+        }
+    }
+
     /// The policy's decision about `server.tool`, asking the user when a rule says `ask` and
     /// the session has not allowed the tool already.
     async fn decide(
@@ -341,20 +375,21 @@ impl ExecRpc {
         let interpreter = self.interpreter.get().map_or("", String::as_str);
         let granted = || self.up.inner.grants.has(session, interpreter, &key);
         let fallback = || {
-            ruling.decided(
+            ruling.asked(
                 Verdict::AskUnavailable,
                 policy.fallback().0 == Action::Allow,
+                "fallback",
             )
         };
         if granted() {
-            return ruling.decided(Verdict::AskAllowed, true);
+            return ruling.asked(Verdict::AskAllowed, true, "session_grant");
         }
         let Some(approver) = self.call.approver.as_ref().filter(|a| a.can_ask()) else {
             return fallback();
         };
         let _one = self.asking.lock().await;
         if granted() {
-            return ruling.decided(Verdict::AskAllowed, true);
+            return ruling.asked(Verdict::AskAllowed, true, "session_grant");
         }
         let request = ApprovalRequest {
             server: server.to_string(),
@@ -363,13 +398,14 @@ impl ExecRpc {
             rule: ruling.rule.clone(),
             origin: ruling.origin.clone(),
         };
+        let path = approver.path();
         match approver.ask(&request).await {
-            Approval::Once => ruling.decided(Verdict::AskAllowed, true),
+            Approval::Once => ruling.asked(Verdict::AskAllowed, true, path),
             Approval::Session => {
                 self.up.inner.grants.grant(session, interpreter, &key);
-                ruling.decided(Verdict::AskAllowed, true)
+                ruling.asked(Verdict::AskAllowed, true, path)
             }
-            Approval::Denied => ruling.decided(Verdict::AskDenied, false),
+            Approval::Denied => ruling.asked(Verdict::AskDenied, false, path),
             Approval::Unavailable(why) => {
                 tracing::warn!(
                     server,
@@ -409,6 +445,8 @@ struct RecordOnDrop<'a> {
     audit: &'a Audit,
     started: Instant,
     record: Option<ToolCallRecord>,
+    /// The status and error type written when the future is dropped first.
+    dropped: (ToolStatus, &'static str),
 }
 
 impl RecordOnDrop<'_> {
@@ -425,7 +463,8 @@ impl RecordOnDrop<'_> {
 
 impl Drop for RecordOnDrop<'_> {
     fn drop(&mut self) {
-        self.finish(ToolStatus::Failed, Some("cancelled"));
+        let (status, why) = self.dropped;
+        self.finish(status, Some(why));
     }
 }
 
