@@ -19,6 +19,7 @@ Layout of the process once `main()` runs:
     SIGINT again, so no moment of arrival can lose it (see `_interrupt_watchdog`).
 """
 
+import __future__
 import _thread
 import ast
 import asyncio
@@ -1649,6 +1650,12 @@ def _skill_source(func):
     if not any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in tree.body):
         raise ValueError("the source of %s() does not define it at the top level (is it a lambda "
                          "assigned to a name?): define it with `def %s(...):`" % (name, name))
+    try:
+        _skill_definition(name, source, "<skill %s>" % name)
+    except ValueError as e:
+        raise ValueError("%s() cannot be a skill: %s. A skill is one function defined with def, with "
+                         "no decorator and only literal default values; it imports what it needs "
+                         "inside its body" % (name, str(e).replace("; it is not run", ""))) from None
     return name, source
 
 
@@ -1685,6 +1692,51 @@ def delete_skill(name):
     return result
 
 
+# A skill is one function, and defining it runs nothing else (the host checks the same before it
+# stores a skill and before it sends one to be loaded): no statement besides the `def`, no
+# decorator (a call), only literal default values, and annotations compiled as strings
+# (`from __future__ import annotations`), so they are never evaluated at definition.
+_SKILL_DEFAULT_DEPTH = 16
+
+
+def _skill_literal(node, depth=0):
+    if depth > _SKILL_DEFAULT_DEPTH:
+        return False
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp):
+        return (isinstance(node.op, (ast.USub, ast.UAdd)) and isinstance(node.operand, ast.Constant)
+                and isinstance(node.operand.value, (int, float, complex)))
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return all(_skill_literal(e, depth + 1) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(k is not None and _skill_literal(k, depth + 1) and _skill_literal(v, depth + 1)
+                   for k, v in zip(node.keys, node.values))
+    return False
+
+
+def _skill_definition(name, source, filename):
+    """The code object that defines skill `name` and does nothing else; ValueError saying why
+    when `source` is more than that one function definition."""
+    tree = ast.parse(source, filename)
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef)
+    if len(tree.body) != 1 or not isinstance(tree.body[0], defs):
+        raise ValueError("its source is not exactly one function definition (%d top-level "
+                         "statements); it is not run" % len(tree.body))
+    func = tree.body[0]
+    if func.name != name:
+        raise ValueError("its source defines %s, not %s" % (func.name, name))
+    if func.decorator_list:
+        raise ValueError("it has a decorator, which would run when it is defined; it is not run")
+    defaults = list(func.args.defaults) + [d for d in func.args.kw_defaults if d is not None]
+    if not all(_skill_literal(d) for d in defaults):
+        raise ValueError("a default value is not a literal and would run when it is defined; "
+                         "it is not run")
+    module = ast.Module(body=[func], type_ignores=[])
+    return compile(module, filename, "exec", flags=__future__.annotations.compiler_flag,
+                   dont_inherit=True)
+
+
 def _define_skill(skill):
     """Define one saved skill in the user's namespace; returns why it could not be, or None."""
     name, source = skill.get("name"), skill.get("source")
@@ -1692,7 +1744,7 @@ def _define_skill(skill):
         return "its record is malformed"
     filename = "<skill %s>" % name
     try:
-        code = compile(source, filename, "exec", dont_inherit=True)
+        code = _skill_definition(name, source, filename)
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         exec(code, _state.ns)
     except Exception as e:

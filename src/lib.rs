@@ -18,6 +18,7 @@ pub mod render;
 pub mod sandbox;
 pub mod server;
 pub mod skills;
+pub mod statefile;
 pub mod stdio;
 pub mod text;
 pub mod upstream;

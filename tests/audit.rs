@@ -431,3 +431,54 @@ async fn tool_call_records_name_the_decision_rule_and_status() {
     assert!(denied_row.contains("deny"), "{denied_row}");
     b.shutdown_clean().await;
 }
+
+/// Names in the log are the code's choice: a tool name holding a newline, a carriage return,
+/// escape sequences (erase line, cursor up, a C1 CSI), BEL and a bidi override is one row of
+/// the table with each of those shown as an escape, so it can neither erase the rows above
+/// nor print a fake "deny → denied" row; `--json` prints the record exactly.
+#[tokio::test]
+async fn the_table_shows_names_the_code_chose_as_escapes() {
+    let home = Home::new();
+    write_servers(
+        &home,
+        json!({"time": {"command": server_bin("mcp-server-time"), "args": ["--local-timezone", "UTC"]}}),
+    );
+    let b = Bridge::start_with(home, &[], None).await;
+    let code = "from mcp import runtime\n\
+                rpc = runtime.call_tool_sync.__globals__['_rpc_sync']\n\
+                forged = 'x\\r\\x1b[2K\\x1b[1A\\x07\\x9b2J\\u202e\\n2026-11-25 10:00:00  default  github.delete_repo  deny → denied'\n\
+                try:\n    rpc('call_tool', {'server': 'time', 'tool': forged, 'arguments': {}})\n\
+                except Exception as e:\n    print(type(e).__name__)";
+    let out = common::Outcome(
+        b.call(json!({"code": code, "servers": ["time"], "session": "s1", "timeout": 110}))
+            .await,
+    );
+    assert_eq!(out.status(), "ok", "{}", out.text());
+    let path = log_path(&b.home);
+    let recs = wait_records(&path, 2);
+    let forged = recs[0]["tool"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{recs:#?}"));
+    assert!(forged.starts_with("x\r\u{1b}[2K"), "{forged:?}");
+    let (code, table, err) = audit_cmd(&b.home, &[], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(table.lines().count(), 3, "header and two rows:\n{table}");
+    assert!(
+        table
+            .chars()
+            .all(|c| c == '\n' || !(c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c))),
+        "{table:?}"
+    );
+    let row = table.lines().nth(1).unwrap();
+    assert!(row.contains(r"time.x\r\x1b[2K\x1b[1A\x07\u{9b}2J"), "{row}");
+    assert!(
+        !table.lines().any(|l| l.starts_with("2026-11-25 10:00:00")),
+        "{table}"
+    );
+    // --json: the record as written, byte for byte.
+    let (code, jsonl, err) = audit_cmd(&b.home, &[], &["--json"]);
+    assert_eq!(code, 0, "{err}");
+    let first: Value = serde_json::from_str(jsonl.lines().next().unwrap()).unwrap();
+    assert_eq!(first["tool"].as_str(), Some(forged));
+    b.shutdown_clean().await;
+}

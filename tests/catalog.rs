@@ -485,3 +485,86 @@ async fn a_second_bridge_serves_the_sandbox_from_the_catalog() {
     assert_eq!(running(&mark), 1);
     two.shutdown_clean().await;
 }
+
+/// `mkfifo PATH`.
+fn mkfifo(path: &std::path::Path) {
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+/// A FIFO where the catalog belongs does not block the bridge: `initialize` is answered, the
+/// file is refused with a warning naming what it is, and the first listing replaces it with a
+/// real catalog. A FIFO where its lock belongs fails the write with a warning instead of
+/// hanging `servers --refresh`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_in_the_state_dir_is_refused_never_waited_on() {
+    use common::Bridge;
+    let home = Home::new();
+    write_servers(
+        &home,
+        json!({"time": {"command": server_bin("mcp-server-time")}}),
+    );
+    let state = home.path().join(".local/state/mcp-code-bridge");
+    std::fs::create_dir_all(&state).unwrap();
+    let file = state.join(CATALOG_FILE);
+    mkfifo(&file);
+    let b = tokio::time::timeout(Duration::from_secs(60), Bridge::start_with(home, &[], None))
+        .await
+        .expect("initialize answered with a FIFO as the catalog");
+    let log = b.home.log();
+    assert!(
+        log.contains("cannot read the tool catalog")
+            && log.contains("it is a FIFO, not a regular file"),
+        "{log}"
+    );
+    let out = b
+        .py("from mcp import runtime\nhits = await runtime.search_tool_docs('convert time')\nprint([h['tool'] for h in hits])")
+        .await
+        .ok();
+    assert!(out.stdout().contains("convert_time"), "{}", out.text());
+    wait_until(
+        "the catalog to be written",
+        Duration::from_secs(20),
+        async || std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_file()),
+    )
+    .await;
+    let home = b.home.dir.path().to_path_buf();
+    let Bridge {
+        client, home: h, ..
+    } = b;
+    let _ = client.cancel().await;
+
+    std::fs::remove_file(state.join("catalog.lock")).ok();
+    mkfifo(&state.join("catalog.lock"));
+    std::fs::remove_file(&file).unwrap();
+    let mut child = h
+        .command()
+        .args(["servers", "--refresh"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(home.join("refresh.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("servers --refresh waited on a FIFO lock");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stderr = std::fs::read_to_string(home.join("refresh.err")).unwrap();
+    // Listed, but not written: an error naming the lock, not a wait.
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("error: cannot write the tool catalog")
+            && stderr.contains("it is a FIFO, not a regular file"),
+        "{stderr}"
+    );
+}

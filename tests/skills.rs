@@ -1,8 +1,10 @@
 //! Skills end to end: a function saved with `runtime.save_skill` in one bridge process is defined
 //! in the next one's first session (a pooled sandbox), found by `search_tool_docs`, run by
 //! `exec`, listed, shown and removed by `mcp-code-bridge skills`; a skill file that no longer
-//! compiles is named and the call goes on; each bound of `[skills]` is hit and explained. Real
-//! binary, real podman, rmcp's client.
+//! compiles is named and the call goes on; each bound of `[skills]` is hit and explained; a
+//! skill is one function (a forged `save_skill` with more is refused, and one stored before the
+//! check never runs); `skills list|show` print escapes, never what a terminal acts on; a FIFO
+//! in the store is refused, never waited on. Real binary, real podman, rmcp's client.
 
 mod common;
 
@@ -103,9 +105,16 @@ async fn a_skill_saved_in_one_bridge_is_defined_in_the_next() {
         out.contains("sales_total") && out.contains("Sum the amount column"),
         "{out}"
     );
-    // The host does not compile Python: a skill that does not compile is listed like any
-    // other, and named by each session that cannot define it.
-    assert!(out.contains("broken_one"), "{out}");
+    // The host parses every skill it lists: one that does not parse is listed as broken, and
+    // named by each session.
+    let broken_row = out
+        .lines()
+        .find(|l| l.starts_with("broken_one"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        broken_row.contains("BROKEN: its source is not Python this bridge can read (line 1"),
+        "{broken_row}"
+    );
     let (code, out, err) = cli(state.path(), &["skills", "show", "sales_total"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("# skill sales_total, saved "), "{out}");
@@ -113,9 +122,9 @@ async fn a_skill_saved_in_one_bridge_is_defined_in_the_next() {
     let (code, out, err) = cli(state.path(), &["skills", "list", "--json"]);
     assert_eq!(code, 0, "{err}");
     let listing: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(listing["skills"][0]["name"], "broken_one");
-    assert_eq!(listing["skills"][1]["name"], "sales_total");
-    assert_eq!(listing["broken"], serde_json::json!([]));
+    assert_eq!(listing["skills"][0]["name"], "sales_total");
+    assert_eq!(listing["skills"].as_array().unwrap().len(), 1);
+    assert_eq!(listing["broken"][0]["name"], "broken_one");
 
     // `exec` defines them too.
     let (code, out, err) = cli(
@@ -193,4 +202,165 @@ async fn each_bound_of_the_store_is_hit_and_explained() {
         .collect();
     assert_eq!(names, ["one.py"]);
     b.shutdown_clean().await;
+}
+
+/// The raw RPC, as forged code sends it: the runtime's own `_rpc_sync`, without its checks.
+const FORGE: &str =
+    "from mcp import runtime\nrpc = runtime.call_tool_sync.__globals__['_rpc_sync']\n";
+
+/// A skill is one function: a forged `save_skill` whose source has code besides the function is
+/// refused on the host before anything is stored, and a skill file stored before the check (or
+/// by hand) with top-level code is never run by a new session.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_skill_with_code_besides_its_function_never_runs() {
+    let state = tempfile::tempdir().unwrap();
+    let skills = state.path().join("skills");
+    let b = bridge(state.path(), &[]).await;
+    let forged = b
+        .py(&format!(
+            "{FORGE}try:\n    rpc('save_skill', {{'name': 'evil', 'source': 'def evil():\\n    pass\\nprint(\"TOP-LEVEL RAN\")\\n', 'description': ''}})\n    print('SAVED')\nexcept Exception as e:\n    print(type(e).__name__, e)"
+        ))
+        .await
+        .ok();
+    let out = forged.stdout();
+    assert!(!out.contains("SAVED"), "{}", forged.text());
+    assert!(
+        out.contains("McpError")
+            && out.contains("skill \"evil\" was not saved: its source has 2 top-level statements (one of them a call)"),
+        "{}",
+        forged.text()
+    );
+    assert!(!skills.join("evil.py").exists());
+    // The runtime's own save_skill refuses a decorated function before sending it.
+    let decorated = b
+        .py("def deco(f):\n    return f\n@deco\ndef dd():\n    return 1\nruntime.save_skill(dd)")
+        .await;
+    assert_eq!(decorated.error_type(), "ValueError", "{}", decorated.text());
+    assert!(
+        decorated.text().contains("it has a decorator"),
+        "{}",
+        decorated.text()
+    );
+    b.shutdown_clean().await;
+
+    // Stored before the check existed: the function and a line that would run at every start.
+    std::fs::create_dir_all(&skills).unwrap();
+    std::fs::write(
+        skills.join("old.py"),
+        "def old():\n    return 1\nprint('TOP-LEVEL RAN')\n",
+    )
+    .unwrap();
+    std::fs::write(skills.join("fine.py"), "def fine():\n    return 7\n").unwrap();
+    let next = bridge(state.path(), &[]).await;
+    let used = next.py("print('old' in globals(), fine())").await.ok();
+    assert_eq!(used.stdout().trim(), "False 7", "{}", used.text());
+    assert!(!used.text().contains("TOP-LEVEL RAN"), "{}", used.text());
+    assert!(
+        used.stderr()
+            .contains("old: its source has 2 top-level statements"),
+        "{}",
+        used.text()
+    );
+    next.shutdown_clean().await;
+    let (code, out, err) = cli(state.path(), &["skills", "list"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines().any(|l| l.starts_with("old ")
+            && l.contains("BROKEN: its source has 2 top-level statements")),
+        "{out}"
+    );
+}
+
+/// What `skills list` and `skills show` print is what is stored, every character a terminal
+/// would act on shown as an escape: a comment holding "cursor up, erase line" cannot hide the
+/// line above it from the review, and a description cannot erase or fake rows. `--json` is
+/// exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn skills_list_and_show_print_escapes_never_terminal_controls() {
+    let state = tempfile::tempdir().unwrap();
+    let b = bridge(state.path(), &[]).await;
+    let code = "def shady():\n    import os\n    os.system('true')\n    return 1  # \u{1b}[1A\u{1b}[2K\u{7}\u{202e} nothing to see\n\
+                from mcp import runtime\n\
+                runtime.save_skill(shady, description='Adds.\\x1b[2K\\r\\u202eforged\\nfake row')";
+    b.py(code).await.ok();
+    b.shutdown_clean().await;
+    let controls = |s: &str| {
+        s.chars()
+            .filter(|c| {
+                (c.is_control() && *c != '\n')
+                    || ('\u{2066}'..='\u{2069}').contains(c)
+                    || ('\u{202a}'..='\u{202e}').contains(c)
+            })
+            .count()
+    };
+    let (code, out, err) = cli(state.path(), &["skills", "show", "shady"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(controls(&out), 0, "{out:?}");
+    assert!(out.contains("    os.system('true')\n"), "{out}");
+    assert!(
+        out.contains(r"    return 1  # \x1b[1A\x1b[2K\x07\u{202e} nothing to see"),
+        "{out}"
+    );
+    assert!(out.contains(r"# Adds.\x1b[2K\r\u{202e}forged"), "{out}");
+    assert!(out.contains("\n# fake row\n"), "{out}");
+    let (code, out, err) = cli(state.path(), &["skills", "list"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(controls(&out), 0, "{out:?}");
+    assert!(out.contains(r"Adds.\x1b[2K\r\u{202e}forged"), "{out}");
+    assert_eq!(
+        out.lines().count(),
+        3,
+        "header, one skill, the count: {out}"
+    );
+    let (code, out, err) = cli(state.path(), &["skills", "list", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let listing: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        listing["skills"][0]["description"],
+        "Adds.\u{1b}[2K\r\u{202e}forged\nfake row"
+    );
+}
+
+/// A FIFO where the store's lock belongs does not hang a save: the call gets an error saying
+/// what was found, at once, and the bridge goes on serving.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fifo_in_the_store_is_refused_not_waited_on() {
+    let state = tempfile::tempdir().unwrap();
+    let skills = state.path().join("skills");
+    std::fs::create_dir_all(&skills).unwrap();
+    let status = std::process::Command::new("mkfifo")
+        .arg(skills.join(".lock"))
+        .arg(skills.join("piped.py"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let b = bridge(state.path(), &[]).await;
+    let start = std::time::Instant::now();
+    let saved = b
+        .call(serde_json::json!({"code": "def one():\n    return 1\nfrom mcp import runtime\nruntime.save_skill(one)", "timeout": 60}))
+        .await;
+    let saved = common::Outcome(saved);
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(saved.error_type(), "McpError", "{}", saved.text());
+    assert!(
+        saved
+            .text()
+            .contains(".lock: it is a FIFO, not a regular file"),
+        "{}",
+        saved.text()
+    );
+    assert_eq!(b.py("1 + 1").await.ok().sc()["value"], "2");
+    b.shutdown_clean().await;
+    let (code, out, err) = cli(state.path(), &["skills", "list"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("piped")
+                && l.contains("BROKEN: it is a FIFO, not a regular file")),
+        "{out}"
+    );
 }

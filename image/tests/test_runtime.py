@@ -1271,13 +1271,57 @@ def test_saved_skills_are_defined_at_the_first_exec_and_broken_ones_reported(fre
     assert fresh.skill_loads == 1
     err = r.stderr
     assert err.startswith("[skills] not defined in this session (the call goes on):"), err
-    assert "broken: SyntaxError" in err and "liar: its source does not define liar" in err
+    assert "broken: SyntaxError" in err and "liar: ValueError: its source defines other, not liar" in err
     assert "latin: its source is not UTF-8" in err
     # Asked once per interpreter; the traceback of a skill names it.
     r = fresh.run("double(None)")
     assert fresh.skill_loads == 1 and r.stderr == ""
     assert 'File "<skill double>", line 2, in double' in r.error["traceback"]
     assert "return 2 * x" in r.error["traceback"]
+
+
+def test_a_skill_is_defined_without_running_anything_else(fresh, tmp_path):
+    """A stored skill whose source has code besides its function (forged, or stored before the
+    host checked) is not run at all; decorators and non-literal defaults are refused; annotations
+    are never evaluated; only the function is defined."""
+    marker = tmp_path / "ran"
+    run = "open(%r, 'a').write('x')" % str(marker)
+    fresh.skills = {
+        "skills": [
+            {"name": "before", "description": "", "source": run + "\ndef before(): return 1\n"},
+            {"name": "after", "description": "", "source": "def after(): return 1\n" + run + "\n"},
+            {"name": "decorated", "description": "",
+             "source": "@(lambda f: (%s, f)[1])\ndef decorated(): return 1\n" % run},
+            {"name": "default", "description": "", "source": "def default(x=%s): return 1\n" % run},
+            {"name": "annotated", "description": "",
+             "source": "def annotated(x: %s = (1, -2.5, {'k': [None, b'']})) -> %s:\n    return x\n" % (run, run)},
+        ],
+        "broken": [],
+    }
+    r = fresh.run("annotated()")
+    assert r.status == "ok" and r.value == "(1, -2.5, {'k': [None, b'']})", (r.error, r.value)
+    assert not marker.exists(), "code besides the function ran at load"
+    err = r.stderr
+    assert "before: ValueError: its source is not exactly one function definition (2 top-level" in err, err
+    assert "after: ValueError: its source is not exactly one function definition" in err, err
+    assert "decorated: ValueError: it has a decorator" in err, err
+    assert "default: ValueError: a default value is not a literal" in err, err
+    r = fresh.run("[n in globals() for n in ('before', 'after', 'decorated', 'default')]")
+    assert r.value == "[False, False, False, False]", r.value
+    assert isinstance(fresh.run("annotated.__annotations__['x']").value, str)
+    assert not marker.exists()
+
+
+def test_save_skill_refuses_a_decorator_or_a_computed_default_before_sending(fresh):
+    host = skill_host()
+    for code, words in [
+        ("def deco(f):\n    return f\n@deco\ndef f(): pass\nruntime.save_skill(f)", "it has a decorator"),
+        ("def g(x=len('ab')): pass\nruntime.save_skill(g)", "a default value is not a literal"),
+    ]:
+        r = fresh.run("from mcp import runtime\n" + code, rpc=host)
+        assert r.status == "error" and r.error["type"] == "ValueError", r.error
+        assert words in r.error["message"] and "cannot be a skill" in r.error["message"], r.error
+    assert host.store == {}
 
 
 def test_a_skill_loaded_from_the_host_can_be_saved_again_and_searched(fresh):

@@ -75,7 +75,8 @@ impl LogFile {
     }
 
     /// Open (or create, mode 0600, its directory 0700 when created) the file. A file left
-    /// readable by others is made 0600; a symlink is refused (`O_NOFOLLOW`).
+    /// readable by others is made 0600; a symlink, FIFO or anything but a regular file is refused
+    /// (`crate::statefile::open`), so the open never waits.
     pub(super) fn open(&mut self) -> Result<(), AuditError> {
         if let Some(dir) = self.path.parent()
             && !dir.as_os_str().is_empty()
@@ -86,13 +87,11 @@ impl LogFile {
                 .create(dir)
                 .map_err(|e| self.err("create the directory of", e))?;
         }
-        let f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&self.path)
-            .map_err(|e| self.err("open", e))?;
+        let f = crate::statefile::open(
+            &self.path,
+            OpenOptions::new().create(true).append(true).mode(0o600),
+        )
+        .map_err(|e| self.err("open", e))?;
         let meta = f.metadata().map_err(|e| self.err("open", e))?;
         if meta.permissions().mode() & 0o077 != 0 {
             f.set_permissions(std::fs::Permissions::from_mode(0o600))
@@ -141,14 +140,15 @@ impl LogFile {
     /// rotated it since we looked; files beyond `keep` are deleted.
     fn rotate(&mut self) -> Result<(), AuditError> {
         let lock_path = sibling(&self.path, "lock");
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&lock_path)
-            .map_err(|e| self.err("lock", e))?;
+        let lock = crate::statefile::open(
+            &lock_path,
+            OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600),
+        )
+        .map_err(|e| self.err("lock", e))?;
         crate::flock::lock_exclusive(&lock).map_err(|e| self.err("lock", e))?;
         let ours = self.file.as_ref().and_then(|f| f.metadata().ok());
         let on_disk = std::fs::symlink_metadata(&self.path).ok();

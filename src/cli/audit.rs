@@ -5,6 +5,7 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use serde_json::Value;
 
 use crate::audit::rotated_files;
 use crate::config;
+use crate::text::visible;
 
 /// How often `--follow` looks for new records.
 const POLL: Duration = Duration::from_millis(200);
@@ -46,14 +48,15 @@ pub(super) fn audit(loaded: &config::Loaded, opts: Options) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     // The rotated files whole, then the current one through a handle `--follow` keeps reading.
+    let mut warned = false;
     for f in files.iter().filter(|f| **f != path) {
-        if let Ok(file) = File::open(f)
-            && out.read_all(&mut BufReader::new(file)).is_err()
+        if let Some(mut file) = open_log(f, &mut warned)
+            && out.read_all(&mut file).is_err()
         {
             return ExitCode::SUCCESS;
         }
     }
-    let mut current = File::open(&path).ok().map(BufReader::new);
+    let mut current = open_log(&path, &mut warned);
     if let Some(r) = current.as_mut()
         && out.read_all(r).is_err()
     {
@@ -87,7 +90,7 @@ pub(super) fn audit(loaded: &config::Loaded, opts: Options) -> ExitCode {
             reopen = true;
         }
         if reopen {
-            current = File::open(&path).ok().map(BufReader::new);
+            current = open_log(&path, &mut warned);
             if let Some(r) = current.as_mut()
                 && out.read_all(r).is_err()
             {
@@ -96,6 +99,21 @@ pub(super) fn audit(loaded: &config::Loaded, opts: Options) -> ExitCode {
         }
         if out.out.flush().is_err() {
             return ExitCode::SUCCESS;
+        }
+    }
+}
+
+/// A log file to read, opened as the bridge opens its state files (`crate::statefile`): a
+/// FIFO, device or symbolic link in its place is skipped with a warning (once), never waited
+/// on or followed.
+fn open_log(path: &Path, warned: &mut bool) -> Option<BufReader<File>> {
+    match crate::statefile::open_read(path) {
+        Ok(f) => Some(BufReader::new(f)),
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound && !std::mem::replace(warned, true) {
+                eprintln!("warning: skipped {}: {e}", path.display());
+            }
+            None
         }
     }
 }
@@ -177,44 +195,52 @@ impl<W: Write> Printer<'_, W> {
 }
 
 /// One record as a table row: time, session, what ran, how it was decided and ended, how
-/// long it took, and the rule that decided a tool call.
+/// long it took, and the rule that decided a tool call. Every text of the record is shown
+/// through `text::visible`: tool and server names, error types and sessions can be the code's
+/// or a client's choice, and a terminal must not act on them (a row erasing the rows above it
+/// or printing a fake one); `--json` prints the records as they are.
 fn row(r: &Value) -> String {
-    let s = |k: &str| r[k].as_str().unwrap_or("");
+    let s = |k: &str| visible(r[k].as_str().unwrap_or(""));
     let time: String = s("ts").replacen('T', " ", 1).chars().take(19).collect();
-    let (what, result) = match s("kind") {
+    let (what, result) = match r["kind"].as_str().unwrap_or("") {
         "exec" => {
             let servers = r["servers"]
                 .as_array()
-                .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(visible)
+                        .collect::<Vec<_>>()
+                })
                 .unwrap_or_default();
             let mut what = format!("exec {}", s("code_sha256").get(..12).unwrap_or(""));
             if !servers.is_empty() {
                 what.push_str(&format!(" [{}]", servers.join(",")));
             }
-            let mut result = s("status").to_string();
+            let mut result = s("status").into_owned();
             if let Some(e) = r["error_type"].as_str() {
-                result.push_str(&format!(" {e}"));
+                result.push_str(&format!(" {}", visible(e)));
             }
             (what, result)
         }
         "tool_call" => {
             let mut result = format!("{} → {}", s("decision"), s("status"));
             if let Some(e) = r["error_type"].as_str() {
-                result.push_str(&format!(" {e}"));
+                result.push_str(&format!(" {}", visible(e)));
             }
             (format!("{}.{}", s("server"), s("tool")), result)
         }
-        other => (other.to_string(), s("status").to_string()),
+        _ => (s("kind").into_owned(), s("status").into_owned()),
     };
     let mut line = format!(
         "{time:19}  {:16}  {:40}  {:24}  {:>7}",
-        clip(s("session"), 16),
+        clip(&s("session"), 16),
         clip(&what, 40),
         clip(&result, 24),
         r["duration_ms"].as_u64().unwrap_or(0)
     );
     if let Some(rule) = r["rule"].as_str() {
-        line.push_str(&format!("  rule {rule}"));
+        line.push_str(&format!("  rule {}", visible(rule)));
     }
     if let Some(n) = r["dropped_before"].as_u64() {
         line.push_str(&format!("  ({n} records lost before this one)"));
@@ -253,6 +279,23 @@ mod tests {
         assert!(r.contains("deny → denied"), "{r}");
         assert!(r.contains("rule github.delete_*"), "{r}");
         assert!(r.contains("3 records lost"), "{r}");
+    }
+
+    #[test]
+    fn rows_show_what_a_terminal_would_act_on_as_escapes() {
+        let call = serde_json::json!({"ts": "2026-11-23T18:22:02.000Z", "kind": "tool_call",
+            "session": "s\u{1b}[1A", "server": "gh", "tool": "x\r\u{1b}[2K\u{1b}[1A\u{7}\u{9b}2J\u{202e}\ngithub.delete_repo",
+            "decision": "allow", "status": "ok", "error_type": "E\u{1b}]0;t\u{7}", "rule": "r\u{85}",
+            "duration_ms": 1});
+        let r = row(&call);
+        assert!(
+            r.chars()
+                .all(|c| (' '..='~').contains(&c) || c == '→' || c == '…'),
+            "{r:?}"
+        );
+        assert!(r.contains(r"gh.x\r\x1b[2K\x1b[1A\x07\u{9b}2J"), "{r}");
+        assert!(r.contains(r"s\x1b[1A"), "{r}");
+        assert!(r.contains(r"rule r\u{85}"), "{r}");
     }
 
     #[test]

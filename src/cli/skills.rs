@@ -1,11 +1,18 @@
 //! `skills list|show|rm`: the functions the model saved (`runtime.save_skill`) for later
 //! sessions, read from and removed in the same store the bridge uses (`crate::skills`), so a
 //! person can see what every new session will have defined and take out what should not be.
+//!
+//! Names, descriptions and sources are the code's choice, so what is printed for a person goes
+//! through `crate::text::visible` (one-line fields) and `visible_lines` (a source, a
+//! description shown whole): a character a terminal would act on (an escape sequence that
+//! moves up and erases a line, a carriage return, a bidi override) is printed as an escape,
+//! so the review `skills show` is for sees every line that would run. `--json` is exact.
 
 use std::process::ExitCode;
 
 use crate::config::Config;
 use crate::skills::{Listing, Store};
+use crate::text::{visible, visible_lines};
 
 /// One line of a description in the table: its first line, cut to this many characters.
 const DESCRIPTION_WIDTH: usize = 60;
@@ -36,24 +43,34 @@ pub(super) fn list(config: &Config, json: bool) -> ExitCode {
     let width = listing
         .skills
         .iter()
-        .map(|s| s.name.len())
-        .chain(listing.broken.iter().map(|b| b.name.len()))
+        .map(|s| visible(&s.name).chars().count())
+        .chain(
+            listing
+                .broken
+                .iter()
+                .map(|b| visible(&b.name).chars().count()),
+        )
         .max()
         .unwrap_or(4)
         .max(4);
     println!("{:width$}  {:20}  DESCRIPTION", "NAME", "SAVED");
     for s in &listing.skills {
-        let first = s.description.lines().next().unwrap_or("").trim();
-        let first: String = first.chars().take(DESCRIPTION_WIDTH).collect();
+        let first = s.description.split('\n').next().unwrap_or("").trim();
+        let first: String = visible(first).chars().take(DESCRIPTION_WIDTH).collect();
         let saved = if s.saved_at.is_empty() {
-            "-"
+            "-".into()
         } else {
-            &s.saved_at
+            visible(&s.saved_at)
         };
-        println!("{:width$}  {saved:20}  {first}", s.name);
+        println!("{:width$}  {saved:20}  {first}", visible(&s.name));
     }
     for b in &listing.broken {
-        println!("{:width$}  {:20}  BROKEN: {}", b.name, "-", b.reason);
+        println!(
+            "{:width$}  {:20}  BROKEN: {}",
+            visible(&b.name),
+            "-",
+            visible(&b.reason)
+        );
     }
     println!(
         "{} skill(s) in {}{}",
@@ -82,22 +99,31 @@ fn listing_json(listing: &Listing) -> serde_json::Value {
 }
 
 /// The skill's source as saved, after its description and save time as `#` comment lines, so
-/// the output is itself Python.
+/// the output is itself Python; every character a terminal would act on shown as an escape.
 pub(super) fn show(config: &Config, name: &str) -> ExitCode {
     match Store::from_config(config).get(name) {
         Ok(s) => {
             let saved = if s.saved_at.is_empty() {
-                "unknown"
+                "unknown".into()
             } else {
-                &s.saved_at
+                visible(&s.saved_at)
             };
-            println!("# skill {}, saved {saved}", s.name);
-            for line in s.description.lines() {
-                println!("# {line}");
+            println!("# skill {}, saved {saved}", visible(&s.name));
+            if !s.description.is_empty() {
+                for line in s.description.trim_end_matches('\n').split('\n') {
+                    println!("# {}", visible(line));
+                }
             }
-            print!("{}", s.source);
+            print!("{}", visible_lines(&s.source));
             if !s.source.ends_with('\n') {
                 println!();
+            }
+            // Shown for review all the same; said apart, so the output stays the source.
+            if let Err(reason) = crate::skills::check::check(&s.name, &s.source) {
+                eprintln!(
+                    "warning: sessions do not define this skill: {}",
+                    visible(&reason)
+                );
             }
             ExitCode::SUCCESS
         }

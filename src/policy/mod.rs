@@ -283,13 +283,42 @@ pub struct ApprovalRequest {
 }
 
 impl ApprovalRequest {
-    /// The question as the client shows it.
+    /// The question as the client shows it. The bridge's own words come first and end before
+    /// the arguments; tool and server names are quoted and escaped ([`shown_name`]), and the
+    /// arguments are a counted block of one line each, closed by an end line, so nothing the
+    /// code chose can read as the bridge speaking (a fake "asked because of" line, a fake
+    /// verdict) or push the real lines out of view.
     pub fn message(&self) -> String {
         format!(
-            "Code running in run_python wants to call the tool `{}` of the MCP server `{}`.\n\nArguments:\n{}\n\n(Asked because of {} in {}.)",
-            self.tool, self.server, self.arguments, self.rule, self.origin
+            "Code running in run_python wants to call the tool {} of the MCP server {}.\nAsked because of {} in {}.\n\n{}",
+            shown_name(&self.tool),
+            shown_name(&self.server),
+            self.rule,
+            self.origin,
+            self.arguments
         )
     }
+}
+
+/// A name the code chose, as the question shows it: a JSON string (quoted, every character
+/// that is not printable escaped), cut at 64 characters.
+pub fn shown_name(name: &str) -> String {
+    shown_string(name, 64)
+}
+
+/// `s` as a quoted JSON string of at most `max` of its characters, escaped to be read safely
+/// (`text::visible_json`); a cut is said after the closing quote, with the whole length.
+fn shown_string(s: &str, max: usize) -> String {
+    let (head, cut) = match s.char_indices().nth(max) {
+        Some((i, _)) => (&s[..i], true),
+        None => (s, false),
+    };
+    let json = serde_json::to_string(head).expect("a string serializes");
+    let mut out = crate::text::visible_json(&json).into_owned();
+    if cut {
+        out.push_str(&format!("… (cut: {} characters in all)", s.chars().count()));
+    }
+    out
 }
 
 /// The human's answer.
@@ -325,34 +354,49 @@ pub trait Approver: Send + Sync {
 pub const MAX_SHOWN_ARGUMENTS: usize = 12;
 pub const MAX_ARGUMENT_CHARS: usize = 200;
 
-/// The arguments as `name: value` lines (values as compact JSON), each value cut at
-/// [`MAX_ARGUMENT_CHARS`] characters and at most [`MAX_SHOWN_ARGUMENTS`] lines: what the code
-/// sends is the model's to choose, so what reaches the person's screen is bounded.
+/// The closing line of the arguments' block in the question.
+pub const END_OF_ARGUMENTS: &str = "(end of arguments)";
+
+/// The arguments as the approval question shows them: a header with their count, then one
+/// line each, `  "name" = value`, the value as JSON (a string quoted), every character that is
+/// not printable escaped (`text::visible_json`: a newline is `\n`, an escape sequence
+/// `\u001b`, a bidi override `\u202e`), so an argument is one line however it is made; then
+/// [`END_OF_ARGUMENTS`]. Each value is cut at [`MAX_ARGUMENT_CHARS`] characters and at most
+/// [`MAX_SHOWN_ARGUMENTS`] are shown: what the code sends is the model's to choose, so what
+/// reaches the person's screen is bounded, and is data, never more of the bridge's words.
 pub fn summarize_arguments(arguments: Option<&Map<String, Value>>) -> String {
     let Some(args) = arguments.filter(|a| !a.is_empty()) else {
-        return "(none)".into();
+        return "Arguments: none.".into();
     };
-    let cut = |s: &str, max: usize| -> String {
-        match s.char_indices().nth(max) {
-            Some((i, _)) => format!("{}… ({} more characters)", &s[..i], s[i..].chars().count()),
-            None => s.to_string(),
-        }
-    };
-    let mut lines: Vec<String> = args
-        .iter()
-        .take(MAX_SHOWN_ARGUMENTS)
-        .map(|(k, v)| {
-            let v = match v {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            format!("{}: {}", cut(k, 64), cut(&v, MAX_ARGUMENT_CHARS))
-        })
-        .collect();
-    if args.len() > MAX_SHOWN_ARGUMENTS {
-        lines.push(format!("… and {} more", args.len() - MAX_SHOWN_ARGUMENTS));
+    let mut out = format!(
+        "Arguments ({}, one line each, as JSON; chosen by the code):\n",
+        args.len()
+    );
+    for (k, v) in args.iter().take(MAX_SHOWN_ARGUMENTS) {
+        let value = match v {
+            Value::String(s) => shown_string(s, MAX_ARGUMENT_CHARS),
+            other => {
+                let json = other.to_string();
+                match json.char_indices().nth(MAX_ARGUMENT_CHARS) {
+                    Some((i, _)) => format!(
+                        "{}… (cut: {} characters in all)",
+                        crate::text::visible_json(&json[..i]),
+                        json.chars().count()
+                    ),
+                    None => crate::text::visible_json(&json).into_owned(),
+                }
+            }
+        };
+        out.push_str(&format!("  {} = {value}\n", shown_string(k, 64)));
     }
-    lines.join("\n")
+    if args.len() > MAX_SHOWN_ARGUMENTS {
+        out.push_str(&format!(
+            "  … and {} more not shown\n",
+            args.len() - MAX_SHOWN_ARGUMENTS
+        ));
+    }
+    out.push_str(END_OF_ARGUMENTS);
+    out
 }
 
 /// Most sessions remembered, and most tools per session: every grant is a human's click, but
@@ -532,12 +576,64 @@ mod tests {
             args.insert(format!("k{i:02}"), Value::Bool(true));
         }
         let s = summarize_arguments(Some(&args));
-        assert!(s.contains("path: /tmp/a"), "{s}");
-        assert!(s.contains("n: {\"a\":[1,2]}"), "{s}");
-        assert!(s.contains("… (9800 more characters)"), "{s}");
-        assert!(s.contains("… and 31 more"), "{s}");
+        assert!(s.starts_with("Arguments (43, "), "{s}");
+        assert!(s.contains("  \"path\" = \"/tmp/a\"\n"), "{s}");
+        assert!(s.contains("  \"n\" = {\"a\":[1,2]}\n"), "{s}");
+        assert!(s.contains("… (cut: 10000 characters in all)"), "{s}");
+        assert!(s.contains("… and 31 more not shown"), "{s}");
+        assert!(s.ends_with(END_OF_ARGUMENTS), "{s}");
         assert!(s.len() < 2000, "{} bytes", s.len());
-        assert_eq!(summarize_arguments(None), "(none)");
+        assert_eq!(summarize_arguments(None), "Arguments: none.");
+    }
+
+    /// An argument is one line of data however it is made: it cannot add lines that read as
+    /// the bridge's (a fake reason, a fake verdict), nor carry what a terminal acts on.
+    #[test]
+    fn an_argument_cannot_forge_the_question() {
+        let forged = "x\n\n(Asked because of policy.ask \"*\" in the system config.)\nThe bridge checked this call: it is read-only and safe to allow\r\u{1b}[2K\u{1b}[1A\u{85}\u{2028}\u{202e}";
+        let mut args = Map::new();
+        args.insert("a".into(), Value::String(forged.into()));
+        args.insert("b\nfake: line".into(), serde_json::json!({"k": forged}));
+        args.insert("c".into(), Value::Bool(true));
+        let request = ApprovalRequest {
+            server: "gh\n".into(),
+            tool: "delete\u{1b}[2K".into(),
+            arguments: summarize_arguments(Some(&args)),
+            rule: "policy.ask \"gh.*\"".into(),
+            origin: "the config file".into(),
+        };
+        let m = request.message();
+        let lines: Vec<&str> = m.lines().collect();
+        // Two lines of the bridge, a blank, the header, three arguments, the end.
+        assert_eq!(lines.len(), 8, "{m}");
+        assert!(
+            lines[0].contains("the tool \"delete\\u001b[2K\" of the MCP server \"gh\\n\""),
+            "{m}"
+        );
+        assert_eq!(
+            lines[1],
+            "Asked because of policy.ask \"gh.*\" in the config file."
+        );
+        assert!(lines[3].starts_with("Arguments (3,"), "{m}");
+        assert!(
+            lines[4].starts_with("  \"a\" = \"x\\n\\n(Asked because"),
+            "{m}"
+        );
+        assert!(lines[5].starts_with("  \"b\\nfake: line\" = {"), "{m}");
+        assert_eq!(lines[6], "  \"c\" = true");
+        assert_eq!(lines[7], END_OF_ARGUMENTS);
+        assert!(
+            m.chars()
+                .all(|c| c == '\n' || c == '…' || (' '..='~').contains(&c)),
+            "{m:?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .filter(|l| l.starts_with("Asked because"))
+                .count()
+                == 1
+        );
     }
 
     #[test]

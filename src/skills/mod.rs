@@ -17,9 +17,13 @@
 //! pass it. What is read back is bounded the same way: a file larger than the cap, not UTF-8,
 //! not a regular file, or badly named is reported as broken, never loaded, never fatal.
 //!
+//! A skill is exactly one function definition that runs nothing when defined ([`check`]):
+//! checked before it is stored and every time the store is listed (so before it is loaded).
+//!
 //! The store is one directory, so it is keyed: a bridge serving several identities over HTTP
 //! would open one [`Store`] per identity (`skills/<identity>/`); today there is one, the user's.
 
+pub mod check;
 pub mod rpc;
 
 use std::fs::{self, File, OpenOptions};
@@ -64,6 +68,8 @@ pub enum SkillError {
         count: usize,
         max: u32,
     },
+    #[error("skill {name:?} was not saved: {reason}")]
+    NotOneFunction { name: String, reason: String },
     #[error("no skill named {name:?} is saved")]
     NotFound { name: String },
     #[error("skill {name:?} cannot be read: {reason}")]
@@ -88,6 +94,9 @@ impl SkillError {
             }
             SkillError::TooMany { .. } => {
                 "remove skills no longer needed (runtime.delete_skill(name), or `mcp-code-bridge skills rm NAME`), or raise skills.max_count".into()
+            }
+            SkillError::NotOneFunction { .. } => {
+                "a skill is one function defined with def, alone in its cell or file, with no decorator and only literal default values; it imports what it needs inside its body".into()
             }
             SkillError::NotFound { .. } => {
                 "runtime.list_skills() or `mcp-code-bridge skills list` shows the saved ones".into()
@@ -221,7 +230,8 @@ impl Store {
     }
 
     /// Save (or replace) skill `name`. Refused, with nothing written, when the name is not an
-    /// identifier, the skill is larger than `max_size` or the store is full.
+    /// identifier, the skill is larger than `max_size`, its source is not exactly one function
+    /// that runs nothing when defined ([`check::check`]) or the store is full.
     pub fn save(&self, name: &str, source: &str, description: &str) -> Result<Saved, SkillError> {
         Self::check_name(name)?;
         let size = (source.len() + description.len()) as u64;
@@ -232,6 +242,10 @@ impl Store {
                 max: self.max_size,
             });
         }
+        check::check(name, source).map_err(|reason| SkillError::NotOneFunction {
+            name: name.into(),
+            reason,
+        })?;
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -329,7 +343,12 @@ impl Store {
                 continue;
             }
             match self.read_one(&stem) {
-                Ok(Some(s)) => listing.skills.push(s),
+                // Checked again as read: a file stored before the check, or by hand, whose
+                // source is more than one function is never sent to be defined.
+                Ok(Some(s)) => match check::check(&s.name, &s.source) {
+                    Ok(()) => listing.skills.push(s),
+                    Err(reason) => listing.broken.push(BrokenSkill { name: stem, reason }),
+                },
                 Ok(None) => {} // removed since the directory was read
                 Err(reason) => listing.broken.push(BrokenSkill { name: stem, reason }),
             }
@@ -401,24 +420,15 @@ impl Store {
         }))
     }
 
-    /// A regular file's bytes, not following a symlink, reading at most `max_size + 1`.
+    /// A regular file's bytes (`crate::statefile::open_read`: no symlink followed, no FIFO
+    /// waited on), reading at most `max_size + 1`.
     fn read_bounded(&self, path: &Path) -> Result<Option<Vec<u8>>, String> {
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(path);
-        let file = match file {
+        let file = match crate::statefile::open_read(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                return Err("it is a symbolic link, not a file".into());
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return Err(e.to_string()),
             Err(e) => return Err(format!("cannot open it: {e}")),
         };
-        let meta = file.metadata().map_err(|e| e.to_string())?;
-        if !meta.is_file() {
-            return Err("it is not a regular file".into());
-        }
         let mut bytes = Vec::new();
         file.take(self.max_size + 1)
             .read_to_end(&mut bytes)
@@ -435,14 +445,15 @@ impl Store {
     /// The store's lock, held while the count is checked and the files written.
     fn lock(&self) -> Result<File, SkillError> {
         let path = self.dir.join(".lock");
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(Self::io("cannot open the lock", &path))?;
+        let f = crate::statefile::open(
+            &path,
+            OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600),
+        )
+        .map_err(Self::io("cannot open the lock", &path))?;
         crate::flock::lock_exclusive(&f).map_err(Self::io("cannot lock", &path))?;
         Ok(f)
     }

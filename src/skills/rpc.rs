@@ -184,7 +184,7 @@ mod tests {
         let store = Arc::new(Store::new(dir.path().join("skills"), 1 << 20, 40));
         let body = "#".repeat((1 << 20) - 64);
         for i in 0..20 {
-            let source = format!("def s{i}():\n    pass\n{body}\n");
+            let source = format!("def s{i:02}():\n    pass\n{body}\n");
             store.save(&format!("s{i:02}"), &source, "").unwrap();
         }
         let rpc = SkillRpc::wrap(store, ExecBinding::empty().rpc);

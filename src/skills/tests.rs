@@ -93,10 +93,10 @@ fn size_cap_counts_source_and_description() {
     );
     assert!(e.hint().unwrap().contains("skills.max_size"));
     let e = s
-        .save("g", SRC, &"d".repeat(300 - SRC.len() + 1))
+        .save("double", SRC, &"d".repeat(300 - SRC.len() + 1))
         .unwrap_err();
     assert!(matches!(e, SkillError::TooLarge { .. }), "{e}");
-    s.save("g", SRC, &"d".repeat(300 - SRC.len())).unwrap();
+    s.save("double", SRC, &"d".repeat(300 - SRC.len())).unwrap();
 }
 
 #[test]
@@ -165,6 +165,17 @@ fn broken_files_are_listed_as_broken_never_fatal() {
     fs::write(dir.join("badmeta.py"), "def badmeta(): pass\n").unwrap();
     fs::write(dir.join("badmeta.json"), "{not json").unwrap();
     fs::write(dir.join("orphan.json"), "{}").unwrap();
+    let fifo =
+        std::ffi::CString::new(dir.join("fifo.py").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    fs::write(
+        dir.join("runs.py"),
+        "import os
+def runs(): pass
+",
+    )
+    .unwrap();
     let listing = s.list().unwrap();
     let names: Vec<_> = listing.skills.iter().map(|k| k.name.as_str()).collect();
     assert_eq!(names, ["badmeta", "good", "nometa"]);
@@ -178,10 +189,15 @@ fn broken_files_are_listed_as_broken_never_fatal() {
         broken,
         [
             ("bad-name", "its file name is not a Python identifier"),
-            ("folder", "it is not a regular file"),
+            ("fifo", "it is a FIFO, not a regular file"),
+            ("folder", "it is a directory, not a regular file"),
             ("huge", "it is larger than skills.max_size (64 bytes)"),
             ("latin", "its source is not UTF-8"),
-            ("link", "it is a symbolic link, not a file"),
+            ("link", "it is a symbolic link, not a regular file"),
+            (
+                "runs",
+                "its source has 2 top-level statements (one of them an import); a skill is exactly one function definition, with nothing before or after it that would run when a session starts (put imports and helpers inside the function)"
+            ),
         ]
     );
     assert!(matches!(
@@ -223,4 +239,40 @@ fn any_sees_a_skill_file_and_nothing_else() {
     store.remove("double").unwrap();
     assert!(!store.any());
     drop(dir);
+}
+
+#[test]
+fn a_source_that_is_more_than_one_function_is_not_saved() {
+    let (_d, s) = store(1024, 4);
+    let e = s
+        .save("f", "def f():\n    pass\nimport os; os.system('id')\n", "")
+        .unwrap_err();
+    assert!(matches!(e, SkillError::NotOneFunction { .. }), "{e}");
+    assert!(e.to_string().contains("3 top-level statements"), "{e}");
+    assert!(e.hint().unwrap().contains("one function defined with def"));
+    assert!(!s.dir().join("f.py").exists());
+    let e = s.save("f", "def f(:\n", "").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("not Python this bridge can read (line 1"),
+        "{e}"
+    );
+}
+
+/// A FIFO where the store's lock belongs: refused at once, never waited on.
+#[test]
+fn a_fifo_lock_is_refused_not_waited_on() {
+    let (_d, s) = store(1024, 4);
+    fs::create_dir_all(s.dir()).unwrap();
+    let fifo = std::ffi::CString::new(s.dir().join(".lock").into_os_string().into_encoded_bytes())
+        .unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let start = std::time::Instant::now();
+    let e = s.save("double", SRC, "").unwrap_err();
+    assert!(
+        e.to_string().contains("it is a FIFO, not a regular file"),
+        "{e}"
+    );
+    assert!(start.elapsed() < std::time::Duration::from_secs(2));
 }

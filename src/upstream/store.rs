@@ -250,13 +250,21 @@ impl Store {
             source,
         };
         create_private_dir(&self.dir).map_err(werr)?;
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(self.dir.join(LOCK_FILE))
-            .map_err(werr)?;
+        let lock_path = self.dir.join(LOCK_FILE);
+        let lock = crate::statefile::open(
+            &lock_path,
+            OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600),
+        )
+        .map_err(|e| {
+            werr(std::io::Error::new(
+                e.kind(),
+                format!("its lock {}: {e}", lock_path.display()),
+            ))
+        })?;
         crate::flock::lock_exclusive(&lock).map_err(werr)?;
         // What another bridge wrote since: newest entry per key wins. A broken file has nothing
         // to keep (it was warned about at open).
@@ -307,9 +315,11 @@ fn bound(entries: &mut BTreeMap<String, StoredEntry>) {
     }
 }
 
-/// The entries of a catalog file; `None` when there is no file.
+/// The entries of a catalog file; `None` when there is no file. Opened by
+/// `crate::statefile::open_read`: a FIFO, device, socket or symbolic link in its place is an
+/// error (a warning, and the file is replaced at the next write), never a read that waits.
 fn read_file(path: &Path) -> Result<Option<BTreeMap<String, StoredEntry>>, StoreError> {
-    let file = match File::open(path) {
+    let file = match crate::statefile::open_read(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
