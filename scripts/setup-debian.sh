@@ -43,7 +43,7 @@ NPM_PACKAGES=(
 # (tests/conformance.rs) and the MCP Inspector's CLI (tests/http.rs).
 NODE22_PACKAGES=(
     "node@22.23.3"
-    "@modelcontextprotocol/conformance@0.1.16"
+    "@modelcontextprotocol/conformance@0.2.0-alpha.12"  # 2026-07-28 scenarios (prerelease)
     "@modelcontextprotocol/inspector@2.12.0"
 )
 PIP_PACKAGES=(

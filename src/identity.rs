@@ -17,6 +17,21 @@ pub fn of_request(extensions: &rmcp::model::Extensions) -> Option<String> {
         .map(|i| i.0.clone())
 }
 
+/// The default interpreter of a request made in an MCP session of Streamable HTTP (2025-11-25
+/// and older, the `Mcp-Session-Id` header): that MCP session's own, so two connections of one
+/// identity do not share state unless they name a session. A name, not the id itself (the id
+/// stays between the client and the server): `mcp-` and 16 hex digits of its SHA-256. `None`
+/// over stdio (one client) and for 2026-07-28 requests, which have no connection.
+pub fn mcp_session(extensions: &rmcp::model::Extensions) -> Option<String> {
+    let id = extensions
+        .get::<http::request::Parts>()?
+        .headers
+        .get("mcp-session-id")?;
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(id.as_bytes());
+    Some(format!("mcp-{}", &hex::encode(digest)[..16]))
+}
+
 /// The key of session `session` of `identity`.
 pub fn session_key(identity: Option<&str>, session: &str) -> String {
     match identity {
@@ -71,6 +86,29 @@ mod tests {
         assert!(!owns(None, &k));
         assert!(owns(None, "default"));
         assert!(!owns(Some("x"), "default"));
+    }
+
+    #[test]
+    fn an_mcp_session_has_its_own_default_interpreter() {
+        let parts = |id: Option<&str>| {
+            let mut b = http::Request::builder();
+            if let Some(id) = id {
+                b = b.header("mcp-session-id", id);
+            }
+            let mut e = rmcp::model::Extensions::new();
+            e.insert(b.body(()).unwrap().into_parts().0);
+            e
+        };
+        assert_eq!(mcp_session(&rmcp::model::Extensions::new()), None);
+        assert_eq!(mcp_session(&parts(None)), None);
+        let a = mcp_session(&parts(Some("0b7e5a52-0a8c-4c0a-9f8e-1d2c3b4a5f60"))).unwrap();
+        let b = mcp_session(&parts(Some("5c1d0f9e-7a6b-4e3d-8c2b-1a0f9e8d7c6b"))).unwrap();
+        assert_ne!(a, b);
+        assert!(a.starts_with("mcp-") && a.len() == 20, "{a}");
+        assert!(
+            !a.contains("0b7e5a52"),
+            "the id itself is not the name: {a}"
+        );
     }
 
     #[test]

@@ -28,8 +28,57 @@ pub fn init(level: LogLevel) {
         .with(tracing_subscriber::filter::filter_fn(|meta| {
             !is_rmcp_error_reply(meta)
         }))
+        .with(QuietGoneClients)
         .with(fmt)
         .try_init();
+}
+
+/// Leaves out rmcp's ERROR that an answer could not be sent because its receiver is gone
+/// ("channel closed"): under 2026-07-28 an HTTP request has its own one-shot channel, a client
+/// cancels by closing its connection, and rmcp then still sends the cancelled handler's answer
+/// into the closed channel and logs an ERROR for every cancel. The call's cancellation is in
+/// the audit log and the result; other send failures (a broken stdout, say) are still logged.
+struct QuietGoneClients;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for QuietGoneClients {
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        !is_send_to_gone_receiver(event)
+    }
+}
+
+/// rmcp's messages for an answer it could not send (`service.rs`), whose `error` is a closed
+/// channel, the one-shot transport of a request without a session.
+const UNSENT_ANSWER: [&str; 2] = [
+    "failed to send pending response during drain",
+    "fail to response message",
+];
+
+fn is_send_to_gone_receiver(event: &tracing::Event<'_>) -> bool {
+    let meta = event.metadata();
+    if *meta.level() != tracing::Level::ERROR || !meta.target().starts_with("rmcp::service") {
+        return false;
+    }
+    #[derive(Default)]
+    struct Fields {
+        message: String,
+        error: String,
+    }
+    impl tracing::field::Visit for Fields {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            match field.name() {
+                "message" => self.message = format!("{value:?}"),
+                "error" => self.error = format!("{value:?}"),
+                _ => {}
+            }
+        }
+    }
+    let mut f = Fields::default();
+    event.record(&mut f);
+    UNSENT_ANSWER.contains(&f.message.as_str()) && f.error.ends_with("channel closed")
 }
 
 /// rmcp's "response error" event: every error reply, at WARN, as the error's Rust `Debug` form.
@@ -136,6 +185,59 @@ pub async fn forward_lines<R: AsyncRead + Unpin>(reader: R, source: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// rmcp's ERROR for an answer whose client is gone is left out; its other errors, and the
+    /// same message with another cause, are kept.
+    #[test]
+    fn an_answer_to_a_gone_client_is_not_an_error_line() {
+        use std::sync::{Arc, Mutex};
+        use tracing_subscriber::layer::SubscriberExt as _;
+        #[derive(Clone, Default)]
+        struct Seen(Arc<Mutex<Vec<String>>>);
+        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Seen {
+            fn on_event(
+                &self,
+                event: &tracing::Event<'_>,
+                _ctx: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                let mut v = String::new();
+                struct V<'a>(&'a mut String);
+                impl tracing::field::Visit for V<'_> {
+                    fn record_debug(
+                        &mut self,
+                        f: &tracing::field::Field,
+                        value: &dyn std::fmt::Debug,
+                    ) {
+                        if f.name() == "message" {
+                            *self.0 = format!("{value:?}");
+                        }
+                    }
+                }
+                event.record(&mut V(&mut v));
+                self.0.lock().unwrap().push(v);
+            }
+        }
+        let seen = Seen::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(QuietGoneClients)
+            .with(seen.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            let closed = "Transport [rmcp::transport::OneshotTransport] error: channel closed";
+            tracing::error!(target: "rmcp::service", error = %closed, "failed to send pending response during drain");
+            tracing::error!(target: "rmcp::service", error = %closed, "fail to response message");
+            tracing::error!(target: "rmcp::service", error = %"Broken pipe (os error 32)", "failed to send pending response during drain");
+            tracing::error!(target: "rmcp::service", error = %closed, "response send task failed");
+            tracing::error!(target: "mcp_code_bridge", error = %closed, "fail to response message");
+        });
+        assert_eq!(
+            *seen.0.lock().unwrap(),
+            [
+                "failed to send pending response during drain",
+                "response send task failed",
+                "fail to response message"
+            ]
+        );
+    }
 
     #[tokio::test]
     async fn lines_are_bounded_and_split() {

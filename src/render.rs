@@ -13,6 +13,10 @@ use crate::sandbox::{ExecOutcome, Outcome};
 #[derive(Debug, Serialize)]
 pub struct Payload<'a> {
     pub status: Outcome,
+    /// The interpreter the call ran in, named in every result: the one the call named, else
+    /// the default (`server::Bridge::run_for` says which), so a client that named none learns
+    /// the name that reaches the same state from elsewhere.
+    pub session: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
     pub stdout: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
@@ -49,9 +53,10 @@ fn is_zero_u64(n: &u64) -> bool {
     *n == 0
 }
 
-pub fn payload(o: &ExecOutcome) -> Payload<'_> {
+pub fn payload<'a>(o: &'a ExecOutcome, session: &'a str) -> Payload<'a> {
     Payload {
         status: o.outcome,
+        session,
         stdout: &o.stdout,
         stderr: &o.stderr,
         value: o.value.as_deref(),
@@ -130,9 +135,9 @@ pub fn toon_text(p: &Payload<'_>) -> String {
 
 /// The whole tool result. Takes the outcome by value: its images (up to 12 MiB of base64) move
 /// into the content instead of being copied, which the bridge's memory bound counts on.
-pub fn tool_result(mut o: ExecOutcome, mode: OutputMode) -> CallToolResult {
+pub fn tool_result(mut o: ExecOutcome, mode: OutputMode, session: &str) -> CallToolResult {
     let (text, structured) = {
-        let p = payload(&o);
+        let p = payload(&o, session);
         let text = match mode {
             OutputMode::Compact => compact_text(&o),
             OutputMode::Toon => toon_text(&p),
@@ -163,11 +168,13 @@ pub fn tool_result(mut o: ExecOutcome, mode: OutputMode) -> CallToolResult {
 
 /// A call that could not start: no sandbox (`SandboxUnavailable`: no engine, no image), a server
 /// name not configured (`UnknownServer`), or a loaded server that could not be started
-/// (`ServerUnavailable`). An error result the model can read; `kind` is its `error.type`.
-pub fn setup_error(kind: &str, message: &str) -> CallToolResult {
+/// (`ServerUnavailable`). An error result the model can read; `kind` is its `error.type`, and
+/// `session` the interpreter it was for.
+pub fn setup_error(kind: &str, message: &str, session: &str) -> CallToolResult {
     let mut r = CallToolResult::error(vec![Content::text(format!("[bridge] {message}"))]);
     r.structured_content = Some(
-        serde_json::json!({"status": "unavailable", "error": {"type": kind, "message": message}}),
+        serde_json::json!({"status": "unavailable", "session": session,
+        "error": {"type": kind, "message": message}}),
     );
     r
 }
@@ -197,10 +204,10 @@ mod tests {
     fn compact_drops_empty_fields() {
         let o = outcome();
         assert_eq!(compact_text(&o), "2");
-        let v = serde_json::to_value(payload(&o)).unwrap();
+        let v = serde_json::to_value(payload(&o, "default")).unwrap();
         assert_eq!(
             v,
-            serde_json::json!({"status": "ok", "stdout": "2\n", "duration_ms": 3})
+            serde_json::json!({"status": "ok", "session": "default", "stdout": "2\n", "duration_ms": 3})
         );
     }
 
@@ -218,7 +225,7 @@ mod tests {
         assert!(compact_text(&o).ends_with(
             "[file] /workspace/out/sales.csv (text/csv, 12 bytes): resource://mcp-code-bridge/files/default/sales.csv"
         ));
-        let r = tool_result(o, OutputMode::Compact);
+        let r = tool_result(o, OutputMode::Compact, "default");
         let v = serde_json::to_value(&r.content[1]).unwrap();
         assert_eq!(
             v,
@@ -252,14 +259,14 @@ mod tests {
         insta::assert_snapshot!("compact_ok", compact_text(&outcome()));
         insta::assert_snapshot!("compact_error", compact_text(&err));
         insta::assert_snapshot!("compact_timeout_rich", compact_text(&rich()));
-        insta::assert_snapshot!("toon_error", toon_text(&payload(&err)));
-        insta::assert_snapshot!("toon_timeout_rich", toon_text(&payload(&rich())));
+        insta::assert_snapshot!("toon_error", toon_text(&payload(&err, "default")));
+        insta::assert_snapshot!("toon_timeout_rich", toon_text(&payload(&rich(), "default")));
     }
 
     #[test]
     fn toon_decodes_back_to_the_structured_payload() {
         for o in [outcome(), rich()] {
-            let p = payload(&o);
+            let p = payload(&o, "default");
             let decoded: Value = toon_format::decode_default(&toon_text(&p)).unwrap();
             assert_eq!(decoded, serde_json::to_value(&p).unwrap());
         }
@@ -267,7 +274,7 @@ mod tests {
 
     #[test]
     fn images_become_image_content() {
-        let r = tool_result(rich(), OutputMode::Compact);
+        let r = tool_result(rich(), OutputMode::Compact, "default");
         assert_eq!(r.content.len(), 2);
         let v = serde_json::to_value(&r.content[1]).unwrap();
         assert_eq!(v["type"], "image");
@@ -284,7 +291,7 @@ mod tests {
             message: "division by zero".into(),
             traceback: "Traceback ...\nZeroDivisionError: division by zero\n".into(),
         });
-        let r = tool_result(o, OutputMode::Compact);
+        let r = tool_result(o, OutputMode::Compact, "default");
         assert_eq!(r.is_error, Some(true));
         let s = serde_json::to_value(&r).unwrap();
         assert!(

@@ -90,11 +90,12 @@ pub fn input_schema() -> Value {
 /// Every field of `structuredContent` that `render::Payload` and `render::setup_error` emit,
 /// and no other (`additionalProperties: false`: a field added there and not here fails
 /// tests/results.rs, where the Python SDK validates real results against this schema). Empty
-/// fields are left out of a result, so only `status` is required. The fields carry no types:
-/// each would cost tokens on every request (the budget above), and `render::Payload` is their
-/// definition.
-pub const OUTPUT_FIELDS: [&str; 10] = [
+/// fields are left out of a result, so only `status` and `session` (the interpreter the call
+/// ran in) are required. The fields carry no types: each would cost tokens on every request
+/// (the budget above), and `render::Payload` is their definition.
+pub const OUTPUT_FIELDS: [&str; 11] = [
     "status",
+    "session",
     "stdout",
     "stderr",
     "value",
@@ -115,7 +116,7 @@ pub fn output_schema() -> Value {
     json!({
         "type": "object",
         "properties": properties,
-        "required": ["status"],
+        "required": ["status", "session"],
         "additionalProperties": false
     })
 }
@@ -209,6 +210,38 @@ fn not_implemented(method: &str) -> ErrorData {
         rmcp::model::ErrorCode::METHOD_NOT_FOUND,
         format!(
             "this server does not implement {method:?}; it implements {METHODS} (its one tool is {TOOL_NAME:?})"
+        ),
+        None,
+    )
+}
+
+/// The methods protocol revision 2026-07-28 removed (its lifecycle has no `initialize`, its
+/// requests carry their log level, subscriptions are `subscriptions/listen`): a request of that
+/// revision for one of them is "method not found" (`-32601`, which rmcp's HTTP transport
+/// answers with `404`), as the revision says, however well or badly formed its params are.
+const REMOVED_IN_2026_07_28: [&str; 5] = [
+    "initialize",
+    "ping",
+    "logging/setLevel",
+    "resources/subscribe",
+    "resources/unsubscribe",
+];
+
+/// Whether `context` is a request of protocol revision 2026-07-28 or newer: its own `_meta`
+/// says so, or (rmcp reads it from the `MCP-Protocol-Version` header for requests without
+/// a session) its peer's.
+fn is_2026_07_28(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|v| v.as_str() >= rmcp::model::ProtocolVersion::V_2026_07_28.as_str())
+}
+
+/// `-32601` for `method`, which revision 2026-07-28 does not have.
+fn removed_in_2026_07_28(method: &str) -> ErrorData {
+    ErrorData::new(
+        rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+        format!(
+            "{method:?} does not exist in protocol revision 2026-07-28; requests stand alone (server/discover describes this server) and carry their log level in _meta"
         ),
         None,
     )
@@ -345,7 +378,7 @@ impl Bridge {
             },
             Err(e) => {
                 record("setup_error", Some(e.kind()));
-                return render::setup_error(e.kind(), &e.message());
+                return render::setup_error(e.kind(), &e.message(), &session);
             }
         };
         let req = ExecRequest {
@@ -362,11 +395,11 @@ impl Bridge {
                 let status = serde_json::to_value(outcome.outcome).unwrap_or_default();
                 let error_type = outcome.error.as_ref().map(|e| e.kind.as_str());
                 record(status.as_str().unwrap_or("unknown"), error_type);
-                render::tool_result(outcome, self.config.output_mode)
+                render::tool_result(outcome, self.config.output_mode, &session)
             }
             Err(e) => {
                 record("setup_error", Some("SandboxUnavailable"));
-                render::setup_error("SandboxUnavailable", &e.with_hint())
+                render::setup_error("SandboxUnavailable", &e.with_hint(), &session)
             }
         }
     }
@@ -397,7 +430,7 @@ impl Bridge {
                         "no file {name:?} in session {session:?}: it was never written to {}, or the session was reset or closed since (resources/list shows the files there are)",
                         files::OUT_DIR
                     ),
-                    None,
+                    Some(json!({"uri": uri})),
                 ),
             ));
         };
@@ -586,9 +619,14 @@ impl Approver for ClientApprover {
 }
 
 /// The arguments of a `tools/call` of `run_python`, or the refusal that says what is wrong.
+/// A call that names no session gets its connection's default: the MCP session's own under
+/// Streamable HTTP's `Mcp-Session-Id` (`identity::mcp_session`), else `default` (stdio's one
+/// client; a 2026-07-28 request, which has no connection, shares it with every other request
+/// of its identity that names none).
 fn call_args(
     name: std::borrow::Cow<'static, str>,
     arguments: Option<serde_json::Map<String, Value>>,
+    extensions: &rmcp::model::Extensions,
 ) -> Result<RunArgs, ErrorData> {
     if name != TOOL_NAME {
         return Err(refused(
@@ -599,7 +637,12 @@ fn call_args(
             ),
         ));
     }
-    RunArgs::parse(arguments).map_err(|e| refused("tools/call", ErrorData::invalid_params(e, None)))
+    let mut args = RunArgs::parse(arguments)
+        .map_err(|e| refused("tools/call", ErrorData::invalid_params(e, None)))?;
+    if args.session.is_none() {
+        args.session = identity::mcp_session(extensions);
+    }
+    Ok(args)
 }
 
 impl ServerHandler for Bridge {
@@ -632,7 +675,7 @@ impl ServerHandler for Bridge {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let args = call_args(request.name, request.arguments)?;
+        let args = call_args(request.name, request.arguments, &context.extensions)?;
         // A request whose own capabilities (`_meta`, as every 2026-07-28 request carries them
         // and SEP-2663 asks) declare the tasks extension gets a task: the call runs on, polled
         // with `tasks/get` and cancelled with `tasks/cancel`, however long the client's own
@@ -778,7 +821,7 @@ impl ServerHandler for Bridge {
                         "no resource {:?}; there are {CAPABILITIES_URI} and the files of /workspace/out (resources/list)",
                         request.uri
                     ),
-                    None,
+                    Some(json!({"uri": request.uri})),
                 ),
             ));
         }
@@ -790,10 +833,27 @@ impl ServerHandler for Bridge {
     async fn set_level(
         &self,
         request: SetLevelRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        if is_2026_07_28(&context) {
+            return Err(refused(
+                "logging/setLevel",
+                removed_in_2026_07_28("logging/setLevel"),
+            ));
+        }
         *self.log_level.lock().unwrap() = Some(request.level);
         Ok(())
+    }
+
+    /// rmcp's default answers an empty list; but this server declares no `prompts` capability
+    /// (in `initialize` and `server/discover`), and a method of a capability it does not
+    /// declare is one it does not implement.
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
+        Err(refused("prompts/list", not_implemented("prompts/list")))
     }
 
     /// rmcp answers a method it knows but we do not implement with its bare name; this server
@@ -817,6 +877,9 @@ impl ServerHandler for Bridge {
             return answer;
         }
         let m = request.method;
+        if REMOVED_IN_2026_07_28.contains(&m.as_str()) && is_2026_07_28(&context) {
+            return Err(refused(&m, removed_in_2026_07_28(&m)));
+        }
         if METHODS.split(", ").any(|k| k == m) {
             let shape = if m == "tools/call" {
                 "; expected {\"name\": \"run_python\", \"arguments\": {\"code\": string, ...}}"

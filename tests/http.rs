@@ -418,14 +418,13 @@ async fn the_official_clients_call_over_http() {
         .await
         .unwrap();
     let out = String::from_utf8_lossy(&py.stdout);
-    assert!(
-        py.status.success(),
-        "{out}\n{}",
-        String::from_utf8_lossy(&py.stderr)
-    );
+    let err = String::from_utf8_lossy(&py.stderr);
+    assert!(py.status.success(), "{out}\n{err}");
     let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(v["structured"]["stdout"], "42\n", "{v}");
     assert_eq!(v["tools"], json!(["run_python"]));
+    // Its close (DELETE of the MCP session) is answered as it expects, without a warning.
+    assert!(!err.contains("Session termination failed"), "{err}");
     // The output streamed as progress over the call's SSE stream, as over stdio.
     let streamed: String = v["progress"]
         .as_array()
@@ -851,4 +850,162 @@ async fn oversized_bodies_and_extra_sse_streams_are_refused() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(second);
+}
+
+/// The headers and `_meta` of a raw 2026-07-28 request (no session: it stands alone).
+fn modern(method: &str, name: Option<&str>) -> Vec<(&'static str, String)> {
+    let mut h = vec![
+        ("mcp-protocol-version", "2026-07-28".to_string()),
+        ("mcp-method", method.to_string()),
+    ];
+    if let Some(n) = name {
+        h.push(("mcp-name", n.to_string()));
+    }
+    h
+}
+
+fn modern_meta() -> Value {
+    json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"}})
+}
+
+/// The JSON-RPC answer in a body that is JSON or an SSE stream.
+fn answer(body: &str) -> Value {
+    let json = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:").map(str::trim))
+        .find(|d| d.starts_with('{') && d.contains("\"id\""))
+        .unwrap_or(body.trim());
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// Two MCP sessions (2025-11-25) of one token do not share an interpreter unless they name one:
+/// each has its own default, which every result names (`structuredContent.session`), and
+/// naming it reaches it. A 2026-07-28 request, which has no connection, gets `default`. A
+/// session's DELETE is answered 204 (the Python SDK warns about a 202 on every close).
+#[tokio::test(flavor = "multi_thread")]
+async fn each_mcp_session_has_its_own_default_interpreter() {
+    let (home, tokens) = token_home();
+    let served = Served::start(
+        home,
+        &[
+            ("MCP_BRIDGE_TOKEN_FILE", &tokens),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ],
+        &[],
+    );
+    let bearer = format!("Bearer {ALICE}");
+    let call = |id: u32, args: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "run_python", "arguments": args}})
+    };
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let sid = open_session(&served.url, &bearer).await;
+        let headers = vec![
+            ("authorization", bearer.clone()),
+            ("mcp-session-id", sid),
+            ("mcp-protocol-version", "2025-11-25".to_string()),
+        ];
+        let refs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        post(
+            &served.url,
+            &refs,
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        )
+        .await;
+        sessions.push(headers);
+    }
+    let in_session = |i: usize, args: Value| {
+        let url = served.url.clone();
+        let headers = sessions[i].clone();
+        async move {
+            let refs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let (status, _, body) = post(&url, &refs, call(7, args)).await;
+            assert_eq!(status, 200, "{body}");
+            answer(&body)["result"]["structuredContent"].clone()
+        }
+    };
+    let first = in_session(0, json!({"code": "x = 'first'"})).await;
+    let mine = first["session"]
+        .as_str()
+        .expect("the result names its session")
+        .to_string();
+    assert!(mine.starts_with("mcp-"), "{first}");
+    let second = in_session(1, json!({"code": "print(globals().get('x'))"})).await;
+    assert_eq!(
+        second["stdout"], "None\n",
+        "the two MCP sessions share an interpreter: {second}"
+    );
+    assert_ne!(second["session"], first["session"], "{second}");
+    // Named, the first one's interpreter is reachable from the second.
+    let named = in_session(1, json!({"code": "print(x)", "session": mine})).await;
+    assert_eq!(named["stdout"], "first\n", "{named}");
+    assert_eq!(named["session"], mine.as_str());
+
+    // 2026-07-28: no connection, so the identity's `default`, and the result says so.
+    let mut h = modern("tools/call", Some("run_python"));
+    h.push(("authorization", bearer.clone()));
+    let refs: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut body = call(8, json!({"code": "print(1)"}));
+    body["params"]["_meta"] = modern_meta();
+    let (status, _, text) = post(&served.url, &refs, body).await;
+    assert_eq!(status, 200, "{text}");
+    let r = answer(&text);
+    assert_eq!(
+        r["result"]["structuredContent"]["session"], "default",
+        "{r}"
+    );
+
+    // Closing an MCP session: 204, and it is gone.
+    let close = reqwest::Client::new()
+        .delete(&served.url)
+        .header("authorization", &bearer)
+        .header("mcp-session-id", &sessions[0][1].1)
+        .header("mcp-protocol-version", "2025-11-25")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(close.status().as_u16(), 204);
+}
+
+/// A 2026-07-28 client cancels by closing its request's connection: the call is cancelled, and
+/// the bridge's log has no ERROR for the answer that had nowhere to go.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_2026_07_28_client_that_leaves_leaves_no_error_in_the_log() {
+    let served = Served::start(Home::new(), &[("MCP_BRIDGE_POOL_SIZE", "0")], &[]);
+    // The session's sandbox is started first, so the call below is sleeping when it is left.
+    let client = served.client(None).await;
+    run(&client, json!({"code": "1", "session": "left"}))
+        .await
+        .ok();
+    let h = modern("tools/call", Some("run_python"));
+    let mut body = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "run_python", "arguments": {"code": "import time\ntime.sleep(30)", "session": "left"}}});
+    body["params"]["_meta"] = modern_meta();
+    let url = served.url.clone();
+    let call = tokio::spawn(async move {
+        let refs: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        post(&url, &refs, body).await
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    call.abort();
+    let _ = call.await;
+    // The next call of the session runs at once: the abandoned one was cancelled.
+    let started = Instant::now();
+    run(&client, json!({"code": "print('next')", "session": "left"}))
+        .await
+        .ok();
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the abandoned call ran on: {:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = served.home.log();
+    assert!(
+        !log.lines().any(|l| l.contains("ERROR")),
+        "an ERROR line for a client that left:\n{log}"
+    );
 }

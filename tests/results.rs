@@ -266,8 +266,8 @@ async fn progress_notifications_never_follow_their_response() {
 /// successful results itself; error results go through its same validator), over real results
 /// of each kind (ok with stdout, stderr and a value; a Python error; a timeout; a timeout whose
 /// code ignored the interrupt, so its sandbox was killed and the session reset; an image;
-/// truncated output; a call that could not start). The listing's title, annotations and
-/// argument descriptions are what the SDK parses.
+/// truncated output; a call that could not start), every field typed and `session` in each.
+/// The listing's title, annotations and argument descriptions are what the SDK parses.
 #[test]
 fn every_result_conforms_to_the_declared_output_schema_in_the_python_sdk() {
     let home = Home::new();
@@ -333,4 +333,17 @@ fn every_result_conforms_to_the_declared_output_schema_in_the_python_sdk() {
     );
     assert_eq!(case("setup_error")["status"], "unavailable");
     assert_eq!(case("setup_error")["error_type"], "UnknownServer");
+    // Every result names the interpreter it ran in (or was for): over stdio, one client, the
+    // default one.
+    for name in [
+        "ok",
+        "error",
+        "timeout",
+        "killed",
+        "images",
+        "truncated",
+        "setup_error",
+    ] {
+        assert_eq!(case(name)["session"], "default", "{name}: {stdout}");
+    }
 }

@@ -297,12 +297,18 @@ async fn authenticate(
     if shared.auth.is_some() {
         request.extensions_mut().insert(Identity(identity.clone()));
     }
+    let delete = request.method() == axum::http::Method::DELETE;
     let (request, wire, message) = match legacy::inbound(request, shared.max_body).await {
         Ok(r) => r,
         Err(response) => return response,
     };
     let abandoned = cancel_on_disconnect(&shared, request.headers(), message.as_ref());
-    let response = shared.guard.run(identity, request, next, abandoned).await;
+    let mut response = shared.guard.run(identity, request, next, abandoned).await;
+    // rmcp answers a session's DELETE with 202 Accepted, though the session is closed by then;
+    // the Python SDK warns on anything but 200 or 204 ("Session termination failed").
+    if delete && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
     match wire {
         Some(wire) => legacy::outbound(response, wire).await,
         None => response,

@@ -184,7 +184,7 @@ impl Bridge {
                 ),
             )
         })?;
-        let args = call_args(request.name, request.arguments)?;
+        let args = call_args(request.name, request.arguments, &context.extensions)?;
         Ok(json!({"task": legacy_task(&self.spawn_task(args, context, true))}))
     }
 
