@@ -693,9 +693,7 @@ impl ServerHandler for Bridge {
         // 2026-07-28 has no server-to-client requests: a client that declared elicitation in
         // this request is asked by `input_required` rounds (`rounds`), and its retry resumes the
         // call; one that did not cannot be asked (the policy's `ask_fallback`).
-        let modern = context
-            .protocol_version()
-            .is_some_and(|v| v >= rmcp::model::ProtocolVersion::V_2026_07_28);
+        let modern = is_2026_07_28(&context);
         if modern {
             let askable = rounds::Askable::of(context.client_capabilities().as_ref());
             if request.request_state.is_some() || askable.any() {

@@ -147,7 +147,7 @@ fn assert_approval_rounds(steps: &[Value], protocol: &str) {
     let q = &steps[0]["asked"][0];
     let message = q["message"].as_str().unwrap_or_default();
     assert!(
-        message.contains("`convert_time`") && message.contains("`time`"),
+        message.contains("the tool \"convert_time\" of the MCP server \"time\""),
         "{message}"
     );
     let choices: Vec<&str> = q["schema"]["properties"]["decision"]["oneOf"]

@@ -283,16 +283,17 @@ impl Running {
     /// interrupted, as a cancelled call's is). A question becomes `input_required`, whose
     /// handle is registered in `paused`.
     pub async fn drive(mut self, request: &CancellationToken, paused: &Paused) -> CallToolResponse {
+        let session = self.binding.session.clone();
         tokio::select! {
-            r = &mut self.run => CallToolResponse::Complete(joined(r)),
+            r = &mut self.run => CallToolResponse::Complete(joined(r, &session)),
             q = self.questions.recv() => match q {
                 Some(q) => self.pause(q, paused),
                 // Every asker is gone: the run is ending.
-                None => CallToolResponse::Complete(joined((&mut self.run).await)),
+                None => CallToolResponse::Complete(joined((&mut self.run).await, &session)),
             },
             () = request.cancelled() => {
                 self.cancel.cancel();
-                CallToolResponse::Complete(joined((&mut self.run).await))
+                CallToolResponse::Complete(joined((&mut self.run).await, &session))
             }
         }
     }
@@ -319,12 +320,13 @@ impl Running {
 }
 
 /// A run's result; a run that panicked or was aborted still answers the call.
-fn joined(r: Result<CallToolResult, tokio::task::JoinError>) -> CallToolResult {
+fn joined(r: Result<CallToolResult, tokio::task::JoinError>, session: &str) -> CallToolResult {
     r.unwrap_or_else(|e| {
         tracing::error!("a paused run_python call ended abnormally: {e}");
         crate::render::setup_error(
             "InternalError",
             "the call ended abnormally while it waited for the client's answer; run it again",
+            session,
         )
     })
 }
