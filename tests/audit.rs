@@ -482,3 +482,67 @@ async fn the_table_shows_names_the_code_chose_as_escapes() {
     assert_eq!(first["tool"].as_str(), Some(forged));
     b.shutdown_clean().await;
 }
+
+#[test]
+fn exec_from_the_command_line_is_audited_as_run_python_is() {
+    let home = Home::new();
+    write_servers(
+        &home,
+        json!({"fx": common::misbehaving_server("normal", &[])}),
+    );
+    let code = "from mcp import ToolDenied\n\
+                print(await mcp_fx.echo(text='hi'))\n\
+                try:\n    await mcp_fx.pid()\n\
+                except ToolDenied:\n    print('denied')";
+    let out = home
+        .command()
+        .env("MCP_BRIDGE_POLICY_DENY", "fx.pid")
+        .args(["exec", "--servers", "fx", code])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("denied"), "{stdout}");
+    // Written before the command exits: no wait.
+    let recs = records(&log_path(&home));
+    assert_eq!(recs.len(), 3, "{recs:#?}");
+    let session = recs[2]["session"].as_str().unwrap();
+    assert!(session.starts_with("exec-"), "{session}");
+    for r in &recs {
+        assert_eq!(r["session"], session, "{r}");
+    }
+    let brief = |r: &Value| {
+        ["kind", "tool", "decision", "status"]
+            .map(|k| r[k].as_str().unwrap_or("-").to_string())
+            .join(" ")
+    };
+    assert_eq!(brief(&recs[0]), "tool_call echo allow ok");
+    assert_eq!(brief(&recs[1]), "tool_call pid deny denied");
+    assert!(
+        recs[1]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("MCP_BRIDGE_POLICY_DENY"),
+        "{}",
+        recs[1]
+    );
+    assert_eq!(recs[2]["kind"], "exec");
+    assert_eq!(recs[2]["code_sha256"], sha256(code));
+    assert_eq!(recs[2]["servers"], json!(["fx"]));
+    assert_eq!(recs[2]["status"], "ok");
+    // A run that cannot be set up leaves its record too.
+    let out = home
+        .command()
+        .args(["exec", "--servers", "nope", "print(1)"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let recs = records(&log_path(&home));
+    assert_eq!(recs.len(), 4, "{recs:#?}");
+    assert_eq!(recs[3]["status"], "setup_error");
+    assert_eq!(recs[3]["error_type"], "UnknownServer");
+}

@@ -1,7 +1,10 @@
 //! The user's policy over proxied tool calls, through the real bridge binary, real podman, the
 //! real `mcp-server-time`, rmcp's client (which declares no elicitation capability) and the
 //! official Python SDK client with an elicitation callback (`mcp-python` in
-//! `MCP_BRIDGE_TEST_SERVERS_BIN`, the venv the test servers were installed into).
+//! `MCP_BRIDGE_TEST_SERVERS_BIN`, the venv the test servers were installed into). The fixture
+//! server `tests/fixtures/misbehaving_server.py lenient` plays a server that gains a destructive
+//! tool while the persisted catalog still has its old list, and one that matches tool names
+//! leniently.
 
 mod common;
 
@@ -488,4 +491,158 @@ except PermissionError as e:
             .all(|c| c == '\n' || c == '…' || (' '..='~').contains(&c)),
         "{message:?}"
     );
+}
+
+/// The `lenient` fixture server as `fx` in `home`'s `mcpServers` file. It lists `wipe_all`
+/// (annotated destructive) while `flag` exists, and each of its tools `do_thing` and `wipe_all`
+/// leaves `<flag>.<tool>.ran` when it runs.
+fn write_lenient_fx(home: &Home, flag: &std::path::Path) {
+    common::write_servers(
+        home,
+        json!({"fx": common::misbehaving_server("lenient", &[flag.to_str().unwrap()])}),
+    );
+}
+
+fn ran(flag: &std::path::Path, tool: &str) -> bool {
+    std::path::PathBuf::from(format!("{}.{tool}.ran", flag.display())).exists()
+}
+
+/// The `tool_call` records of the audit log of `home` once there are `n` (bounded wait).
+fn tool_call_records(home: &std::path::Path, n: usize) -> Vec<Value> {
+    let path = home.join(".local/state/mcp-code-bridge/audit.jsonl");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let recs: Vec<Value> = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|r| r["kind"] == "tool_call")
+            .collect();
+        if recs.len() >= n || std::time::Instant::now() > deadline {
+            assert_eq!(recs.len(), n, "{recs:#?}");
+            return recs;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_gained_since_the_catalog_was_saved_is_judged_from_a_fresh_list() {
+    let home = Home::new();
+    let flag = home.path().join("fx-flag");
+    write_lenient_fx(&home, &flag);
+    // The catalog is saved while the server has no wipe_all.
+    let out = home
+        .command()
+        .args(["servers", "--refresh"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let catalog = std::fs::read_to_string(
+        home.path()
+            .join(".local/state/mcp-code-bridge/catalog.json"),
+    )
+    .unwrap();
+    assert!(
+        catalog.contains("do_thing") && !catalog.contains("wipe_all"),
+        "{catalog}"
+    );
+    // The same definition's server now has a destructive tool the catalog does not know.
+    std::fs::write(&flag, "").unwrap();
+    let b = Bridge::start_with(home, &[("MCP_BRIDGE_POLICY_DESTRUCTIVE", "deny")], None).await;
+    let o = Outcome(
+        b.call(json!({"code": r#"
+from mcp import runtime, ToolDenied
+try:
+    r = await runtime.call_tool("fx", "wipe_all", {})
+    print("RAN", r)
+except ToolDenied as e:
+    print("DENIED", str(e).replace("\n", " "))
+print("THEN", await runtime.call_tool("fx", "do_thing", {}))
+"#, "servers": ["fx"], "timeout": 110}))
+            .await,
+    );
+    let out = o.stdout().to_string();
+    let denied = line(&out, "DENIED");
+    for part in [
+        "fx.wipe_all",
+        "policy.destructive = \"deny\"",
+        "MCP_BRIDGE_POLICY_DESTRUCTIVE",
+    ] {
+        assert!(denied.contains(part), "{part:?} not in {denied}");
+    }
+    assert!(!ran(&flag, "wipe_all"), "the server ran wipe_all");
+    // A tool the policy allows still runs: the server was reachable all along.
+    assert!(line(&out, "THEN").contains("do_thing done"), "{out}");
+    assert!(ran(&flag, "do_thing"));
+    let recs = tool_call_records(b.home.path(), 2);
+    assert_eq!(
+        (&recs[0]["tool"], &recs[0]["decision"], &recs[0]["status"]),
+        (&json!("wipe_all"), &json!("deny"), &json!("denied")),
+        "{recs:#?}"
+    );
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_listed_names_are_called_whatever_the_server_matches() {
+    let home = Home::new();
+    let flag = home.path().join("fx-flag");
+    write_lenient_fx(&home, &flag);
+    let b = Bridge::start_with(home, &[("MCP_BRIDGE_POLICY_DENY", "fx.do_thing")], None).await;
+    // Each of these names the denied do_thing to a server that folds Unicode, drops invisible
+    // characters, ignores case and takes `-` for `_`.
+    let o = Outcome(
+        b.call(json!({"code": r#"
+from mcp import runtime, ToolDenied
+names = ["do_thing", "do-thing\u200b", "\uff44\uff4f\uff3f\uff54\uff48\uff49\uff4e\uff47",
+         "DO-THING", "do_\u00adthing", "Do\u2060_Thing", "do\u2010thing"]
+for name in names:
+    try:
+        await runtime.call_tool("fx", name, {})
+        print("RAN", ascii(name))
+    except ToolDenied as e:
+        print("DENIED", ascii(name))
+    except Exception as e:
+        print("REFUSED", ascii(name), type(e).__name__, str(e).replace("\n", " "))
+print("ECHO", await runtime.call_tool("fx", "ECHO", {"text": "still here"}))
+"#, "servers": ["fx"], "timeout": 110}))
+            .await,
+    );
+    let out = o.stdout().to_string();
+    assert!(!out.contains("RAN"), "{}", o.text());
+    assert!(!ran(&flag, "do_thing"), "the server ran do_thing:\n{out}");
+    // Names the bridge itself resolves (another case, the identifier spelling) become the
+    // listed name, which the policy judges.
+    for name in ["'do_thing'", "'DO-THING'", "'do\\u2010thing'"] {
+        assert!(
+            out.lines().any(|l| l == format!("DENIED {name}")),
+            "{name} not denied:\n{out}"
+        );
+    }
+    // Anything else is refused as not listed, naming the nearest listed tool.
+    let zwsp = line(&out, "REFUSED 'do-thing\\u200b'");
+    for part in [
+        "McpError",
+        "not in the tool list of server 'fx'",
+        "do-thing\\u{200b}",
+        "the closest listed: do_thing",
+    ] {
+        assert!(zwsp.contains(part), "{part:?} not in {zwsp}");
+    }
+    for name in [
+        "'\\uff44\\uff4f\\uff3f\\uff54\\uff48\\uff49\\uff4e\\uff47'",
+        "'do_\\xadthing'",
+        "'Do\\u2060_Thing'",
+    ] {
+        let l = line(&out, &format!("REFUSED {name}"));
+        assert!(l.contains("do_thing"), "{l}");
+    }
+    // A tool the policy allows runs by any name the bridge resolves.
+    assert!(line(&out, "ECHO").contains("still here"), "{out}");
+    b.shutdown().await;
 }

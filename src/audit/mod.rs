@@ -55,6 +55,10 @@ pub enum Decision {
     /// The rule said ask but the client cannot be asked; `ask_fallback` decided.
     #[serde(rename = "ask:unavailable")]
     AskUnavailable,
+    /// Refused before any rule was asked: the server does not list the tool (not even when
+    /// listed afresh), or could not be listed.
+    #[serde(rename = "unlisted")]
+    Unlisted,
 }
 
 /// How a proxied call ended.

@@ -1,4 +1,7 @@
-//! `exec`: run code once in a fresh sandbox, printing its output as it comes.
+//! `exec`: run code once in a fresh sandbox, printing its output as it comes. The run is
+//! audited as a `run_python` call is: one `exec` record, and a `tool_call` record for each
+//! proxied call (the policy applies to them as under `run`; nobody can be asked, so `ask` is
+//! `ask_fallback`).
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -6,10 +9,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use super::{Paint, load_bar};
+use crate::audit::{self, Audit};
 use crate::config::Config;
 use crate::protocol::Stream;
 use crate::sandbox::{ExecRequest, Outcome, Sandbox};
-use crate::upstream::{Hinted as _, Upstreams};
+use crate::upstream::{CallContext, Hinted as _, Upstreams};
 
 /// Why `exec` has no code to run.
 #[derive(Debug, thiserror::Error)]
@@ -60,11 +64,32 @@ pub(super) async fn exec(
             return ExitCode::from(2);
         }
     };
+    let started = std::time::Instant::now();
+    let session = format!("exec-{}", std::process::id());
+    let audit = Audit::open(&config);
+    let record = |status: &str, error_type: Option<&str>| {
+        audit.exec(audit::Exec {
+            session: &session,
+            identity: None,
+            code: &code,
+            servers: &servers,
+            status,
+            error_type,
+            duration: started.elapsed(),
+        });
+    };
     let skills = Arc::new(crate::skills::Store::from_config(&config));
-    let binding = match ups.load(&servers).await {
+    let call = CallContext {
+        session: session.clone(),
+        audit: audit.clone(),
+        ..Default::default()
+    };
+    let binding = match ups.load_for(&servers, call).await {
         Ok(b) => crate::skills::rpc::SkillRpc::bind(&skills, b),
         Err(e) => {
             ups.shutdown().await;
+            record("setup_error", Some(e.kind()));
+            flush(&audit).await;
             eprintln!("error: {}", e.message());
             return ExitCode::from(2);
         }
@@ -88,7 +113,7 @@ pub(super) async fn exec(
         }
     });
     let req = ExecRequest {
-        code,
+        code: code.clone(),
         timeout: config.timeout.0,
         max_timeout: config.max_timeout.0,
         output_cap: config.output_cap.0 as usize,
@@ -96,13 +121,21 @@ pub(super) async fn exec(
         cancel: tokio_util::sync::CancellationToken::new(),
         on_output: Some(sink),
     };
-    let session = format!("exec-{}", std::process::id());
     let result = sandbox.run(&session, false, req).await;
     if let Some((bar, _)) = bar {
         bar.finish_and_clear();
     }
     sandbox.shutdown().await;
     ups.shutdown().await;
+    match &result {
+        Ok(o) => {
+            let status = serde_json::to_value(o.outcome).unwrap_or_default();
+            let error_type = o.error.as_ref().map(|e| e.kind.as_str());
+            record(status.as_str().unwrap_or("unknown"), error_type);
+        }
+        Err(_) => record("setup_error", Some("SandboxUnavailable")),
+    }
+    flush(&audit).await;
     let o = match result {
         Ok(o) => o,
         Err(e) => {
@@ -142,6 +175,14 @@ pub(super) async fn exec(
         Outcome::Timeout => ExitCode::from(124),
         _ => ExitCode::FAILURE,
     }
+}
+
+/// Write the queued audit records before the process exits (bounded, as at the bridge's
+/// shutdown).
+async fn flush(audit: &Audit) {
+    let audit = audit.clone();
+    let _ =
+        tokio::task::spawn_blocking(move || audit.flush(std::time::Duration::from_secs(5))).await;
 }
 
 /// A notice of the sandbox, as it applies to a one-shot run: there is no session to keep or

@@ -40,6 +40,9 @@ use super::relay::CallRelay;
 use super::store::{ServerIdentity, Store, StoredEntry, definition_digest, now_secs};
 use crate::config::Config;
 
+/// A list the server gave this recently counts as fresh for [`Pool::fresh_tools`].
+pub(crate) const RELIST_WITHIN: Duration = Duration::from_secs(1);
+
 /// Limits of the pool.
 #[derive(Debug, Clone)]
 pub struct UpstreamSettings {
@@ -229,6 +232,9 @@ pub(crate) struct Slot {
     last_used: Mutex<Instant>,
     in_flight: AtomicUsize,
     starts: AtomicU64,
+    /// Held while a proxied call lists the server afresh ([`Pool::fresh_tools`]), so that
+    /// concurrent calls of tools missing from the cache share one listing.
+    relisting: tokio::sync::Mutex<()>,
     /// When a search last failed to start this server, and why (searches skip it for a while).
     pub(crate) search_failed: Mutex<Option<(Instant, String)>>,
 }
@@ -240,6 +246,8 @@ pub(crate) struct CatalogState {
     server: String,
     store: Option<Arc<Store>>,
     meta: Mutex<CatalogMeta>,
+    /// When this bridge last stored a list the server gave (never for the file's).
+    live_at: Mutex<Option<Instant>>,
 }
 
 /// How fresh a slot's tool list is.
@@ -258,8 +266,15 @@ impl CatalogState {
         self.meta.lock().unwrap().clone()
     }
 
+    /// Whether the cached list is the catalog file's, not yet confirmed by the server: what a
+    /// policy decision may not rely on (the server may have gained or changed tools since).
+    pub(crate) fn from_file(&self) -> bool {
+        self.meta.lock().unwrap().from_file
+    }
+
     /// A list just came from the server: note it, and persist it (soon, off the async threads).
     fn stored(self: &Arc<Self>, tools: &Arc<Vec<Tool>>) {
+        *self.live_at.lock().unwrap() = Some(Instant::now());
         let entry = {
             let mut m = self.meta.lock().unwrap();
             m.updated_at = Some(now_secs());
@@ -358,6 +373,7 @@ impl Pool {
                     server: info.name.clone(),
                     store: store.clone(),
                     meta: Mutex::new(meta),
+                    live_at: Mutex::new(None),
                 });
                 let hook = catalog.clone();
                 let _ = tools
@@ -372,6 +388,7 @@ impl Pool {
                     last_used: Mutex::new(Instant::now()),
                     in_flight: AtomicUsize::new(0),
                     starts: AtomicU64::new(0),
+                    relisting: tokio::sync::Mutex::new(()),
                     search_failed: Mutex::new(None),
                 })
             })
@@ -443,6 +460,29 @@ impl Pool {
             }
         }
         Err(last_err.expect("the loop ends only after a closed connection"))
+    }
+
+    /// The tool list as the server gives it now, for a proxied call's decision: a list the
+    /// server gave this bridge at `asked` or at most [`RELIST_WITHIN`] before is taken as it is,
+    /// otherwise the server is listed (started if needed; bounded as a call is, by
+    /// `upstream_start_timeout` and `upstream_call_timeout`). Concurrent callers wait for one
+    /// listing, so code calling made-up names makes the server list at most about once a second.
+    pub(crate) async fn fresh_tools(
+        &self,
+        slot: &Slot,
+        asked: Instant,
+    ) -> Result<Arc<Vec<Tool>>, CallError> {
+        let _one = slot.relisting.lock().await;
+        let recent = slot
+            .catalog
+            .live_at
+            .lock()
+            .unwrap()
+            .is_some_and(|at| at + RELIST_WITHIN >= asked);
+        if recent && let Some(t) = slot.tools.get() {
+            return Ok(t);
+        }
+        self.list_live(slot).await
     }
 
     /// The cached tool list of a server, if any (never starts anything; diagnostics and tests).

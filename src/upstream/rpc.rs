@@ -52,11 +52,80 @@ pub enum RpcError {
     UnknownMethod(String),
     #[error(transparent)]
     UnknownTool(#[from] UnknownTool),
+    /// A call of a tool the server does not list, even when listed afresh: never sent.
+    #[error(transparent)]
+    Unlisted(#[from] Unlisted),
     #[error(transparent)]
     Call(#[from] CallError),
     /// The policy, or the user when asked, refused the call. The runtime raises `ToolDenied`.
     #[error(transparent)]
     Denied(Box<Denied>),
+}
+
+/// A proxied call of a name the server's current tool list does not have (nor as an alias, in
+/// another case, or spelled as a Python identifier). It is refused rather than passed on: a
+/// server that matches names leniently (Unicode normalization, invisible characters, case,
+/// `-`/`_`) could run a tool the policy never judged.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "Tool {tool:?} is not in the tool list of server '{server}' (listed just now); only the tools it lists are called, by their listed names"
+)]
+pub struct Unlisted {
+    pub server: String,
+    /// The name as the code gave it, cut at [`MAX_ECHOED_NAME`] characters.
+    pub tool: String,
+    /// The listed names nearest to it, nearest first.
+    pub closest: Vec<String>,
+    /// How many tools the server lists.
+    pub listed: usize,
+}
+
+/// The most characters of a made-up tool name echoed back in an error.
+const MAX_ECHOED_NAME: usize = 200;
+/// Listed names suggested for an unlisted one.
+const CLOSEST: usize = 3;
+/// Characters of each name compared for the suggestion: it costs names × this², whatever
+/// length of name the code sends.
+const COMPARED_CHARS: usize = 32;
+
+impl Unlisted {
+    fn new(server: &str, tool: &str, tools: &[rmcp::model::Tool]) -> Unlisted {
+        Unlisted {
+            server: server.to_string(),
+            tool: tool.chars().take(MAX_ECHOED_NAME).collect(),
+            closest: closest_names(tool, tools.iter().map(|t| t.name.as_ref())),
+            listed: tools.len(),
+        }
+    }
+}
+
+/// The listed names most like `wanted` (at most [`CLOSEST`]), for the hint only: names are
+/// compared folded (fullwidth forms as ASCII, lower case, letters and digits only); the call
+/// itself never goes by this.
+fn closest_names<'a>(wanted: &str, names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    fn fold(s: &str) -> String {
+        s.chars()
+            .map(|c| match c {
+                // The fullwidth forms of ASCII '!'..'~'.
+                '\u{FF01}'..='\u{FF5E}' => char::from_u32(c as u32 - 0xFEE0).unwrap_or(c),
+                c => c,
+            })
+            .filter(|c| c.is_alphanumeric())
+            .flat_map(char::to_lowercase)
+            .take(COMPARED_CHARS)
+            .collect()
+    }
+    let wanted = fold(wanted);
+    let mut scored: Vec<(f64, &str)> = names
+        .map(|n| (strsim::normalized_levenshtein(&wanted, &fold(n)), n))
+        .filter(|(score, _)| *score > 0.0)
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    scored
+        .into_iter()
+        .take(CLOSEST)
+        .map(|(_, n)| n.to_string())
+        .collect()
 }
 
 /// A proxied call refused by the policy or by the user (boxed in [`RpcError`]: it is the
@@ -99,6 +168,17 @@ impl Hinted for RpcError {
                 "the host answers list_servers, list_tools, query_tool_docs, search_tool_docs, call_tool",
             )),
             RpcError::UnknownTool(e) => e.hint(),
+            RpcError::Unlisted(e) => {
+                let all = format!(
+                    "runtime.list_tools(\"{}\") lists all {}",
+                    e.server, e.listed
+                );
+                Some(Hint::clause(if e.closest.is_empty() {
+                    all
+                } else {
+                    format!("the closest listed: {}; {all}", e.closest.join(", "))
+                }))
+            }
             RpcError::Call(e) => e.hint(),
             RpcError::Denied(_) => Some(Hint::clause(
                 "the user decides this, not the code: do not retry the call; go on without it, or tell the user what it was needed for",
@@ -241,24 +321,13 @@ impl ExecRpc {
                 });
             }
         };
-        // Accept the alias the proxies use; pass unknown names through for the server to judge.
-        let listed = slot.cached_tools();
-        let tool_name = match &listed {
-            // The runtime sends real names: skip building the catalog (it deep-copies
-            // every tool's schemas, ~10 % of the bridge's CPU per proxied call).
-            Some(tools) if tools.iter().any(|t| t.name == tool) => tool.to_string(),
-            Some(tools) => {
-                let st = ServerTools::from_tools(slot.name(), &slot.info.alias, None, tools);
-                st.find(tool)
-                    .map(|t| t.name.clone())
-                    .unwrap_or_else(|| tool.to_string())
+        let (tool_name, destructive) = match self.listed_tool(slot, tool).await {
+            Ok(found) => found,
+            Err(e) => {
+                self.record_unlisted(slot.name(), tool, arguments.as_ref(), &e);
+                return Err(e);
             }
-            None => tool.to_string(),
         };
-        let destructive = listed
-            .as_ref()
-            .and_then(|l| l.iter().find(|t| t.name == tool_name))
-            .is_some_and(crate::policy::is_destructive);
         let started = Instant::now();
         // A call whose exec ends while the human is still being asked (a client that never
         // answers: its deadline) is recorded as denied, unanswered.
@@ -354,6 +423,69 @@ impl ExecRpc {
         }
     }
 
+    /// The name to call for `tool` and whether the server annotates that tool destructive, from
+    /// the server's current list: the cached one when it came from the server and names the
+    /// tool (the alias the proxies use, another case and the identifier spelling are accepted,
+    /// and become the listed name), otherwise a fresh listing ([`Pool::fresh_tools`]). A name
+    /// even that does not have is [`Unlisted`]: the policy never judges, and the server never
+    /// gets, a name it does not list, and a tool missing from a stale list is never taken for
+    /// one without annotations.
+    ///
+    /// [`Pool::fresh_tools`]: super::pool::Pool::fresh_tools
+    async fn listed_tool(&self, slot: &Slot, tool: &str) -> Result<(String, bool), RpcError> {
+        let asked = Instant::now();
+        let cached = slot.cached_tools().filter(|_| !slot.catalog.from_file());
+        let mut found = cached.and_then(|tools| {
+            let name = listed_name(slot, &tools, tool)?;
+            Some((tools, name))
+        });
+        if found.is_none() {
+            let tools = self.up.inner.pool.fresh_tools(slot, asked).await?;
+            found = match listed_name(slot, &tools, tool) {
+                Some(name) => Some((tools, name)),
+                None => return Err(Unlisted::new(slot.name(), tool, &tools).into()),
+            };
+        }
+        let (tools, name) = found.expect("set above");
+        let destructive = tools
+            .iter()
+            .find(|t| t.name == name)
+            .is_some_and(crate::policy::is_destructive);
+        Ok((name, destructive))
+    }
+
+    /// The `tool_call` record of a call refused before any rule was asked: its tool is not
+    /// listed (`denied`), or the server could not be listed (`failed`).
+    fn record_unlisted(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<&Map<String, Value>>,
+        e: &RpcError,
+    ) {
+        let (identity, session) = crate::identity::split_key(&self.call.session);
+        let mut r = ToolCallRecord::new(
+            session,
+            server,
+            tool,
+            arguments,
+            AuditDecision::Unlisted,
+            None,
+        );
+        r = match e {
+            RpcError::Call(e) => r
+                .finished(ToolStatus::Failed, std::time::Duration::ZERO)
+                .with_error_type(e.kind()),
+            _ => r
+                .finished(ToolStatus::Denied, std::time::Duration::ZERO)
+                .with_error_type("UnlistedTool"),
+        };
+        if let Some(id) = identity {
+            r = r.with_identity(id);
+        }
+        self.call.audit.tool_call(r);
+    }
+
     /// The policy's decision about `server.tool`, asking the user when a rule says `ask` and
     /// the session has not allowed the tool already.
     async fn decide(
@@ -416,6 +548,19 @@ impl ExecRpc {
             }
         }
     }
+}
+
+/// The listed name `tool` stands for in `tools`: itself, or the tool whose alias, lower-case
+/// name or identifier spelling it is (as [`ServerTools::find`] resolves it).
+fn listed_name(slot: &Slot, tools: &[rmcp::model::Tool], tool: &str) -> Option<String> {
+    // The runtime sends real names: skip building the catalog (it deep-copies every tool's
+    // schemas, ~10 % of the bridge's CPU per proxied call).
+    if tools.iter().any(|t| t.name == tool) {
+        return Some(tool.to_string());
+    }
+    ServerTools::from_tools(slot.name(), &slot.info.alias, None, tools)
+        .find(tool)
+        .map(|t| t.name.clone())
 }
 
 /// The audit log's name for a verdict.
