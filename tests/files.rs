@@ -289,3 +289,99 @@ time.sleep(0.2)
     assert!(o.stdout().contains("other"));
     b.shutdown_clean().await;
 }
+
+/// CPU time (clock ticks) used so far by the processes of the bridge's own podman service (those
+/// whose command line names its socket, `podman-<bridge pid>.sock`); `None` when there are none.
+fn engine_ticks(bridge: u32) -> Option<u64> {
+    let sock = format!("podman-{bridge}.sock");
+    let mut total = None;
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmd) = std::fs::read(p.path().join("cmdline")) else {
+            continue;
+        };
+        if !String::from_utf8_lossy(&cmd).contains(&sock) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(p.path().join("stat")) else {
+            continue;
+        };
+        let f: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        // utime and stime: fields 14 and 15 of stat, 12 and 13 after the name.
+        let t: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+        *total.get_or_insert(0) += t;
+    }
+    total
+}
+
+/// The engine's CPU use over `secs` seconds, in percent of one CPU.
+async fn engine_cpu(bridge: u32, secs: u64) -> u64 {
+    let before = engine_ticks(bridge).expect("the bridge's own podman service");
+    tokio::time::sleep(std::time::Duration::from_secs(secs)).await;
+    let after = engine_ticks(bridge).expect("the bridge's own podman service");
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    (after - before) * 100 / (hz * secs)
+}
+
+/// `/workspace/out` is a mount point of its own: code cannot replace it with a link (to
+/// `/proc/self`, which had kept the engine's copy running for ever at a host CPU, outside every
+/// sandbox limit, after the bridge gave up at 30 s). And when the host gives up on a copy (a
+/// sparse file of 1 TiB: the read bound), the engine's work ends with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn out_cannot_be_replaced_by_a_link_and_the_engine_stops_when_the_host_gives_up() {
+    // No pool: a refill would be engine work of its own while the engine's CPU is measured.
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_POOL_SIZE", "0")], None).await;
+    b.py("print('up')").await.ok();
+    let code = r#"
+import os
+out = "/workspace/out"
+for step in (lambda: os.rename(out, "/workspace/was-out"), lambda: os.rmdir(out),
+             lambda: os.symlink("/proc/self", out)):
+    try:
+        step()
+    except OSError as e:
+        print(type(e).__name__)
+print("link" if os.path.islink(out) else "dir" if os.path.isdir(out) else "other")
+"#;
+    let t0 = std::time::Instant::now();
+    let o = b.call(json!({"code": code, "timeout": 120})).await;
+    let took = t0.elapsed();
+    let o = Outcome(o);
+    let cpu = engine_cpu(b.pid, 3).await;
+    eprintln!(
+        "{} in {took:?}; engine afterwards: {cpu}% of a CPU",
+        o.text()
+    );
+    assert_eq!(o.status(), "ok", "{}", o.text());
+    assert_eq!(o.stdout().lines().last(), Some("dir"), "{}", o.text());
+    assert!(
+        took < std::time::Duration::from_secs(20),
+        "{took:?}: {}",
+        o.text()
+    );
+    assert!(!o.text().contains("copied out"), "{}", o.text());
+    assert!(
+        cpu < 30,
+        "the engine kept working after the call: {cpu}% of a CPU"
+    );
+
+    // A sparse file of 1 TiB: the host reads its bound, gives up, and the engine stops too.
+    let o = b
+        .py("f = open('/workspace/out/sparse.bin', 'wb'); f.truncate(1 << 40); f.close()")
+        .await
+        .ok();
+    assert!(o.text().contains("the rest was not read"), "{}", o.text());
+    let cpu = engine_cpu(b.pid, 3).await;
+    eprintln!("after the sparse file: {cpu}% of a CPU");
+    assert!(
+        cpu < 30,
+        "the engine kept copying after the host gave up: {cpu}% of a CPU"
+    );
+    let o = b.py("print(6 * 7)").await.ok();
+    assert!(o.stdout().contains("42"));
+    b.shutdown_clean().await;
+}

@@ -148,6 +148,69 @@ async fn cancellation_interrupts_the_code_and_keeps_the_session() {
     client.cancel().await.unwrap();
 }
 
+/// Calls queued behind a running one of the same session and cancelled there leave the line:
+/// none of their code runs, each is recorded as cancelled, and neither the running call nor
+/// the session's state is touched (cancelling them had reset the session, silently).
+#[tokio::test(flavor = "multi_thread")]
+async fn cancelling_calls_queued_behind_a_running_one_keeps_the_session() {
+    let home = Home::new();
+    let client = ().serve(common::transport(&home, &[])).await.unwrap();
+    let send = |code: String| {
+        client.send_cancellable_request(
+            call(json!({"code": code})),
+            PeerRequestOptions::no_options(),
+        )
+    };
+    let result = |r: ServerResult| match r {
+        ServerResult::CallToolResult(r) => Outcome(r),
+        other => panic!("unexpected response {other:?}"),
+    };
+    let first = send("kept = 42\nran = []".into()).await.unwrap();
+    result(first.await_response().await.unwrap()).ok();
+    let running = send("import time\ntime.sleep(4)\nprint('done', kept)".into())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut queued = Vec::new();
+    for i in 0..8 {
+        queued.push(send(format!("ran.append({i})")).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for h in queued {
+        h.cancel(Some("test cancels".into())).await.unwrap();
+    }
+    let o = tokio::time::timeout(Duration::from_secs(30), running.await_response())
+        .await
+        .expect("the running call answers")
+        .unwrap();
+    let o = result(o).ok();
+    assert_eq!(o.stdout(), "done 42\n", "{}", o.text());
+    assert!(o.sc().get("notices").is_none(), "{}", o.text());
+    let next = send("print(kept, ran)".into()).await.unwrap();
+    let o = result(next.await_response().await.unwrap()).ok();
+    assert_eq!(o.stdout(), "42 []\n", "{}", o.text());
+    assert!(o.sc().get("notices").is_none(), "{}", o.text());
+    client.cancel().await.unwrap();
+    // The audit log: three calls ran, eight were cancelled, none crashed.
+    let path = home.path().join(".local/state/mcp-code-bridge/audit.jsonl");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let statuses = loop {
+        let s: Vec<String> = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|r| r.get("status").is_some())
+            .map(|r| r["status"].as_str().unwrap_or("").to_string())
+            .collect();
+        if s.len() >= 11 || std::time::Instant::now() > deadline {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let count = |w: &str| statuses.iter().filter(|s| *s == w).count();
+    assert_eq!((count("ok"), count("cancelled")), (3, 8), "{statuses:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn toon_mode_decodes_back_to_the_structured_payload() {
     let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_OUTPUT_MODE", "toon")], None).await;

@@ -112,6 +112,15 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
         "/workspace".to_string(),
         tmpfs_opts(config.workspace_size.0),
     );
+    // `/workspace/out` (`sandbox::files::OUT_DIR`) is a mount point of its own, so it is always
+    // this directory: code cannot remove, rename or replace a mount point (no capability to
+    // unmount), so it cannot make the engine's copy of it follow a link elsewhere (a link to
+    // `/proc/self` had kept the engine copying for ever, outside every sandbox limit). Mode
+    // 1777 as `/workspace`'s (root-owned, sticky): the code writes in it and cannot chmod it.
+    tmpfs.insert(
+        super::files::OUT_DIR.to_string(),
+        format!("{},mode=1777", tmpfs_opts(config.workspace_size.0)),
+    );
     // Podman mounts its own writable tmpfs on /var/tmp under a read-only root, without noexec
     // and without a size: ours replaces it (tests/security.rs::filesystem_exec_from_writable_mounts_is_refused).
     tmpfs.insert("/var/tmp".to_string(), tmpfs_opts(config.tmp_size.0));
@@ -372,6 +381,9 @@ mod tests {
                 && tmpfs["/tmp"].contains("nodev")
         );
         assert!(tmpfs["/var/tmp"].contains("noexec") && tmpfs["/var/tmp"].contains("size="));
+        assert!(
+            tmpfs["/workspace/out"].contains("noexec") && tmpfs["/workspace/out"].contains("size=")
+        );
         assert_eq!(s.user.as_deref(), Some("65534:65534"));
         assert_eq!(s.labels.unwrap()[LABEL_MANAGED], "true");
         assert!(!s.env.unwrap().iter().any(|e| e.starts_with(ENV_PRELOAD)));

@@ -36,6 +36,40 @@ pub use session::{Claim, ExecRequest, Session};
 /// The session used when a call names none: one per client, and a stdio bridge has one client.
 pub const DEFAULT_SESSION: &str = "default";
 
+/// The notice of a call cancelled while it waited for its session's running call.
+const NOT_STARTED: &str = "the call was cancelled before its code started (it was waiting for the session's running call): nothing ran, and the session and its variables are untouched.";
+
+/// Sessions whose interpreter went without a reply that said so (a call that reset it was
+/// cancelled, its sandbox stopped between calls, it was closed to make room): the next call of
+/// that name, which starts a fresh interpreter, says why. Bounded: a name seen again takes its
+/// entry, and past [`Lost::MAX`] names an old entry goes.
+#[derive(Default)]
+struct Lost(std::sync::Mutex<HashMap<String, String>>);
+
+impl Lost {
+    const MAX: usize = 256;
+
+    fn note(&self, session: &str, why: String) {
+        let mut m = self.0.lock().unwrap();
+        if m.len() >= Self::MAX
+            && !m.contains_key(session)
+            && let Some(k) = m.keys().next().cloned()
+        {
+            m.remove(&k);
+        }
+        m.insert(session.to_string(), why);
+    }
+
+    /// The notice for a fresh interpreter of `session`, if its last one went unannounced.
+    fn take(&self, session: &str) -> Option<String> {
+        let why = self.0.lock().unwrap().remove(session)?;
+        Some(format!(
+            "session {:?} was reset since its last reply ({why}); this call runs in a fresh interpreter: variables and imports are gone.",
+            identity::split_key(session).1
+        ))
+    }
+}
+
 pub struct Sandbox {
     config: Arc<Config>,
     engine: OnceCell<Arc<Engine>>,
@@ -52,6 +86,7 @@ pub struct Sandbox {
     /// Shows image-load progress (bytes so far); the log when unset.
     load_progress: std::sync::OnceLock<LoadProgress>,
     pool: Pool,
+    lost: Lost,
     /// Itself, for the background tasks it spawns (warm-up, refill).
     this: Weak<Sandbox>,
 }
@@ -73,6 +108,7 @@ impl Sandbox {
             serial: AtomicU64::new(0),
             load_progress: std::sync::OnceLock::new(),
             pool: Pool::new(),
+            lost: Lost::default(),
             this: this.clone(),
         });
         let weak = Arc::downgrade(&sb);
@@ -263,6 +299,10 @@ impl Sandbox {
             if !reset && !s.is_dead() {
                 return Ok((s.claim(), false, Vec::new()));
             }
+            if !reset {
+                self.lost
+                    .note(name, "its sandbox stopped between calls".into());
+            }
             self.sessions.lock().await.remove(name);
             s.destroy().await;
         }
@@ -373,6 +413,10 @@ impl Sandbox {
             }
             tracing::info!(session = %victim, idle_secs = idle, limit, key, "closing the least recently used session to make room");
             s.destroy().await;
+            self.lost.note(
+                &victim,
+                format!("it was closed, unused for {idle}s, to stay within {key} = {limit}"),
+            );
             let shown = if identity::owns(owner, &victim) {
                 format!("session {:?}", identity::split_key(&victim).1)
             } else {
@@ -391,9 +435,29 @@ impl Sandbox {
         reset: bool,
         req: ExecRequest,
     ) -> Result<ExecOutcome, SandboxError> {
-        let (session, fresh, notices) = self.session(name, reset).await?;
+        let (session, fresh, mut notices) = self.session(name, reset).await?;
         req.binding.rpc.on_interpreter(&session.container_id);
-        let mut outcome = session.exec(req).await;
+        let cancel = req.cancel.clone();
+        let Some(mut outcome) = session.exec(req).await else {
+            // Cancelled in the line behind another call: nothing ran, nothing to copy out.
+            drop(session);
+            notices.push(NOT_STARTED.to_string());
+            return Ok(output::not_started(notices));
+        };
+        if outcome.session_reset && cancel.is_cancelled() {
+            // Its caller gave up on this reply: the next call of the session says it instead.
+            self.lost.note(
+                name,
+                format!(
+                    "a call that was cancelled reset it: {}",
+                    outcome
+                        .notices
+                        .last()
+                        .map(String::as_str)
+                        .unwrap_or("its sandbox was killed")
+                ),
+            );
+        }
         // Even after an error or a timeout: what the code wrote before it is there. Not from a
         // container that is gone (its files went with it).
         if !outcome.session_reset && !session.is_dead() {
@@ -413,6 +477,12 @@ impl Sandbox {
         self.refill();
         for n in notices.into_iter().rev() {
             outcome.notices.insert(0, n);
+        }
+        if fresh && let Some(n) = self.lost.take(name) {
+            // A reset asked for needs no explanation.
+            if !reset {
+                outcome.notices.insert(0, n);
+            }
         }
         if fresh && reset {
             outcome
@@ -468,6 +538,10 @@ impl Sandbox {
             let mut sessions = self.sessions.lock().await;
             if sessions.get(&name).is_some_and(|cur| Arc::ptr_eq(cur, &s)) {
                 sessions.remove(&name);
+                if s.is_dead() {
+                    self.lost
+                        .note(&name, "its sandbox stopped between calls".into());
+                }
             }
             drop(sessions);
             tracing::info!(session = %name, "removing idle sandbox");

@@ -43,6 +43,14 @@ pub struct ExecOutcome {
     pub session_reset: bool,
 }
 
+/// The outcome of a call cancelled before its code was sent (it waited in line behind another
+/// call of its session): cancelled, with nothing run and the session untouched.
+pub(super) fn not_started(notices: Vec<String>) -> ExecOutcome {
+    let mut o = Collector::new(0).finish(Outcome::Cancelled, Instant::now(), notices);
+    o.duration = Duration::ZERO;
+    o
+}
+
 /// Streamed output of a running exec, for progress notifications.
 pub type OutputSink = Arc<dyn Fn(Stream, &str) + Send + Sync>;
 

@@ -404,9 +404,21 @@ impl Session {
         report
     }
 
-    /// Run code. Never fails: every way an exec can end is an [`ExecOutcome`].
-    pub async fn exec(&self, req: ExecRequest) -> ExecOutcome {
-        let mut frames = self.frames.lock().await;
+    /// Run code once the session is free: one exec at a time, the others wait in line (the
+    /// frame receiver's lock, first come first served). Never fails: every way an exec can end
+    /// is an [`ExecOutcome`]. `None` when the call was cancelled before its turn: it left the
+    /// line (or never sent its code), nothing ran, and the session and its state are untouched
+    /// (cancelling calls queued behind a running one had reset the session).
+    pub async fn exec(&self, req: ExecRequest) -> Option<ExecOutcome> {
+        let mut frames = tokio::select! {
+            // A call cancelled in the line leaves it: the lock's future is dropped.
+            biased;
+            _ = req.cancel.cancelled() => return None,
+            f = self.frames.lock() => f,
+        };
+        if req.cancel.is_cancelled() {
+            return None;
+        }
         let started = Instant::now();
         *self.last_used.lock().unwrap() = started;
         let id = self.next_exec.fetch_add(1, Ordering::Relaxed);
@@ -414,7 +426,7 @@ impl Session {
             id,
             started,
             out: Collector::new(req.output_cap),
-            notices: std::mem::take(&mut *self.start_notices.lock().unwrap()),
+            notices: Vec::new(),
             rpc_slots: Arc::new(Semaphore::new(MAX_CONCURRENT_RPCS)),
             pending: Arc::new(AtomicU64::new(0)),
             pending_bytes: Arc::new(AtomicU64::new(0)),
@@ -427,11 +439,23 @@ impl Session {
         let deadline = tokio::time::Instant::now() + req.timeout;
         // A sandbox that stopped reading its stdin fills the pipe: this send, like every other
         // await on the sandbox, ends at the call's deadline or cancellation.
+        // Biased: code the writer takes at once is sent even when a cancellation came at the
+        // same moment (the exec loop interrupts it). A cancellation while the writer is full
+        // sends nothing (a dropped send leaves nothing in the channel): the call never started.
+        let line = self.exec_line(id, &req);
         let sent = tokio::select! {
-            r = self.writer.send(self.exec_line(id, &req)) => r.is_ok(),
+            biased;
+            r = self.writer.send(line) => r.is_ok(),
+            _ = req.cancel.cancelled() => {
+                self.current.store(0, Ordering::SeqCst);
+                // The metadata did not reach the runtime: the next exec sends it again.
+                self.catalog_sent.lock().unwrap().clear();
+                return None;
+            }
             _ = tokio::time::sleep_until(deadline) => false,
-            _ = req.cancel.cancelled() => false,
         };
+        // The session's start notices go to the first call that ran.
+        run.notices = std::mem::take(&mut *self.start_notices.lock().unwrap());
         if !sent {
             self.current.store(0, Ordering::SeqCst);
             if !self.is_dead() {
@@ -439,9 +463,9 @@ impl Session {
                 self.destroy().await;
                 let mut o = run.out.finish(Outcome::Crashed, started, run.notices);
                 o.session_reset = true;
-                return o;
+                return Some(o);
             }
-            return self.crashed(run.out, started, run.notices).await;
+            return Some(self.crashed(run.out, started, run.notices).await);
         }
         let result = loop {
             tokio::select! {
@@ -453,7 +477,7 @@ impl Session {
                 }
                 _ = tokio::time::sleep_until(run.wake(deadline)) => {
                     if let Some(killed) = self.on_wake(&mut run, &req).await {
-                        return killed;
+                        return Some(killed);
                     }
                 }
                 _ = req.cancel.cancelled(), if run.interrupted.is_none() => {
@@ -467,13 +491,13 @@ impl Session {
             tracing::debug!(session = %self.name, exec = id, interrupts = run.interrupts_sent, "the code stopped after its interrupt");
         }
         *self.last_used.lock().unwrap() = Instant::now();
-        match result {
+        Some(match result {
             Some(end) => self.finish(run, &req, end),
             None => {
                 self.dead.store(true, Ordering::Relaxed);
                 self.crashed(run.out, started, run.notices).await
             }
-        }
+        })
     }
 
     /// The `exec` line for `req`, leaving out the server metadata when it is the same as the
