@@ -589,7 +589,7 @@ impl ServerHandler for Bridge {
             .client_capabilities()
             .is_some_and(|c| c.supports_tasks())
         {
-            let task = self.spawn_task(args, &context, false);
+            let task = self.spawn_task(args, &context, false)?;
             return Ok(CallToolResponse::Task(CreateTaskResult::new(task)));
         }
         let (forwarder, on_output, progress) = match self.progress(&context) {
