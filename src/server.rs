@@ -687,7 +687,7 @@ impl ServerHandler for Bridge {
             .client_capabilities()
             .is_some_and(|c| c.supports_tasks())
         {
-            let task = self.spawn_task(args, &context, false);
+            let task = self.spawn_task(args, &context, false)?;
             return Ok(CallToolResponse::Task(CreateTaskResult::new(task)));
         }
         // 2026-07-28 has no server-to-client requests: a client that declared elicitation in

@@ -1009,3 +1009,258 @@ async fn a_2026_07_28_client_that_leaves_leaves_no_error_in_the_log() {
         "an ERROR line for a client that left:\n{log}"
     );
 }
+
+/// Connections need no token, so what they hold is bounded before any request: beyond
+/// `http.max_connections` a connection is answered 503 (with `Retry-After`) and closed, a real
+/// client then gets that answer at once rather than a timeout, the open files stay within the
+/// cap, and connections that never finish their headers (or send nothing at all) are closed
+/// after `http.header_timeout`, after which a client is served again. `serve` started with
+/// systemd's small soft limit of open files raises it to the hard one.
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_are_capped_and_those_that_never_finish_their_headers_are_closed() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    const CAP: usize = 32;
+    const EXTRA: usize = 8;
+    let served = Served::start_with_open_files(
+        Home::new(),
+        &[
+            ("MCP_BRIDGE_HTTP_MAX_CONNECTIONS", "32"),
+            ("MCP_BRIDGE_HTTP_HEADER_TIMEOUT", "5s"),
+            ("MCP_BRIDGE_WARM_START", "false"),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ],
+        &[],
+        Some(256),
+    );
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", served.pid)).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        f[3], f[4],
+        "the soft limit was not raised to the hard one: {line}"
+    );
+    assert!(
+        served
+            .home
+            .log()
+            .contains("raised the open-files limit from 256"),
+        "{}",
+        served.home.log()
+    );
+
+    let addr = served.base().trim_start_matches("http://").to_string();
+    let open_files = || {
+        std::fs::read_dir(format!("/proc/{}/fd", served.pid))
+            .unwrap()
+            .count()
+    };
+    let before = open_files();
+    let started = Instant::now();
+    let mut held = Vec::new();
+    for i in 0..CAP + EXTRA {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        // Half send the start of a request and stop; half send nothing.
+        if i % 2 == 0 {
+            s.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+                .await
+                .unwrap();
+        }
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut refused = Vec::new();
+    let mut open = Vec::new();
+    let mut closed = Vec::new();
+    for mut s in held {
+        let mut buf = vec![0u8; 4096];
+        match tokio::time::timeout(Duration::from_millis(20), s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => refused.push(String::from_utf8_lossy(&buf[..n]).to_string()),
+            Err(_) => open.push(s),
+            other => closed.push(format!("{other:?}")),
+        }
+    }
+    assert!(
+        closed.is_empty(),
+        "connections closed without an answer: {closed:?}; answered: {refused:?}; open: {}\n{}",
+        open.len(),
+        served.home.log()
+    );
+    assert_eq!(refused.len(), EXTRA, "{refused:?}");
+    for r in &refused {
+        assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+        assert!(r.contains("Retry-After: 1"), "{r}");
+        assert!(r.contains("http.max_connections"), "{r}");
+    }
+    // A real client while the cap is reached: a quick, clear refusal.
+    let asked = Instant::now();
+    let (status, h, body) = post(&served.url, &[], initialize()).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(h.contains_key("retry-after"), "{h:?}");
+    assert!(body.contains("http.max_connections"), "{body}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+    let during = open_files();
+    assert!(
+        during <= before + CAP + 4,
+        "{during} open files with {CAP} connections held (before: {before})"
+    );
+
+    // After the header timeout (5 s), the server has closed every one of them.
+    tokio::time::sleep(Duration::from_secs(7).saturating_sub(started.elapsed())).await;
+    for s in &mut open {
+        let mut buf = [0u8; 512];
+        let r = tokio::time::timeout(Duration::from_millis(50), s.read(&mut buf)).await;
+        assert!(
+            r.is_ok(),
+            "a connection that never finished its headers is still open after 7 s"
+        );
+    }
+    drop(open);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while open_files() > before + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "{} open files after the connections were closed (before: {before})",
+            open_files()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let client = served.client(None).await;
+    client.list_tools(None).await.expect("tools/list");
+    client.cancel().await.unwrap();
+}
+
+/// One identity's MCP sessions are bounded (`http.max_mcp_sessions_per_identity`): the next
+/// `initialize` is 429 naming the key and leaves no session behind; another identity opens
+/// one still, and a session closed with DELETE makes room again.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_identitys_mcp_sessions_are_bounded() {
+    let (home, tokens) = token_home();
+    let served = Served::start(
+        home,
+        &[
+            ("MCP_BRIDGE_TOKEN_FILE", &tokens),
+            ("MCP_BRIDGE_HTTP_MAX_MCP_SESSIONS_PER_IDENTITY", "3"),
+            ("MCP_BRIDGE_WARM_START", "false"),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ],
+        &[],
+    );
+    let alice = format!("Bearer {ALICE}");
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(open_session(&served.url, &alice).await);
+    }
+    for _ in 0..5 {
+        let (status, h, body) = post(&served.url, &[("authorization", &alice)], initialize()).await;
+        assert_eq!(status, 429, "{body}");
+        assert!(
+            body.contains("http.max_mcp_sessions_per_identity"),
+            "{body}"
+        );
+        assert!(!h.contains_key("mcp-session-id"), "{h:?}");
+    }
+    open_session(&served.url, &format!("Bearer {BOB}")).await;
+    let deleted = reqwest::Client::new()
+        .delete(&served.url)
+        .header("authorization", &alice)
+        .header("mcp-session-id", &ids[0])
+        .header("mcp-protocol-version", "2025-11-25")
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success(), "{deleted:?}");
+    open_session(&served.url, &alice).await;
+    let (status, _, body) = post(&served.url, &[("authorization", &alice)], initialize()).await;
+    assert_eq!(status, 429, "{body}");
+}
+
+/// Tasks are answered at once and then wait for their session, so what they hold is bounded:
+/// past 8 MiB of code, or 8 tasks, not yet ended on one session, `tools/call` is refused with a
+/// message naming the bound and what to do; a task that ends makes room.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_sessions_queued_tasks_are_bounded_in_count_and_bytes() {
+    use rmcp::ServiceExt as _;
+    use rmcp::model::{
+        CallToolResponse, CancelTaskParams, ClientCapabilities, ClientConfig, GetTaskParams,
+        Implementation, RequestMetaObject,
+    };
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let (home, tokens) = token_home();
+    let mut served = Served::start(home, &[("MCP_BRIDGE_TOKEN_FILE", &tokens)], &[]);
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(served.url.as_str()).auth_header(ALICE),
+    );
+    let alice = ClientConfig::new(
+        ClientCapabilities::builder().enable_tasks().build(),
+        Implementation::new("queued-tasks", "1"),
+    )
+    .serve(transport)
+    .await
+    .expect("initialize over HTTP");
+    let start = |code: String| {
+        let mut params = CallToolRequestParams::new("run_python")
+            .with_arguments(json!({"code": code}).as_object().cloned().unwrap());
+        let mut meta = RequestMetaObject::new();
+        meta.set_client_capabilities(ClientCapabilities::builder().enable_tasks().build());
+        params.meta = Some(meta);
+        let peer = alice.peer().clone();
+        async move {
+            match peer.call_tool_once(params).await {
+                Ok(CallToolResponse::Task(t)) => Ok(t.task.task_id),
+                Ok(other) => panic!("expected a task, got {other:?}"),
+                Err(e) => Err(format!("{e:?}")),
+            }
+        }
+    };
+    let mut ids = vec![
+        start("import time; time.sleep(60)".into())
+            .await
+            .expect("the first task"),
+    ];
+    let big = format!("x = 1\n#{}\n", "x".repeat(3 << 20));
+    for _ in 0..2 {
+        ids.push(start(big.clone()).await.expect("6 MiB of code queued"));
+    }
+    let why = start(big.clone()).await.expect_err("past 8 MiB of code");
+    assert!(why.contains("holding 6.0 MiB of code"), "{why}");
+    assert!(why.contains("tasks/cancel"), "{why}");
+    for i in 0..5 {
+        ids.push(start(format!("print({i})")).await.expect("8 tasks queued"));
+    }
+    let why = start("print('ninth')".into())
+        .await
+        .expect_err("a ninth task");
+    assert!(why.contains("has 8 tasks not yet ended"), "{why}");
+
+    alice
+        .peer()
+        .cancel_task(CancelTaskParams::new(ids[0].clone()))
+        .await
+        .expect("tasks/cancel");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !alice
+        .peer()
+        .get_task(GetTaskParams::new(ids[0].clone()))
+        .await
+        .expect("tasks/get")
+        .task
+        .status()
+        .is_terminal()
+    {
+        assert!(Instant::now() < deadline, "the cancelled task did not end");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    start("print('room again')".into())
+        .await
+        .expect("a task that ended makes room");
+    assert!(served.terminate(Duration::from_secs(120)).is_some());
+}

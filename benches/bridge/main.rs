@@ -10,6 +10,7 @@
 //! BENCH_ONLY=catalog cargo bench --bench bridge                  # first search, cold and warm catalog (also CATALOG_RUNS)
 //! BENCH_ONLY=pool cargo bench --bench bridge                      # first calls with and without the pool
 //! BENCH_ONLY=audit cargo bench --bench bridge                     # the audit log: writer cost, calls with it on and off
+//! BENCH_ONLY=hostile-http cargo bench --bench bridge              # section 9's HTTP rows only (connections, queued tasks, MCP sessions)
 //! BENCH_PROXY_RUNS=50 BENCH_ONLY=proxy cargo bench --bench bridge # more of one (also LOAD_RUNS, LOAD_CALLS, WARM)
 //! ```
 //!
@@ -28,6 +29,7 @@ mod execution;
 mod footprint;
 mod harness;
 mod hostile;
+mod http_bounds;
 mod load;
 mod opts;
 mod pool;
@@ -60,6 +62,7 @@ use execution::*;
 use footprint::*;
 use harness::*;
 use hostile::*;
+use http_bounds::*;
 use load::*;
 use opts::*;
 use pool::*;
@@ -158,6 +161,10 @@ async fn main() {
     if o.wants("hostile") {
         eprintln!("bench: hostile sandbox…");
         hostile(&mut t).await;
+    }
+    if o.wants("hostile") || o.wants("hostile-http") {
+        eprintln!("bench: hostile clients of serve…");
+        http_bounds(&mut t).await;
     }
     println!();
     println!(

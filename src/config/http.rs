@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::values::{Size, empty_as_none, flexible_u32, list_or_string};
+use super::values::{Secs, Size, empty_as_none, flexible_u32, list_or_string};
 
 /// A list of strings: a TOML list, or one comma-separated string (environment).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -55,6 +55,18 @@ pub struct HttpConfig {
     pub max_requests_per_identity: u32,
     /// Largest request body.
     pub max_request_size: Size,
+    /// Most MCP sessions (`Mcp-Session-Id`) one identity keeps open; its next `initialize` gets
+    /// 429. rmcp keeps an idle one for minutes, so without a bound one identity could hold
+    /// memory for thousands.
+    #[serde(deserialize_with = "flexible_u32")]
+    pub max_mcp_sessions_per_identity: u32,
+    /// Most connections open at once, whoever holds them (no token is needed to open one); the
+    /// next is answered 503 and closed. Lowered at start to what the open-files limit allows.
+    #[serde(deserialize_with = "flexible_u32")]
+    pub max_connections: u32,
+    /// How long a client has to send a request's headers (HTTP/1), and how long an idle
+    /// keep-alive connection is kept; then the connection is closed.
+    pub header_timeout: Secs,
 }
 
 impl Default for HttpConfig {
@@ -68,6 +80,9 @@ impl Default for HttpConfig {
             max_sessions_per_identity: 4,
             max_requests_per_identity: 8,
             max_request_size: Size(16 << 20),
+            max_mcp_sessions_per_identity: 32,
+            max_connections: 1024,
+            header_timeout: Secs(std::time::Duration::from_secs(10)),
         }
     }
 }
@@ -108,6 +123,31 @@ impl HttpConfig {
             return Err((
                 "http.max_requests_per_identity",
                 "0 would refuse every request; use at least 1".into(),
+            ));
+        }
+        if self.max_mcp_sessions_per_identity == 0 {
+            return Err((
+                "http.max_mcp_sessions_per_identity",
+                "0 would refuse every initialize; use at least 1".into(),
+            ));
+        }
+        if self.max_connections < 16 {
+            return Err((
+                "http.max_connections",
+                format!(
+                    "{} is too few: a client holds a connection per SSE stream and one per call in flight; use at least 16",
+                    self.max_connections
+                ),
+            ));
+        }
+        let t = self.header_timeout.0;
+        if t < std::time::Duration::from_millis(100) || t > std::time::Duration::from_secs(300) {
+            return Err((
+                "http.header_timeout",
+                format!(
+                    "{} is out of range: below 100ms cuts off slow clients, above 5m lets idle connections pile up; use 100ms to 5m",
+                    self.header_timeout
+                ),
             ));
         }
         if self.max_request_size.0 < 64 << 10 {
@@ -160,6 +200,31 @@ mod tests {
             allowed_origins: Names(vec!["app.example".into()]),
             ..HttpConfig::default()
         };
+        for (bad, key) in [
+            (
+                HttpConfig {
+                    max_connections: 3,
+                    ..HttpConfig::default()
+                },
+                "http.max_connections",
+            ),
+            (
+                HttpConfig {
+                    header_timeout: Secs(std::time::Duration::ZERO),
+                    ..HttpConfig::default()
+                },
+                "http.header_timeout",
+            ),
+            (
+                HttpConfig {
+                    max_mcp_sessions_per_identity: 0,
+                    ..HttpConfig::default()
+                },
+                "http.max_mcp_sessions_per_identity",
+            ),
+        ] {
+            assert_eq!(bad.check(DEFAULT_LISTEN).unwrap_err().0, key);
+        }
         assert!(
             origin
                 .check(DEFAULT_LISTEN)

@@ -280,6 +280,18 @@ pub const KEYS: &[Key] = &[
         doc: "Largest request body `serve` reads; more is answered 413.",
     },
     Key {
+        name: "http.max_mcp_sessions_per_identity",
+        doc: "Most MCP sessions (Mcp-Session-Id) one identity keeps open; its next initialize is answered 429.",
+    },
+    Key {
+        name: "http.max_connections",
+        doc: "Most connections `serve` holds open at once; the next is answered 503 and closed. At least 16; lowered to what the open-files limit allows.",
+    },
+    Key {
+        name: "http.header_timeout",
+        doc: "How long a client has to send a request's headers, and an idle connection is kept; then it is closed. 100ms to 5m.",
+    },
+    Key {
         name: "oauth.issuer",
         doc: "serve: accept OAuth access tokens (JWT) of this authorization server, checked against its published keys; https, or http on a loopback host.",
     },

@@ -12,6 +12,8 @@ use axum::extract::Request;
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
+use rmcp::transport::streamable_http_server::session::SessionManager as _;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::config::HttpConfig;
@@ -169,6 +171,10 @@ impl Hosts {
 /// What one identity and one MCP session hold, and the requests in flight (for shutdown).
 pub struct Limits {
     per_identity: usize,
+    /// `http.max_mcp_sessions_per_identity`.
+    mcp_sessions_per_identity: usize,
+    /// rmcp's sessions, to tell which of an identity's are still open.
+    sessions: Arc<LocalSessionManager>,
     slots: Mutex<HashMap<String, Arc<Semaphore>>>,
     owners: Mutex<(HashMap<String, String>, VecDeque<String>)>,
     streams: Mutex<HashMap<String, usize>>,
@@ -241,9 +247,15 @@ fn refuse(status: StatusCode, error: &str, why: String) -> Response {
 }
 
 impl Limits {
-    pub fn new(per_identity: usize) -> Arc<Limits> {
+    pub fn new(
+        per_identity: usize,
+        mcp_sessions_per_identity: usize,
+        sessions: Arc<LocalSessionManager>,
+    ) -> Arc<Limits> {
         Arc::new(Limits {
             per_identity,
+            mcp_sessions_per_identity,
+            sessions,
             slots: Mutex::default(),
             owners: Mutex::default(),
             streams: Mutex::default(),
@@ -347,17 +359,20 @@ impl Limits {
             .headers()
             .get(SESSION_HEADER)
             .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            && !self.own(&created, &identity).await
         {
-            let mut owners = self.owners.lock().unwrap();
-            if !owners.0.contains_key(created) {
-                owners.0.insert(created.to_string(), identity.clone());
-                owners.1.push_back(created.to_string());
-                while owners.1.len() > MAX_OWNED_SESSIONS {
-                    if let Some(old) = owners.1.pop_front() {
-                        owners.0.remove(&old);
-                    }
-                }
-            }
+            // rmcp creates the session before its `initialize` is answered: the one beyond the
+            // bound is closed at once, and its answer replaced by the refusal.
+            let _ = self.sessions.close_session(&created.as_str().into()).await;
+            return refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_requests",
+                format!(
+                    "this identity has {} MCP sessions open, the most http.max_mcp_sessions_per_identity allows; close one (DELETE /mcp with its Mcp-Session-Id) or let an idle one expire",
+                    self.mcp_sessions_per_identity
+                ),
+            );
         }
         if method == Method::DELETE
             && response.status().is_success()
@@ -373,6 +388,55 @@ impl Limits {
             held,
         });
         Response::from_parts(parts, body)
+    }
+
+    /// Record `session` as `identity`'s, if that identity has fewer than
+    /// `http.max_mcp_sessions_per_identity` open; `false` if it has that many. Sessions rmcp
+    /// has closed (expired, deleted) are forgotten when the count is reached.
+    async fn own(&self, session: &str, identity: &str) -> bool {
+        let mine = |owners: &(HashMap<String, String>, VecDeque<String>)| -> Vec<String> {
+            owners
+                .0
+                .iter()
+                .filter(|(_, o)| *o == identity)
+                .map(|(s, _)| s.clone())
+                .collect()
+        };
+        let record = |owners: &mut (HashMap<String, String>, VecDeque<String>)| {
+            owners.0.insert(session.to_string(), identity.to_string());
+            owners.1.push_back(session.to_string());
+            while owners.1.len() > MAX_OWNED_SESSIONS {
+                if let Some(old) = owners.1.pop_front() {
+                    owners.0.remove(&old);
+                }
+            }
+        };
+        let full = {
+            let mut owners = self.owners.lock().unwrap();
+            if owners.0.contains_key(session) {
+                return true;
+            }
+            let mine = mine(&owners);
+            if mine.len() < self.mcp_sessions_per_identity {
+                record(&mut owners);
+                return true;
+            }
+            mine
+        };
+        let closed: Vec<String> = {
+            let open = self.sessions.sessions.read().await;
+            full.into_iter()
+                .filter(|s| s != session && !open.contains_key(s.as_str()))
+                .collect()
+        };
+        let mut owners = self.owners.lock().unwrap();
+        owners.0.retain(|s, _| !closed.contains(s));
+        owners.1.retain(|s| !closed.contains(s));
+        if mine(&owners).len() < self.mcp_sessions_per_identity {
+            record(&mut owners);
+            return true;
+        }
+        false
     }
 }
 

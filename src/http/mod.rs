@@ -17,6 +17,7 @@
 //! hands requests to the [`Bridge`] with an identity and leaves the rest to it.
 
 pub mod auth;
+mod conn;
 mod guard;
 mod legacy;
 
@@ -114,6 +115,11 @@ pub async fn serve(bridge: Bridge, config: Arc<Config>) -> Result<(), ServeError
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .map_err(|source| ServeError::Bind { addr, source })?;
     let bound = listener.local_addr().unwrap_or(addr);
+    let capped = conn::Capped::new(
+        conn::connection_cap(config.http.max_connections, conn::raise_open_files()),
+        config.http.header_timeout.0,
+        tls.is_none(),
+    );
 
     let stop = tokio_util::sync::CancellationToken::new();
     let mcp_config = StreamableHttpServerConfig::default()
@@ -124,16 +130,21 @@ pub async fn serve(bridge: Bridge, config: Arc<Config>) -> Result<(), ServeError
         .disable_allowed_hosts()
         .disable_allowed_origins();
     let for_sessions = bridge.clone();
+    let sessions = Arc::new(LocalSessionManager::default());
     let mcp = StreamableHttpService::new(
         move || Ok(for_sessions.for_connection()),
-        Arc::new(LocalSessionManager::default()),
+        sessions.clone(),
         mcp_config,
     );
     let shared = Arc::new(Shared {
         mcp: mcp.clone(),
         max_body: config.http.max_request_size.0 as usize,
         hosts: guard::Hosts::new(&config.http, bound),
-        guard: guard::Limits::new(config.http.max_requests_per_identity as usize),
+        guard: guard::Limits::new(
+            config.http.max_requests_per_identity as usize,
+            config.http.max_mcp_sessions_per_identity as usize,
+            sessions,
+        ),
         auth,
         tls: tls.is_some(),
     });
@@ -165,21 +176,21 @@ pub async fn serve(bridge: Bridge, config: Arc<Config>) -> Result<(), ServeError
 
     let handle = axum_server::Handle::new();
     let service = app.into_make_service();
+    let header_timeout = config.http.header_timeout.0;
     let server = {
         let handle = handle.clone();
         async move {
             match tls {
                 Some(tls) => {
-                    axum_server::from_tcp_rustls(listener, tls)?
-                        .handle(handle)
-                        .serve(service)
-                        .await
+                    let mut server = axum_server::from_tcp_rustls(listener, tls)?
+                        .map(|tls| tls.acceptor(capped));
+                    conn::deadlines(server.http_builder(), header_timeout);
+                    server.handle(handle).serve(service).await
                 }
                 None => {
-                    axum_server::from_tcp(listener)?
-                        .handle(handle)
-                        .serve(service)
-                        .await
+                    let mut server = axum_server::from_tcp(listener)?.acceptor(capped);
+                    conn::deadlines(server.http_builder(), header_timeout);
+                    server.handle(handle).serve(service).await
                 }
             }
         }

@@ -4,6 +4,7 @@
 //! methods [`crate::legacy_tasks`] renames its requests to.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rmcp::RoleServer;
@@ -22,6 +23,7 @@ use super::{
 use crate::identity;
 use crate::legacy_tasks::PREFIX;
 use crate::policy::Approver;
+use crate::sandbox::DEFAULT_SESSION;
 
 /// How often `tasks/result` looks whether its task has ended.
 const RESULT_POLL: Duration = Duration::from_millis(50);
@@ -31,12 +33,75 @@ const CANCEL_WAIT: Duration = Duration::from_secs(10);
 const LIST_PAGE: usize = 100;
 /// The `_meta` key that ties a task's result to its task (2025-11-25).
 const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
+/// Tasks of one session not yet ended. A task is answered at once and then waits for its
+/// session (its calls run one at a time), so without a bound a client could queue any number,
+/// each holding its code: these keep what one session's queue holds within its memory bound
+/// (SECURITY.md).
+const TASKS_PER_SESSION: usize = 8;
+/// Bytes of code of one session's tasks not yet ended.
+const TASK_BYTES_PER_SESSION: usize = 8 << 20;
+/// Tasks of one identity not yet ended, over all its sessions.
+const TASKS_PER_IDENTITY: usize = 32;
+/// Bytes of code of one identity's tasks not yet ended.
+const TASK_BYTES_PER_IDENTITY: usize = 32 << 20;
 
 /// Who started a task, and in which form: its requests are answered in that form (a client on
 /// a 2025-11-25 connection may use either: rmcp's client starts extension tasks there).
 pub(super) struct Owner {
     identity: Option<String>,
     legacy: bool,
+    /// The session it runs in, and the bytes of its code, for the bounds on tasks not ended.
+    session: String,
+    bytes: usize,
+    /// Set when the task's run ends (result, error, cancel or its TTL).
+    ended: Arc<AtomicBool>,
+}
+
+/// Sets its flag when dropped: when the task's future ends or is dropped.
+struct EndsWith(Arc<AtomicBool>);
+
+impl Drop for EndsWith {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Whether one more task of `bytes` fits beside `owners`' tasks not ended, of `identity` and
+/// of its `session`; `Err` says which bound it would pass.
+fn room_for(
+    owners: &std::collections::HashMap<String, Owner>,
+    identity: &Option<String>,
+    session: &str,
+    bytes: usize,
+) -> Result<(), String> {
+    let (mut tasks, mut held, mut session_tasks, mut session_held) = (0, 0, 0, 0);
+    for o in owners.values() {
+        if o.identity != *identity || o.ended.load(Ordering::SeqCst) {
+            continue;
+        }
+        tasks += 1;
+        held += o.bytes;
+        if o.session == session {
+            session_tasks += 1;
+            session_held += o.bytes;
+        }
+    }
+    let mib = |b: usize| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
+    if session_tasks + 1 > TASKS_PER_SESSION || session_held + bytes > TASK_BYTES_PER_SESSION {
+        return Err(format!(
+            "session {session:?} has {session_tasks} tasks not yet ended, holding {} of code; a session may have {TASKS_PER_SESSION} and {} at once",
+            mib(session_held),
+            mib(TASK_BYTES_PER_SESSION)
+        ));
+    }
+    if tasks + 1 > TASKS_PER_IDENTITY || held + bytes > TASK_BYTES_PER_IDENTITY {
+        return Err(format!(
+            "{tasks} tasks of yours have not yet ended, holding {} of code; one client may have {TASKS_PER_IDENTITY} and {} at once",
+            mib(held),
+            mib(TASK_BYTES_PER_IDENTITY)
+        ));
+    }
+    Ok(())
 }
 
 impl Bridge {
@@ -58,16 +123,39 @@ impl Bridge {
     /// Start `args` as a task and return its handle. The task ends like a call: its result is
     /// the call's result; a cancel interrupts the code as a client's cancellation does; and the
     /// policy asks, and servers' questions go, through the peer.
+    /// Refused when the caller's tasks not yet ended are at a bound (`TASKS_PER_SESSION` and
+    /// the others above).
     pub(super) fn spawn_task(
         &self,
         args: RunArgs,
         context: &RequestContext<RoleServer>,
         legacy: bool,
-    ) -> Task {
+    ) -> Result<Task, ErrorData> {
         let bridge = self.clone();
         let peer = context.peer.clone();
         let identity = identity::of_request(&context.extensions);
         let owner = identity.clone();
+        let session = args
+            .session
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SESSION.to_string());
+        let bytes = args.code.len();
+        let ended = Arc::new(AtomicBool::new(false));
+        let ends = EndsWith(ended.clone());
+        // Held from the count to the record, so two calls at once cannot both take the last place.
+        let mut owners = self.task_owners.lock().unwrap();
+        owners.retain(|id, _| self.tasks.get_task(id).is_ok());
+        if let Err(why) = room_for(&owners, &identity, &session, bytes) {
+            return Err(refused(
+                "tools/call",
+                ErrorData::invalid_request(
+                    format!(
+                        "{why}; wait for one to end (tasks/get) or cancel one (tasks/cancel), then start this one"
+                    ),
+                    None,
+                ),
+            ));
+        }
         // rmcp fails a task still running at its TTL, and keeps a finished one's result for as
         // long: longer than the longest call, so only results expire (bounded in count by the
         // sessions, in size by the output and image caps). A client's own `ttl` is not taken:
@@ -79,6 +167,7 @@ impl Bridge {
                 .with_ttl_ms(ttl.as_millis() as u64),
             move |ctx| {
                 Box::pin(async move {
+                    let _ends = ends;
                     let cancel = tokio_util::sync::CancellationToken::new();
                     let approver: Arc<dyn Approver> = Arc::new(ClientApprover(peer.clone()));
                     let relay = CallRelay {
@@ -106,18 +195,17 @@ impl Bridge {
                 })
             },
         );
-        {
-            let mut owners = self.task_owners.lock().unwrap();
-            owners.retain(|id, _| self.tasks.get_task(id).is_ok());
-            owners.insert(
-                task.task_id.clone(),
-                Owner {
-                    identity: owner,
-                    legacy,
-                },
-            );
-        }
-        task
+        owners.insert(
+            task.task_id.clone(),
+            Owner {
+                identity: owner,
+                legacy,
+                session,
+                bytes,
+                ended,
+            },
+        );
+        Ok(task)
     }
 
     /// A 2025-11-25 task request, renamed by [`crate::legacy_tasks`]; `None` for any other
@@ -185,7 +273,7 @@ impl Bridge {
             )
         })?;
         let args = call_args(request.name, request.arguments, &context.extensions)?;
-        Ok(json!({"task": legacy_task(&self.spawn_task(args, context, true))}))
+        Ok(json!({"task": legacy_task(&self.spawn_task(args, context, true)?)}))
     }
 
     /// `tasks/result`: wait for the task to end (it does, by its TTL at the latest), then
@@ -317,6 +405,34 @@ fn legacy_task(t: &Task) -> Value {
 mod tests {
     use super::*;
     use rmcp::model::TaskStatus;
+
+    #[test]
+    fn tasks_not_ended_are_bounded_per_session_and_per_identity() {
+        let owner = |who: &str, session: &str, bytes: usize, ended: bool| Owner {
+            identity: Some(who.into()),
+            legacy: false,
+            session: session.into(),
+            bytes,
+            ended: Arc::new(AtomicBool::new(ended)),
+        };
+        let alice = Some("alice".to_string());
+        let mut owners = std::collections::HashMap::new();
+        for i in 0..TASKS_PER_SESSION {
+            owners.insert(format!("a{i}"), owner("alice", "s", 1, false));
+        }
+        let why = room_for(&owners, &alice, "s", 1).unwrap_err();
+        assert!(why.contains("session \"s\" has 8 tasks"), "{why}");
+        assert!(room_for(&owners, &alice, "t", 1).is_ok());
+        assert!(room_for(&owners, &Some("bob".into()), "s", 1).is_ok());
+        owners.insert("a0".into(), owner("alice", "s", 1, true));
+        assert!(room_for(&owners, &alice, "s", 1).is_ok());
+        assert!(room_for(&owners, &alice, "s", TASK_BYTES_PER_SESSION).is_err());
+        for i in 0..TASKS_PER_IDENTITY {
+            owners.insert(format!("b{i}"), owner("alice", &format!("s{i}"), 1, false));
+        }
+        let why = room_for(&owners, &alice, "new", 1).unwrap_err();
+        assert!(why.contains("tasks of yours"), "{why}");
+    }
 
     #[test]
     fn the_2025_11_25_shape() {

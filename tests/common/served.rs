@@ -24,6 +24,17 @@ impl Served {
     /// Start `serve` with the home's environment, `env` and `args` after `serve`; waits (up to
     /// 60 s) for it to say where it serves.
     pub fn start(home: Home, env: &[(&str, &str)], args: &[&str]) -> Served {
+        Served::start_with_open_files(home, env, args, None)
+    }
+
+    /// [`Served::start`] with the soft limit of open files set to `soft` (as systemd's 1024
+    /// would be) before `serve` runs.
+    pub fn start_with_open_files(
+        home: Home,
+        env: &[(&str, &str)],
+        args: &[&str],
+        soft: Option<u64>,
+    ) -> Served {
         let log = std::fs::File::create(home.path().join("bridge.log")).unwrap();
         let mut all = home.env();
         all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
@@ -31,6 +42,24 @@ impl Served {
         command.arg("serve");
         if !args.contains(&"--listen") {
             command.args(["--listen", "127.0.0.1:0"]);
+        }
+        if let Some(soft) = soft {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                command.pre_exec(move || {
+                    let mut l = libc::rlimit {
+                        rlim_cur: 0,
+                        rlim_max: 0,
+                    };
+                    libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+                    l.rlim_cur = soft as libc::rlim_t;
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         let mut child = command
             .args(args)

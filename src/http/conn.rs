@@ -1,0 +1,271 @@
+//! `serve`'s connections, before any request: opening one needs no token, so what they hold is
+//! bounded here, not per identity. At most `http.max_connections` are open at once (the next is
+//! answered 503 and closed at once), one that sends nothing is closed after
+//! `http.header_timeout`, and the open-files limit is raised at start so the bound, not the
+//! limit, is what a flood meets.
+//!
+//! hyper closes an HTTP/1 connection whose headers do not arrive within the timeout (and an idle
+//! keep-alive one); before hyper sees a connection, its HTTP/1-or-2 detection waits for the first
+//! bytes without a deadline, so [`Capped`] waits for them itself.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Open files kept for everything but connections: the engine's socket, the upstream servers'
+/// pipes, state and log files, the podman processes the bridge starts.
+const RESERVED_FILES: u64 = 256;
+/// Refusals being written at once; beyond them a connection is closed without an answer, so a
+/// flood cannot hold descriptors through its refusals either.
+const REFUSING: usize = 64;
+/// How long a refusal may take to be written and the client's request read through (so closing
+/// does not reset the connection before the client reads the answer).
+const REFUSAL_TIME: Duration = Duration::from_millis(500);
+/// The HTTP/2 connection preface: a connection is HTTP/2 if its first bytes are these.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Raise the soft limit of open files to the hard one (systemd's soft default, 1024, is what a
+/// few hundred idle connections would take), log it, and return the soft limit in force.
+pub fn raise_open_files() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return 1024;
+    }
+    let soft = limit.rlim_cur as u64;
+    // RLIM_INFINITY cannot be a soft limit of open files (the kernel's nr_open caps it).
+    let target = (limit.rlim_max as u64).min(1 << 20);
+    if target <= soft {
+        return soft;
+    }
+    let raised = libc::rlimit {
+        rlim_cur: target as libc::rlim_t,
+        rlim_max: limit.rlim_max,
+    };
+    // SAFETY: setrlimit reads the struct it is given.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+        tracing::info!("raised the open-files limit from {soft} to {target} (the hard limit)");
+        target
+    } else {
+        let e = io::Error::last_os_error();
+        tracing::warn!("could not raise the open-files limit from {soft} to {target}: {e}");
+        soft
+    }
+}
+
+/// How often an idle HTTP/2 connection is pinged; one whose peer does not answer within
+/// `http.header_timeout` is closed (HTTP/2 has no header timeout that would close it).
+const H2_PING: Duration = Duration::from_secs(30);
+
+/// hyper's own deadlines: HTTP/1 headers (and idle keep-alive connections) within `timeout`,
+/// HTTP/2 pings answered within it.
+pub fn deadlines(
+    builder: &mut hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    timeout: Duration,
+) {
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(H2_PING)
+        .keep_alive_timeout(timeout);
+}
+
+/// `http.max_connections`, lowered to what `open_files` leaves beside [`RESERVED_FILES`].
+pub fn connection_cap(configured: u32, open_files: u64) -> usize {
+    let room = open_files.saturating_sub(RESERVED_FILES).max(16);
+    if u64::from(configured) > room {
+        tracing::warn!(
+            "http.max_connections is {configured} but the open-files limit ({open_files}) leaves room for {room}: serving at most {room} connections; raise the limit (systemd: LimitNOFILE=) or lower http.max_connections"
+        );
+        return room as usize;
+    }
+    configured as usize
+}
+
+/// The acceptor of `serve` (axum-server's [`Accept`](axum_server::accept::Accept)): a
+/// connection beyond the cap is refused, one that sends nothing within the timeout is closed.
+#[derive(Clone)]
+pub struct Capped {
+    slots: Arc<Semaphore>,
+    refusing: Arc<Semaphore>,
+    cap: usize,
+    header_timeout: Duration,
+    /// Plain HTTP: a refusal can be written as an HTTP answer (under TLS it is only a close).
+    plain: bool,
+}
+
+impl Capped {
+    pub fn new(cap: usize, header_timeout: Duration, plain: bool) -> Capped {
+        Capped {
+            slots: Arc::new(Semaphore::new(cap)),
+            refusing: Arc::new(Semaphore::new(REFUSING)),
+            cap,
+            header_timeout,
+            plain,
+        }
+    }
+
+    async fn refuse(&self, mut stream: TcpStream) {
+        let Ok(_refusing) = self.refusing.clone().try_acquire_owned() else {
+            return;
+        };
+        tracing::info!(
+            "refused a connection: {} are open, the most http.max_connections allows",
+            self.cap
+        );
+        if !self.plain {
+            return;
+        }
+        let body = serde_json::json!({
+            "error": "unavailable",
+            "error_description": format!(
+                "the server holds {} connections, the most http.max_connections allows; retry in a moment",
+                self.cap
+            ),
+        })
+        .to_string();
+        let answer = format!(
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = tokio::time::timeout(REFUSAL_TIME, async {
+            // An answer before the request would be a protocol error to the client: wait for
+            // its first bytes (the request's start) first.
+            let mut sink = [0u8; 4096];
+            let _ = tokio::time::timeout(
+                REFUSAL_TIME / 2,
+                tokio::io::AsyncReadExt::read(&mut stream, &mut sink),
+            )
+            .await;
+            stream.write_all(answer.as_bytes()).await?;
+            stream.shutdown().await?;
+            // Read what the client sent, so the close is a FIN and not a reset that could
+            // discard the answer before the client reads it.
+            while tokio::io::AsyncReadExt::read(&mut stream, &mut sink).await? > 0 {}
+            io::Result::Ok(())
+        })
+        .await;
+    }
+}
+
+/// Until the connection has sent enough to tell HTTP/1 from HTTP/2 (hyper waits for that
+/// without a deadline); `false` if it closed instead.
+async fn first_bytes(stream: &TcpStream) -> io::Result<bool> {
+    let mut buf = [0u8; H2_PREFACE.len()];
+    loop {
+        stream.readable().await?;
+        let n = stream.peek(&mut buf).await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        if n == buf.len() || buf[..n] != H2_PREFACE[..n] {
+            return Ok(true);
+        }
+        // Part of the preface: peek again once more has come.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+impl<S: Send + 'static> axum_server::accept::Accept<TcpStream, S> for Capped {
+    type Stream = Counted;
+    type Service = S;
+    type Future = Pin<Box<dyn Future<Output = io::Result<(Counted, S)>> + Send>>;
+
+    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let Ok(slot) = this.slots.clone().try_acquire_owned() else {
+                this.refuse(stream).await;
+                return Err(io::Error::other("over http.max_connections"));
+            };
+            match tokio::time::timeout(this.header_timeout, first_bytes(&stream)).await {
+                Ok(Ok(true)) => Ok((
+                    Counted {
+                        stream,
+                        _slot: slot,
+                    },
+                    service,
+                )),
+                Ok(Ok(false)) => Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "nothing sent within http.header_timeout",
+                )),
+            }
+        })
+    }
+}
+
+/// A connection that holds its place under the cap until it is closed.
+pub struct Counted {
+    stream: TcpStream,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_leaves_room_for_the_bridges_own_files() {
+        assert_eq!(connection_cap(1024, 524_288), 1024);
+        assert_eq!(connection_cap(1024, 1024), 768);
+        assert_eq!(connection_cap(64, 100), 16);
+    }
+}
