@@ -9,7 +9,10 @@
 #     /etc/mcp-code-bridge/config.toml still names it,
 #   - with --configure, points the bridge at the archive in /etc/mcp-code-bridge/config.toml (`image`,
 #     `image_archive`, `image_sha256`; only those keys of a file it wrote, replaced atomically),
-#   - with --test-deps, also builds the data profile's image (tests/data_image.rs) and installs the
+#   - with --isolation gvisor, installs gVisor (runsc), picks the platform that works on this host
+#     (systrap, then kvm, then ptrace) and registers it with podman as the runtime `runsc`; with
+#     --configure it also writes `isolation = "gvisor"` (--isolation container writes it back),
+#   - with --test-deps, also builds the data profile's image (tests/e2e/data_image.rs) and installs the
 #     real MCP servers the integration tests talk to (npm and PyPI)
 #     and the Python `mcp` SDK, and checks that each one answers initialize + tools/list.
 # It ends by printing (and writing to <cache>/setup.env) the variables to use, e.g.
@@ -25,6 +28,7 @@ args=("$@")
 cache_dir="${MCP_CODE_BRIDGE_CACHE_DIR:-/var/cache/mcp-code-bridge}"
 test_deps=0
 configure=0
+isolation=""
 build_image=1
 extras=()
 build_args=()
@@ -33,14 +37,14 @@ build_args=()
 NPM_PACKAGES=(
     "@modelcontextprotocol/server-everything@2026.8.31"
     "@modelcontextprotocol/server-filesystem@2026.8.31"
-    "oidc-provider@9.13.3"  # a real OpenID provider for tests/oauth.rs (tests/fixtures/oidc)
+    "oidc-provider@9.13.3"  # a real OpenID provider for tests/e2e/oauth.rs (tests/fixtures/oidc)
     "jose@6.2.18"           # its key generation, imported by the fixture itself
-    "@modelcontextprotocol/sdk@1.32.2"  # the TypeScript SDK client of tests/http.rs
+    "@modelcontextprotocol/sdk@1.32.2"  # the TypeScript SDK client of tests/e2e/http.rs
     "@modelcontextprotocol/client@2.4.0"  # the TypeScript client 2.x (2026-07-28 in auto mode)
 )
 # Tools that need Node >= 22 (Debian 12 has 20), installed beside the npm registry's own build of
 # Node 22 and run by wrappers that put it first on PATH: the official conformance suite
-# (tests/conformance.rs) and the MCP Inspector's CLI (tests/http.rs).
+# (tests/e2e/conformance.rs) and the MCP Inspector's CLI (tests/e2e/http.rs).
 NODE22_PACKAGES=(
     "node@22.23.3"
     "@modelcontextprotocol/conformance@0.2.0-alpha.12"  # 2026-07-28 scenarios (prerelease)
@@ -53,7 +57,7 @@ PIP_PACKAGES=(
     "pytest==8.4.2"
     "pandas==2.3.3"
     "matplotlib==3.10.7"
-    "nbformat==5.11.1"  # tests/notebook.rs validates export_notebook()'s file with it
+    "nbformat==5.11.1"  # tests/e2e/notebook.rs validates export_notebook()'s file with it
 )
 
 step() { printf '\n==> [setup-debian] %s\n' "$*" >&2; }
@@ -67,7 +71,11 @@ Usage: scripts/setup-debian.sh [options]     (as root; as another user it runs i
   --configure        point the bridge at the image archive in /etc/mcp-code-bridge/config.toml
                      (so `mcp-code-bridge` works with no other setting); in a file this script
                      wrote, only the image keys are replaced
-  --test-deps        also install the MCP servers and the Python mcp SDK used by the tests
+  --isolation NAME   container (the host's kernel; the default) or gvisor (installs gVisor's
+                     runsc and registers it with podman; with --configure, every sandbox runs
+                     under it)
+  --test-deps        also install the MCP servers and the Python mcp SDK used by the tests, and
+                     gVisor (the tests run the suites under both isolation levels)
   --cache-dir DIR    where the image archive and test servers go
                      (default: $MCP_CODE_BRIDGE_CACHE_DIR or /var/cache/mcp-code-bridge)
   --profile NAME     the image's profile: default, or data (adds scipy, scikit-learn, pyarrow)
@@ -84,6 +92,9 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --test-deps) test_deps=1; shift ;;
         --configure) configure=1; shift ;;
+        --isolation) need_arg "$@"; isolation="$2"; shift 2
+            [[ "$isolation" == container || "$isolation" == gvisor ]] \
+                || die "--isolation takes container or gvisor, not '$isolation'" ;;
         --cache-dir) need_arg "$@"; cache_dir="$2"; shift 2 ;;
         --extra) need_arg "$@"; extras+=("$2"); build_args+=(--extra "$2"); shift 2 ;;
         --profile) need_arg "$@"; build_args+=(--profile "$2"); shift 2 ;;
@@ -171,6 +182,54 @@ if [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null; then
     systemctl enable --now podman.socket >&2 || log "could not enable podman.socket; the bridge starts 'podman system service' itself"
 fi
 
+# --- gVisor --------------------------------------------------------------------------------------
+# runsc is an OCI runtime podman runs as it runs runc. Two of its global flags are not podman's to
+# give: --network=none (runsc refuses a container with networking in the root network namespace,
+# which the sandbox's "no network" is) and the platform (how it intercepts system calls: systrap
+# and kvm are fast, ptrace works everywhere; kvm hangs where nested virtualisation is off). A
+# wrapper passes both, and is what podman knows as the runtime `runsc` (the bridge's default
+# gvisor_runtime).
+gvisor_wrapper=/usr/local/lib/mcp-code-bridge/runsc
+gvisor_conf="$conf_dir/51-mcp-code-bridge-gvisor.conf"
+if [[ "$isolation" == gvisor || $test_deps -eq 1 ]]; then
+    step "installing gVisor (runsc)"
+    apt_run install -y -q --no-install-recommends runsc >&2
+    runsc=$(command -v runsc) || die "runsc is not on PATH after installing it"
+    log "$("$runsc" --version | head -n1)"
+    platform=""
+    for p in systrap kvm ptrace; do
+        # A platform this runsc does not know fails at once; one that hangs is given 20 s.
+        if out=$(timeout 20 "$runsc" --network=none --platform="$p" do /bin/echo ok 2>/dev/null) \
+            && [[ "$out" == ok ]]; then
+            platform=$p
+            break
+        fi
+        log "platform $p: does not run here"
+    done
+    [[ -n "$platform" ]] || die "gVisor runs on none of its platforms here (systrap, kvm, ptrace): see 'runsc --platform=ptrace --network=none do /bin/true'"
+    log "platform $platform runs here"
+    mkdir -p "$(dirname "$gvisor_wrapper")"
+    new_wrapper="#!/bin/sh
+# Written by mcp-code-bridge's scripts/setup-debian.sh: gVisor as podman's runtime \"runsc\",
+# with no network of its own and the platform that runs on this host ($platform).
+exec $runsc --network=none --platform=$platform \"\$@\""
+    if [[ ! -f "$gvisor_wrapper" ]] || [[ "$(cat "$gvisor_wrapper")" != "$new_wrapper" ]]; then
+        printf '%s\n' "$new_wrapper" > "$gvisor_wrapper.tmp"
+        chmod 755 "$gvisor_wrapper.tmp"
+        mv -f "$gvisor_wrapper.tmp" "$gvisor_wrapper"
+    fi
+    step "writing $gvisor_conf (the runtime runsc: $gvisor_wrapper)"
+    new_gconf="# Written by mcp-code-bridge's scripts/setup-debian.sh: gVisor, for bridges with
+# isolation = \"gvisor\". podman's default runtime stays runc.
+[engine.runtimes]
+runsc = [\"$gvisor_wrapper\"]"
+    if [[ ! -f "$gvisor_conf" ]] || [[ "$(cat "$gvisor_conf")" != "$new_gconf" ]]; then
+        printf '%s\n' "$new_gconf" > "$gvisor_conf"
+    else
+        log "unchanged"
+    fi
+fi
+
 env_lines=()
 
 # --- the sandbox image archive -----------------------------------------------------------------
@@ -245,15 +304,18 @@ write_config() {
     mkdir -p "$(dirname -- "$etc")"
     tmp=$(mktemp "$etc.XXXXXX")
     { if [[ -f "$etc" ]]; then cat -- "$etc"; else printf '%s\n' "$marker"; fi; } | awk \
-        -v marker="$marker" -v image="$image" -v archive="$archive" -v sha="$sha" '
+        -v marker="$marker" -v image="$image" -v archive="$archive" -v sha="$sha" \
+        -v isolation="$isolation" '
         function keys() {
             print "# The three image keys below are rewritten by each run of it; edit the rest"
             print "# freely, or remove the line above to keep this script away from this file."
             printf "image = \"%s\"\nimage_archive = \"%s\"\nimage_sha256 = \"%s\"\n", image, archive, sha
+            if (isolation != "") printf "isolation = \"%s\"\n", isolation
             done = 1
         }
         /^[[:space:]]*\[/ { table = 1 }
         !table && /^[[:space:]]*(image|image_archive|image_sha256)[[:space:]]*=/ { next }
+        !table && isolation != "" && /^[[:space:]]*isolation[[:space:]]*=/ { next }
         /^# (Edit freely; remove the line above|The three image keys below|freely, or remove the line above)/ { next }
         header && !done && !/^#/ { keys() }
         { print }
@@ -274,8 +336,9 @@ if [[ $build_image -eq 1 ]]; then
         log "  image = \"$image\""
         log "  image_archive = \"$archive\""
         log "  image_sha256 = \"$sha\""
+        if [[ -n "$isolation" ]]; then log "  isolation = \"$isolation\""; fi
     elif [[ $configure -eq 1 ]]; then
-        step "writing $etc (image, image archive and its sha256)"
+        step "writing $etc (image, image archive and its sha256${isolation:+, isolation $isolation})"
         write_config
         log "image = \"$image\"; image_archive = \"$archive\""
     elif [[ $ours -eq 1 && "$(toml_string image_archive "$etc")" == "$archive" ]] \
@@ -308,7 +371,7 @@ if [[ $build_image -eq 1 ]]; then
     done
 fi
 
-# --- the data profile's image for the tests (tests/data_image.rs) --------------------------------
+# --- the data profile's image for the tests (tests/e2e/data_image.rs) --------------------------------
 # In a directory of its own: each build keeps only its own archive there, so neither the default
 # image's build nor this one deletes the other's.
 if [[ $test_deps -eq 1 && $build_image -eq 1 ]]; then

@@ -67,8 +67,17 @@ cargo --version >&2
 # The conformance suite runs on its own below, where its summary is printed.
 cargo test --release --locked --no-fail-fast -- --test-threads=2 --skip official_conformance_suite < /dev/null
 
-step "the official MCP conformance suite against serve, at 2025-11-25 and 2026-07-28 (tests/conformance.rs)"
+# The suites whose claims are about the sandbox's walls and what the code can make the host pay,
+# a second time with every sandbox under gVisor (isolation = "gvisor", the runtime runsc that
+# setup registered). The others exercise the bridge's protocol and upstream side, which the
+# isolation level does not touch; they run once, above.
+gvisor_suites=(security:: hostile:: files:: policy:: pool:: proxy:: sandbox::)
+step "under gVisor: ${gvisor_suites[*]} (MCP_BRIDGE_TEST_ISOLATION=gvisor)"
+MCP_BRIDGE_TEST_ISOLATION=gvisor cargo test --release --locked --no-fail-fast --test e2e -- \
+    --test-threads=2 "${gvisor_suites[@]}" < /dev/null
+
+step "the official MCP conformance suite against serve, at 2025-11-25 and 2026-07-28 (tests/e2e/conformance.rs)"
 # One revision after the other, so each summary prints whole.
-cargo test --release --locked --test conformance -- --nocapture --test-threads=1 < /dev/null
+cargo test --release --locked --test e2e -- conformance:: --nocapture --test-threads=1 < /dev/null
 
 step "all done in $(( $(date +%s) - start ))s"

@@ -14,7 +14,6 @@ use rmcp::model::{
     ListResourcesResult, ListToolsResult, LoggingLevel, PaginatedRequestParams,
     ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
     ResourceContents, ServerCapabilities, ServerConfig, SetLevelRequestParams, Tool,
-    ToolAnnotations,
 };
 use rmcp::model::{
     CancelTaskParams, CreateTaskResult, GetTaskParams, GetTaskResult, UpdateTaskParams,
@@ -55,7 +54,7 @@ pub const CAPABILITIES_URI: &str = "resource://mcp-code-bridge/capabilities";
 pub const TOOL_DESCRIPTION: &str = "\
 Persistent Python sandbox (pandas, numpy; no network; top-level await; display(obj) returns \
 images). MCP servers: `from mcp import runtime`; await runtime.search_tool_docs('query'); load \
-with servers, then await mcp_<name>.<tool>(...) (see help()).";
+with servers, then await mcp_<name>.<tool>(...).";
 
 /// What the tool description leaves out for the budget, in the capabilities resource.
 pub const HELPERS: &str = "\
@@ -71,14 +70,14 @@ session; `runtime.list_skills()` lists them.";
 pub const TOOL_TITLE: &str = "Python sandbox";
 
 /// JSON schema of `run_python`'s arguments, each with a description of a few tokens (the
-/// budget above); `timeout` must be positive, which `RunArgs::parse` checks.
+/// budget above); `timeout` must be positive, which `RunArgs::parse` checks as well.
 pub fn input_schema() -> Value {
     json!({
         "type": "object",
         "properties": {
             "code": {"type": "string", "description": "Python source"},
             "servers": {"type": "array", "items": {"type": "string"}, "description": "Servers to load"},
-            "timeout": {"type": "number", "description": "Seconds"},
+            "timeout": {"type": "number", "description": "Seconds", "exclusiveMinimum": 0},
             "session": {"type": "string", "description": "Interpreter name"},
             "reset": {"type": "boolean", "description": "Restart first"}
         },
@@ -88,30 +87,31 @@ pub fn input_schema() -> Value {
 }
 
 /// Every field of `structuredContent` that `render::Payload` and `render::setup_error` emit,
-/// and no other (`additionalProperties: false`: a field added there and not here fails
-/// tests/results.rs, where the Python SDK validates real results against this schema). Empty
-/// fields are left out of a result, so only `status` and `session` (the interpreter the call
-/// ran in) are required. The fields carry no types: each would cost tokens on every request
-/// (the budget above), and `render::Payload` is their definition.
-pub const OUTPUT_FIELDS: [&str; 11] = [
-    "status",
-    "session",
-    "stdout",
-    "stderr",
-    "value",
-    "error",
-    "notices",
-    "images",
-    "truncated_bytes",
-    "session_reset",
-    "duration_ms",
+/// with its JSON type, and no other (`additionalProperties: false`: a field added there and not
+/// here, or of another type, fails tests/e2e/results.rs, where the Python SDK validates real
+/// results against this schema). Empty fields are left out of a result, so only `status` and
+/// `session` (the interpreter the call ran in) are required. `value` is the last expression's
+/// repr; `error` is `{type, message?, traceback?}` and `notices` a list of strings, left at
+/// their JSON type for the token budget above.
+pub const OUTPUT_FIELDS: [(&str, &str); 11] = [
+    ("status", "string"),
+    ("session", "string"),
+    ("stdout", "string"),
+    ("stderr", "string"),
+    ("value", "string"),
+    ("error", "object"),
+    ("notices", "array"),
+    ("images", "integer"),
+    ("truncated_bytes", "integer"),
+    ("session_reset", "boolean"),
+    ("duration_ms", "integer"),
 ];
 
 /// JSON schema of `structuredContent` (see [`OUTPUT_FIELDS`]).
 pub fn output_schema() -> Value {
     let properties: serde_json::Map<String, Value> = OUTPUT_FIELDS
         .iter()
-        .map(|f| (f.to_string(), json!({})))
+        .map(|(f, ty)| (f.to_string(), json!({ "type": ty })))
         .collect();
     json!({
         "type": "object",
@@ -121,11 +121,13 @@ pub fn output_schema() -> Value {
     })
 }
 
-/// The one tool, as `tools/list` shows it. Its annotations are hints for clients deciding
-/// whether to ask the user first: through the servers it loads the code can do anything those
-/// servers do (delete, send, pay), so it is not read-only and may be destructive, and it reaches
-/// the world outside the bridge whenever a server is loaded. It is not idempotent either (state
-/// persists), which is the default of `idempotentHint` and left out for the token budget.
+/// The one tool, as `tools/list` shows it. It carries no annotations: what they would say is
+/// what the specification's defaults already say of a tool without them, and every token here
+/// is paid on every request. Through the servers it loads the code can do anything those
+/// servers do (delete, send, pay), so it is not read-only (`readOnlyHint` defaults to false),
+/// may be destructive (`destructiveHint` defaults to true), reaches the world outside the
+/// bridge (`openWorldHint` defaults to true), and is not idempotent, as state persists
+/// (`idempotentHint` defaults to false).
 pub fn tool() -> Tool {
     let object = |v: Value| match v {
         Value::Object(m) => Arc::new(m),
@@ -134,12 +136,6 @@ pub fn tool() -> Tool {
     Tool::new(TOOL_NAME, TOOL_DESCRIPTION, object(input_schema()))
         .with_title(TOOL_TITLE)
         .with_raw_output_schema(object(output_schema()))
-        .with_annotations(
-            ToolAnnotations::new()
-                .read_only(false)
-                .destructive(true)
-                .open_world(true),
-        )
 }
 
 /// `run_python`'s arguments.
@@ -1015,7 +1011,7 @@ mod tests {
                 .contains("session")
         );
         // Regression: 1e300 seconds overflowed `Duration` in clamp_timeout, a panic that left
-        // the call unanswered (tests/faults.rs::client_wrong_argument_types_are_refused_with_the_expected_shape).
+        // the call unanswered (tests/e2e/faults.rs::client_wrong_argument_types_are_refused_with_the_expected_shape).
         for bad in [json!(-1), json!(0), json!(-0.0), json!("5"), json!(true)] {
             let e = ok(json!({"code": "1", "timeout": bad})).unwrap_err();
             assert!(e.contains("timeout"), "{bad}: {e}");

@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// Python that finds the runtime and its real stdout (the frame channel), as `tests/hostile.rs`.
+/// Python that finds the runtime and its real stdout (the frame channel), as `tests/e2e/hostile.rs`.
 pub(crate) const RT: &str = "import sys, os, json, threading, time\nrt = sys.modules['__mcp_bridge_runtime__']\nfd = rt._state.frame_out\n";
 
 /// Peak RSS of `pid` since its last reset, in MiB (`VmHWM`).

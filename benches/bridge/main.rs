@@ -23,7 +23,7 @@
 mod audit;
 mod catalog;
 /// The integration tests' harness: the bench shares its private-home environment.
-#[path = "../../tests/common/mod.rs"]
+#[path = "../../tests/e2e/common/mod.rs"]
 mod common;
 mod execution;
 mod footprint;

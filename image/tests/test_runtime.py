@@ -1024,7 +1024,7 @@ def _export(sandbox, path, code=""):
 
 
 def _check_nbformat4(nb):
-    """The parts of the nbformat 4.5 schema the runtime writes (tests/notebook.rs validates the
+    """The parts of the nbformat 4.5 schema the runtime writes (tests/e2e/notebook.rs validates the
     whole file with nbformat itself)."""
     assert nb["nbformat"] == 4 and nb["nbformat_minor"] == 5
     assert nb["metadata"]["kernelspec"]["name"] == "python3"

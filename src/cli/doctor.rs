@@ -135,6 +135,21 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
         }
     }
     if let Some(engine) = &engine
+        && let Ok(enf) = Enforcement::query(&engine.docker).await
+    {
+        match (config.oci_runtime(), enf.isolation(&config)) {
+            (None, _) => c.ok("isolation: container (the host's kernel; the engine's default runtime)"),
+            (Some(rt), Ok(())) => {
+                let path = enf.runtimes.get(rt).cloned().unwrap_or_default();
+                c.ok(&format!(
+                    "isolation: gvisor, through the engine's runtime {rt} ({path}{})",
+                    runsc_details(&path).await
+                ));
+            }
+            (Some(_), Err(e)) => c.bad(&format!("isolation: {e}"), &e.hint()),
+        }
+    }
+    if let Some(engine) = &engine
         && let Ok(n) = crate::sandbox::container::census(engine).await
     {
         c.ok(&format!(
@@ -192,7 +207,8 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
     c.note(&format!("policy: {}", ups.policy().summary()));
     if engine.is_some() && c.failed == 0 && !quick {
         let req = ExecRequest {
-            code: "import sys, os\nprint(sys.version.split()[0], os.getuid())".into(),
+            code: "import sys, os, platform\nprint(sys.version.split()[0], os.getuid(), platform.release())"
+                .into(),
             timeout: std::time::Duration::from_secs(60),
             max_timeout: config.max_timeout.0,
             output_cap: 4096,
@@ -204,12 +220,33 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
         match sandbox.run("doctor", false, req).await {
             Ok(o) if o.outcome == Outcome::Ok => {
                 let out = o.stdout.trim().to_string();
+                let mut words = out.split(' ');
+                let (python, uid, kernel) = (
+                    words.next().unwrap_or(""),
+                    words.next().unwrap_or("?"),
+                    words.next().unwrap_or("?"),
+                );
                 c.ok(&format!(
-                    "sandbox runs: python {} as uid {} (first call {:.1}s)",
-                    out.split(' ').next().unwrap_or(""),
-                    out.split(' ').nth(1).unwrap_or("?"),
+                    "sandbox runs: python {python} as uid {uid} (first call {:.1}s)",
                     started.elapsed().as_secs_f64()
                 ));
+                // The proof that the isolation asked for is the one in force: under gVisor the
+                // code sees gVisor's kernel, not the host's.
+                let host = host_kernel();
+                match config.isolation {
+                    config::Isolation::Gvisor if kernel == host => c.bad(
+                        &format!(
+                            "isolation: the sandbox sees the host's kernel ({host}), not gVisor's"
+                        ),
+                        "the runtime named by gvisor_runtime is not gVisor: register runsc under that name",
+                    ),
+                    config::Isolation::Gvisor => c.ok(&format!(
+                        "the sandbox's kernel is gVisor's ({kernel}), not the host's ({host})"
+                    )),
+                    config::Isolation::Container => {
+                        c.ok(&format!("the sandbox's kernel is the host's ({kernel})"))
+                    }
+                }
             }
             Ok(o) => c.bad(
                 &format!(
@@ -233,6 +270,45 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
         println!("{} check(s) failed", c.failed);
         ExitCode::FAILURE
     }
+}
+
+/// The host's kernel release, as `uname -r` prints it.
+fn host_kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// `, runsc version …, platform …` of a gVisor runtime at `path` on this host: its version as
+/// it prints it, and the platform a wrapper script (as setup-debian.sh writes) passes it. Empty
+/// where the path is not here (a remote engine) or says nothing.
+async fn runsc_details(path: &str) -> String {
+    let mut out = String::new();
+    if path.is_empty() {
+        return out;
+    }
+    let version = tokio::process::Command::new(path)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    if let Ok(Ok(o)) = tokio::time::timeout(std::time::Duration::from_secs(5), version).await
+        && let Some(line) = String::from_utf8_lossy(&o.stdout).lines().next()
+    {
+        out.push_str(&format!(", {}", crate::text::visible(line.trim())));
+    }
+    let script = std::fs::metadata(path)
+        .ok()
+        .filter(|m| m.len() < 4096)
+        .and_then(|_| std::fs::read_to_string(path).ok())
+        .unwrap_or_default();
+    if let Some(p) = script
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("--platform="))
+    {
+        out.push_str(&format!(", platform {}", crate::text::visible(p)));
+    }
+    out
 }
 
 /// The one command that repairs `key`'s value, by where it came from.

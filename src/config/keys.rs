@@ -68,6 +68,14 @@ pub const KEYS: &[Key] = &[
         doc: "Container engine: auto, podman, docker, or a socket URL (unix:///run/podman/podman.sock, tcp://host:2375).",
     },
     Key {
+        name: "isolation",
+        doc: "container (the host's kernel behind namespaces, seccomp and cgroups) or gvisor (every sandbox under gVisor's user-space kernel, through the engine's runtime gvisor_runtime; never falls back).",
+    },
+    Key {
+        name: "gvisor_runtime",
+        doc: "Name of the engine's OCI runtime that runs gVisor, used with isolation = gvisor (scripts/setup-debian.sh --isolation gvisor registers runsc).",
+    },
+    Key {
         name: "image",
         doc: "Sandbox image reference. Must contain python3.",
     },

@@ -54,7 +54,7 @@ pub use oauth::OAuthConfig;
 pub use policy::PolicyConfig;
 pub use servers::ServerEntry;
 pub use skills::SkillsConfig;
-pub use values::{LogLevel, ModuleList, OutputMode, Runtime, Secs, Size};
+pub use values::{Isolation, LogLevel, ModuleList, OutputMode, Runtime, Secs, Size};
 use values::{empty_as_none, empty_as_none_f64, flexible_bool, flexible_u32};
 
 /// The effective configuration.
@@ -62,6 +62,8 @@ use values::{empty_as_none, empty_as_none_f64, flexible_bool, flexible_u32};
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub runtime: Runtime,
+    pub isolation: Isolation,
+    pub gvisor_runtime: String,
     pub image: String,
     #[serde(default, deserialize_with = "empty_as_none")]
     pub image_archive: Option<PathBuf>,
@@ -136,6 +138,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             runtime: Runtime::Auto,
+            isolation: Isolation::Container,
+            gvisor_runtime: "runsc".into(),
             image: DEFAULT_IMAGE.into(),
             image_archive: None,
             image_sha256: None,
@@ -198,6 +202,10 @@ pub struct Overrides {
     #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// Kernel isolation of the sandbox: container or gvisor.
+    #[arg(long, global = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<String>,
     /// Sandbox image reference.
     #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -326,6 +334,20 @@ impl Config {
         {
             return bad("image_sha256", format!("{h:?} is not 64 hex digits"));
         }
+        if self.gvisor_runtime.is_empty()
+            || !self
+                .gvisor_runtime
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            return bad(
+                "gvisor_runtime",
+                format!(
+                    "{:?} is not a runtime name; write the name the engine registers gVisor under, e.g. runsc",
+                    self.gvisor_runtime
+                ),
+            );
+        }
         if self.image.trim().is_empty() {
             return bad("image", "must not be empty".into());
         }
@@ -335,6 +357,15 @@ impl Config {
         self.oauth.check()?;
         self.http.check(&self.listen)?;
         inputs::check(&self.inputs)
+    }
+
+    /// The OCI runtime every sandbox container is created with: `None` is the engine's
+    /// default (runc, crun), which `isolation = "container"` means.
+    pub fn oci_runtime(&self) -> Option<&str> {
+        match self.isolation {
+            Isolation::Container => None,
+            Isolation::Gvisor => Some(&self.gvisor_runtime),
+        }
     }
 
     /// A per-call timeout, clamped to `[100ms, max_timeout]`.

@@ -141,6 +141,18 @@ enum NumOrStr {
     Str(String),
 }
 
+/// Which kernel the sandbox's system calls reach. `Container`: the host's, behind namespaces,
+/// seccomp and cgroups (runc or crun). `Gvisor`: gVisor's kernel in user space, through the
+/// engine's OCI runtime named by `gvisor_runtime`; a kernel exploit through an allowed system
+/// call then lands in gVisor, not in the host. Never downgraded: without that runtime, no code
+/// runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    Container,
+    Gvisor,
+}
+
 /// How `run_python` renders its text content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

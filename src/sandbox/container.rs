@@ -122,7 +122,7 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
         format!("{},mode=1777", tmpfs_opts(config.workspace_size.0)),
     );
     // Podman mounts its own writable tmpfs on /var/tmp under a read-only root, without noexec
-    // and without a size: ours replaces it (tests/security.rs::filesystem_exec_from_writable_mounts_is_refused).
+    // and without a size: ours replaces it (tests/e2e/security.rs::filesystem_exec_from_writable_mounts_is_refused).
     tmpfs.insert("/var/tmp".to_string(), tmpfs_opts(config.tmp_size.0));
     // The user's declared inputs are copied here at start (`sandbox::inputs`); no inputs, no mount.
     if !config.inputs.is_empty() {
@@ -134,6 +134,9 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
 
     let memory = config.memory.0 as i64;
     let host = HostConfig {
+        // `isolation = "gvisor"`: the engine's gVisor runtime, for pooled containers as for
+        // sessions'; `None` is the engine's default (runc, crun).
+        runtime: config.oci_runtime().map(str::to_string),
         network_mode: Some("none".into()),
         readonly_rootfs: Some(true),
         cap_drop: Some(vec!["ALL".into()]),
@@ -374,6 +377,7 @@ mod tests {
         assert_eq!(h.memory_swap, h.memory);
         assert_eq!(h.pids_limit, Some(128));
         assert_eq!(h.log_config.and_then(|l| l.typ).as_deref(), Some("none"));
+        assert_eq!(h.runtime, None, "the engine's default runtime");
         let tmpfs = h.tmpfs.unwrap();
         assert!(
             tmpfs["/tmp"].contains("noexec")
@@ -411,6 +415,23 @@ mod tests {
         );
         assert!(container_name(Role::Pool, 3).contains(POOL_NAME_MARK));
         assert!(!container_name(Role::Session("a.pool-b"), 3).contains('.'));
+    }
+
+    #[test]
+    fn under_gvisor_every_container_names_the_gvisor_runtime_and_changes_nothing_else() {
+        let runc = Config::default();
+        let gvisor = Config {
+            isolation: crate::config::Isolation::Gvisor,
+            gvisor_runtime: "runsc-test".into(),
+            ..Config::default()
+        };
+        for role in [Role::Session("default"), Role::Pool] {
+            let mut a = serde_json::to_value(spec(&runc, role, "1:2")).unwrap();
+            let b = serde_json::to_value(spec(&gvisor, role, "1:2")).unwrap();
+            assert_eq!(b["HostConfig"]["Runtime"], "runsc-test");
+            a["HostConfig"]["Runtime"] = "runsc-test".into();
+            assert_eq!(a, b);
+        }
     }
 
     #[test]

@@ -195,7 +195,7 @@ async fn probe(url: &str) -> Result<(Docker, EngineKind, String), String> {
 
 /// Where our own podman service listens: one socket per bridge process, because every bridge
 /// of a user shares the state dir, and a second bridge replacing the first one's socket took
-/// its engine away (tests/security_rootless.rs runs two at once).
+/// its engine away (tests/e2e/security_rootless.rs runs two at once).
 pub fn own_socket(state_dir: &Path) -> PathBuf {
     state_dir.join(format!("podman-{}.sock", std::process::id()))
 }
@@ -585,6 +585,28 @@ fn storage_is_ours_and_not_root(dir: Option<&str>) -> bool {
             .is_some_and(|m| m.uid() == uid)
 }
 
+/// `isolation = "gvisor"` and the engine has no runtime of the name `gvisor_runtime` gives.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "isolation = \"gvisor\" needs the engine's runtime {runtime:?}, which it does not have (it has: {}); no code runs without it, there is no fallback to runc",
+    .known.join(", ")
+)]
+pub struct SandboxIsolationMissing {
+    pub runtime: String,
+    pub known: Vec<String>,
+}
+
+impl SandboxIsolationMissing {
+    pub fn hint(&self) -> String {
+        "Install and register gVisor: `sudo scripts/setup-debian.sh --isolation gvisor` (runsc, \
+         registered with podman under the name runsc), or register it yourself (podman: \
+         [engine.runtimes] in containers.conf; Docker: \"runtimes\" in /etc/docker/daemon.json) \
+         and set gvisor_runtime to its name; or set isolation = \"container\". Under podman the \
+         runtime must be given runsc's --network=none (setup-debian.sh's wrapper does)."
+            .to_string()
+    }
+}
+
 /// What the engine can enforce, from its `/info`.
 #[derive(Debug, Clone, Default)]
 pub struct Enforcement {
@@ -593,6 +615,10 @@ pub struct Enforcement {
     pub memory: bool,
     pub pids: bool,
     pub cpu: bool,
+    /// The OCI runtimes the engine has registered, by name, with the path it reports (podman
+    /// lists its built-in candidates too, present or not: a runtime named here may still fail
+    /// to start a container).
+    pub runtimes: std::collections::BTreeMap<String, String>,
 }
 
 impl Enforcement {
@@ -611,13 +637,31 @@ impl Enforcement {
             .map(|v| v.to_string())
             .unwrap_or_default();
         let v1_rootless = rootless && cgroup_version == "1";
+        let runtimes = info
+            .runtimes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, r)| (name, r.path.unwrap_or_default()))
+            .collect();
         Ok(Enforcement {
+            runtimes,
             rootless,
             memory: info.memory_limit.unwrap_or(false) && !v1_rootless,
             pids: info.pids_limit.unwrap_or(false) && !v1_rootless,
             cpu: info.cpu_cfs_quota.unwrap_or(false) && !v1_rootless,
             cgroup_version,
         })
+    }
+
+    /// Whether the isolation the config asks for can be had: `Err` names the runtime missing.
+    pub fn isolation(&self, config: &Config) -> Result<(), SandboxIsolationMissing> {
+        match config.oci_runtime() {
+            Some(rt) if !self.runtimes.contains_key(rt) => Err(SandboxIsolationMissing {
+                runtime: rt.to_string(),
+                known: self.runtimes.keys().cloned().collect(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The limits the config asks for that this host cannot enforce, each with the reason.
@@ -628,6 +672,17 @@ impl Enforcement {
             "the engine reports the cgroup controller unavailable (rootless cgroup v2 needs it delegated: see systemd's Delegate=)"
         };
         let mut out = Vec::new();
+        if self.rootless && config.isolation == crate::config::Isolation::Gvisor {
+            // runsc runs a rootless container only with --ignore-cgroups: every limit dropped,
+            // whatever the engine says of its controllers.
+            out.push(format!(
+                "memory ({}), pids ({}){}: gVisor applies no cgroup limits to a rootless container (runsc --ignore-cgroups)",
+                config.memory,
+                config.pids,
+                config.cpus.map(|c| format!(", cpus ({c})")).unwrap_or_default()
+            ));
+            return out;
+        }
         if !self.memory {
             out.push(format!("memory ({}): {why}", config.memory));
         }

@@ -18,6 +18,9 @@ pub enum SandboxError {
         .0.join("; ")
     )]
     Unenforceable(Vec<String>),
+    /// `isolation = "gvisor"` and the engine has no such runtime: never a fallback.
+    #[error("{0}")]
+    Isolation(#[from] super::engine::SandboxIsolationMissing),
     /// The image is missing and could not be loaded or pulled.
     #[error("{0}")]
     Image(#[from] ImageError),
@@ -63,9 +66,12 @@ impl SandboxError {
                 "Wait for one to finish, run this code in one of them, or raise {key} ({}).",
                 crate::config::env_name(key)
             )),
-            SandboxError::Create { .. } | SandboxError::ExitedAtStart { .. } => {
-                Some("`mcp-code-bridge doctor` checks the engine and the image.".into())
-            }
+            SandboxError::Isolation(e) => Some(e.hint()),
+            SandboxError::Create { .. }
+            | SandboxError::Start(_)
+            | SandboxError::ExitedAtStart { .. } => Some(
+                "`mcp-code-bridge doctor` checks the engine, its runtime and the image.".into(),
+            ),
             SandboxError::Image(e) => e.hint(),
             SandboxError::Engine(e) => e.hint(),
             _ => None,

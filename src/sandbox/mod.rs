@@ -260,6 +260,8 @@ impl Sandbox {
             let enf = Enforcement::query(&engine.docker)
                 .await
                 .map_err(|e| SandboxError::EngineQuery(e.to_string()))?;
+            // Before the limits: `allow_unenforced_limits` never excuses a missing isolation.
+            enf.isolation(&self.config)?;
             let missing = enf.missing(&self.config);
             if !missing.is_empty() {
                 if self.config.allow_unenforced_limits {
@@ -551,7 +553,7 @@ impl Sandbox {
 
     /// Remove containers of this bridge that no live session uses. A removal that failed while
     /// the engine was unreachable (a restarted podman service) leaves such a stray; this retries
-    /// it (tests/faults_lifecycle.rs::lifecycle_podman_service_restarted_under_a_live_session).
+    /// it (tests/e2e/faults_lifecycle.rs::lifecycle_podman_service_restarted_under_a_live_session).
     /// With `all`, every container of this bridge goes (shutdown).
     async fn reap_strays(&self, all: bool) {
         let Some(engine) = self.engine.get() else {

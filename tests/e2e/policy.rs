@@ -6,7 +6,7 @@
 //! tool while the persisted catalog still has its old list, and one that matches tool names
 //! leniently.
 
-mod common;
+use crate::common;
 
 use common::{Bridge, Home, Outcome, server_bin};
 use serde_json::{Value, json};

@@ -6,7 +6,7 @@
 //! notebook. `doctor` names the profile. The image is built by `scripts/setup-debian.sh
 //! --test-deps` (`image/build-debian.sh --profile data`); without it the test fails and says so.
 
-mod common;
+use crate::common;
 
 use base64::Engine as _;
 use common::{Bridge, Home, Outcome};

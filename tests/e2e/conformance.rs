@@ -8,7 +8,7 @@
 //! passing fails the run. scripts/test.sh runs this with --nocapture, so the suite's summary
 //! of each revision is in the test output.
 
-mod common;
+use crate::common;
 
 use common::Home;
 use common::served::Served;

@@ -2,7 +2,7 @@
 //! and rmcp's client declaring the extension: created, polled, completed with the call's
 //! result; cancelled, which interrupts the code and keeps the session.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -155,7 +155,7 @@ async fn a_declaration_at_initialize_alone_gets_the_result() {
 }
 
 /// The 2025-11-25 form of tasks, through the official TypeScript SDK's tasks API over stdio:
-/// see `common::sdk_tasks` (its twin over HTTP is in tests/http.rs).
+/// see `common::sdk_tasks` (its twin over HTTP is in tests/e2e/http.rs).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_typescript_sdk_runs_a_call_as_a_2025_11_25_task() {
     let home = Home::new();

@@ -4,7 +4,7 @@
 //! `--json`, `--session`, `--follow`), and a secret-bearing upstream whose secrets never reach
 //! the log.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::{process_alive as alive, server_bin};
 use mcp_code_bridge::upstream::{

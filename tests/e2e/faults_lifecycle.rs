@@ -4,7 +4,8 @@
 //! bridge's containers are reaped by the next one), and the podman service a bridge starts for
 //! itself does not outlive the bridge, rootful or rootless, however the bridge ends.
 
-mod common;
+use crate::common;
+use common::Service;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -27,7 +28,7 @@ async fn wait_gone(pid: u32, within: Duration) -> bool {
 
 /// Start two sessions and one call that is still running, so a signal lands mid-work.
 async fn busy_bridge() -> (Bridge, tokio::task::JoinHandle<()>) {
-    // Counts the session containers exactly: no pool (tests/pool.rs counts the pool's).
+    // Counts the session containers exactly: no pool (tests/e2e/pool.rs counts the pool's).
     let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_POOL_SIZE", "0")], None).await;
     b.py("print(1)").await.ok();
     Outcome(
@@ -113,7 +114,7 @@ async fn lifecycle_sigkill_leaves_orphans_the_next_start_reaps() {
 async fn lifecycle_idle_timeout_removes_every_idle_container() {
     let b = Bridge::start_with(
         Home::new(),
-        // Counts the session containers exactly: no pool (tests/pool.rs counts the pool's).
+        // Counts the session containers exactly: no pool (tests/e2e/pool.rs counts the pool's).
         &[
             ("MCP_BRIDGE_RUNTIME_IDLE_TIMEOUT", "2s"),
             ("MCP_BRIDGE_POOL_SIZE", "0"),
@@ -153,7 +154,7 @@ async fn lifecycle_a_hundred_sessions_are_created_and_reaped() {
             ("MCP_BRIDGE_RUNTIME_IDLE_TIMEOUT", "3s"),
             ("MCP_BRIDGE_MAX_SESSIONS", "6"),
             ("MCP_BRIDGE_LOG_LEVEL", "info"),
-            // Counts sandbox starts and closes exactly: no pool (tests/pool.rs covers it).
+            // Counts sandbox starts and closes exactly: no pool (tests/e2e/pool.rs covers it).
             ("MCP_BRIDGE_POOL_SIZE", "0"),
         ],
         None,
@@ -193,47 +194,6 @@ async fn lifecycle_a_hundred_sessions_are_created_and_reaped() {
         "{max_alive} containers alive at once, above max_sessions = 6"
     );
     Outcome(b.call(json!({"code": "print('after')"})).await).ok();
-}
-
-/// A `podman system service` the test owns, on a socket in `dir`.
-struct Service {
-    child: tokio::process::Child,
-    url: String,
-}
-
-impl Service {
-    async fn start(dir: &Path) -> Service {
-        let sock = dir.join("podman.sock");
-        let _ = std::fs::remove_file(&sock);
-        let url = format!("unix://{}", sock.display());
-        let child = tokio::process::Command::new("podman")
-            .args(["system", "service", "--time=0", &url])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("podman system service (podman must be installed)");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "podman system service did not listen"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Service { child, url }
-    }
-
-    async fn stop(mut self) {
-        unsafe { libc::kill(self.child.id().unwrap() as i32, libc::SIGTERM) };
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -520,52 +480,6 @@ async fn a_service_left_by_a_dead_bridge_is_stopped_by_the_next() {
     assert!(left.is_empty(), "{}", left.join("\n"));
 }
 
-/// The rootless test user (`mcb-rootless`, or `MCP_BRIDGE_TEST_ROOTLESS_USER`), created when
-/// missing as tests/security_rootless.rs does (`useradd -m` gives it subordinate ids), and its
-/// home; once per test process.
-fn rootless_user() -> (String, PathBuf) {
-    static ONCE: std::sync::OnceLock<(String, PathBuf)> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| {
-        let name = std::env::var("MCP_BRIDGE_TEST_ROOTLESS_USER")
-            .unwrap_or_else(|_| "mcb-rootless".into());
-        let exists = |name: &str| {
-            std::process::Command::new("id")
-                .args(["-u", name])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .unwrap()
-                .success()
-        };
-        if !exists(&name) {
-            assert_eq!(
-                unsafe { libc::geteuid() },
-                0,
-                "user {name} does not exist and only root can create it: `sudo useradd -m {name}`"
-            );
-            let ok = std::process::Command::new("useradd")
-                .args(["-m", "-s", "/bin/sh", &name])
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "useradd -m {name} failed");
-        }
-        let out = std::process::Command::new("getent")
-            .args(["passwd", &name])
-            .output()
-            .unwrap();
-        let home = String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .split(':')
-            .nth(5)
-            .unwrap_or_default()
-            .to_string();
-        assert!(!home.is_empty(), "no home for {name}");
-        (name, PathBuf::from(home))
-    })
-    .clone()
-}
-
 /// The pid of a child of `parent`, waited for (bounded).
 async fn child_of(parent: u32) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -594,9 +508,6 @@ async fn child_of(parent: u32) -> u32 {
     }
 }
 
-/// The rootless tests one at a time: one of them replaces the user's pause process.
-static ROOTLESS_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// The bridge run as the rootless test user, through `runuser` (as an MCP client configured
 /// with another account would), sent one `run_python` (id 1) so that it starts its own rootless
 /// podman service.
@@ -617,11 +528,11 @@ impl RootlessBridge {
     async fn start(podman: Option<&str>, fresh_namespace: bool) -> RootlessBridge {
         use std::os::unix::fs::PermissionsExt;
         use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-        let turn = ROOTLESS_TURN.lock().await;
+        let turn = common::rootless::TURN.lock().await;
         if fresh_namespace {
             fresh_user_namespace();
         }
-        let (user, home) = rootless_user();
+        let (user, home) = common::rootless::user();
         let dir = tempfile::Builder::new()
             .prefix("mcb-rootless-svc-")
             .tempdir()
@@ -865,7 +776,7 @@ fn outer_podman(sock: &str) -> u32 {
 /// group kill takes it down with the outer podman. Processes already in the old namespace keep
 /// it; podman starts a new pause process.
 fn fresh_user_namespace() {
-    let (user, _) = rootless_user();
+    let (user, _) = common::rootless::user();
     let out = std::process::Command::new("id")
         .args(["-u", &user])
         .output()

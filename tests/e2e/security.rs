@@ -2,7 +2,7 @@
 //! through the real binary, rmcp's real client, real podman and the real image. Each test asserts
 //! the specific refusal (errno, missing interface, dropped frame) and that the bridge keeps serving.
 
-mod common;
+use crate::common;
 
 use std::io::ErrorKind;
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};

@@ -3,7 +3,7 @@
 //! hostname, not by timing), preloaded and indistinguishable from a fresh one; the pool refills
 //! within `max_sessions`, empties when the bridge is idle, and leaves nothing at shutdown.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

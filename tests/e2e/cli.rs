@@ -1,7 +1,7 @@
 //! The binary as people and clients meet it: bad configuration, no runtime, `exec`, protocol
 //! errors, and the image loaded from its archive on first use.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

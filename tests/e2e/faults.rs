@@ -4,7 +4,7 @@
 //! cancellation). Each test asserts the clear outcome, that the bridge keeps serving, and that
 //! nothing is left behind.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -624,7 +624,7 @@ async fn client_concurrent_calls_to_one_session_are_serialized_and_matched() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn client_concurrent_calls_to_many_sessions_stay_apart() {
-    // Counts the session containers exactly: no pool (tests/pool.rs counts the pool's).
+    // Counts the session containers exactly: no pool (tests/e2e/pool.rs counts the pool's).
     let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_POOL_SIZE", "0")], None).await;
     let calls = (0..6).flat_map(|s| (0..4).map(move |i| (s, i))).map(|(s, i)| {
         let b = &b;
@@ -671,7 +671,7 @@ async fn client_concurrent_calls_to_many_sessions_stay_apart() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn client_cancellation_interrupts_the_code_and_keeps_the_session() {
-    // Counts the session containers exactly: no pool (tests/pool.rs counts the pool's).
+    // Counts the session containers exactly: no pool (tests/e2e/pool.rs counts the pool's).
     let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_POOL_SIZE", "0")], None).await;
     b.py("kept = 'yes'").await.ok();
     let code = "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    interrupted_by_cancel = True\n    raise";
@@ -712,7 +712,7 @@ async fn client_cancellation_interrupts_the_code_and_keeps_the_session() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn client_closing_stdin_ends_the_bridge_and_its_containers() {
-    // Counts the session containers exactly: no pool (tests/pool.rs counts the pool's).
+    // Counts the session containers exactly: no pool (tests/e2e/pool.rs counts the pool's).
     let mut b = RawBridge::start(Home::new(), &[("MCP_BRIDGE_POOL_SIZE", "0")]).await;
     let r = b.run_python(1, json!({"code": "print(1)"})).await;
     assert_eq!(r["result"]["structuredContent"]["stdout"], "1\n");

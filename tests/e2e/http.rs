@@ -5,7 +5,7 @@
 //! interpreter, files, skills or MCP session, too many requests of one identity (429), a client
 //! that goes away mid-call, and SIGTERM with a call in flight.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::{Home, Outcome, server_bin, write_servers};
 use mcp_code_bridge::upstream::store::{CATALOG_FILE, Store};

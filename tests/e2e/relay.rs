@@ -2,7 +2,7 @@
 //! their servers' questions (elicitation), through the real binary, the official Python SDK
 //! client, and server-everything.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -5,7 +5,7 @@
 //! the bridge serves on; `exec --input` for one-shot runs. Real binary, real podman, rmcp's
 //! client.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -6,7 +6,7 @@
 //! check never runs); `skills list|show` print escapes, never what a terminal acts on; a FIFO
 //! in the store is refused, never waited on. Real binary, real podman, rmcp's client.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

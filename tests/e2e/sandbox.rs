@@ -1,6 +1,6 @@
 //! The sandbox end to end: the real binary, a real MCP client, real podman, the real image.
 
-mod common;
+use crate::common;
 
 use common::{Bridge, Home};
 use serde_json::json;

@@ -3,7 +3,7 @@
 //! host pay in disk, memory, log volume and time. Each test names the bound it attacks and
 //! asserts it (SECURITY.md lists them).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,11 +4,11 @@
 //! and `mcp-server-git` from PyPI).
 //!
 //! The servers' executables are looked up in `MCP_BRIDGE_TEST_SERVERS_BIN` (one directory or a
-//! `:`-separated list) and then `PATH`; a missing one fails the test (see tests/upstream_real.rs
+//! `:`-separated list) and then `PATH`; a missing one fails the test (see tests/e2e/upstream_real.rs
 //! for how to install them). Servers are configured the way users configure them: `[servers.x]`
 //! tables in the bridge's TOML config in the private HOME, or `mcpServers` JSON files.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,7 @@
 //! its reason; discovery refuses an issuer its metadata does not name; and tokens naming
 //! made-up keys cost the provider at most one key set read.
 
-mod common;
+use crate::common;
 
 use common::oidc::{Provider, free_port};
 

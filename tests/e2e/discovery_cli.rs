@@ -3,7 +3,7 @@
 //! file is a warning naming it, the first definition of a name wins, and an entry that would
 //! launch the bridge itself is skipped with a reason unless `MCP_BRIDGE_ALLOW_SELF_SERVER`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

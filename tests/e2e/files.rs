@@ -5,7 +5,7 @@
 //!
 //! Parquet is not tested: the default image has no pyarrow.
 
-mod common;
+use crate::common;
 
 use base64::Engine as _;
 use common::{Bridge, Home, Outcome};

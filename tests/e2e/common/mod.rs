@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod oidc;
+pub mod rootless;
 pub mod sdk_tasks;
 pub mod served;
 
@@ -77,12 +78,25 @@ impl Home {
             ),
             ("MCP_BRIDGE_LOG_LEVEL".into(), "debug".into()),
         ]);
+        // The isolation level the suite runs under: scripts/test.sh runs some modules a second
+        // time with `MCP_BRIDGE_TEST_ISOLATION=gvisor`.
+        if let Some(level) = isolation() {
+            env.push(("MCP_BRIDGE_ISOLATION".into(), level));
+        }
         env
     }
     /// The environment without an image: this tree (HOME, XDG), PATH, and no system config.
     pub fn base_env(&self) -> Vec<(String, String)> {
         private_home_env(self.path())
     }
+}
+
+/// `MCP_BRIDGE_TEST_ISOLATION`: the isolation level every bridge of this test run gets
+/// (`container` when unset).
+pub fn isolation() -> Option<String> {
+    std::env::var("MCP_BRIDGE_TEST_ISOLATION")
+        .ok()
+        .filter(|v| !v.is_empty())
 }
 
 /// The environment of a bridge that sees nothing of the machine's or the user's configuration:
@@ -254,7 +268,7 @@ fn transport_in(home: &Home, env: &[(&str, &str)], cwd: &Path) -> TokioChildProc
     transport
 }
 
-// ---- Helpers for the security and fault suites (tests/security.rs, tests/faults*.rs) ----
+// ---- Helpers for the security and fault suites (tests/e2e/security.rs, tests/e2e/faults*.rs) ----
 
 /// A file under `tests/fixtures/`.
 pub fn fixture(name: &str) -> PathBuf {
@@ -473,3 +487,51 @@ pub fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
         .parse()
         .ok()
 }
+
+/// A `podman system service` the test owns, on a socket in `dir`.
+pub struct Service {
+    child: tokio::process::Child,
+    pub url: String,
+}
+
+impl Service {
+    pub async fn start(dir: &Path) -> Service {
+        Service::start_with(dir, &[]).await
+    }
+
+    /// With `env` added to podman's environment (`CONTAINERS_CONF_OVERRIDE`, say).
+    pub async fn start_with(dir: &Path, env: &[(&str, &str)]) -> Service {
+        let sock = dir.join("podman.sock");
+        let _ = std::fs::remove_file(&sock);
+        let url = format!("unix://{}", sock.display());
+        let child = tokio::process::Command::new("podman")
+            .args(["system", "service", "--time=0", &url])
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("podman system service (podman must be installed)");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "podman system service did not listen"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Service { child, url }
+    }
+
+    pub async fn stop(mut self) {
+        unsafe { libc::kill(self.child.id().unwrap() as i32, libc::SIGTERM) };
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+

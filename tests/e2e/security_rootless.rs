@@ -4,7 +4,7 @@
 //! rootless (cgroup v1), the bridge must refuse to run and name them, and run only when
 //! `MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1` says so, with every other isolation still in place.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -17,50 +17,6 @@ use rmcp::service::RunningService;
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::json;
-
-fn user() -> String {
-    std::env::var("MCP_BRIDGE_TEST_ROOTLESS_USER").unwrap_or_else(|_| "mcb-rootless".into())
-}
-
-/// The test user, created (with subordinate ids, as `useradd` does) when missing; once per
-/// test process, as the tests run in parallel.
-fn ensure_user() -> (String, PathBuf) {
-    static ONCE: std::sync::OnceLock<(String, PathBuf)> = std::sync::OnceLock::new();
-    ONCE.get_or_init(create_user).clone()
-}
-
-fn create_user() -> (String, PathBuf) {
-    let name = user();
-    let exists = std::process::Command::new("id")
-        .args(["-u", &name])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap()
-        .success();
-    if !exists {
-        assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
-            "user {name} does not exist and only root can create it: `sudo useradd -m {name}` (it needs /etc/subuid and /etc/subgid entries for rootless podman)"
-        );
-        let ok = std::process::Command::new("useradd")
-            .args(["-m", "-s", "/bin/sh", &name])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "useradd -m {name} failed");
-    }
-    let home = String::from_utf8(
-        std::process::Command::new("sh")
-            .args(["-c", &format!("getent passwd {name} | cut -d: -f6")])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    (name, PathBuf::from(home.trim()))
-}
 
 /// A copy of the binary the test user can execute (the build tree may not be readable by it).
 fn binary_for(dir: &Path) -> PathBuf {
@@ -75,21 +31,21 @@ fn cgroup_v2() -> bool {
     Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
 }
 
-/// The tests share the user's podman and count its containers: one at a time.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 struct Rootless {
     _turn: tokio::sync::MutexGuard<'static, ()>,
     client: RunningService<RoleClient, ()>,
     log: PathBuf,
     user: String,
+    before: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
 impl Rootless {
     async fn start(extra_env: &[(&str, &str)]) -> Rootless {
-        let turn = ONE_AT_A_TIME.lock().await;
-        let (user, home) = ensure_user();
+        let turn = common::rootless::TURN.lock().await;
+        let (user, home) = common::rootless::user();
+        // Containers an earlier rootless test left (a bridge it killed): not this bridge's.
+        let before = containers_of_user(&user);
         let archive = common::image_archive();
         let dir = tempfile::Builder::new()
             .prefix("mcb-rootless-")
@@ -143,6 +99,7 @@ impl Rootless {
             client,
             log,
             user,
+            before,
             _dir: dir,
         }
     }
@@ -164,21 +121,32 @@ impl Rootless {
     }
 
     /// The user's containers made by a bridge.
+    /// The user's containers that were not there before this bridge started (the only bridge
+    /// of the user while the turn is held).
     fn containers(&self) -> Vec<String> {
         containers_of_user(&self.user)
+            .into_iter()
+            .filter(|c| !self.before.contains(c))
+            .collect()
     }
 
     /// Close the client; the bridge removes its containers on the way out. Returns what is left.
     async fn shutdown(self) -> Vec<String> {
-        let user = self.user.clone();
+        let (user, before) = (self.user.clone(), self.before.clone());
         let _ = self.client.cancel().await;
+        let left = || -> Vec<String> {
+            containers_of_user(&user)
+                .into_iter()
+                .filter(|c| !before.contains(c))
+                .collect()
+        };
         for _ in 0..100 {
-            if containers_of_user(&user).is_empty() {
+            if left().is_empty() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        containers_of_user(&user)
+        left()
     }
 }
 

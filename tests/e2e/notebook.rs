@@ -3,7 +3,7 @@
 //! and validated with `nbformat` from PyPI (in the test servers' venv, `mcp-python`), its image
 //! decoded.
 
-mod common;
+use crate::common;
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};

@@ -5,7 +5,7 @@
 //! 2026-07-28) and the TypeScript client 2.x in `auto` mode, over stdio and over HTTP; and the
 //! same clients in `legacy` mode (2025-11-25, `elicitation/create` requests as before).
 
-mod common;
+use crate::common;
 
 use common::served::Served;
 use common::{Home, server_bin};

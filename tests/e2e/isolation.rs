@@ -1,0 +1,168 @@
+//! Kernel isolation (`isolation = "gvisor"`): the code runs under gVisor's kernel when asked,
+//! `doctor` proves it, and a missing or broken gVisor runtime runs no code at all: never a
+//! silent fallback to runc. The other suites run a second time under gVisor (scripts/test.sh,
+//! `MCP_BRIDGE_TEST_ISOLATION=gvisor`); these tests ask for gVisor themselves, so they check it
+//! in every pass. They need gVisor registered with podman as `runsc`, as
+//! `scripts/setup-debian.sh --test-deps` (or `--isolation gvisor`) does.
+
+use std::time::Duration;
+
+use crate::common;
+use common::{Bridge, Home};
+
+fn host_kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// The runtime the engine created a container with (`podman inspect`).
+fn runtime_of(id: &str) -> String {
+    let out = std::process::Command::new("podman")
+        .args(["inspect", "--format", "{{.HostConfig.Runtime}}", id])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn under_gvisor_every_sandbox_runs_on_gvisors_kernel() {
+    let b = Bridge::start_with(
+        Home::new(),
+        &[("MCP_BRIDGE_ISOLATION", "gvisor"), ("MCP_BRIDGE_POOL_SIZE", "1")],
+        None,
+    )
+    .await;
+    let r = b
+        .py("import platform, os\nprint(platform.release(), os.getuid())")
+        .await
+        .ok();
+    let out = r.stdout().trim().to_string();
+    let kernel = out.split(' ').next().unwrap_or("");
+    assert_ne!(kernel, host_kernel(), "the code sees the host's kernel: {out}");
+    assert!(out.ends_with(" 65534"), "{out}");
+    // Every container of this bridge, the session's and the pool's refilled one, is gVisor's.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut ids = common::containers_of(b.pid).await;
+    while ids.len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ids = common::containers_of(b.pid).await;
+    }
+    assert_eq!(ids.len(), 2, "a session and a refilled pool: {ids:?}");
+    for id in &ids {
+        assert_eq!(runtime_of(id), "runsc", "{id}");
+    }
+    // The hardening is the same under gVisor: no network, read-only root, no capabilities.
+    let r = b
+        .py(concat!(
+            "import socket, os\n",
+            "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); print('net')\n",
+            "except OSError as e: print('no net')\n",
+            "try:\n    open('/etc/x', 'w'); print('rw')\n",
+            "except OSError: print('ro')\n",
+            "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n",
+        ))
+        .await
+        .ok();
+    assert_eq!(r.stdout(), "no net\nro\n0000000000000000\n");
+    b.shutdown_clean().await;
+}
+
+#[test]
+fn doctor_proves_gvisor_by_the_kernel_the_sandbox_sees() {
+    let home = Home::new();
+    let out = home
+        .command()
+        .env("MCP_BRIDGE_ISOLATION", "gvisor")
+        .arg("doctor")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("isolation: gvisor, through the engine's runtime runsc"),
+        "{text}"
+    );
+    assert!(text.contains("runsc version"), "{text}");
+    assert!(text.contains(", platform "), "{text}");
+    assert!(
+        text.contains(&format!("is gVisor's")) && text.contains(&format!("not the host's ({})", host_kernel())),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn gvisor_without_its_runtime_runs_no_code_and_says_what_fixes_it() {
+    let b = Bridge::start_with(
+        Home::new(),
+        &[
+            ("MCP_BRIDGE_ISOLATION", "gvisor"),
+            ("MCP_BRIDGE_GVISOR_RUNTIME", "no-such-runsc"),
+        ],
+        None,
+    )
+    .await;
+    let r = b.py("print('ran')").await;
+    assert!(r.is_error(), "{}", r.text());
+    assert_eq!(r.status(), "unavailable", "{}", r.text());
+    let text = r.text();
+    assert!(!text.contains("ran\n"), "{text}");
+    assert!(text.contains("\"no-such-runsc\""), "{text}");
+    assert!(text.contains("no fallback to runc"), "{text}");
+    assert!(text.contains("setup-debian.sh --isolation gvisor"), "{text}");
+    assert!(common::containers_of(b.pid).await.is_empty());
+    // `allow_unenforced_limits` does not excuse it, and the bridge keeps answering.
+    let tools = b.client.list_all_tools().await.unwrap();
+    assert_eq!(tools.len(), 1);
+    b.shutdown().await;
+
+    let home = Home::new();
+    let out = home
+        .command()
+        .env("MCP_BRIDGE_ISOLATION", "gvisor")
+        .env("MCP_BRIDGE_GVISOR_RUNTIME", "no-such-runsc")
+        .env("MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS", "1")
+        .args(["exec", "print('ran')"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no-such-runsc"), "{err}");
+}
+
+/// A gVisor runtime the engine knows but that cannot start a container (here: one registered as
+/// `/bin/false`, through a containers.conf of the bridge's own podman service) fails the call
+/// with the engine's reason; nothing runs under runc instead.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gvisor_runtime_that_fails_fails_the_call_and_never_falls_back() {
+    let dir = tempfile::Builder::new()
+        .prefix("mcb-gvisor-")
+        .tempdir()
+        .unwrap();
+    let conf = dir.path().join("containers.conf");
+    std::fs::write(&conf, "[engine.runtimes]\nbroken-runsc = [\"/bin/false\"]\n").unwrap();
+    let service =
+        common::Service::start_with(dir.path(), &[("CONTAINERS_CONF_OVERRIDE", conf.to_str().unwrap())])
+            .await;
+    let b = Bridge::start_with(
+        Home::new(),
+        &[
+            ("MCP_BRIDGE_RUNTIME", &service.url),
+            ("MCP_BRIDGE_ISOLATION", "gvisor"),
+            ("MCP_BRIDGE_GVISOR_RUNTIME", "broken-runsc"),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ],
+        None,
+    )
+    .await;
+    let r = b.py("print('ran')").await;
+    assert!(r.is_error(), "{}", r.text());
+    assert!(!r.text().contains("ran\n"), "{}", r.text());
+    assert_eq!(r.status(), "unavailable", "{}", r.text());
+    assert!(r.text().contains("doctor"), "{}", r.text());
+    assert!(common::containers_of(b.pid).await.len() <= 1, "one failed attempt at most");
+    b.shutdown().await;
+    service.stop().await;
+}

@@ -1,0 +1,35 @@
+//! The end-to-end tests: the real `mcp-code-bridge` binary against real podman, real MCP servers
+//! and real MCP clients. One test binary, one module per subject, so that the harness
+//! (`common`) is compiled once and one binary is linked rather than one per file, which on a
+//! small machine was most of the test command's time. Run one subject with a filter:
+//! `cargo test --release --test e2e -- http::` (several filters may be given).
+
+mod common;
+
+mod approvals;
+mod audit;
+mod catalog;
+mod cli;
+mod conformance;
+mod data_image;
+mod discovery_cli;
+mod faults;
+mod faults_lifecycle;
+mod files;
+mod hostile;
+mod http;
+mod inputs;
+mod isolation;
+mod notebook;
+mod oauth;
+mod policy;
+mod pool;
+mod proxy;
+mod relay;
+mod results;
+mod sandbox;
+mod security;
+mod security_rootless;
+mod skills;
+mod tasks;
+mod upstream_real;
