@@ -93,31 +93,37 @@
         };
       });
 
-      # The modules default to this flake's packages (built with its pinned nixpkgs), whatever
-      # nixpkgs the configuration uses; override `package` / `image` to change that.
+      # The modules default to this flake's packages (built with its pinned nixpkgs, or with yours
+      # under `inputs.mcp-code-bridge.inputs.nixpkgs.follows`), whatever nixpkgs the configuration
+      # uses; override `package` / `image` to change that. On a system the flake does not build for
+      # there are none, and the modules' assertions say so (not a missing attribute).
       nixosModules.default =
         { lib, pkgs, ... }:
         let
-          own = self.packages.${pkgs.stdenv.hostPlatform.system};
+          own = self.packages.${pkgs.stdenv.hostPlatform.system} or null;
         in
         {
           imports = [ ./nixos-module ];
+          # mkIf on the values: `own` depends on `pkgs`, a module argument, so it cannot decide
+          # which attributes this module defines.
           services.mcp-code-bridge = {
-            package = lib.mkDefault own.mcp-code-bridge;
-            image = lib.mkDefault own.sandbox-image;
+            package = lib.mkIf (own != null) (lib.mkDefault own.mcp-code-bridge);
+            image = lib.mkIf (own != null) (lib.mkDefault own.sandbox-image);
           };
         };
 
       homeModules.default =
         { lib, pkgs, ... }:
         let
-          own = self.packages.${pkgs.stdenv.hostPlatform.system};
+          own = self.packages.${pkgs.stdenv.hostPlatform.system} or null;
         in
         {
           imports = [ ./home-manager ];
+          # mkIf on the values: `own` depends on `pkgs`, a module argument, so it cannot decide
+          # which attributes this module defines.
           programs.mcp-code-bridge = {
-            package = lib.mkDefault own.mcp-code-bridge;
-            image = lib.mkDefault own.sandbox-image;
+            package = lib.mkIf (own != null) (lib.mkDefault own.mcp-code-bridge);
+            image = lib.mkIf (own != null) (lib.mkDefault own.sandbox-image);
           };
         };
 
@@ -145,6 +151,10 @@
             inherit lib pkgs home-manager;
             nixosModule = self.nixosModules.default;
             homeModule = self.homeModules.default;
+            overlay = self.overlays.default;
+            runtimeTests = self.checks.${system}.runtime-tests;
+            # Which VM tests there are, for the test that docs/nix.md describes each.
+            vmTests = lib.filter (lib.hasPrefix "nixos-") (lib.attrNames self.checks.${system});
           };
         }
       );
