@@ -143,6 +143,7 @@
           with-image = self.packages.${system}.default;
           runtime-tests = callPackage ./nix/runtime-tests.nix { };
           nixos-sandbox = import ./tests/nixos/sandbox.nix testArgs;
+          nixos-sandbox-gvisor = import ./tests/nixos/sandbox.nix (testArgs // { gvisor = true; });
           nixos-mcp-client = import ./tests/nixos/mcp-client.nix testArgs;
           nixos-http = import ./tests/nixos/http.nix testArgs;
           home-manager = (exampleHome system).activationPackage;
