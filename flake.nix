@@ -56,18 +56,19 @@
         };
     in
     {
-      # `lib.callPackageWith final` is what nixpkgs' own `callPackage` is built on (for a native
-      # build it passes the same packages; callPackage only adds cross-compilation splicing), and
-      # it also works against the offline evaluation stub of nixpkgs (docs/nix.md), which has no
-      # `callPackage`.
+      # `final.callPackage`, so that cross-compilation splices build-time inputs (nativeBuildInputs
+      # from the build platform). `or`: the offline evaluation stub of nixpkgs (docs/nix.md) has no
+      # callPackage (every nixpkgs has, so there the fallback is never taken); the image leaves out
+      # the Python packages the stub lacks only there (nix/eval-stub.nix).
       overlays.default =
         final: _prev:
         let
-          callPackage = lib.callPackageWith final;
+          stub = import ./nix/eval-stub.nix final;
+          callPackage = final.callPackage or (lib.callPackageWith final);
         in
         {
           mcp-code-bridge = callPackage ./nix/package.nix { };
-          mcp-code-bridge-sandbox-image = callPackage ./image { };
+          mcp-code-bridge-sandbox-image = callPackage ./image { evaluationStub = stub.isStub; };
           mcp-code-bridge-with-image = callPackage ./nix/with-image.nix { };
         };
 
@@ -92,31 +93,37 @@
         };
       });
 
-      # The modules default to this flake's packages (built with its pinned nixpkgs), whatever
-      # nixpkgs the configuration uses; override `package` / `image` to change that.
+      # The modules default to this flake's packages (built with its pinned nixpkgs, or with yours
+      # under `inputs.mcp-code-bridge.inputs.nixpkgs.follows`), whatever nixpkgs the configuration
+      # uses; override `package` / `image` to change that. On a system the flake does not build for
+      # there are none, and the modules' assertions say so (not a missing attribute).
       nixosModules.default =
         { lib, pkgs, ... }:
         let
-          own = self.packages.${pkgs.stdenv.hostPlatform.system};
+          own = self.packages.${pkgs.stdenv.hostPlatform.system} or null;
         in
         {
           imports = [ ./nixos-module ];
+          # mkIf on the values: `own` depends on `pkgs`, a module argument, so it cannot decide
+          # which attributes this module defines.
           services.mcp-code-bridge = {
-            package = lib.mkDefault own.mcp-code-bridge;
-            image = lib.mkDefault own.sandbox-image;
+            package = lib.mkIf (own != null) (lib.mkDefault own.mcp-code-bridge);
+            image = lib.mkIf (own != null) (lib.mkDefault own.sandbox-image);
           };
         };
 
       homeModules.default =
         { lib, pkgs, ... }:
         let
-          own = self.packages.${pkgs.stdenv.hostPlatform.system};
+          own = self.packages.${pkgs.stdenv.hostPlatform.system} or null;
         in
         {
           imports = [ ./home-manager ];
+          # mkIf on the values: `own` depends on `pkgs`, a module argument, so it cannot decide
+          # which attributes this module defines.
           programs.mcp-code-bridge = {
-            package = lib.mkDefault own.mcp-code-bridge;
-            image = lib.mkDefault own.sandbox-image;
+            package = lib.mkIf (own != null) (lib.mkDefault own.mcp-code-bridge);
+            image = lib.mkIf (own != null) (lib.mkDefault own.sandbox-image);
           };
         };
 
@@ -124,6 +131,7 @@
         system:
         let
           pkgs = pkgsFor.${system};
+          callPackage = pkgs.callPackage or (lib.callPackageWith pkgs);
           testArgs = {
             inherit pkgs;
             module = self.nixosModules.default;
@@ -133,8 +141,9 @@
           # Builds the binary and runs its unit tests.
           package = self.packages.${system}.mcp-code-bridge;
           with-image = self.packages.${system}.default;
-          runtime-tests = lib.callPackageWith pkgs ./nix/runtime-tests.nix { };
+          runtime-tests = callPackage ./nix/runtime-tests.nix { };
           nixos-sandbox = import ./tests/nixos/sandbox.nix testArgs;
+          nixos-sandbox-gvisor = import ./tests/nixos/sandbox.nix (testArgs // { gvisor = true; });
           nixos-mcp-client = import ./tests/nixos/mcp-client.nix testArgs;
           nixos-http = import ./tests/nixos/http.nix testArgs;
           home-manager = (exampleHome system).activationPackage;
@@ -143,6 +152,10 @@
             inherit lib pkgs home-manager;
             nixosModule = self.nixosModules.default;
             homeModule = self.homeModules.default;
+            overlay = self.overlays.default;
+            runtimeTests = self.checks.${system}.runtime-tests;
+            # Which VM tests there are, for the test that docs/nix.md describes each.
+            vmTests = lib.filter (lib.hasPrefix "nixos-") (lib.attrNames self.checks.${system});
           };
         }
       );
@@ -159,12 +172,14 @@
         let
           pkgs = pkgsFor.${system};
         in
-        # `or`: the offline evaluation stub of nixpkgs has no nixfmt-tree (nixpkgs has, so this
-        # fallback, a script that says so, is never used there).
-        pkgs.nixfmt-tree or (pkgs.writeShellScriptBin "nixfmt-tree" ''
-          echo "nixfmt-tree is not in this nixpkgs" >&2
-          exit 1
-        '')
+        # The stand-in is for the offline evaluation stub of nixpkgs only (nix/eval-stub.nix):
+        # with nixpkgs a missing nixfmt-tree is an error.
+        (import ./nix/eval-stub.nix pkgs).lookup pkgs "nixfmt-tree" (
+          pkgs.writeShellScriptBin "nixfmt-tree" ''
+            echo "nixfmt-tree is not in this nixpkgs" >&2
+            exit 1
+          ''
+        )
       );
     };
 }

@@ -142,17 +142,34 @@ in
           inherit configFile;
         };
 
-        assertions = common.serverAssertions opt cfg.servers ++ [
-          {
-            assertion = cfg.registerWithMcp -> hasMcp;
-            message = ''
-              ${opt}.registerWithMcp needs home-manager's programs.mcp module, which this
-              home-manager does not have. Update home-manager, or set registerWithMcp = false and
-              register the bridge with each MCP client yourself (command
-              "${lib.getExe cfg.package}", args [ "run" ]).
-            '';
-          }
-        ];
+        assertions =
+          common.serverAssertions opt cfg.servers
+          ++ common.gvisorAssertions opt cfg (
+            lib.elem (common.engineOf (cfg.settings.runtime or null)) [
+              "auto"
+              "podman"
+            ]
+          )
+          ++ [
+            {
+              assertion = pkgs.stdenv.hostPlatform.isLinux;
+              message = ''
+                ${opt} runs its sandbox in rootless podman containers on Linux, and the
+                mcp-code-bridge flake builds for x86_64-linux and aarch64-linux only; this home
+                configuration is for ${pkgs.stdenv.hostPlatform.system}. Enable ${opt} only in the
+                configurations of Linux machines (e.g. lib.mkIf pkgs.stdenv.hostPlatform.isLinux).
+              '';
+            }
+            {
+              assertion = cfg.registerWithMcp -> hasMcp;
+              message = ''
+                ${opt}.registerWithMcp needs home-manager's programs.mcp module, which this
+                home-manager does not have. Update home-manager, or set registerWithMcp = false and
+                register the bridge with each MCP client yourself (command
+                "${lib.getExe cfg.package}", args [ "run" ]).
+              '';
+            }
+          ];
         warnings =
           common.serverWarnings opt cfg.servers
           ++ lib.optional (
@@ -166,6 +183,15 @@ in
         home.packages = [ cfg.package ];
         xdg.configFile."mcp-code-bridge/config.toml".source = configFile;
       }
+
+      # gVisor's runsc as an OCI runtime of your rootless podman: a drop-in of containers.conf,
+      # which podman reads from $XDG_CONFIG_HOME/containers/containers.conf.d/*.conf after
+      # /etc/containers/containers.conf and ~/.config/containers/containers.conf (so it leaves
+      # those, and home-manager's services.podman, as they are).
+      (mkIf cfg.gvisor.enable {
+        xdg.configFile."containers/containers.conf.d/50-mcp-code-bridge-gvisor.conf".source =
+          common.tomlFormat.generate "50-mcp-code-bridge-gvisor.conf" (common.gvisorContainersConf cfg);
+      })
 
       # optionalAttrs, not mkIf: a definition under an option that does not exist is an error
       # even when its mkIf condition is false.

@@ -5,9 +5,9 @@
 # (or `podman load -i`) accepts; its `imageName` and `imageTag` attributes give the reference it
 # loads as, the tag derived from the image's content.
 #
-#   lib.callPackageWith pkgs ./image { }
-#   (lib.callPackageWith pkgs ./image { }).override { extraPythonPackages = ps: [ ps.scipy ]; }
-#   (lib.callPackageWith pkgs ./image { }).override { profile = "data"; }
+#   pkgs.callPackage ./image { }
+#   (pkgs.callPackage ./image { }).override { extraPythonPackages = ps: [ ps.scipy ]; }
+#   (pkgs.callPackage ./image { }).override { profile = "data"; }
 {
   lib,
   dockerTools,
@@ -25,6 +25,10 @@
   tag ? null,
   # A fixed date keeps the archive reproducible.
   created ? "1970-01-01T00:00:01Z",
+  # true only under the offline evaluation stub of nixpkgs (docs/nix.md; the flake's overlay says
+  # which): a Python package the stub lacks is then left out. With nixpkgs a missing one (renamed,
+  # removed) is an error naming it, never an image silently without it.
+  evaluationStub ? false,
 }:
 
 assert lib.assertOneOf "profile" profile [
@@ -33,31 +37,34 @@ assert lib.assertOneOf "profile" profile [
 ];
 
 let
-  # What the data profile adds. Looked up by name (and left out when absent) for the offline
-  # evaluation stub of nixpkgs, as matplotlib below; nixpkgs has all three.
-  profilePackages =
-    ps:
-    lib.optionals (profile == "data") (
-      lib.concatMap (n: lib.optional (ps ? ${n}) ps.${n}) [
-        "scipy"
-        "scikit-learn"
-        "pyarrow"
-      ]
-    );
-
-  # matplotlib: the tool description promises that display() of a figure returns an image.
-  # `optional`: the offline evaluation stub of nixpkgs (docs/nix.md) has no matplotlib; nixpkgs
-  # has, so it is never left out there.
-  python = python314.withPackages (
-    ps:
-    [
-      ps.pandas
-      ps.numpy
-    ]
-    ++ lib.optional (ps ? matplotlib) ps.matplotlib
-    ++ profilePackages ps
-    ++ extraPythonPackages ps
-  );
+  # The image's Python packages by name: the profile's (image/build-debian.sh has the same two
+  # profiles), then extraPythonPackages. matplotlib: the tool description promises that display()
+  # of a figure returns an image.
+  profileNames = [
+    "pandas"
+    "numpy"
+    "matplotlib"
+  ]
+  ++ lib.optionals (profile == "data") [
+    "scipy"
+    "scikit-learn"
+    "pyarrow"
+  ];
+  byName =
+    ps: names:
+    lib.concatMap (
+      n:
+      if ps ? ${n} then
+        [ ps.${n} ]
+      else if evaluationStub then
+        [ ]
+      else
+        throw "mcp-code-bridge sandbox image: ${python314.name}'s package set has no `${n}` (renamed or removed in this nixpkgs?); the ${profile} profile needs it."
+    ) names;
+  # What the image's Python is made of, as a function of the package set: the runtime tests
+  # (nix/runtime-tests.nix) build their Python from it too, plus pytest.
+  pythonSelection = ps: byName ps profileNames ++ extraPythonPackages ps;
+  python = python314.withPackages pythonSelection;
 
   # /etc/passwd, /etc/group and nsswitch for uid/gid 65534 (nobody/nogroup), so that
   # getpass.getuser(), pwd.getpwuid() and friends work for the sandbox user.
@@ -108,7 +115,9 @@ let
         "LANG=C.UTF-8"
         "PYTHONDONTWRITEBYTECODE=1"
         "PYTHONUNBUFFERED=1"
-        "MPLCONFIGDIR=/tmp/matplotlib"
+        # The value the bridge gives every sandbox container (src/sandbox/container.rs), and
+        # image/build-debian.sh's image: one directory, whichever sets it.
+        "MPLCONFIGDIR=/tmp/.matplotlib"
         "MPLBACKEND=Agg"
       ];
       Labels = {
@@ -140,5 +149,10 @@ lib.extendDerivation true
   {
     imageName = lib.toLower name;
     inherit imageTag;
+    # For the runtime tests and the module tests: the interpreter, what its environment is made
+    # of, and the image's config (Env, User, ...).
+    pythonInterpreter = python314;
+    inherit pythonSelection;
+    imageConfig = imageArgs.config;
   }
   image

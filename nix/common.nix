@@ -11,6 +11,9 @@ let
     ;
 
   tomlFormat = pkgs.formats.toml { };
+  # The offline evaluation stub of nixpkgs has no gvisor; nix/eval-stub.nix gives it a stand-in
+  # there and only there.
+  stub = import ./eval-stub.nix pkgs;
 
   # What the bridge parses (src/config/values.rs): durations are seconds as a number, or "30s", "1.5s",
   # "500ms", "2m", "1h"; sizes are bytes as a number, or "512m", "1g", "64k" (binary units).
@@ -106,6 +109,49 @@ let
   isReference = v: lib.hasInfix "{file:" v || lib.hasInfix "\${" v || lib.hasInfix "{env:" v;
   isStorePath = p: lib.hasPrefix builtins.storeDir (toString p);
 
+  # A file the bridge or systemd reads where it lies (tokens, TLS keys): its absolute path on the
+  # machine, as a string. A Nix path value (`./tokens`) is accepted by the type only so that an
+  # assertion can say why it is refused (fileAssertions): Nix copies a path into the
+  # world-readable store as soon as it is turned into a string, and a string like
+  # "/run/secrets/x" is never copied. Nothing here turns the value into a string before the
+  # assertions have passed (fileRef).
+  secretFile = types.mkOptionType {
+    name = "secretFile";
+    description = "absolute path outside the Nix store, as a string";
+    descriptionClass = "noun";
+    check = x: builtins.isString x || builtins.isPath x;
+    merge = lib.options.mergeEqualOption;
+  };
+  # The value to use: the string when it is a usable one, else null (the assertions refuse it).
+  fileRef =
+    v: if builtins.isString v && lib.hasPrefix "/" v && !isStorePath v then v else null;
+  fileAssertions =
+    optName: v:
+    lib.optionals (v != null) [
+      {
+        assertion = !builtins.isPath v;
+        message = ''
+          ${optName} is a Nix path (${toString v}), and Nix copies a path into the
+          world-readable Nix store as soon as it is used. Give the file's location on the machine as
+          a string instead, e.g. ${optName} = "/run/secrets/${baseNameOf (toString v)}"; (sops-nix,
+          agenix, or a file you `chmod 600`).
+        '';
+      }
+      {
+        assertion = !builtins.isString v || lib.hasPrefix "/" v;
+        message = ''
+          ${optName} = "${toString v}" must be an absolute path, e.g. "/run/secrets/${baseNameOf (toString v)}".
+        '';
+      }
+      {
+        assertion = !builtins.isString v || !isStorePath v;
+        message = ''
+          ${optName} points into the Nix store, which every user can read. Give the path of a
+          file outside it as a string, e.g. "/run/secrets/mcp-code-bridge-tokens".
+        '';
+      }
+    ];
+
   nonEmpty = lib.filterAttrs (_: v: v != null && v != [ ] && v != { });
 
   # `mkDefault` on each value, and on each key of a section (`policy`, `audit`, `oauth`), so a
@@ -193,6 +239,8 @@ rec {
     isLoopback
     durationSeconds
     engineOf
+    fileRef
+    fileAssertions
     ;
 
   # The options both modules declare, given the prefix used in descriptions.
@@ -240,11 +288,12 @@ rec {
     stateDir = mkOption {
       type = types.nullOr types.str;
       default = null;
-      example = "/var/lib/mcp-code-bridge";
+      example = literalExpression ''"''${config.home.homeDirectory}/work/mcp-code-bridge-state"'';
       description = ''
-        Where the bridge keeps its own podman socket and state (`state_dir`). `null` keeps the
-        bridge's default, `$XDG_STATE_HOME/mcp-code-bridge` of the user running it. It is never
-        shared with the sandbox.
+        Where the bridge keeps its own podman socket and state (`state_dir`): the audit log,
+        saved skills, the tool catalog. `null` keeps the bridge's default,
+        `$XDG_STATE_HOME/mcp-code-bridge` of the user running it. It is never shared with the
+        sandbox.
       '';
     };
 
@@ -383,8 +432,8 @@ rec {
       path = mkOption {
         type = types.nullOr types.str;
         default = null;
-        example = "/var/log/mcp-code-bridge/audit.jsonl";
-        description = ''An absolute path, or "off" (`audit.path`). `null`: `<state_dir>/audit.jsonl`.'';
+        example = literalExpression ''"''${config.home.homeDirectory}/audit/mcp-code-bridge.jsonl"'';
+        description = ''An absolute path, or "off" (`audit.path`), that the user running the bridge can write. `null`: `<state_dir>/audit.jsonl`.'';
       };
       code = mkOption {
         type = types.nullOr (
@@ -421,6 +470,42 @@ rec {
       default = null;
       example = "toon";
       description = "Format of run_python's text output (`output_mode`). `null`: the bridge's default.";
+    };
+
+    # gVisor (https://gvisor.dev): the sandbox's code runs on gVisor's own kernel (runsc) instead
+    # of the host's, behind the same container limits.
+    gvisor = {
+      enable = lib.mkEnableOption ''
+        gVisor for the sandbox: registers runsc (from {option}`gvisor.package`, with
+        {option}`gvisor.platform`) with podman as the OCI runtime `mcp-code-bridge-runsc` and
+        writes `isolation = "gvisor"` and `gvisor_runtime = "mcp-code-bridge-runsc"` into
+        config.toml, so every sandbox container runs under it (the bridge refuses to run code if
+        podman does not know that runtime). The runtime gives its containers no network at all
+        (`runsc --network=none`, besides the bridge's own `--network none`), so it is the
+        bridge's alone. Under rootless podman runsc cannot create cgroups through the system's
+        systemd and is run with `--ignore-cgroups`: the bridge's memory, pids and cpus limits are
+        then not applied by the host to that container. NixOS: registered in
+        /etc/containers/containers.conf, for root's podman (the HTTP service) and every user's.
+        home-manager: in ~/.config/containers/containers.conf.d/, for your rootless podman'';
+      platform = mkOption {
+        type = types.enum [
+          "systrap"
+          "kvm"
+          "ptrace"
+        ];
+        default = "systrap";
+        description = ''
+          How gVisor intercepts the sandbox's system calls (`runsc --platform`): `systrap` works
+          everywhere, including inside VMs; `kvm` is faster on bare metal and needs /dev/kvm
+          (for rootless users: membership of the `kvm` group); `ptrace` is the slowest.
+        '';
+      };
+      package = mkOption {
+        type = types.package;
+        default = stub.lookup pkgs "gvisor" (pkgs.writeShellScriptBin "runsc" "exit 1");
+        defaultText = literalExpression "pkgs.gvisor";
+        description = "The gVisor package whose `bin/runsc` is registered.";
+      };
     };
 
     checkConfig = mkOption {
@@ -469,6 +554,51 @@ rec {
       )
     else
       cfg.image;
+
+  # The OCI runtime name gvisor.enable registers and writes as `gvisor_runtime` (a name of the
+  # modules' own, so that an admin's own `runsc` registration, and podman's built-in one, stay as
+  # they are). A `settings.gvisor_runtime` given by hand wins, and the runtime is then registered
+  # under that name (gvisorRuntimeOf).
+  gvisorRuntimeName = "mcp-code-bridge-runsc";
+  gvisorRuntimeOf = settings: settings.gvisor_runtime or gvisorRuntimeName;
+
+  # What podman runs as that runtime: runsc with the platform, and no network inside gVisor
+  # either (the bridge's containers have none; this keeps it so whatever podman is asked). Under
+  # rootless podman (a user namespace that does not map every uid: /proc/self/uid_map is not
+  # "0 0 4294967295") runsc cannot set up cgroups through the system's systemd ("Interactive
+  # authentication required", google/gvisor#11543) and leaves them alone (--ignore-cgroups).
+  # runsc's flags are global ones: they come before podman's arguments and its subcommand.
+  gvisorRuntime =
+    cfg:
+    pkgs.writeShellScript "mcp-code-bridge-runsc" ''
+      flags=(--platform=${cfg.gvisor.platform} --network=none)
+      read -r _ outside count < /proc/self/uid_map || true
+      if [ "$outside $count" != "0 4294967295" ]; then
+        flags+=(--ignore-cgroups)
+      fi
+      exec ${lib.getExe' cfg.gvisor.package "runsc"} "''${flags[@]}" "$@"
+    '';
+
+  # containers.conf: the runtime registered under its name (NixOS:
+  # virtualisation.containers.containersConf.settings; home-manager: a containers.conf.d drop-in).
+  gvisorContainersConf = cfg: {
+    engine.runtimes.${gvisorRuntimeOf cfg.settings} = [ "${gvisorRuntime cfg}" ];
+  };
+
+  # gvisor.enable asks for podman; another engine is refused with what to do instead.
+  gvisorAssertions = opt: cfg: engineOk: [
+    {
+      assertion = !cfg.gvisor.enable || engineOk;
+      message = ''
+        ${opt}.gvisor.enable registers gVisor with podman, but the bridge uses another engine
+        (settings.runtime = "${toString (cfg.settings.runtime or "auto")}"). Use podman (remove
+        ${opt}.settings.runtime), or register runsc with your engine yourself (docker:
+        virtualisation.docker.daemon.settings.runtimes.runsc.path), set
+        ${opt}.gvisor.enable = false and ${opt}.settings.isolation = "gvisor" with
+        ${opt}.settings.gvisor_runtime = "runsc".
+      '';
+    }
+  ];
 
   # One server declaration -> a [servers.<name>] table.
   serverToToml =
@@ -520,6 +650,10 @@ rec {
         max_size = cfg.audit.maxSize;
       };
     }
+    // lib.optionalAttrs cfg.gvisor.enable {
+      isolation = "gvisor";
+      gvisor_runtime = gvisorRuntimeName;
+    }
     // lib.optionalAttrs (image != null) {
       image = "${image.imageName}:${image.imageTag}";
       image_archive = "${image}";
@@ -549,18 +683,40 @@ rec {
     };
 
     tokenFile = mkOption {
-      # `or`: types.externalPath (an absolute path string outside the Nix store) is recent
-      # nixpkgs lib; with an older one, an absolute path string, and an assertion for the store.
-      type = types.nullOr (types.externalPath or (types.strMatching "/.*"));
+      type = types.nullOr secretFile;
       default = null;
       example = "/run/secrets/mcp-code-bridge-tokens";
       description = ''
         File of bearer tokens `serve` accepts, one `name:token` per line; the name is the caller's
-        identity (in the audit log, and for the per-identity limits). Keep it out of the Nix store
-        (sops-nix, agenix, or a `chmod 600` file). NixOS: it may belong to root alone; systemd
-        hands the service a copy (`LoadCredential`), read at each start. home-manager: you must
-        be able to read it; it is written as `token_file`. Restart the service after changing it.
+        identity (in the audit log, and for the per-identity limits). Give its path as a string
+        (a Nix path such as `./tokens` is refused: Nix would copy it into the world-readable
+        store), outside the Nix store (sops-nix, agenix, or a `chmod 600` file). NixOS: it may
+        belong to root alone; systemd hands the service a copy (`LoadCredential`), read at each
+        start. home-manager: you must be able to read it; it is written as `token_file`. Restart
+        the service after changing it.
       '';
+    };
+
+    tlsCertFile = mkOption {
+      type = types.nullOr secretFile;
+      default = null;
+      example = "/var/lib/acme/bridge.example.com/fullchain.pem";
+      description = ''
+        PEM certificate chain `serve` presents (`http.tls_cert`); with {option}`tlsKeyFile`,
+        `serve` speaks HTTPS. A path as a string, like {option}`tokenFile`. NixOS: the files may
+        belong to root or to the `acme` group alone (security.acme's certificates): systemd hands
+        the service a copy of each (`LoadCredential`) at start, so after a renewal restart it, e.g.
+        `security.acme.certs."bridge.example.com".reloadServices = [ "mcp-code-bridge-http.service" ];`.
+        home-manager: you must be able to read them; they are written as `http.tls_cert` and
+        `http.tls_key`.
+      '';
+    };
+
+    tlsKeyFile = mkOption {
+      type = types.nullOr secretFile;
+      default = null;
+      example = "/var/lib/acme/bridge.example.com/key.pem";
+      description = "PEM private key of {option}`tlsCertFile` (`http.tls_key`); handed over the same way.";
     };
 
     oauth = {
@@ -649,13 +805,17 @@ rec {
         '';
       }
       {
-        assertion = http.tokenFile == null || !isStorePath http.tokenFile;
+        assertion = (http.tlsCertFile == null) == (http.tlsKeyFile == null);
         message = ''
-          ${opt}.http.tokenFile points into the Nix store, which every user can read. Give the
-          path of a file outside it as a string, e.g. "/run/secrets/mcp-code-bridge-tokens".
+          ${opt}.http.tlsCertFile and ${opt}.http.tlsKeyFile go together: set both for HTTPS
+          (e.g. security.acme's "/var/lib/acme/<domain>/fullchain.pem" and ".../key.pem"), or
+          neither.
         '';
       }
-    ];
+    ]
+    ++ fileAssertions "${opt}.http.tokenFile" http.tokenFile
+    ++ fileAssertions "${opt}.http.tlsCertFile" http.tlsCertFile
+    ++ fileAssertions "${opt}.http.tlsKeyFile" http.tlsKeyFile;
 
   # Assertions about the server declarations; `opt` is the option path for messages.
   serverAssertions =

@@ -4,11 +4,13 @@
 { pkgs }:
 
 let
-  # `or`: the offline evaluation stub of nixpkgs (docs/nix.md) has no mkShell; nixpkgs has, so
-  # there this is plain mkShell. The stand-in only gives the stub a derivation to evaluate: the
-  # stub's mkDerivation reads nothing but `name` (here mkShell's default), so the package list
-  # below is evaluated only against real nixpkgs.
-  mkShell = pkgs.mkShell or (args: pkgs.stdenv.mkDerivation (args // { name = "nix-shell"; }));
+  # The offline evaluation stub of nixpkgs (docs/nix.md) has no mkShell, and only there is the
+  # stand-in used (nix/eval-stub.nix); with nixpkgs this is plain mkShell. The stand-in only gives
+  # the stub a derivation to evaluate: the stub's mkDerivation reads nothing but `name` (here
+  # mkShell's default), so the package list below is evaluated only against real nixpkgs.
+  mkShell = (import ./eval-stub.nix pkgs).lookup pkgs "mkShell" (
+    args: pkgs.stdenv.mkDerivation (args // { name = "nix-shell"; })
+  );
 in
 mkShell {
   packages = [

@@ -24,10 +24,13 @@
     };
     servers = {
       time = {
-        # `if`: the offline evaluation stub of nixpkgs (docs/nix.md) has no mcp-server-time;
-        # nixpkgs has, so there this is always its store path.
+        # The bare name only under the offline evaluation stub of nixpkgs, which lacks the
+        # package (nix/eval-stub.nix); with nixpkgs always its store path.
         command =
-          if pkgs ? mcp-server-time then lib.getExe pkgs.mcp-server-time else "mcp-server-time";
+          let
+            time = (import ./eval-stub.nix pkgs).lookup pkgs "mcp-server-time" null;
+          in
+          if time == null then "mcp-server-time" else lib.getExe time;
         args = [
           "--local-timezone"
           "UTC"

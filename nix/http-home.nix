@@ -24,6 +24,20 @@ let
   engine = common.engineOf (cfg.settings.runtime or null);
   on = cfg.enable && http.enable;
   podmanSocket = lib.optional (engine == "auto" || engine == "podman") "podman.socket";
+  tokenFile = common.fileRef http.tokenFile;
+  tlsCert = common.fileRef http.tlsCertFile;
+  tlsKey = common.fileRef http.tlsKeyFile;
+
+  # The user manager's PATH is not the login shell's: with standalone home-manager on another
+  # distribution it lacks the profile's bin (~/.nix-profile/bin, or ~/.local/state/nix/profile/bin),
+  # so an upstream server given as a bare command (`command = "uvx";`) would not start, while the
+  # bridge a client starts, which inherits the shell's PATH, finds it. The profile's bin goes
+  # first, as in the shell; the rest of the manager's PATH stays (on NixOS, /run/wrappers/bin
+  # with the setuid newuidmap that rootless podman needs).
+  serve = pkgs.writeShellScript "mcp-code-bridge-http" ''
+    export PATH=${lib.escapeShellArg "${config.home.profileDirectory}/bin"}''${PATH:+:$PATH}
+    exec ${lib.getExe cfg.package} serve
+  '';
 in
 {
   options.programs.mcp-code-bridge.http = common.httpOptions;
@@ -32,11 +46,18 @@ in
   config = {
     assertions = lib.mkIf http.enable (common.httpAssertions opt cfg);
 
-    # The file stays where it is and the user's bridge reads it, so its path goes into
-    # config.toml (where `mcp-code-bridge serve` run by hand finds it too).
+    # The files stay where they are and the user's bridge reads them, so their paths go into
+    # config.toml (where `mcp-code-bridge serve` run by hand finds them too). Only strings
+    # outside the store get here (common.fileRef); the assertions refuse the rest.
     programs.mcp-code-bridge.settings = lib.mkIf on (
       common.httpDefaults http
-      // lib.optionalAttrs (http.tokenFile != null) { token_file = lib.mkDefault http.tokenFile; }
+      // lib.optionalAttrs (tokenFile != null) { token_file = lib.mkDefault tokenFile; }
+      // lib.optionalAttrs (tlsCert != null && tlsKey != null) {
+        http = {
+          tls_cert = lib.mkDefault tlsCert;
+          tls_key = lib.mkDefault tlsKey;
+        };
+      }
     );
 
     systemd.user.services.mcp-code-bridge-http = lib.mkIf on {
@@ -48,7 +69,7 @@ in
         X-Restart-Triggers = [ "${cfg.configFile}" ];
       };
       Service = {
-        ExecStart = "${lib.getExe cfg.package} serve";
+        ExecStart = serve;
         Restart = "on-failure";
         RestartSec = 5;
         # SIGTERM to the bridge alone: it lets calls in flight finish, removes its containers

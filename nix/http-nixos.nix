@@ -22,7 +22,9 @@ let
   opt = "services.mcp-code-bridge";
 
   user = "mcp-code-bridge";
-  stateDir = "/var/lib/mcp-code-bridge-http";
+  # services.mcp-code-bridge.stateDir and audit.path are this service's (nixos-module/ keeps them
+  # out of the users' config.toml); stateDir is under /var/lib (its type says so).
+  stateDir = if cfg.stateDir != null then cfg.stateDir else "/var/lib/mcp-code-bridge-http";
 
   listen = common.parseListen (cfg.settings.listen or "");
   engine = common.engineOf (cfg.settings.runtime or null);
@@ -37,13 +39,40 @@ let
   # A port below 1024 needs CAP_NET_BIND_SERVICE, the one capability the service may then keep.
   bindCaps = lib.optional (listen != null && listen.port < 1024) "CAP_NET_BIND_SERVICE";
 
-  # A credential name: the file is $CREDENTIALS_DIRECTORY/tokens (`%d/tokens` in the unit).
-  tokenCredential = "tokens";
+  # Files systemd hands the service (LoadCredential, read as root at each start, so they may
+  # belong to root or to the `acme` group alone), as $CREDENTIALS_DIRECTORY/<name> (`%d/<name>`
+  # in the unit), and the variable that points the bridge at each. Only strings outside the
+  # store get here (common.fileRef); the assertions refuse the rest.
+  credentials = lib.filter (c: c.file != null) [
+    {
+      name = "tokens";
+      file = common.fileRef http.tokenFile;
+      env = "MCP_BRIDGE_TOKEN_FILE";
+    }
+    {
+      name = "tls-cert";
+      file = common.fileRef http.tlsCertFile;
+      env = "MCP_BRIDGE_HTTP_TLS_CERT";
+    }
+    {
+      name = "tls-key";
+      file = common.fileRef http.tlsKeyFile;
+      env = "MCP_BRIDGE_HTTP_TLS_KEY";
+    }
+  ];
 
-  # An audit log outside the state directory (an absolute `audit.path`) must be writable.
-  auditPath = cfg.settings.audit.path or null;
+  # The audit log: the typed option (this service's alone), else one set by hand in settings.
+  # Under /var/log/<dir>/ systemd creates <dir> for the service's user (LogsDirectory);
+  # elsewhere, outside the state directory, the directory must exist and is made writable.
+  auditPath = if cfg.audit.path != null then cfg.audit.path else cfg.settings.audit.path or null;
+  auditAbsolute = auditPath != null && lib.hasPrefix "/" auditPath;
+  auditLogsDir =
+    if auditAbsolute && lib.hasPrefix "/var/log/" (dirOf auditPath) then
+      lib.removePrefix "/var/log/" (dirOf auditPath)
+    else
+      null;
   auditDir = lib.optional (
-    auditPath != null && lib.hasPrefix "/" auditPath && !lib.hasPrefix "${stateDir}/" auditPath
+    auditAbsolute && auditLogsDir == null && !lib.hasPrefix "${stateDir}/" auditPath
   ) (dirOf auditPath);
 
   on = cfg.enable && http.enable;
@@ -130,18 +159,19 @@ in
         # Tried first when the bridge looks for podman (runtime unset, "auto" or "podman"); a
         # runtime URL in settings still wins.
         // lib.optionalAttrs usePodman { CONTAINER_HOST = "unix:///run/podman/podman.sock"; }
+        // lib.optionalAttrs (cfg.audit.path != null) { MCP_BRIDGE_AUDIT_PATH = cfg.audit.path; }
         # Above config.toml; `%d` is the unit's credentials directory.
-        // lib.optionalAttrs (http.tokenFile != null) {
-          MCP_BRIDGE_TOKEN_FILE = "%d/${tokenCredential}";
-        };
+        // lib.listToAttrs (map (c: lib.nameValuePair c.env "%d/${c.name}") credentials);
         serviceConfig = {
           ExecStart = "${lib.getExe cfg.package} serve";
           User = user;
           Group = user;
           SupplementaryGroups = lib.optional usePodman "podman" ++ lib.optional useDocker "docker";
-          LoadCredential = lib.optional (http.tokenFile != null) "${tokenCredential}:${http.tokenFile}";
-          StateDirectory = "mcp-code-bridge-http";
+          LoadCredential = map (c: "${c.name}:${c.file}") credentials;
+          StateDirectory = lib.removePrefix "/var/lib/" stateDir;
           StateDirectoryMode = "0700";
+          LogsDirectory = lib.optional (auditLogsDir != null) auditLogsDir;
+          LogsDirectoryMode = "0750";
           ReadWritePaths = map (d: "-${d}") auditDir;
           Restart = "on-failure";
           RestartSec = 5;

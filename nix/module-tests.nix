@@ -11,6 +11,9 @@
   home-manager,
   nixosModule,
   homeModule,
+  overlay,
+  runtimeTests,
+  vmTests,
 }:
 
 let
@@ -82,7 +85,62 @@ let
       ];
     }).config;
 
+  # The same on another platform's pkgs (only the platform differs).
+  homeWithoutMcpOn =
+    system: cfg:
+    (lib.evalModules {
+      modules = [
+        shim
+        { _module.args.pkgs = lib.mkForce (pkgs // { stdenv = pkgs.stdenv // { hostPlatform = lib.systems.elaborate system; }; }); }
+        homeModule
+        cfg
+      ];
+    }).config;
+
   failed = c: map (a: a.message) (lib.filter (a: !a.assertion) c.assertions);
+  # The text of a script written with writeShellScript (`text` in nixpkgs' writeTextFile and in
+  # the offline stub's).
+  textOf = drv: drv.text or "";
+  # A Nix path value (what `tokenFile = ./tokens;` gives): this file, which is never copied
+  # anywhere by these tests (the assertions only call toString on it).
+  pathLiteral = ./module-tests.nix;
+
+  # image/default.nix on stand-ins of its inputs, so that what it selects and writes is seen
+  # without building anything and the same with nixpkgs and with the offline stub.
+  imageOn =
+    args:
+    import ../image/default.nix (
+      {
+        inherit lib;
+        dockerTools.buildLayeredImage = a: {
+          name = "image";
+          outPath = "/nix/store/00000000000000000000000000000000-image";
+        };
+        runCommand = name: _env: _cmd: {
+          inherit name;
+          outPath = "/nix/store/00000000000000000000000000000000-${name}";
+        };
+        python314 = {
+          name = "python3-3.14";
+          withPackages = f: {
+            name = "python3-3.14-env";
+            outPath = "/nix/store/00000000000000000000000000000000-python3-3.14-env";
+          };
+        };
+      }
+      // args
+    );
+  # A Python package set of names: `ps.<name>` is the name.
+  psOf = names: lib.genAttrs names (n: n);
+  allPython = psOf [
+    "pandas"
+    "numpy"
+    "matplotlib"
+    "scipy"
+    "scikit-learn"
+    "pyarrow"
+    "pytest"
+  ];
   # The needle when one of the messages holds it, else the messages themselves (so a failure
   # shows what was said instead).
   saying = needle: msgs: if lib.any (lib.hasInfix needle) msgs then needle else msgs;
@@ -138,7 +196,6 @@ let
               maxSessions = 4;
             };
             outputMode = "toon";
-            stateDir = "/var/lib/mcp-code-bridge";
           }
         )).services.mcp-code-bridge.settings;
       expected = {
@@ -149,7 +206,6 @@ let
         max_timeout = "5m";
         max_sessions = 4;
         output_mode = "toon";
-        state_dir = "/var/lib/mcp-code-bridge";
       };
     };
     testPolicyAndAuditAreSectionsMergedKeyByKey = {
@@ -738,7 +794,7 @@ let
       in
       {
         expr = {
-          serve = lib.hasSuffix "/bin/mcp-code-bridge serve" (toString u.Service.ExecStart);
+          serve = lib.hasSuffix "/bin/mcp-code-bridge serve\n" (textOf (lib.head (lib.toList u.Service.ExecStart)));
           inherit (u.Service) KillSignal KillMode TimeoutStopSec;
           wantedBy = u.Install.WantedBy;
           socket = u.Unit.After;
@@ -787,6 +843,467 @@ let
         )
       );
       expected = "needs home-manager's programs.mcp module";
+    };
+
+    # Secret files (issue 35, 2): a Nix path literal is refused with a message, and never
+    # interpolated (which would copy it into the store) on the way there.
+    testHttpTokenFilePathLiteralIsRefusedAndNeverUsed =
+      let
+        c = nixos (
+          noImage
+          // {
+            http = {
+              enable = true;
+              tokenFile = pathLiteral;
+            };
+          }
+        );
+        s = c.systemd.services.mcp-code-bridge-http;
+      in
+      {
+        expr = {
+          said = saying "services.mcp-code-bridge.http.tokenFile is a Nix path" (failed c);
+          inherit (s.serviceConfig) LoadCredential;
+          tokenVar = s.environment ? MCP_BRIDGE_TOKEN_FILE;
+        };
+        expected = {
+          said = "services.mcp-code-bridge.http.tokenFile is a Nix path";
+          LoadCredential = [ ];
+          tokenVar = false;
+        };
+      };
+    testHomeHttpTokenFilePathLiteralIsRefusedAndNeverWritten =
+      let
+        c = homeWithoutMcp {
+          programs.mcp-code-bridge = {
+            enable = true;
+            image = null;
+            http = {
+              enable = true;
+              tokenFile = pathLiteral;
+              tlsCertFile = pathLiteral;
+              tlsKeyFile = "relative/key.pem";
+            };
+          };
+        };
+      in
+      {
+        expr = {
+          token = saying "programs.mcp-code-bridge.http.tokenFile is a Nix path" (failed c);
+          cert = saying "programs.mcp-code-bridge.http.tlsCertFile is a Nix path" (failed c);
+          key = saying "tlsKeyFile = \"relative/key.pem\" must be an absolute path" (failed c);
+          settings = c.programs.mcp-code-bridge.settings;
+        };
+        expected = {
+          token = "programs.mcp-code-bridge.http.tokenFile is a Nix path";
+          cert = "programs.mcp-code-bridge.http.tlsCertFile is a Nix path";
+          key = "tlsKeyFile = \"relative/key.pem\" must be an absolute path";
+          settings = { };
+        };
+      };
+
+    # NixOS (issue 35, 3): /etc/mcp-code-bridge/config.toml is every user's, so stateDir and
+    # audit.path are the HTTP service's, in its environment, with directories systemd creates.
+    testNixosStateDirAndAuditPathAreTheServicesAlone =
+      let
+        c = nixos (
+          noImage
+          // {
+            stateDir = "/var/lib/mcp-code-bridge-team";
+            audit = {
+              path = "/var/log/mcp-code-bridge/audit.jsonl";
+              code = "full";
+            };
+            http.enable = true;
+          }
+        );
+        s = c.systemd.services.mcp-code-bridge-http;
+      in
+      {
+        expr = {
+          settings = c.services.mcp-code-bridge.settings;
+          inherit (s.environment) MCP_BRIDGE_STATE_DIR MCP_BRIDGE_AUDIT_PATH;
+          inherit (s.serviceConfig) StateDirectory LogsDirectory ReadWritePaths;
+          failed = failed c;
+        };
+        expected = {
+          settings.audit.code = "full";
+          MCP_BRIDGE_STATE_DIR = "/var/lib/mcp-code-bridge-team";
+          MCP_BRIDGE_AUDIT_PATH = "/var/log/mcp-code-bridge/audit.jsonl";
+          StateDirectory = "mcp-code-bridge-team";
+          LogsDirectory = [ "mcp-code-bridge" ];
+          ReadWritePaths = [ ];
+          failed = [ ];
+        };
+      };
+    testNixosStateDirAndAuditPathWithoutTheServiceSayWhatTheyAreFor = {
+      expr =
+        let
+          msgs = failed (
+            nixos {
+              stateDir = "/var/lib/mcp-code-bridge";
+              audit.path = "/var/log/mcp-code-bridge/audit.jsonl";
+            }
+          );
+        in
+        [
+          (saying "services.mcp-code-bridge.stateDir is the state directory of the mcp-code-bridge-http service" msgs)
+          (saying "services.mcp-code-bridge.audit.path is the audit log of the mcp-code-bridge-http service" msgs)
+        ];
+      expected = [
+        "services.mcp-code-bridge.stateDir is the state directory of the mcp-code-bridge-http service"
+        "services.mcp-code-bridge.audit.path is the audit log of the mcp-code-bridge-http service"
+      ];
+    };
+    # home-manager's config.toml is the user's own: there they are written.
+    testHomeStateDirAndAuditPathAreWritten = {
+      expr =
+        (homeWithoutMcp {
+          programs.mcp-code-bridge = {
+            enable = true;
+            image = null;
+            stateDir = "/home/alice/work/state";
+            audit.path = "/home/alice/audit/bridge.jsonl";
+          };
+        }).programs.mcp-code-bridge.settings;
+      expected = {
+        state_dir = "/home/alice/work/state";
+        audit.path = "/home/alice/audit/bridge.jsonl";
+      };
+    };
+
+    # home-manager (issue 35, 4): the user service's PATH starts with the profile's bin, so an
+    # upstream server given as a bare command starts as it does from the shell.
+    testHomeHttpServicePathHasTheProfile =
+      let
+        c = home {
+          programs.mcp-code-bridge = {
+            enable = true;
+            image = null;
+            http.enable = true;
+          };
+        };
+        script = textOf (lib.head (lib.toList c.systemd.user.services.mcp-code-bridge-http.Service.ExecStart));
+      in
+      {
+        expr = {
+          path = lib.hasInfix "export PATH=${c.home.profileDirectory}/bin\${PATH:+:$PATH}\n" script;
+          profile = c.home.profileDirectory;
+        };
+        expected = {
+          path = true;
+          profile = "/home/alice/.nix-profile";
+        };
+      };
+
+    # TLS (issue 35, 5): NixOS hands the service copies of the files (root- or acme-readable)
+    # as credentials; home-manager writes their paths.
+    testHttpTlsFilesAreCredentials =
+      let
+        c = nixos (
+          noImage
+          // {
+            http = {
+              enable = true;
+              listen = "0.0.0.0:443";
+              tokenFile = "/run/secrets/mcp-tokens";
+              tlsCertFile = "/var/lib/acme/bridge.example.com/fullchain.pem";
+              tlsKeyFile = "/var/lib/acme/bridge.example.com/key.pem";
+            };
+          }
+        );
+        s = c.systemd.services.mcp-code-bridge-http;
+      in
+      {
+        expr = {
+          inherit (s.serviceConfig) LoadCredential;
+          inherit (s.environment) MCP_BRIDGE_TOKEN_FILE MCP_BRIDGE_HTTP_TLS_CERT MCP_BRIDGE_HTTP_TLS_KEY;
+          # Paths, not contents, and not in config.toml.
+          settings = c.services.mcp-code-bridge.settings;
+          failed = failed c;
+        };
+        expected = {
+          LoadCredential = [
+            "tokens:/run/secrets/mcp-tokens"
+            "tls-cert:/var/lib/acme/bridge.example.com/fullchain.pem"
+            "tls-key:/var/lib/acme/bridge.example.com/key.pem"
+          ];
+          MCP_BRIDGE_TOKEN_FILE = "%d/tokens";
+          MCP_BRIDGE_HTTP_TLS_CERT = "%d/tls-cert";
+          MCP_BRIDGE_HTTP_TLS_KEY = "%d/tls-key";
+          settings.listen = "0.0.0.0:443";
+          failed = [ ];
+        };
+      };
+    testHttpTlsCertWithoutKeySaysSo = {
+      expr = saying "tlsCertFile and services.mcp-code-bridge.http.tlsKeyFile go together" (
+        failed (
+          nixos {
+            http = {
+              enable = true;
+              tlsCertFile = "/var/lib/acme/x/fullchain.pem";
+            };
+          }
+        )
+      );
+      expected = "tlsCertFile and services.mcp-code-bridge.http.tlsKeyFile go together";
+    };
+    testHomeHttpTlsFilesAreWritten = {
+      expr =
+        (homeWithoutMcp {
+          programs.mcp-code-bridge = {
+            enable = true;
+            image = null;
+            http = {
+              enable = true;
+              tlsCertFile = "/home/alice/tls/cert.pem";
+              tlsKeyFile = "/home/alice/tls/key.pem";
+            };
+          };
+        }).programs.mcp-code-bridge.settings;
+      expected = {
+        http = {
+          tls_cert = "/home/alice/tls/cert.pem";
+          tls_key = "/home/alice/tls/key.pem";
+        };
+      };
+    };
+
+    # Conventions (issue 35, 6).
+    # The overlay calls packages with the package set's own callPackage (which splices for
+    # cross-compilation), and tells the image it is not the evaluation stub.
+    testOverlayUsesCallPackage = {
+      expr =
+        let
+          out = overlay {
+            callPackage = fn: args: {
+              called = baseNameOf fn;
+              inherit args;
+            };
+          } { };
+        in
+        {
+          bridge = out.mcp-code-bridge.called;
+          image = out.mcp-code-bridge-sandbox-image;
+          wrapped = out.mcp-code-bridge-with-image.called;
+        };
+      expected = {
+        bridge = "package.nix";
+        image = {
+          called = "image";
+          args.evaluationStub = false;
+        };
+        wrapped = "with-image.nix";
+      };
+    };
+    # The runtime tests run with the image's own Python packages (matplotlib included), plus pytest.
+    testRuntimeTestsUseTheImagesPackages = {
+      expr = {
+        image = pkgs.mcp-code-bridge-sandbox-image.pythonSelection allPython;
+        tests = runtimeTests.pythonSelection allPython;
+      };
+      expected = {
+        image = [
+          "pandas"
+          "numpy"
+          "matplotlib"
+        ];
+        tests = [
+          "pandas"
+          "numpy"
+          "matplotlib"
+          "pytest"
+        ];
+      };
+    };
+    # A package the image needs and nixpkgs lacks (renamed, removed) is an error, not a smaller
+    # image; only under the evaluation stub is it left out.
+    testImageMissingPythonPackageIsAnError = {
+      expr =
+        let
+          without = psOf [
+            "pandas"
+            "numpy"
+          ];
+        in
+        {
+          nixpkgs = (builtins.tryEval (builtins.deepSeq ((imageOn { }).pythonSelection without) true)).success;
+          stub = (imageOn { evaluationStub = true; }).pythonSelection without;
+          data = (imageOn { profile = "data"; }).pythonSelection allPython;
+        };
+      expected = {
+        nixpkgs = false;
+        stub = [
+          "pandas"
+          "numpy"
+        ];
+        data = [
+          "pandas"
+          "numpy"
+          "matplotlib"
+          "scipy"
+          "scikit-learn"
+          "pyarrow"
+        ];
+      };
+    };
+    # One MPLCONFIGDIR: the image's is the one the bridge gives every sandbox container.
+    testImageMplConfigDirIsTheBridges =
+      let
+        valueIn =
+          prefix: text: lib.head (lib.splitString "\"" (lib.elemAt (lib.splitString prefix text) 1));
+        env = lib.filter (lib.hasPrefix "MPLCONFIGDIR=") (imageOn { }).imageConfig.Env;
+      in
+      {
+        expr = env;
+        expected = [
+          "MPLCONFIGDIR=${valueIn "\"MPLCONFIGDIR=" (builtins.readFile ../src/sandbox/container.rs)}"
+        ];
+      };
+    # docs/nix.md describes every VM test by its check name, and the input `follows`.
+    testDocsNameEveryVmTestAndFollows =
+      let
+        docs = builtins.readFile ../docs/nix.md;
+      in
+      {
+        expr = {
+          undocumented = lib.filter (t: !lib.hasInfix ".#checks.x86_64-linux.${t}`" docs) vmTests;
+          follows = lib.hasInfix "inputs.mcp-code-bridge.inputs.nixpkgs.follows = \"nixpkgs\";" docs;
+        };
+        expected = {
+          undocumented = [ ];
+          follows = true;
+        };
+      };
+    # On macOS the home-manager module says what is wrong, instead of failing on an attribute.
+    testHomeOnDarwinSaysItIsLinuxOnly = {
+      expr = saying "runs its sandbox in rootless podman containers on Linux" (
+        failed (
+          homeWithoutMcpOn "aarch64-darwin" {
+            programs.mcp-code-bridge.enable = true;
+          }
+        )
+      );
+      expected = "runs its sandbox in rootless podman containers on Linux";
+    };
+
+    # gVisor (issue 33, 4): runsc registered with podman under the name the bridge is told.
+    testNixosGvisorRegistersTheRuntimeAndWritesIsolation =
+      let
+        c = nixos (noImage // { gvisor.enable = true; });
+        runtimes = c.virtualisation.containers.containersConf.settings.engine.runtimes;
+        script = common.gvisorRuntime c.services.mcp-code-bridge;
+        wrapper = textOf script;
+      in
+      {
+        expr = {
+          settings = c.services.mcp-code-bridge.settings;
+          names = lib.attrNames runtimes;
+          registered = runtimes.mcp-code-bridge-runsc == [ "${script}" ];
+          platform = lib.hasInfix "flags=(--platform=systrap --network=none)" wrapper;
+          runsc = lib.hasInfix "/bin/runsc \"\${flags[@]}\" \"$@\"" wrapper;
+          rootless = lib.hasInfix "flags+=(--ignore-cgroups)" wrapper;
+          failed = failed c;
+        };
+        expected = {
+          settings = {
+            isolation = "gvisor";
+            gvisor_runtime = "mcp-code-bridge-runsc";
+          };
+          names = [ "mcp-code-bridge-runsc" ];
+          registered = true;
+          platform = true;
+          runsc = true;
+          rootless = true;
+          failed = [ ];
+        };
+      };
+    testNixosGvisorPlatformAndARuntimeNameOfYourOwn =
+      let
+        c = nixos (
+          noImage
+          // {
+            gvisor = {
+              enable = true;
+              platform = "kvm";
+            };
+            settings.gvisor_runtime = "runsc-kvm";
+          }
+        );
+        runtimes = c.virtualisation.containers.containersConf.settings.engine.runtimes;
+      in
+      {
+        expr = {
+          names = lib.attrNames runtimes;
+          kvm = runtimes.runsc-kvm == [ "${common.gvisorRuntime c.services.mcp-code-bridge}" ]
+            && lib.hasInfix "--platform=kvm" (textOf (common.gvisorRuntime c.services.mcp-code-bridge));
+          settings = c.services.mcp-code-bridge.settings;
+        };
+        expected = {
+          names = [ "runsc-kvm" ];
+          kvm = true;
+          settings = {
+            isolation = "gvisor";
+            gvisor_runtime = "runsc-kvm";
+          };
+        };
+      };
+    testNixosGvisorOffRegistersNothing = {
+      expr =
+        lib.attrByPath [ "virtualisation" "containers" "containersConf" "settings" "engine" "runtimes" ] { } (nixos noImage);
+      expected = { };
+    };
+    testNixosGvisorWithDockerSaysWhatToDo = {
+      expr = saying "gvisor.enable registers gVisor with podman" (
+        failed (
+          nixosWith { virtualisation.docker.enable = true; } {
+            settings.runtime = "docker";
+            gvisor.enable = true;
+          }
+        )
+      );
+      expected = "gvisor.enable registers gVisor with podman";
+    };
+    testHomeGvisorWritesTheContainersConfDropIn =
+      let
+        c = home {
+          programs.mcp-code-bridge = {
+            enable = true;
+            image = null;
+            gvisor.enable = true;
+          };
+        };
+        dropIn = c.xdg.configFile."containers/containers.conf.d/50-mcp-code-bridge-gvisor.conf".source;
+        conf = builtins.fromJSON (builtins.unsafeDiscardStringContext dropIn.value);
+      in
+      {
+        expr = {
+          settings = c.programs.mcp-code-bridge.settings;
+          names = lib.attrNames conf.engine.runtimes;
+          failed = failed c;
+        };
+        expected = {
+          settings = {
+            isolation = "gvisor";
+            gvisor_runtime = "mcp-code-bridge-runsc";
+          };
+          names = [ "mcp-code-bridge-runsc" ];
+          failed = [ ];
+        };
+      };
+    testHomeGvisorWithARemoteEngineSaysWhatToDo = {
+      expr = saying "gvisor.enable registers gVisor with podman" (
+        failed (
+          homeWithoutMcp {
+            programs.mcp-code-bridge = {
+              enable = true;
+              gvisor.enable = true;
+              settings.runtime = "tcp://builder:2375";
+            };
+          }
+        )
+      );
+      expected = "gvisor.enable registers gVisor with podman";
     };
   };
 

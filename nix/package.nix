@@ -82,5 +82,10 @@ rustPlatform.buildRustPackage {
         lib.licenses.unfree;
     mainProgram = "mcp-code-bridge";
     platforms = lib.platforms.linux;
+  }
+  # Cargo.toml is the one place the project's address is written (`homepage`, else
+  # `repository`); until it has one there is none to give.
+  // lib.optionalAttrs (cargoToml.package ? homepage || cargoToml.package ? repository) {
+    homepage = cargoToml.package.homepage or cargoToml.package.repository;
   };
 }

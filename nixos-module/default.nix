@@ -57,6 +57,39 @@ in
   imports = [ ../nix/http-nixos.nix ];
 
   options.services.mcp-code-bridge = common.options // {
+    # /etc/mcp-code-bridge/config.toml is read by every user's bridge, so a fixed directory or
+    # file there is one that every user would write to (root's, or nobody's): these two are the
+    # HTTP service's own, passed in its environment, and never written to that file.
+    stateDir = mkOption {
+      type = types.nullOr (types.strMatching "/var/lib/[^/].*");
+      default = null;
+      example = "/var/lib/mcp-code-bridge-team";
+      description = ''
+        State directory of the `mcp-code-bridge-http` service ({option}`http.enable`), under
+        /var/lib (systemd creates it, owned by the service's user, mode 0700):
+        `MCP_BRIDGE_STATE_DIR` of that service. `null`: /var/lib/mcp-code-bridge-http. Not
+        written to /etc/mcp-code-bridge/config.toml: every user's own bridge keeps its state in
+        its own `$XDG_STATE_HOME/mcp-code-bridge` (a user can choose another in
+        ~/.config/mcp-code-bridge/config.toml).
+      '';
+    };
+
+    audit = common.options.audit // {
+      path = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "/var/log/mcp-code-bridge/audit.jsonl";
+        description = ''
+          Audit log of the `mcp-code-bridge-http` service ({option}`http.enable`): an absolute
+          path, or "off" (`MCP_BRIDGE_AUDIT_PATH` of that service). Under /var/log/<dir>/,
+          systemd creates <dir> for the service's user (`LogsDirectory`); elsewhere the directory
+          must exist. `null`: the service's `<state_dir>/audit.jsonl`. Not written to
+          /etc/mcp-code-bridge/config.toml: every user's own bridge logs to its own
+          `<state_dir>/audit.jsonl`.
+        '';
+      };
+    };
+
     enable = mkEnableOption "mcp-code-bridge, an MCP server whose one tool, run_python, runs code in a rootless podman sandbox";
 
     package = mkPackageOption pkgs "mcp-code-bridge" { };
@@ -83,49 +116,88 @@ in
   config = mkIf cfg.enable {
     services.mcp-code-bridge = {
       settings =
-        common.typedDefaults cfg
+        # stateDir and audit.path are the HTTP service's alone (nix/http-nixos.nix).
+        common.typedDefaults (
+          cfg
+          // {
+            stateDir = null;
+            audit = cfg.audit // {
+              path = null;
+            };
+          }
+        )
         // lib.optionalAttrs (cfg.servers != { }) {
           servers = lib.mapAttrs (_: common.serverToToml) cfg.servers;
         };
       inherit configFile;
     };
 
-    assertions = common.serverAssertions opt cfg.servers ++ [
-      {
-        assertion = cfg.preloadImage -> image != null;
-        message = ''
-          ${opt}.preloadImage needs ${opt}.image (a docker-archive such as the flake's
-          packages.<system>.sandbox-image); set one, or set preloadImage = false.
-        '';
-      }
-      {
-        assertion = engine != "podman" || podmanOn;
-        message = ''
-          ${opt}.settings.runtime = "${runtime}" uses podman, but virtualisation.podman.enable
-          is false. Remove the line that sets it to false (this module enables podman), or point
-          ${opt}.settings.runtime at the engine you run (e.g. "docker", with
-          virtualisation.docker.enable = true).
-        '';
-      }
-      {
-        assertion = engine != "docker" || dockerOn;
-        message = ''
-          ${opt}.settings.runtime = "${runtime}" uses docker, but neither
-          virtualisation.docker.enable nor virtualisation.docker.rootless.enable is true. Set
-          virtualisation.docker.enable = true (and add the bridge's users to the "docker"
-          group), or remove ${opt}.settings.runtime to use podman, which this module then enables.
-        '';
-      }
-      {
-        assertion = engine != "auto" || podmanOn || dockerOn;
-        message = ''
-          ${opt}: no container engine is enabled. With settings.runtime unset (or "auto") the
-          bridge uses podman or docker: keep virtualisation.podman.enable = true (this module
-          enables it), or enable virtualisation.docker and set ${opt}.settings.runtime = "docker".
-        '';
-      }
-    ];
+    assertions =
+      common.serverAssertions opt cfg.servers
+      ++ common.gvisorAssertions opt cfg (engine == "podman" || (engine == "auto" && podmanOn))
+      ++ [
+        {
+          assertion = cfg.preloadImage -> image != null;
+          message = ''
+            ${opt}.preloadImage needs ${opt}.image (a docker-archive such as the flake's
+            packages.<system>.sandbox-image); set one, or set preloadImage = false.
+          '';
+        }
+        {
+          assertion = engine != "podman" || podmanOn;
+          message = ''
+            ${opt}.settings.runtime = "${runtime}" uses podman, but virtualisation.podman.enable
+            is false. Remove the line that sets it to false (this module enables podman), or point
+            ${opt}.settings.runtime at the engine you run (e.g. "docker", with
+            virtualisation.docker.enable = true).
+          '';
+        }
+        {
+          assertion = engine != "docker" || dockerOn;
+          message = ''
+            ${opt}.settings.runtime = "${runtime}" uses docker, but neither
+            virtualisation.docker.enable nor virtualisation.docker.rootless.enable is true. Set
+            virtualisation.docker.enable = true (and add the bridge's users to the "docker"
+            group), or remove ${opt}.settings.runtime to use podman, which this module then enables.
+          '';
+        }
+        {
+          assertion = engine != "auto" || podmanOn || dockerOn;
+          message = ''
+            ${opt}: no container engine is enabled. With settings.runtime unset (or "auto") the
+            bridge uses podman or docker: keep virtualisation.podman.enable = true (this module
+            enables it), or enable virtualisation.docker and set ${opt}.settings.runtime = "docker".
+          '';
+        }
+        {
+          assertion = cfg.stateDir == null || cfg.http.enable;
+          message = ''
+            ${opt}.stateDir is the state directory of the mcp-code-bridge-http service, which
+            ${opt}.http.enable turns on; it is not written to /etc/mcp-code-bridge/config.toml,
+            which every user's bridge reads (one directory for all of them is writable by none).
+            Set ${opt}.http.enable = true, or remove stateDir: each user's bridge keeps its state in
+            its own $XDG_STATE_HOME/mcp-code-bridge (state_dir in ~/.config/mcp-code-bridge/config.toml
+            moves it).
+          '';
+        }
+        {
+          assertion = cfg.audit.path == null || cfg.http.enable;
+          message = ''
+            ${opt}.audit.path is the audit log of the mcp-code-bridge-http service, which
+            ${opt}.http.enable turns on; it is not written to /etc/mcp-code-bridge/config.toml,
+            which every user's bridge reads (one file for all of them is writable by none). Set
+            ${opt}.http.enable = true, or remove audit.path: each user's bridge logs to its own
+            <state_dir>/audit.jsonl.
+          '';
+        }
+      ];
     warnings = common.serverWarnings opt cfg.servers;
+
+    # gVisor's runsc as an OCI runtime of podman, rootful and rootless: containers.conf's
+    # [engine.runtimes], the option nixpkgs' podman module registers its own runtimes in.
+    virtualisation.containers.containersConf.settings = mkIf cfg.gvisor.enable (
+      common.gvisorContainersConf cfg
+    );
 
     # podman unless the configuration chose docker (or an engine elsewhere) in settings.runtime.
     virtualisation.podman.enable = mkDefault (engine == "auto" || engine == "podman");

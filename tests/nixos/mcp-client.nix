@@ -4,9 +4,10 @@
 { pkgs, module }:
 
 let
-  # `optional`: the offline evaluation stub of nixpkgs (docs/nix.md) has no python3Packages.mcp;
-  # nixpkgs has, so there this is always [ ps.mcp ].
-  client = pkgs.python3.withPackages (ps: pkgs.lib.optional (ps ? mcp) ps.mcp);
+  # The offline evaluation stub of nixpkgs (docs/nix.md) has no python3Packages.mcp, and only there
+  # is it left out (nix/eval-stub.nix); with nixpkgs a missing one is an error.
+  stub = import ../../nix/eval-stub.nix pkgs;
+  client = pkgs.python3.withPackages (ps: pkgs.lib.toList (stub.lookup ps "mcp" [ ]));
 in
 pkgs.testers.runNixOSTest {
   name = "mcp-code-bridge-mcp-client";
@@ -26,10 +27,13 @@ pkgs.testers.runNixOSTest {
         enable = true;
         preloadImage = true;
         servers.time = {
-          # `if`: the offline evaluation stub of nixpkgs (docs/nix.md) has no mcp-server-time;
-          # nixpkgs has, so there this is always its store path.
+          # The bare name only under the offline evaluation stub of nixpkgs, which lacks the
+          # package (nix/eval-stub.nix); with nixpkgs always its store path.
           command =
-            if pkgs ? mcp-server-time then lib.getExe pkgs.mcp-server-time else "mcp-server-time";
+            let
+              time = stub.lookup pkgs "mcp-server-time" null;
+            in
+            if time == null then "mcp-server-time" else lib.getExe time;
           args = [
             "--local-timezone"
             "UTC"
