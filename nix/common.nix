@@ -484,7 +484,8 @@ rec {
         (`runsc --network=none`, besides the bridge's own `--network none`), so it is the
         bridge's alone. Under rootless podman runsc cannot create cgroups through the system's
         systemd and is run with `--ignore-cgroups`: the bridge's memory, pids and cpus limits are
-        then not applied by the host to that container. NixOS: registered in
+        then not applied by the host to that container, and the bridge refuses to run code there
+        unless settings.allow_unenforced_limits = true accepts it. NixOS: registered in
         /etc/containers/containers.conf, for root's podman (the HTTP service) and every user's.
         home-manager: in ~/.config/containers/containers.conf.d/, for your rootless podman'';
       platform = mkOption {
