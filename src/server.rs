@@ -70,12 +70,13 @@ session; `runtime.list_skills()` lists them.";
 pub const TOOL_TITLE: &str = "Python sandbox";
 
 /// JSON schema of `run_python`'s arguments, each with a description of a few tokens (the
-/// budget above); `timeout` must be positive, which `RunArgs::parse` checks as well.
+/// budget above) but `code`, which the tool's name and description say; `timeout` must be
+/// positive, which `RunArgs::parse` checks as well.
 pub fn input_schema() -> Value {
     json!({
         "type": "object",
         "properties": {
-            "code": {"type": "string", "description": "Python source"},
+            "code": {"type": "string"},
             "servers": {"type": "array", "items": {"type": "string"}, "description": "Servers to load"},
             "timeout": {"type": "number", "description": "Seconds", "exclusiveMinimum": 0},
             "session": {"type": "string", "description": "Interpreter name"},

@@ -61,6 +61,12 @@ pub enum EngineError {
         podman: PathBuf,
         source: std::io::Error,
     },
+    /// `isolation = "gvisor"`, and podman cannot run the runtime `gvisor_runtime` names.
+    #[error("{missing}: podman says {podman_said}")]
+    GvisorRuntime {
+        missing: SandboxIsolationMissing,
+        podman_said: String,
+    },
     /// Our own podman service exited or did not answer in time.
     #[error("podman is installed but no engine answered. Tried:\n{}", .tried.join("\n"))]
     ServiceSilent { tried: Vec<String> },
@@ -77,6 +83,7 @@ impl EngineError {
             EngineError::NoneAnswered { .. } => "Install podman (Debian/Ubuntu: `sudo apt-get install podman`; Fedora: `sudo dnf install podman`; macOS: `brew install podman && podman machine init && podman machine start`) or start Docker, or point MCP_BRIDGE_RUNTIME at a socket URL.".into(),
             EngineError::StateDir { .. } => "set MCP_BRIDGE_STATE_DIR to a writable directory".into(),
             EngineError::ServiceSpawn { .. } => return None,
+            EngineError::GvisorRuntime { missing, .. } => missing.hint(),
             EngineError::ServiceSilent { .. } => "Run `podman info` to see what is wrong (on hosts where crun fails, set runtime = \"runc\" in /etc/containers/containers.conf).".into(),
         })
     }
@@ -191,6 +198,38 @@ async fn probe(url: &str) -> Result<(Docker, EngineKind, String), String> {
             Ok((docker, kind, v.version.unwrap_or_default()))
         }
     }
+}
+
+/// Whether podman can run containers under runtime `rt`: `podman --runtime RT info` fails at
+/// once for a runtime it cannot find.
+async fn gvisor_runtime_runs(podman: &Path, rt: &str) -> Result<(), EngineError> {
+    let out = Command::new(podman)
+        .args(["--runtime", rt, "info", "--format", "{{.Host.OCIRuntime.Name}}"])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let podman_said = match tokio::time::timeout(Duration::from_secs(20), out).await {
+        Ok(Ok(o)) if o.status.success() => return Ok(()),
+        Ok(Ok(o)) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "nothing within 20s".to_string(),
+    };
+    Err(EngineError::GvisorRuntime {
+        missing: SandboxIsolationMissing {
+            runtime: rt.to_string(),
+            known: Vec::new(),
+        },
+        podman_said: crate::text::visible(&podman_said).chars().take(300).collect(),
+    })
+}
+
+/// The default runtime of a podman service when it is not `want` (podman runs every container
+/// the compatible API creates under its default, whatever the container asks for); `None` when it
+/// is, or the engine did not say (then the bridge's own check, `Enforcement::isolation`, decides).
+async fn podman_default_runtime(docker: &Docker, want: &str) -> Option<String> {
+    let info = tokio::time::timeout(PING_TIMEOUT, docker.info()).await.ok()?.ok()?;
+    let default = info.default_runtime.unwrap_or_default();
+    (default != want).then_some(default)
 }
 
 /// Where our own podman service listens: one socket per bridge process, because every bridge
@@ -410,6 +449,15 @@ impl Engine {
         let mut tried = Vec::new();
         for c in &candidates(choice) {
             match probe(&c.url).await {
+                Ok((docker, kind, _)) if kind == EngineKind::Podman
+                    && let Some(rt) = config.oci_runtime()
+                    && let Some(default) = podman_default_runtime(&docker, rt).await =>
+                {
+                    tried.push(format!(
+                        "  {} ({}): a podman service whose default runtime is {default:?}; podman's API ignores a container's own runtime, so isolation = \"gvisor\" takes a service that runs {rt:?} by default",
+                        c.url, c.origin
+                    ));
+                }
                 Ok((docker, kind, version)) => {
                     tracing::info!(endpoint = %c.url, origin = c.origin, ?kind, %version, "container engine found");
                     return Ok(Engine {
@@ -452,8 +500,17 @@ impl Engine {
             %url,
             "starting the bridge's own `podman system service` (no podman or docker socket is listening; enabling podman.socket saves this start)"
         );
+        // Podman's Docker-compatible API ignores the runtime a container asks for (`HostConfig.
+        // Runtime`): under isolation = "gvisor" the service's own default is gVisor's runtime,
+        // which podman must know (it refuses to start a service on a runtime it cannot find).
+        let mut args = Vec::new();
+        if let Some(rt) = config.oci_runtime() {
+            gvisor_runtime_runs(podman, rt).await?;
+            args.extend(["--runtime", rt]);
+        }
+        args.extend(["system", "service", "--time=0", &url]);
         let (mut service, stderr) =
-            OwnService::spawn(podman, &["system", "service", "--time=0", &url]).map_err(
+            OwnService::spawn(podman, &args).map_err(
                 |source| EngineError::ServiceSpawn {
                     podman: podman.to_path_buf(),
                     source,
@@ -588,8 +645,8 @@ fn storage_is_ours_and_not_root(dir: Option<&str>) -> bool {
 /// `isolation = "gvisor"` and the engine has no runtime of the name `gvisor_runtime` gives.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "isolation = \"gvisor\" needs the engine's runtime {runtime:?}, which it does not have (it has: {}); no code runs without it, there is no fallback to runc",
-    .known.join(", ")
+    "isolation = \"gvisor\" needs the engine's runtime {runtime:?}, which it does not have{}; no code runs without it, there is no fallback to runc",
+    if .known.is_empty() { String::new() } else { format!(" (it has: {})", .known.join(", ")) }
 )]
 pub struct SandboxIsolationMissing {
     pub runtime: String,

@@ -86,6 +86,9 @@ pub struct Sandbox {
     /// Shows image-load progress (bytes so far); the log when unset.
     load_progress: std::sync::OnceLock<LoadProgress>,
     pool: Pool,
+    /// Cancelled by [`Sandbox::shutdown`]: a pooled sandbox still booting is given up at once
+    /// (under gVisor's ptrace platform a boot takes seconds) and swept with the rest.
+    closing: tokio_util::sync::CancellationToken,
     lost: Lost,
     /// Itself, for the background tasks it spawns (warm-up, refill).
     this: Weak<Sandbox>,
@@ -108,6 +111,7 @@ impl Sandbox {
             serial: AtomicU64::new(0),
             load_progress: std::sync::OnceLock::new(),
             pool: Pool::new(),
+            closing: tokio_util::sync::CancellationToken::new(),
             lost: Lost::default(),
             this: this.clone(),
         });
@@ -196,14 +200,19 @@ impl Sandbox {
             self.pool.reserve();
         }
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-        let started = Session::start(
+        let start = Session::start(
             &engine.docker,
             &self.config,
             Role::Pool,
             &self.owner,
             serial,
-        )
-        .await;
+        );
+        // Given up when the bridge shuts down; the container it may have created is removed by
+        // the shutdown's sweep of every container this bridge owns.
+        let Some(started) = self.closing.run_until_cancelled(start).await else {
+            self.pool.filled(None);
+            return false;
+        };
         match started {
             Ok(s)
                 if self.pool.closed.load(Ordering::SeqCst)
@@ -593,11 +602,13 @@ impl Sandbox {
     /// Remove every container (sessions and pool) and stop our podman service.
     pub async fn shutdown(&self) {
         self.pool.closed.store(true, Ordering::SeqCst);
+        self.closing.cancel();
         // A refill that checked `closed` before this reserves its start under `starting`: let
         // it, so that the count below sees it (bounded: a session start holds the lock too).
         let _ = tokio::time::timeout(Duration::from_secs(15), self.starting.lock()).await;
-        // A pooled sandbox being started is removed by its filler once started (it sees
-        // `closed`); wait for that, boundedly, so that it is not created after the sweep below.
+        // A pooled sandbox being started is given up by its filler (`closing`) or removed by it
+        // once started (it sees `closed`); wait for that, boundedly, so that it is not created
+        // after the sweep below.
         let deadline = std::time::Instant::now() + Duration::from_secs(15);
         while self.pool.filling() > 0 && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;

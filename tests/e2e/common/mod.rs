@@ -496,17 +496,11 @@ pub struct Service {
 
 impl Service {
     pub async fn start(dir: &Path) -> Service {
-        Service::start_with(dir, &[]).await
-    }
-
-    /// With `env` added to podman's environment (`CONTAINERS_CONF_OVERRIDE`, say).
-    pub async fn start_with(dir: &Path, env: &[(&str, &str)]) -> Service {
         let sock = dir.join("podman.sock");
         let _ = std::fs::remove_file(&sock);
         let url = format!("unix://{}", sock.display());
         let child = tokio::process::Command::new("podman")
             .args(["system", "service", "--time=0", &url])
-            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
