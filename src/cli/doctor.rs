@@ -149,6 +149,17 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             (Some(_), Err(e)) => c.bad(&format!("isolation: {e}"), &e.hint()),
         }
     }
+    // `serve` for a team beyond this machine runs everyone's code on the host's kernel.
+    if config.isolation == config::Isolation::Container
+        && let Ok(addr) = config.listen.parse::<std::net::SocketAddr>()
+        && !addr.ip().is_loopback()
+    {
+        c.note(&format!(
+            "warning: `serve` listens on {addr}, beyond this machine, and its sandboxes share the \
+             host's kernel (isolation = \"container\"); isolation = \"gvisor\" puts a second \
+             kernel in between (SECURITY.md, Kernel isolation)"
+        ));
+    }
     if let Some(engine) = &engine
         && let Ok(n) = crate::sandbox::container::census(engine).await
     {

@@ -131,3 +131,27 @@ async fn gvisor_without_its_runtime_runs_no_code_and_says_what_fixes_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no-such-runsc"), "{err}");
 }
+
+#[test]
+fn doctor_warns_when_serve_reaches_beyond_the_machine_on_the_hosts_kernel() {
+    let doctor = |env: &[(&str, &str)]| {
+        let home = Home::new();
+        let out = home
+            .command()
+            .envs(env.iter().copied())
+            .args(["doctor", "--quick"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let warning = "beyond this machine, and its sandboxes share the host's kernel";
+    let text = doctor(&[("MCP_BRIDGE_LISTEN", "0.0.0.0:8931")]);
+    assert!(text.contains(warning), "{text}");
+    // On loopback (the default), or under gVisor, there is nothing to warn of.
+    assert!(!doctor(&[]).contains(warning));
+    let text = doctor(&[
+        ("MCP_BRIDGE_LISTEN", "0.0.0.0:8931"),
+        ("MCP_BRIDGE_ISOLATION", "gvisor"),
+    ]);
+    assert!(!text.contains(warning), "{text}");
+}
