@@ -124,6 +124,10 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
     // Podman mounts its own writable tmpfs on /var/tmp under a read-only root, without noexec
     // and without a size: ours replaces it (tests/e2e/security.rs::filesystem_exec_from_writable_mounts_is_refused).
     tmpfs.insert("/var/tmp".to_string(), tmpfs_opts(config.tmp_size.0));
+    // And its /run (a tmpfs without noexec or size, root's 755): under runc the sandbox's user
+    // cannot write it, but gVisor (Debian's runsc 2022) gave it to that user, writable and
+    // executable. Ours is root's, 755, noexec and small under every runtime.
+    tmpfs.insert("/run".to_string(), format!("{},mode=755", tmpfs_opts(1 << 20)));
     // The user's declared inputs are copied here at start (`sandbox::inputs`); no inputs, no mount.
     if !config.inputs.is_empty() {
         tmpfs.insert(
@@ -385,6 +389,7 @@ mod tests {
                 && tmpfs["/tmp"].contains("nodev")
         );
         assert!(tmpfs["/var/tmp"].contains("noexec") && tmpfs["/var/tmp"].contains("size="));
+        assert!(tmpfs["/run"].contains("noexec") && tmpfs["/run"].contains("mode=755"));
         assert!(
             tmpfs["/workspace/out"].contains("noexec") && tmpfs["/workspace/out"].contains("size=")
         );

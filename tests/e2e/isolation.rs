@@ -62,10 +62,17 @@ async fn under_gvisor_every_sandbox_runs_on_gvisors_kernel() {
             "try:\n    open('/etc/x', 'w'); print('rw')\n",
             "except OSError: print('ro')\n",
             "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n",
+            // gVisor gave podman's own /run to the sandbox's user, writable and executable;
+            // the bridge mounts its own (root's, noexec).
+            "try:\n    open('/run/x', 'w'); print('run writable')\n",
+            "except OSError: print('run closed')\n",
+            "print([l.split()[3] for l in open('/proc/mounts') if l.split()[1] == '/run'])\n",
         ))
         .await
         .ok();
-    assert_eq!(r.stdout(), "no net\nro\n0000000000000000\n");
+    let out = r.stdout();
+    assert!(out.starts_with("no net\nro\n0000000000000000\nrun closed\n"), "{out}");
+    assert!(out.contains("noexec"), "{out}");
     b.shutdown_clean().await;
 }
 
