@@ -915,7 +915,8 @@ def _channel_fd():
     def write_end(fd):
         flags = int(open("/proc/self/fdinfo/%d" % fd).read().split("flags:")[1].split()[0], 8)
         return flags & 3 in (1, 2)
-    pipes = [fd for fd, t in links.items() if t.startswith("pipe:")]
+    # A pipe under runc; under gVisor the container's own stdio is a host file ("host:[n]").
+    pipes = [fd for fd, t in links.items() if t.startswith(("pipe:", "host:"))]
     only = [fd for fd in pipes if fd > 2 and write_end(fd)
             and sum(1 for o in pipes if links[o] == links[fd]) == 1]
     assert len(only) == 1, (only, links)
