@@ -288,7 +288,7 @@ rec {
     stateDir = mkOption {
       type = types.nullOr types.str;
       default = null;
-      example = literalExpression ''"''${config.home.homeDirectory}/work/mcp-code-bridge-state"'';
+      example = literalExpression ''"''${config.home.homeDirectory}/.local/share/mcp-code-bridge-state"'';
       description = ''
         Where the bridge keeps its own podman socket and state (`state_dir`): the audit log,
         saved skills, the tool catalog. `null` keeps the bridge's default,

@@ -962,12 +962,12 @@ let
           programs.mcp-code-bridge = {
             enable = true;
             image = null;
-            stateDir = "/home/alice/work/state";
+            stateDir = "/home/alice/state";
             audit.path = "/home/alice/audit/bridge.jsonl";
           };
         }).programs.mcp-code-bridge.settings;
       expected = {
-        state_dir = "/home/alice/work/state";
+        state_dir = "/home/alice/state";
         audit.path = "/home/alice/audit/bridge.jsonl";
       };
     };

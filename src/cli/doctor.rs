@@ -127,26 +127,24 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
                          unenforced limits with MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1",
                     );
                 }
+                match (config.oci_runtime(), enf.isolation(&config)) {
+                    (None, _) => c.ok(
+                        "isolation: container (the host's kernel; the engine's default runtime)",
+                    ),
+                    (Some(rt), Ok(())) => {
+                        let path = enf.runtimes.get(rt).cloned().unwrap_or_default();
+                        c.ok(&format!(
+                            "isolation: gvisor, through the engine's runtime {rt} ({path}{})",
+                            runsc_details(&path).await
+                        ));
+                    }
+                    (Some(_), Err(e)) => c.bad(&format!("isolation: {e}"), &e.hint()),
+                }
             }
             Err(e) => c.bad(
                 &format!("engine info: {e}"),
                 "check the engine with `podman info`",
             ),
-        }
-    }
-    if let Some(engine) = &engine
-        && let Ok(enf) = Enforcement::query(&engine.docker).await
-    {
-        match (config.oci_runtime(), enf.isolation(&config)) {
-            (None, _) => c.ok("isolation: container (the host's kernel; the engine's default runtime)"),
-            (Some(rt), Ok(())) => {
-                let path = enf.runtimes.get(rt).cloned().unwrap_or_default();
-                c.ok(&format!(
-                    "isolation: gvisor, through the engine's runtime {rt} ({path}{})",
-                    runsc_details(&path).await
-                ));
-            }
-            (Some(_), Err(e)) => c.bad(&format!("isolation: {e}"), &e.hint()),
         }
     }
     // `serve` for a team beyond this machine runs everyone's code on the host's kernel.

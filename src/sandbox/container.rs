@@ -127,7 +127,10 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
     // And its /run (a tmpfs without noexec or size, root's 755): under runc the sandbox's user
     // cannot write it, but gVisor (Debian's runsc 2022) gave it to that user, writable and
     // executable. Ours is root's, 755, noexec and small under every runtime.
-    tmpfs.insert("/run".to_string(), format!("{},mode=755", tmpfs_opts(1 << 20)));
+    tmpfs.insert(
+        "/run".to_string(),
+        format!("{},mode=755", tmpfs_opts(1 << 20)),
+    );
     // The user's declared inputs are copied here at start (`sandbox::inputs`); no inputs, no mount.
     if !config.inputs.is_empty() {
         tmpfs.insert(

@@ -204,7 +204,13 @@ async fn probe(url: &str) -> Result<(Docker, EngineKind, String), String> {
 /// once for a runtime it cannot find.
 async fn gvisor_runtime_runs(podman: &Path, rt: &str) -> Result<(), EngineError> {
     let out = Command::new(podman)
-        .args(["--runtime", rt, "info", "--format", "{{.Host.OCIRuntime.Name}}"])
+        .args([
+            "--runtime",
+            rt,
+            "info",
+            "--format",
+            "{{.Host.OCIRuntime.Name}}",
+        ])
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .output();
@@ -219,7 +225,10 @@ async fn gvisor_runtime_runs(podman: &Path, rt: &str) -> Result<(), EngineError>
             runtime: rt.to_string(),
             known: Vec::new(),
         },
-        podman_said: crate::text::visible(&podman_said).chars().take(300).collect(),
+        podman_said: crate::text::visible(&podman_said)
+            .chars()
+            .take(300)
+            .collect(),
     })
 }
 
@@ -227,7 +236,10 @@ async fn gvisor_runtime_runs(podman: &Path, rt: &str) -> Result<(), EngineError>
 /// the compatible API creates under its default, whatever the container asks for); `None` when it
 /// is, or the engine did not say (then the bridge's own check, `Enforcement::isolation`, decides).
 async fn podman_default_runtime(docker: &Docker, want: &str) -> Option<String> {
-    let info = tokio::time::timeout(PING_TIMEOUT, docker.info()).await.ok()?.ok()?;
+    let info = tokio::time::timeout(PING_TIMEOUT, docker.info())
+        .await
+        .ok()?
+        .ok()?;
     let default = info.default_runtime.unwrap_or_default();
     (default != want).then_some(default)
 }
@@ -449,9 +461,10 @@ impl Engine {
         let mut tried = Vec::new();
         for c in &candidates(choice) {
             match probe(&c.url).await {
-                Ok((docker, kind, _)) if kind == EngineKind::Podman
-                    && let Some(rt) = config.oci_runtime()
-                    && let Some(default) = podman_default_runtime(&docker, rt).await =>
+                Ok((docker, kind, _))
+                    if kind == EngineKind::Podman
+                        && let Some(rt) = config.oci_runtime()
+                        && let Some(default) = podman_default_runtime(&docker, rt).await =>
                 {
                     tried.push(format!(
                         "  {} ({}): a podman service whose default runtime is {default:?}; podman's API ignores a container's own runtime, so isolation = \"gvisor\" takes a service that runs {rt:?} by default",
@@ -510,12 +523,10 @@ impl Engine {
         }
         args.extend(["system", "service", "--time=0", &url]);
         let (mut service, stderr) =
-            OwnService::spawn(podman, &args).map_err(
-                |source| EngineError::ServiceSpawn {
-                    podman: podman.to_path_buf(),
-                    source,
-                },
-            )?;
+            OwnService::spawn(podman, &args).map_err(|source| EngineError::ServiceSpawn {
+                podman: podman.to_path_buf(),
+                source,
+            })?;
         if let Some(err) = stderr {
             tokio::spawn(crate::logging::forward_lines(
                 err,

@@ -30,7 +30,10 @@ fn runtime_of(id: &str) -> String {
 async fn under_gvisor_every_sandbox_runs_on_gvisors_kernel() {
     let b = Bridge::start_with(
         Home::new(),
-        &[("MCP_BRIDGE_ISOLATION", "gvisor"), ("MCP_BRIDGE_POOL_SIZE", "1")],
+        &[
+            ("MCP_BRIDGE_ISOLATION", "gvisor"),
+            ("MCP_BRIDGE_POOL_SIZE", "1"),
+        ],
         None,
     )
     .await;
@@ -40,7 +43,11 @@ async fn under_gvisor_every_sandbox_runs_on_gvisors_kernel() {
         .ok();
     let out = r.stdout().trim().to_string();
     let kernel = out.split(' ').next().unwrap_or("");
-    assert_ne!(kernel, host_kernel(), "the code sees the host's kernel: {out}");
+    assert_ne!(
+        kernel,
+        host_kernel(),
+        "the code sees the host's kernel: {out}"
+    );
     assert!(out.ends_with(" 65534"), "{out}");
     // Every container of this bridge, the session's and the pool's refilled one, is gVisor's.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -71,7 +78,10 @@ async fn under_gvisor_every_sandbox_runs_on_gvisors_kernel() {
         .await
         .ok();
     let out = r.stdout();
-    assert!(out.starts_with("no net\nro\n0000000000000000\nrun closed\n"), "{out}");
+    assert!(
+        out.starts_with("no net\nro\n0000000000000000\nrun closed\n"),
+        "{out}"
+    );
     assert!(out.contains("noexec"), "{out}");
     b.shutdown_clean().await;
 }
@@ -86,7 +96,11 @@ fn doctor_proves_gvisor_by_the_kernel_the_sandbox_sees() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         text.contains("isolation: gvisor, through the engine's runtime runsc"),
         "{text}"
@@ -94,7 +108,8 @@ fn doctor_proves_gvisor_by_the_kernel_the_sandbox_sees() {
     assert!(text.contains("runsc version"), "{text}");
     assert!(text.contains(", platform "), "{text}");
     assert!(
-        text.contains(&format!("is gVisor's")) && text.contains(&format!("not the host's ({})", host_kernel())),
+        text.contains("is gVisor's")
+            && text.contains(&format!("not the host's ({})", host_kernel())),
         "{text}"
     );
 }
@@ -117,7 +132,10 @@ async fn gvisor_without_its_runtime_runs_no_code_and_says_what_fixes_it() {
     assert!(!text.contains("ran\n"), "{text}");
     assert!(text.contains("\"no-such-runsc\""), "{text}");
     assert!(text.contains("no fallback to runc"), "{text}");
-    assert!(text.contains("setup-debian.sh --isolation gvisor"), "{text}");
+    assert!(
+        text.contains("setup-debian.sh --isolation gvisor"),
+        "{text}"
+    );
     assert!(common::containers_of(b.pid).await.is_empty());
     // `allow_unenforced_limits` does not excuse it, and the bridge keeps answering.
     let tools = b.client.list_all_tools().await.unwrap();

@@ -367,12 +367,21 @@ fn every_result_conforms_to_the_declared_output_schema_in_the_python_sdk() {
     assert_eq!(listing["annotations"], Value::Null, "{listing}");
     // Every result field has a JSON type (the SDK validates each real result below against
     // them), and a timeout must be more than 0.
-    let types = listing["types"].as_object().expect("output schema properties");
+    let types = listing["types"]
+        .as_object()
+        .expect("output schema properties");
     assert_eq!(types.len(), 11, "{listing}");
     for (field, ty) in types {
-        assert!(ty.as_str().is_some_and(|t| !t.is_empty()), "{field} has no type: {listing}");
+        assert!(
+            ty.as_str().is_some_and(|t| !t.is_empty()),
+            "{field} has no type: {listing}"
+        );
     }
-    assert_eq!(listing["timeout"]["exclusiveMinimum"], json!(0), "{listing}");
+    assert_eq!(
+        listing["timeout"]["exclusiveMinimum"],
+        json!(0),
+        "{listing}"
+    );
     // `code` is what the tool runs; the others say in a few words what they do.
     for arg in ["servers", "timeout", "session", "reset"] {
         assert!(

@@ -528,4 +528,3 @@ impl Service {
         }
     }
 }
-

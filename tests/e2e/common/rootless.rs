@@ -39,7 +39,10 @@ fn create() -> (String, PathBuf) {
             .success();
         assert!(ok, "useradd -m {name} failed");
     }
-    let out = Command::new("getent").args(["passwd", &name]).output().unwrap();
+    let out = Command::new("getent")
+        .args(["passwd", &name])
+        .output()
+        .unwrap();
     let home = String::from_utf8_lossy(&out.stdout)
         .trim()
         .split(':')
