@@ -1,20 +1,91 @@
 //! Who a request comes from, and how that keeps users apart. Under `serve` every request has an
 //! identity (a `token_file` name, or an OAuth token's `sub`); over stdio there is one user and
-//! no identity. A sandbox session is found by its *key*: the session name alone for the stdio
-//! user, `identity/name` under `serve`. Session names never contain `/` (`RunArgs::parse`), so
-//! one identity's key can never name another's session, whatever the identity's characters.
+//! no identity ([`Identity::Local`]). A sandbox session is found by its [`SessionKey`], built
+//! once where a request enters (`server`) and passed whole to the sandbox, the policy's grants,
+//! the RPC context, skills, tasks and audit: no part splits a key apart again.
 
-/// The identity `serve` authenticated a request as, put in the request's extensions for the
+/// Who a request comes from: the one user of stdio (and of `serve` without authentication),
+/// or an identity `serve` authenticated. `serve` puts it in the request's extensions for the
 /// MCP handler (`http::request::Parts` reach it in rmcp's request context).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity(pub String);
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub enum Identity {
+    /// The one user of a bridge without authentication.
+    #[default]
+    Local,
+    /// A `token_file` name or an OAuth token's `sub`.
+    Named(String),
+}
 
-/// The identity of an MCP request: `None` over stdio.
-pub fn of_request(extensions: &rmcp::model::Extensions) -> Option<String> {
-    extensions
-        .get::<http::request::Parts>()
-        .and_then(|p| p.extensions.get::<Identity>())
-        .map(|i| i.0.clone())
+impl Identity {
+    /// The identity of an MCP request: [`Identity::Local`] over stdio.
+    pub fn of_request(extensions: &rmcp::model::Extensions) -> Identity {
+        extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Identity>())
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The authenticated name, as audit records carry it; `None` for the local user.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            Identity::Local => None,
+            Identity::Named(n) => Some(n),
+        }
+    }
+}
+
+/// A sandbox session: its owner and its name. Everything kept per session (the interpreter,
+/// its files, "allow for this session" answers, tasks) is found by the whole key, so a session
+/// of another identity is not a name this one can make: it is absent, by the type. Session
+/// names never contain `/` (`RunArgs::parse`), so the [`Display`](std::fmt::Display) form,
+/// `identity/name` (the name alone for the local user), names one key only.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SessionKey {
+    owner: Identity,
+    name: String,
+}
+
+impl SessionKey {
+    pub fn new(owner: Identity, name: impl Into<String>) -> SessionKey {
+        SessionKey {
+            owner,
+            name: name.into(),
+        }
+    }
+
+    /// Session `name` of the local user.
+    pub fn local(name: impl Into<String>) -> SessionKey {
+        SessionKey::new(Identity::Local, name)
+    }
+
+    pub fn owner(&self) -> &Identity {
+        &self.owner
+    }
+
+    /// The session's name as its owner gave it (what the model and the results see).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// The session of a call that names none, and of a connection without a default of its own.
+pub const DEFAULT_SESSION: &str = "default";
+
+impl Default for SessionKey {
+    /// The local user's default session.
+    fn default() -> SessionKey {
+        SessionKey::local(DEFAULT_SESSION)
+    }
+}
+
+impl std::fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.owner {
+            Identity::Local => f.write_str(&self.name),
+            Identity::Named(id) => write!(f, "{id}/{}", self.name),
+        }
+    }
 }
 
 /// The default interpreter of a request made in an MCP session of Streamable HTTP (2025-11-25
@@ -30,27 +101,6 @@ pub fn mcp_session(extensions: &rmcp::model::Extensions) -> Option<String> {
     use sha2::Digest as _;
     let digest = sha2::Sha256::digest(id.as_bytes());
     Some(format!("mcp-{}", &hex::encode(digest)[..16]))
-}
-
-/// The key of session `session` of `identity`.
-pub fn session_key(identity: Option<&str>, session: &str) -> String {
-    match identity {
-        Some(id) => format!("{id}/{session}"),
-        None => session.to_string(),
-    }
-}
-
-/// `(identity, session)` of a key made by [`session_key`].
-pub fn split_key(key: &str) -> (Option<&str>, &str) {
-    match key.rsplit_once('/') {
-        Some((id, session)) => (Some(id), session),
-        None => (None, key),
-    }
-}
-
-/// Whether the session of `key` belongs to `identity` (the stdio user owns the keys without one).
-pub fn owns(identity: Option<&str>, key: &str) -> bool {
-    split_key(key).0 == identity
 }
 
 /// A file name for `identity`'s own directories (its saved skills): the identity itself when it
@@ -78,14 +128,15 @@ mod tests {
 
     #[test]
     fn keys_keep_identities_apart() {
-        assert_eq!(session_key(None, "default"), "default");
-        let k = session_key(Some("a/b"), "default");
-        assert_eq!(split_key(&k), (Some("a/b"), "default"));
-        assert!(owns(Some("a/b"), &k));
-        assert!(!owns(Some("a"), &k));
-        assert!(!owns(None, &k));
-        assert!(owns(None, "default"));
-        assert!(!owns(Some("x"), "default"));
+        let named = |id: &str| Identity::Named(id.into());
+        assert_eq!(SessionKey::local("default").to_string(), "default");
+        let k = SessionKey::new(named("a/b"), "default");
+        assert_eq!(k.to_string(), "a/b/default");
+        assert_eq!((k.owner(), k.name()), (&named("a/b"), "default"));
+        assert_ne!(k, SessionKey::new(named("a"), "b/default"));
+        assert_ne!(k, SessionKey::local("default"));
+        assert_ne!(SessionKey::local("default"), SessionKey::new(named("stdio"), "default"));
+        assert_eq!(Identity::of_request(&rmcp::model::Extensions::new()), Identity::Local);
     }
 
     #[test]

@@ -226,7 +226,7 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             on_output: None,
         };
         let started = std::time::Instant::now();
-        match sandbox.run("doctor", false, req).await {
+        match sandbox.run(&crate::identity::SessionKey::local("doctor"), false, req).await {
             Ok(o) if o.outcome == Outcome::Ok => {
                 let out = o.stdout.trim().to_string();
                 let mut words = out.split(' ');
@@ -260,7 +260,7 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             Ok(o) => c.bad(
                 &format!(
                     "sandbox ran but failed: {}",
-                    crate::render::compact_text(&o)
+                    crate::server::render::compact_text(&o)
                 ),
                 "run with MCP_BRIDGE_LOG_LEVEL=debug for details",
             ),

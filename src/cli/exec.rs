@@ -9,11 +9,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use super::{Paint, load_bar};
-use crate::audit::{self, Audit};
 use crate::config::Config;
+use crate::identity::SessionKey;
 use crate::protocol::Stream;
-use crate::sandbox::{ExecRequest, Outcome, Sandbox};
-use crate::upstream::{CallContext, Hinted as _, Upstreams};
+use crate::sandbox::{Outcome, Sandbox};
+use crate::server::{Bridge, RunArgs};
+use crate::upstream::{CallRelay, Upstreams};
 
 /// Why `exec` has no code to run.
 #[derive(Debug, thiserror::Error)]
@@ -64,41 +65,13 @@ pub(super) async fn exec(
             return ExitCode::from(2);
         }
     };
-    let started = std::time::Instant::now();
     let session = format!("exec-{}", std::process::id());
-    let audit = Audit::open(&config);
-    let record = |status: &str, error_type: Option<&str>| {
-        audit.exec(audit::Exec {
-            session: &session,
-            identity: None,
-            code: &code,
-            servers: &servers,
-            status,
-            error_type,
-            duration: started.elapsed(),
-        });
-    };
-    let skills = Arc::new(crate::skills::Store::from_config(&config));
-    let call = CallContext {
-        session: session.clone(),
-        audit: audit.clone(),
-        ..Default::default()
-    };
-    let binding = match ups.load_for(&servers, call).await {
-        Ok(b) => crate::skills::rpc::SkillRpc::bind(&skills, b),
-        Err(e) => {
-            ups.shutdown().await;
-            record("setup_error", Some(e.kind()));
-            flush(&audit).await;
-            eprintln!("error: {}", e.message());
-            return ExitCode::from(2);
-        }
-    };
     let sandbox = Sandbox::new(config.clone());
     let bar = load_bar(&config);
     if let Some((_, report)) = &bar {
         sandbox.set_load_progress(report.clone());
     }
+    let bridge = Bridge::new(config.clone(), sandbox, ups);
     let err_paint = Paint {
         on: std::io::stderr().is_terminal(),
     };
@@ -112,34 +85,33 @@ pub(super) async fn exec(
             let _ = std::io::stderr().lock().write_all(data.as_bytes());
         }
     });
-    let req = ExecRequest {
-        code: code.clone(),
-        timeout: config.timeout.0,
-        max_timeout: config.max_timeout.0,
-        output_cap: config.output_cap.0 as usize,
-        binding,
-        cancel: tokio_util::sync::CancellationToken::new(),
-        on_output: Some(sink),
+    let args = RunArgs {
+        code,
+        servers,
+        timeout: None,
+        session: Some(session.clone()),
+        reset: false,
     };
-    let result = sandbox.run(&session, false, req).await;
+    // The one path of a call (`Bridge::execute`): servers under the policy, skills, the audit
+    // records. Nobody can be asked, so `ask` is `ask_fallback`.
+    let result = bridge
+        .execute(
+            &SessionKey::local(session),
+            args,
+            tokio_util::sync::CancellationToken::new(),
+            Some(sink),
+            None,
+            CallRelay::default(),
+        )
+        .await;
     if let Some((bar, _)) = bar {
         bar.finish_and_clear();
     }
-    sandbox.shutdown().await;
-    ups.shutdown().await;
-    match &result {
-        Ok(o) => {
-            let status = serde_json::to_value(o.outcome).unwrap_or_default();
-            let error_type = o.error.as_ref().map(|e| e.kind.as_str());
-            record(status.as_str().unwrap_or("unknown"), error_type);
-        }
-        Err(_) => record("setup_error", Some("SandboxUnavailable")),
-    }
-    flush(&audit).await;
+    bridge.shutdown().await;
     let o = match result {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("{}", err_paint.red(&format!("error: {}", e.with_hint())));
+            eprintln!("{}", err_paint.red(&format!("error: {}", e.message)));
             return ExitCode::from(2);
         }
     };
@@ -175,14 +147,6 @@ pub(super) async fn exec(
         Outcome::Timeout => ExitCode::from(124),
         _ => ExitCode::FAILURE,
     }
-}
-
-/// Write the queued audit records before the process exits (bounded, as at the bridge's
-/// shutdown).
-async fn flush(audit: &Audit) {
-    let audit = audit.clone();
-    let _ =
-        tokio::task::spawn_blocking(move || audit.flush(std::time::Duration::from_secs(5))).await;
 }
 
 /// A notice of the sandbox, as it applies to a one-shot run: there is no session to keep or

@@ -2,6 +2,7 @@
 //! lists (DNS-rebinding protection), an `Mcp-Session-Id` kept to the identity that created it,
 //! and the bounds on what one identity holds at once.
 
+use crate::identity::Identity;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -175,8 +176,8 @@ pub struct Limits {
     mcp_sessions_per_identity: usize,
     /// rmcp's sessions, to tell which of an identity's are still open.
     sessions: Arc<LocalSessionManager>,
-    slots: Mutex<HashMap<String, Arc<Semaphore>>>,
-    owners: Mutex<(HashMap<String, String>, VecDeque<String>)>,
+    slots: Mutex<HashMap<Identity, Arc<Semaphore>>>,
+    owners: Mutex<(HashMap<String, Identity>, VecDeque<String>)>,
     streams: Mutex<HashMap<String, usize>>,
     in_flight: Arc<(AtomicUsize, Notify)>,
 }
@@ -283,7 +284,7 @@ impl Limits {
     /// `abandoned` runs if the client goes away before the response's end.
     pub async fn run(
         self: &Arc<Self>,
-        identity: String,
+        identity: Identity,
         request: Request,
         next: Next,
         abandoned: Option<OnAbandoned>,
@@ -393,8 +394,8 @@ impl Limits {
     /// Record `session` as `identity`'s, if that identity has fewer than
     /// `http.max_mcp_sessions_per_identity` open; `false` if it has that many. Sessions rmcp
     /// has closed (expired, deleted) are forgotten when the count is reached.
-    async fn own(&self, session: &str, identity: &str) -> bool {
-        let mine = |owners: &(HashMap<String, String>, VecDeque<String>)| -> Vec<String> {
+    async fn own(&self, session: &str, identity: &Identity) -> bool {
+        let mine = |owners: &(HashMap<String, Identity>, VecDeque<String>)| -> Vec<String> {
             owners
                 .0
                 .iter()
@@ -402,8 +403,8 @@ impl Limits {
                 .map(|(s, _)| s.clone())
                 .collect()
         };
-        let record = |owners: &mut (HashMap<String, String>, VecDeque<String>)| {
-            owners.0.insert(session.to_string(), identity.to_string());
+        let record = |owners: &mut (HashMap<String, Identity>, VecDeque<String>)| {
+            owners.0.insert(session.to_string(), identity.clone());
             owners.1.push_back(session.to_string());
             while owners.1.len() > MAX_OWNED_SESSIONS {
                 if let Some(old) = owners.1.pop_front() {

@@ -1,4 +1,4 @@
-//! The 2025-11-25 form of tasks over HTTP: [`crate::legacy_tasks`] applied to a POST's JSON body
+//! The 2025-11-25 form of tasks over HTTP: [`crate::server::legacy_tasks`] applied to a POST's JSON body
 //! before rmcp reads it, and to the answer of an `initialize` or `tools/list` (a JSON body, or
 //! the events of an SSE stream) on its way out.
 
@@ -11,7 +11,7 @@ use axum::response::Response;
 use serde_json::Value;
 
 use super::problem;
-use crate::legacy_tasks::Wire;
+use crate::server::legacy_tasks::Wire;
 
 /// The largest answer translated; an `initialize` or `tools/list` answer is a few KiB.
 const MAX_ANSWER: usize = 4 << 20;

@@ -293,21 +293,19 @@ async fn authenticate(
     // Without authentication (loopback only) there is one user, as over stdio: no identity,
     // and its sessions and skills are that user's own. The bounds still count its requests.
     let identity = match &shared.auth {
-        None => String::new(),
+        None => Identity::Local,
         Some(auth) => {
             let header = request
                 .headers()
                 .get(header::AUTHORIZATION)
                 .map(HeaderValue::as_bytes);
             match auth.check(header).await {
-                Ok(id) => id,
+                Ok(id) => Identity::Named(id),
                 Err(refusal) => return unauthorized(&shared, request.headers(), refusal),
             }
         }
     };
-    if shared.auth.is_some() {
-        request.extensions_mut().insert(Identity(identity.clone()));
-    }
+    request.extensions_mut().insert(identity.clone());
     let delete = request.method() == axum::http::Method::DELETE;
     let (request, wire, message) = match legacy::inbound(request, shared.max_body).await {
         Ok(r) => r,

@@ -15,6 +15,7 @@ use globset::{GlobSet, GlobSetBuilder};
 use serde_json::{Map, Value};
 
 use crate::config::Loaded;
+use crate::identity::SessionKey;
 use crate::config::policy::{Action, Patterns, PolicyConfig};
 
 /// What happened to one proxied call, as the audit log spells it ([`Verdict::as_str`]).
@@ -409,7 +410,7 @@ const MAX_GRANTS_PER_SESSION: usize = 1024;
 /// whose code the human never approved, and its grants are gone.
 #[derive(Default)]
 pub struct Grants {
-    by_session: Mutex<HashMap<String, SessionGrants>>,
+    by_session: Mutex<HashMap<SessionKey, SessionGrants>>,
 }
 
 struct SessionGrants {
@@ -419,7 +420,7 @@ struct SessionGrants {
 
 impl Grants {
     /// Whether `key` (`server.tool`) is allowed for `session` running in `interpreter`.
-    pub fn has(&self, session: &str, interpreter: &str, key: &str) -> bool {
+    pub fn has(&self, session: &SessionKey, interpreter: &str, key: &str) -> bool {
         let mut m = self.by_session.lock().unwrap();
         match m.get(session) {
             Some(g) if g.interpreter == interpreter => g.tools.contains(key),
@@ -431,7 +432,7 @@ impl Grants {
         }
     }
 
-    pub fn grant(&self, session: &str, interpreter: &str, key: &str) {
+    pub fn grant(&self, session: &SessionKey, interpreter: &str, key: &str) {
         let mut m = self.by_session.lock().unwrap();
         if !m.contains_key(session) && m.len() >= MAX_GRANT_SESSIONS {
             let victim = m.keys().next().cloned();
@@ -440,7 +441,7 @@ impl Grants {
             }
         }
         let g = m
-            .entry(session.to_string())
+            .entry(session.clone())
             .or_insert_with(|| SessionGrants {
                 interpreter: interpreter.to_string(),
                 tools: HashSet::new(),
@@ -455,7 +456,7 @@ impl Grants {
     }
 
     /// Forget what `session` was allowed (reset).
-    pub fn forget(&self, session: &str) {
+    pub fn forget(&self, session: &SessionKey) {
         self.by_session.lock().unwrap().remove(session);
     }
 }
@@ -639,18 +640,21 @@ mod tests {
     #[test]
     fn grants_belong_to_a_session_and_its_interpreter() {
         let g = Grants::default();
-        g.grant("s", "c1", "gh.create");
-        assert!(g.has("s", "c1", "gh.create"));
-        assert!(!g.has("s", "c1", "gh.delete"));
-        assert!(!g.has("other", "c1", "gh.create"));
+        let s = |name: &str| SessionKey::local(name);
+        g.grant(&s("s"), "c1", "gh.create");
+        assert!(g.has(&s("s"), "c1", "gh.create"));
+        assert!(!g.has(&s("s"), "c1", "gh.delete"));
+        assert!(!g.has(&s("other"), "c1", "gh.create"));
+        let alice = SessionKey::new(crate::identity::Identity::Named("alice".into()), "s");
+        assert!(!g.has(&alice, "c1", "gh.create"), "another identity's session of that name");
         // A new interpreter for the session: forgotten.
-        assert!(!g.has("s", "c2", "gh.create"));
-        assert!(!g.has("s", "c1", "gh.create"));
-        g.grant("s", "c2", "gh.create");
-        g.forget("s");
-        assert!(!g.has("s", "c2", "gh.create"));
+        assert!(!g.has(&s("s"), "c2", "gh.create"));
+        assert!(!g.has(&s("s"), "c1", "gh.create"));
+        g.grant(&s("s"), "c2", "gh.create");
+        g.forget(&s("s"));
+        assert!(!g.has(&s("s"), "c2", "gh.create"));
         for i in 0..(MAX_GRANT_SESSIONS + 10) {
-            g.grant(&format!("s{i}"), "c", "t.x");
+            g.grant(&s(&format!("s{i}")), "c", "t.x");
         }
         assert!(g.by_session.lock().unwrap().len() <= MAX_GRANT_SESSIONS);
     }

@@ -35,7 +35,9 @@ use crate::config::Config;
 
 /// The directory the code writes its results to.
 pub const OUT_DIR: &str = "/workspace/out";
-/// The URI of a kept file is this, the session and the file's name (both percent-encoded).
+/// The URI of a kept file is this, the session's name and the file's name (both
+/// percent-encoded). The name only, not its owner: whoever reads the URI is the owner, so under
+/// `serve` the reader's identity completes the key, and another identity's URI names nothing.
 pub const URI_PREFIX: &str = "resource://mcp-code-bridge/files/";
 /// Entries read from one archive at most (directories and skipped ones included): bounds the
 /// work of a directory of many tiny files, whose bytes alone the read limit would let through.

@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::sync::{Mutex, OnceCell};
 
 use crate::config::Config;
-use crate::identity;
+use crate::identity::{Identity, SessionKey};
 use container::Role;
 use engine::{Enforcement, Engine};
 pub use error::SandboxError;
@@ -34,7 +34,7 @@ use pool::Pool;
 pub use session::{Claim, ExecRequest, Session};
 
 /// The session used when a call names none: one per client, and a stdio bridge has one client.
-pub const DEFAULT_SESSION: &str = "default";
+pub use crate::identity::DEFAULT_SESSION;
 
 /// The notice of a call cancelled while it waited for its session's running call.
 const NOT_STARTED: &str = "the call was cancelled before its code started (it was waiting for the session's running call): nothing ran, and the session and its variables are untouched.";
@@ -44,12 +44,12 @@ const NOT_STARTED: &str = "the call was cancelled before its code started (it wa
 /// that name, which starts a fresh interpreter, says why. Bounded: a name seen again takes its
 /// entry, and past [`Lost::MAX`] names an old entry goes.
 #[derive(Default)]
-struct Lost(std::sync::Mutex<HashMap<String, String>>);
+struct Lost(std::sync::Mutex<HashMap<SessionKey, String>>);
 
 impl Lost {
     const MAX: usize = 256;
 
-    fn note(&self, session: &str, why: String) {
+    fn note(&self, session: &SessionKey, why: String) {
         let mut m = self.0.lock().unwrap();
         if m.len() >= Self::MAX
             && !m.contains_key(session)
@@ -57,15 +57,15 @@ impl Lost {
         {
             m.remove(&k);
         }
-        m.insert(session.to_string(), why);
+        m.insert(session.clone(), why);
     }
 
     /// The notice for a fresh interpreter of `session`, if its last one went unannounced.
-    fn take(&self, session: &str) -> Option<String> {
+    fn take(&self, session: &SessionKey) -> Option<String> {
         let why = self.0.lock().unwrap().remove(session)?;
         Some(format!(
             "session {:?} was reset since its last reply ({why}); this call runs in a fresh interpreter: variables and imports are gone.",
-            identity::split_key(session).1
+            session.name()
         ))
     }
 }
@@ -78,7 +78,7 @@ pub struct Sandbox {
     /// Failed attempts at either, shared with those that waited for them.
     engine_failed: Failed,
     image_failed: Failed,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    sessions: Mutex<HashMap<SessionKey, Arc<Session>>>,
     /// Serializes starting a session of a given name.
     starting: Mutex<()>,
     owner: String,
@@ -299,7 +299,7 @@ impl Sandbox {
     /// whether it was started now, and notices for the caller (a session closed to make room).
     pub async fn session(
         &self,
-        name: &str,
+        name: &SessionKey,
         reset: bool,
     ) -> Result<(Claim, bool, Vec<String>), SandboxError> {
         self.pool.touch();
@@ -331,10 +331,10 @@ impl Sandbox {
         }
         if let Some(mut s) = pooled {
             let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-            s.hand_to(name, serial);
+            s.hand_to(&name.to_string(), serial);
             let s = Arc::new(s);
             let claim = s.claim();
-            self.sessions.lock().await.insert(name.to_string(), s);
+            self.sessions.lock().await.insert(name.clone(), s);
             return Ok((claim, true, Vec::new()));
         }
         let notices = self.make_room(name).await?;
@@ -344,7 +344,7 @@ impl Sandbox {
             Session::start(
                 &engine.docker,
                 &self.config,
-                Role::Session(name),
+                Role::Session(&name.to_string()),
                 &self.owner,
                 serial,
             )
@@ -352,7 +352,7 @@ impl Sandbox {
         );
         self.pool.cold_took(t0.elapsed());
         let claim = s.claim();
-        self.sessions.lock().await.insert(name.to_string(), s);
+        self.sessions.lock().await.insert(name.clone(), s);
         Ok((claim, true, notices))
     }
 
@@ -360,26 +360,27 @@ impl Sandbox {
     /// idle sessions, or refuse when every session is running code (closing a busy one would
     /// lose work in flight). Called with `starting` held, so no other session starts meanwhile
     /// and the pool can only shrink; pooled sandboxes (being started) count too.
-    async fn make_room(&self, name: &str) -> Result<Vec<String>, SandboxError> {
+    async fn make_room(&self, name: &SessionKey) -> Result<Vec<String>, SandboxError> {
         let max = self.config.max_sessions as usize;
         // Under `serve` an identity's sessions are also bounded on their own, and make room
         // among themselves first: one user cannot close everyone else's sessions.
-        let owner = identity::split_key(name).0;
+        let owner = name.owner();
         let per_identity = self.config.http.max_sessions_per_identity as usize;
         let mut notices = Vec::new();
         loop {
             let (victim, busy, key, limit) = {
                 let sessions = self.sessions.lock().await;
-                let live: Vec<(&String, &Arc<Session>)> = sessions
+                let live: Vec<(&SessionKey, &Arc<Session>)> = sessions
                     .iter()
-                    .filter(|(k, s)| k.as_str() != name && !s.is_dead())
+                    .filter(|(k, s)| *k != name && !s.is_dead())
                     .collect();
-                let mine: Vec<(&String, &Arc<Session>)> = live
+                let mine: Vec<(&SessionKey, &Arc<Session>)> = live
                     .iter()
-                    .filter(|(k, _)| identity::owns(owner, k))
+                    .filter(|(k, _)| k.owner() == owner)
                     .copied()
                     .collect();
-                let (candidates, key, limit) = if owner.is_some() && mine.len() >= per_identity {
+                let named = *owner != Identity::Local;
+                let (candidates, key, limit) = if named && mine.len() >= per_identity {
                     (mine, "http.max_sessions_per_identity", per_identity)
                 } else if live.len() + self.pool.held() >= max {
                     (live, "max_sessions", max)
@@ -394,8 +395,8 @@ impl Sandbox {
                 // The caller's own sessions by name; others' only counted, never named.
                 let mut busy: Vec<String> = candidates
                     .iter()
-                    .filter(|(k, _)| identity::owns(owner, k))
-                    .map(|(k, _)| identity::split_key(k).1.to_string())
+                    .filter(|(k, _)| k.owner() == owner)
+                    .map(|(k, _)| k.name().to_string())
                     .collect();
                 busy.sort();
                 let others = candidates.len() - busy.len();
@@ -406,7 +407,7 @@ impl Sandbox {
             };
             let Some((victim, s)) = victim else {
                 return Err(SandboxError::AllBusy {
-                    session: identity::split_key(name).1.to_string(),
+                    session: name.name().to_string(),
                     max: limit as u32,
                     key,
                     busy,
@@ -428,8 +429,8 @@ impl Sandbox {
                 &victim,
                 format!("it was closed, unused for {idle}s, to stay within {key} = {limit}"),
             );
-            let shown = if identity::owns(owner, &victim) {
-                format!("session {:?}", identity::split_key(&victim).1)
+            let shown = if victim.owner() == owner {
+                format!("session {:?}", victim.name())
             } else {
                 "another user's session".to_string()
             };
@@ -442,7 +443,7 @@ impl Sandbox {
     /// Run a request in session `name`. Errors are for failures to get a sandbox at all.
     pub async fn run(
         &self,
-        name: &str,
+        name: &SessionKey,
         reset: bool,
         req: ExecRequest,
     ) -> Result<ExecOutcome, SandboxError> {
@@ -472,7 +473,7 @@ impl Sandbox {
         // Even after an error or a timeout: what the code wrote before it is there. Not from a
         // container that is gone (its files went with it).
         if !outcome.session_reset && !session.is_dead() {
-            let report = session.collect_files().await;
+            let report = session.collect_files(name).await;
             outcome.files = report.new;
             outcome.notices.extend(report.notices);
             files::inline_images(&mut outcome, &session.files);
@@ -504,7 +505,7 @@ impl Sandbox {
     }
 
     /// Every kept file of the live sessions, as `(session, file)`.
-    pub async fn files(&self) -> Vec<(String, files::OutFile)> {
+    pub async fn files(&self) -> Vec<(SessionKey, files::OutFile)> {
         let sessions = self.sessions.lock().await;
         let mut all = Vec::new();
         for (name, s) in sessions.iter().filter(|(_, s)| !s.is_dead()) {
@@ -517,7 +518,7 @@ impl Sandbox {
     /// session was reset or closed, or never wrote it).
     pub async fn read_file(
         &self,
-        session: &str,
+        session: &SessionKey,
         name: &str,
     ) -> std::io::Result<Option<(files::OutFile, Vec<u8>)>> {
         let store = match self.sessions.lock().await.get(session) {
@@ -537,7 +538,7 @@ impl Sandbox {
                 s.destroy().await;
             }
         }
-        let stale: Vec<(String, Arc<Session>)> = {
+        let stale: Vec<(SessionKey, Arc<Session>)> = {
             let sessions = self.sessions.lock().await;
             sessions
                 .iter()

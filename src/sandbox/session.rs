@@ -5,6 +5,7 @@
 //! An exec holds the session's frame receiver for its whole duration, so execs on one session run
 //! one at a time, and frames that name another exec id are dropped.
 
+use crate::identity::SessionKey;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -91,6 +92,8 @@ pub struct ExecRequest {
 }
 
 pub struct Session {
+    /// The session it serves, as logs and the engine's container name show it (its key, or
+    /// `pool-<serial>` while pooled).
     pub name: String,
     pub container_id: String,
     pub python: String,
@@ -380,7 +383,7 @@ impl Session {
     /// is a request to the engine, many times a warm call's cost, and most calls write nothing.
     /// An exec without a digest (it crashed, or the runtime could not tell) is always copied, and
     /// a copy with a notice (a cap, an error) does not count as complete.
-    pub async fn collect_files(&self) -> super::files::Report {
+    pub async fn collect_files(&self, session: &SessionKey) -> super::files::Report {
         let latest = self.out_stamp.lock().unwrap().latest.take();
         if let Some(stamp) = &latest {
             let copied = self.out_stamp.lock().unwrap().copied.clone();
@@ -392,7 +395,7 @@ impl Session {
             &self.docker,
             &self.container_id,
             Arc::clone(&self.files),
-            &self.name,
+            session.name(),
             self.file_caps,
         )
         .await;

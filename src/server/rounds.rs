@@ -28,6 +28,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::identity::{Identity, SessionKey};
 use crate::policy::{Approval, ApprovalRequest, Approver};
 use crate::sandbox::OutputSink;
 use crate::upstream::{ClientLink, ProgressSink, UpstreamProgress};
@@ -133,12 +134,12 @@ impl Approver for RoundApprover {
 /// the next round of the call that made the proxied call.
 pub struct RoundLink {
     asker: Asker,
-    identity: String,
+    identity: Identity,
 }
 
 #[async_trait::async_trait]
 impl ClientLink for RoundLink {
-    fn identity(&self) -> &str {
+    fn identity(&self) -> &Identity {
         &self.identity
     }
 
@@ -184,16 +185,14 @@ impl Sinks {
 /// Who may resume a paused call: the identity, the session name and the code of the call.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Binding {
-    pub owner: Option<String>,
-    pub session: String,
+    pub key: SessionKey,
     code: [u8; 32],
 }
 
 impl Binding {
-    pub fn new(owner: Option<String>, session: &str, code: &str) -> Binding {
+    pub fn new(key: SessionKey, code: &str) -> Binding {
         Binding {
-            owner,
-            session: session.to_string(),
+            key,
             code: Sha256::digest(code.as_bytes()).into(),
         }
     }
@@ -224,14 +223,14 @@ pub struct Links {
 
 impl Running {
     /// The channels of a new call: hand `Links` to the run, then [`Running::spawn`] it.
-    pub fn links(askable: Askable, identity: Option<&str>) -> (Links, mpsc::Receiver<Question>) {
+    pub fn links(askable: Askable, identity: Identity) -> (Links, mpsc::Receiver<Question>) {
         let (tx, rx) = mpsc::channel(MAX_QUESTIONS_PER_ROUND);
         let asker = Asker { tx, askable };
         let links = Links {
             approver: RoundApprover(asker.clone()),
             client: RoundLink {
                 asker,
-                identity: identity.unwrap_or("stdio").to_string(),
+                identity,
             },
             cancel: CancellationToken::new(),
             sinks: Sinks::default(),
@@ -283,7 +282,7 @@ impl Running {
     /// interrupted, as a cancelled call's is). A question becomes `input_required`, whose
     /// handle is registered in `paused`.
     pub async fn drive(mut self, request: &CancellationToken, paused: &Paused) -> CallToolResponse {
-        let session = self.binding.session.clone();
+        let session = self.binding.key.name().to_string();
         tokio::select! {
             r = &mut self.run => CallToolResponse::Complete(joined(r, &session)),
             q = self.questions.recv() => match q {
@@ -323,7 +322,7 @@ impl Running {
 fn joined(r: Result<CallToolResult, tokio::task::JoinError>, session: &str) -> CallToolResult {
     r.unwrap_or_else(|e| {
         tracing::error!("a paused run_python call ended abnormally: {e}");
-        crate::render::setup_error(
+        crate::server::render::setup_error(
             "InternalError",
             "the call ended abnormally while it waited for the client's answer; run it again",
             session,
@@ -366,14 +365,14 @@ impl Paused {
     /// [`KEEP_ENDED`] has passed, and keep the owner's count within [`MAX_PAUSED_PER_OWNER`].
     fn insert(&self, running: Running) -> String {
         let handle = new_handle();
-        let owner = running.binding.owner.clone();
+        let owner = running.binding.key.owner().clone();
         let ended = running.ended.clone();
         let evicted = {
             let mut map = self.0.lock().unwrap();
             let mut evicted = None;
             let mine: Vec<(Instant, String)> = map
                 .iter()
-                .filter(|(_, (_, r))| r.binding.owner == owner)
+                .filter(|(_, (_, r))| *r.binding.key.owner() == owner)
                 .map(|(h, (t, _))| (*t, h.clone()))
                 .collect();
             if mine.len() >= MAX_PAUSED_PER_OWNER
@@ -413,7 +412,9 @@ impl Paused {
         let mut map = self.0.lock().unwrap();
         match map.get(handle) {
             None => return Err(ResumeError::Unknown),
-            Some((_, r)) if r.binding.owner != binding.owner => return Err(ResumeError::Unknown),
+            Some((_, r)) if r.binding.key.owner() != binding.key.owner() => {
+                return Err(ResumeError::Unknown);
+            }
             Some((_, r)) if r.binding != *binding => return Err(ResumeError::OtherCall),
             Some(_) => {}
         }
@@ -473,14 +474,18 @@ mod tests {
         assert!(!url.form && url.url);
     }
 
-    async fn paused_call(owner: Option<&str>, code: &str) -> (Paused, String, Binding) {
+    fn key(owner: &str) -> SessionKey {
+        SessionKey::new(Identity::Named(owner.into()), "default")
+    }
+
+    async fn paused_call(owner: &str, code: &str) -> (Paused, String, Binding) {
         let paused = Paused::default();
         let (links, rx) = Running::links(
             Askable {
                 form: true,
                 url: false,
             },
-            owner,
+            key(owner).owner().clone(),
         );
         let Links {
             approver,
@@ -489,7 +494,7 @@ mod tests {
             ..
         } = links;
         let a = Arc::new(approver);
-        let binding = Binding::new(owner.map(str::to_string), "default", code);
+        let binding = Binding::new(key(owner), code);
         let running = Running::spawn(binding.clone(), cancel, sinks, rx, async move {
             let r = ApprovalRequest {
                 server: "s".into(),
@@ -512,16 +517,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_handle_resumes_its_call_once_and_for_its_owner_only() {
-        let (paused, handle, binding) = paused_call(Some("alice"), "x").await;
+        let (paused, handle, binding) = paused_call("alice", "x").await;
         assert_eq!(handle.len(), 64);
         // Another identity: unknown, and nothing is consumed.
-        let bob = Binding::new(Some("bob".into()), "default", "x");
+        let bob = Binding::new(key("bob"), "x");
         assert!(matches!(
             paused.take(&handle, &bob, None),
             Err(ResumeError::Unknown)
         ));
         // Other code, same identity: refused, nothing consumed.
-        let other = Binding::new(Some("alice".into()), "default", "y");
+        let other = Binding::new(key("alice"), "y");
         assert!(matches!(
             paused.take(&handle, &other, None),
             Err(ResumeError::OtherCall)
@@ -549,7 +554,7 @@ mod tests {
 
     #[tokio::test]
     async fn no_answer_is_a_decline() {
-        let (paused, handle, binding) = paused_call(None, "x").await;
+        let (paused, handle, binding) = paused_call("alice", "x").await;
         let running = paused.take(&handle, &binding, None).unwrap();
         let CallToolResponse::Complete(r) = running.drive(&CancellationToken::new(), &paused).await
         else {

@@ -1,7 +1,7 @@
 //! `run_python` as a task: started by a `tools/call` that asks for one, then polled, waited on,
 //! listed and cancelled by the client that started it. One kind of task, two wire forms: the
 //! tasks extension (SEP-2663) through rmcp's handlers, and 2025-11-25's through the custom
-//! methods [`crate::legacy_tasks`] renames its requests to.
+//! methods [`crate::server::legacy_tasks`] renames its requests to.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,14 +16,14 @@ use rmcp::service::RequestContext;
 use rmcp::task_manager::{TaskExit, TaskOptions};
 use serde_json::{Value, json};
 
-use super::{
-    Bridge, CallRelay, ClientApprover, PeerLink, RunArgs, TASK_POLL_MS, TASK_RETENTION, call_args,
-    refused,
-};
-use crate::identity;
-use crate::legacy_tasks::PREFIX;
+use super::link::{ClientApprover, PeerLink};
+use super::replies::refused;
+use super::tool::call_args;
+use super::{Bridge, RunArgs, TASK_POLL_MS, TASK_RETENTION};
+use crate::upstream::CallRelay;
+use crate::identity::{Identity, SessionKey};
+use crate::server::legacy_tasks::PREFIX;
 use crate::policy::Approver;
-use crate::sandbox::DEFAULT_SESSION;
 
 /// How often `tasks/result` looks whether its task has ended.
 const RESULT_POLL: Duration = Duration::from_millis(50);
@@ -48,10 +48,9 @@ const TASK_BYTES_PER_IDENTITY: usize = 32 << 20;
 /// Who started a task, and in which form: its requests are answered in that form (a client on
 /// a 2025-11-25 connection may use either: rmcp's client starts extension tasks there).
 pub(super) struct Owner {
-    identity: Option<String>,
+    /// Whose session it runs in, and the bytes of its code, for the bounds on tasks not ended.
+    key: SessionKey,
     legacy: bool,
-    /// The session it runs in, and the bytes of its code, for the bounds on tasks not ended.
-    session: String,
     bytes: usize,
     /// Set when the task's run ends (result, error, cancel or its TTL).
     ended: Arc<AtomicBool>,
@@ -66,22 +65,22 @@ impl Drop for EndsWith {
     }
 }
 
-/// Whether one more task of `bytes` fits beside `owners`' tasks not ended, of `identity` and
-/// of its `session`; `Err` says which bound it would pass.
+/// Whether one more task of `bytes` fits beside `owners`' tasks not ended, of `key`'s owner
+/// and of its session; `Err` says which bound it would pass.
 fn room_for(
     owners: &std::collections::HashMap<String, Owner>,
-    identity: &Option<String>,
-    session: &str,
+    key: &SessionKey,
     bytes: usize,
 ) -> Result<(), String> {
+    let session = key.name();
     let (mut tasks, mut held, mut session_tasks, mut session_held) = (0, 0, 0, 0);
     for o in owners.values() {
-        if o.identity != *identity || o.ended.load(Ordering::SeqCst) {
+        if o.key.owner() != key.owner() || o.ended.load(Ordering::SeqCst) {
             continue;
         }
         tasks += 1;
         held += o.bytes;
-        if o.session == session {
+        if o.key == *key {
             session_tasks += 1;
             session_held += o.bytes;
         }
@@ -110,10 +109,10 @@ impl Bridge {
     pub(super) fn task_visible(
         &self,
         id: &str,
-        identity: &Option<String>,
+        identity: &Identity,
     ) -> Result<bool, ErrorData> {
         match self.task_owners.lock().unwrap().get(id) {
-            Some(owner) if owner.identity != *identity => {
+            Some(owner) if owner.key.owner() != identity => {
                 Err(ErrorData::invalid_params(format!("no task {id:?}"), None))
             }
             owner => Ok(owner.is_some_and(|o| o.legacy)),
@@ -127,25 +126,21 @@ impl Bridge {
     /// the others above).
     pub(super) fn spawn_task(
         &self,
+        key: SessionKey,
         args: RunArgs,
         context: &RequestContext<RoleServer>,
         legacy: bool,
     ) -> Result<Task, ErrorData> {
         let bridge = self.clone();
         let peer = context.peer.clone();
-        let identity = identity::of_request(&context.extensions);
-        let owner = identity.clone();
-        let session = args
-            .session
-            .clone()
-            .unwrap_or_else(|| DEFAULT_SESSION.to_string());
+        let owner = key.clone();
         let bytes = args.code.len();
         let ended = Arc::new(AtomicBool::new(false));
         let ends = EndsWith(ended.clone());
         // Held from the count to the record, so two calls at once cannot both take the last place.
         let mut owners = self.task_owners.lock().unwrap();
         owners.retain(|id, _| self.tasks.get_task(id).is_ok());
-        if let Err(why) = room_for(&owners, &identity, &session, bytes) {
+        if let Err(why) = room_for(&owners, &key, bytes) {
             return Err(refused(
                 "tools/call",
                 ErrorData::invalid_request(
@@ -172,16 +167,10 @@ impl Bridge {
                     let approver: Arc<dyn Approver> = Arc::new(ClientApprover(peer.clone()));
                     let relay = CallRelay {
                         progress: None,
-                        client: Some(Arc::new(PeerLink::new(peer, identity.as_deref()))),
+                        client: Some(Arc::new(PeerLink::new(peer, key.owner().clone()))),
                     };
-                    let run = bridge.run_for(
-                        args,
-                        cancel.clone(),
-                        None,
-                        Some(approver),
-                        relay,
-                        identity.as_deref(),
-                    );
+                    let run =
+                        bridge.run_for(key, args, cancel.clone(), None, Some(approver), relay);
                     tokio::pin!(run);
                     tokio::select! {
                         r = &mut run => Ok(r),
@@ -198,9 +187,8 @@ impl Bridge {
         owners.insert(
             task.task_id.clone(),
             Owner {
-                identity: owner,
+                key: owner,
                 legacy,
-                session,
                 bytes,
                 ended,
             },
@@ -208,7 +196,7 @@ impl Bridge {
         Ok(task)
     }
 
-    /// A 2025-11-25 task request, renamed by [`crate::legacy_tasks`]; `None` for any other
+    /// A 2025-11-25 task request, renamed by [`crate::server::legacy_tasks`]; `None` for any other
     /// custom method.
     pub(super) async fn legacy_task_request(
         &self,
@@ -216,7 +204,7 @@ impl Bridge {
         context: &RequestContext<RoleServer>,
     ) -> Option<Result<CustomResult, ErrorData>> {
         let method = request.method.strip_prefix(PREFIX)?;
-        let identity = identity::of_request(&context.extensions);
+        let identity = Identity::of_request(&context.extensions);
         let params = request.params.clone().unwrap_or(Value::Null);
         let task_id = || {
             params
@@ -272,8 +260,8 @@ impl Bridge {
                 ),
             )
         })?;
-        let args = call_args(request.name, request.arguments, &context.extensions)?;
-        Ok(json!({"task": legacy_task(&self.spawn_task(args, context, true)?)}))
+        let (args, key) = call_args(request.name, request.arguments, &context.extensions)?;
+        Ok(json!({"task": legacy_task(&self.spawn_task(key, args, context, true)?)}))
     }
 
     /// `tasks/result`: wait for the task to end (it does, by its TTL at the latest), then
@@ -281,7 +269,7 @@ impl Bridge {
     async fn legacy_result(
         &self,
         id: &str,
-        identity: &Option<String>,
+        identity: &Identity,
         context: &RequestContext<RoleServer>,
     ) -> Result<Value, ErrorData> {
         self.task_visible(id, identity)?;
@@ -316,7 +304,7 @@ impl Bridge {
 
     /// `tasks/cancel`: interrupt the code, and answer with the task once it has stopped (or as
     /// it is after [`CANCEL_WAIT`]).
-    async fn legacy_cancel(&self, id: &str, identity: &Option<String>) -> Result<Value, ErrorData> {
+    async fn legacy_cancel(&self, id: &str, identity: &Identity) -> Result<Value, ErrorData> {
         if !self.task_visible(id, identity)? {
             // An extension task: its cancel answers at once, with nothing.
             self.tasks.cancel_task(id)?;
@@ -340,7 +328,7 @@ impl Bridge {
     }
 
     /// `tasks/list`: the caller's own tasks, oldest first, a page at a time.
-    fn legacy_list(&self, params: &Value, identity: &Option<String>) -> Result<Value, ErrorData> {
+    fn legacy_list(&self, params: &Value, identity: &Identity) -> Result<Value, ErrorData> {
         let start = match params.get("cursor") {
             None | Some(Value::Null) => 0,
             Some(c) => c
@@ -358,7 +346,7 @@ impl Bridge {
             .lock()
             .unwrap()
             .iter()
-            .filter(|(_, owner)| owner.identity == *identity)
+            .filter(|(_, owner)| owner.key.owner() == identity)
             .map(|(id, _)| id.clone())
             .collect();
         let mut tasks: Vec<DetailedTask> = ids
@@ -408,29 +396,28 @@ mod tests {
 
     #[test]
     fn tasks_not_ended_are_bounded_per_session_and_per_identity() {
+        let key = |who: &str, session: &str| SessionKey::new(Identity::Named(who.into()), session);
         let owner = |who: &str, session: &str, bytes: usize, ended: bool| Owner {
-            identity: Some(who.into()),
+            key: key(who, session),
             legacy: false,
-            session: session.into(),
             bytes,
             ended: Arc::new(AtomicBool::new(ended)),
         };
-        let alice = Some("alice".to_string());
         let mut owners = std::collections::HashMap::new();
         for i in 0..TASKS_PER_SESSION {
             owners.insert(format!("a{i}"), owner("alice", "s", 1, false));
         }
-        let why = room_for(&owners, &alice, "s", 1).unwrap_err();
+        let why = room_for(&owners, &key("alice", "s"), 1).unwrap_err();
         assert!(why.contains("session \"s\" has 8 tasks"), "{why}");
-        assert!(room_for(&owners, &alice, "t", 1).is_ok());
-        assert!(room_for(&owners, &Some("bob".into()), "s", 1).is_ok());
+        assert!(room_for(&owners, &key("alice", "t"), 1).is_ok());
+        assert!(room_for(&owners, &key("bob", "s"), 1).is_ok());
         owners.insert("a0".into(), owner("alice", "s", 1, true));
-        assert!(room_for(&owners, &alice, "s", 1).is_ok());
-        assert!(room_for(&owners, &alice, "s", TASK_BYTES_PER_SESSION).is_err());
+        assert!(room_for(&owners, &key("alice", "s"), 1).is_ok());
+        assert!(room_for(&owners, &key("alice", "s"), TASK_BYTES_PER_SESSION).is_err());
         for i in 0..TASKS_PER_IDENTITY {
             owners.insert(format!("b{i}"), owner("alice", &format!("s{i}"), 1, false));
         }
-        let why = room_for(&owners, &alice, "new", 1).unwrap_err();
+        let why = room_for(&owners, &key("alice", "new"), 1).unwrap_err();
         assert!(why.contains("tasks of yours"), "{why}");
     }
 

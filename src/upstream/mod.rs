@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::identity::SessionKey;
 use crate::policy::{Approver, Grants, Policy};
 use crate::protocol::{CatalogInfo, DiscoveredServer, ExecBinding, LoadedServer};
 use catalog::ServerTools;
@@ -218,9 +219,9 @@ struct Inner {
 /// and what its proxied calls pass back to that client (their progress, their servers' questions).
 #[derive(Clone, Default)]
 pub struct CallContext {
-    /// The session's key (`crate::identity::session_key`): under `serve`, the identity and the
-    /// session name, so approvals "for this session" and audit records are the identity's.
-    pub session: String,
+    /// The session's key: under `serve`, the identity's own session, so approvals "for this
+    /// session" and audit records are the identity's.
+    pub session: SessionKey,
     pub approver: Option<Arc<dyn Approver>>,
     pub relay: CallRelay,
     /// Where each proxied call's `tool_call` record goes (off by default).
@@ -285,7 +286,7 @@ impl Upstreams {
     }
 
     /// Forget what session `name` was allowed "for this session" (its interpreter is reset).
-    pub fn forget_session(&self, name: &str) {
+    pub fn forget_session(&self, name: &SessionKey) {
         self.inner.grants.forget(name);
     }
 

@@ -35,7 +35,7 @@ pub type ProgressSink = Arc<dyn Fn(UpstreamProgress) + Send + Sync>;
 #[async_trait::async_trait]
 pub trait ClientLink: Send + Sync {
     /// Who the client is: questions of one server go to one client only.
-    fn identity(&self) -> &str;
+    fn identity(&self) -> &crate::identity::Identity;
     /// Whether the client declared it can answer questions of this kind.
     fn can_elicit(&self, request: &ElicitRequestParams) -> bool;
     /// Ask the client's user; `Err` says why no answer came.
@@ -157,18 +157,19 @@ impl Drop for RouteGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::Identity;
     use rmcp::model::NumberOrString;
 
     struct Asked {
-        id: &'static str,
+        id: Identity,
         form: bool,
         last: Mutex<Option<String>>,
     }
 
     #[async_trait::async_trait]
     impl ClientLink for Asked {
-        fn identity(&self) -> &str {
-            self.id
+        fn identity(&self) -> &Identity {
+            &self.id
         }
         fn can_elicit(&self, r: &ElicitRequestParams) -> bool {
             self.form && matches!(r, ElicitRequestParams::FormElicitationParams { .. })
@@ -196,7 +197,7 @@ mod tests {
 
     fn link(id: &'static str, form: bool) -> (Arc<Asked>, CallRelay) {
         let a = Arc::new(Asked {
-            id,
+            id: Identity::Named(id.into()),
             form,
             last: Mutex::new(None),
         });
@@ -246,8 +247,8 @@ mod tests {
 
     #[async_trait::async_trait]
     impl ClientLink for Never {
-        fn identity(&self) -> &str {
-            "never"
+        fn identity(&self) -> &Identity {
+            &Identity::Local
         }
         fn can_elicit(&self, _: &ElicitRequestParams) -> bool {
             true

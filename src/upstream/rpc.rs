@@ -404,9 +404,9 @@ impl ExecRpc {
         arguments: Option<&Map<String, Value>>,
         decision: &Decision,
     ) -> ToolCallRecord {
-        let (identity, session) = crate::identity::split_key(&self.call.session);
+        let key = &self.call.session;
         let r = ToolCallRecord::new(
-            session,
+            key.name(),
             server,
             tool,
             arguments,
@@ -417,7 +417,7 @@ impl ExecRpc {
             Some(path) => r.with_ask(path),
             None => r,
         };
-        match identity {
+        match key.owner().name() {
             Some(id) => r.with_identity(id),
             None => r,
         }
@@ -463,9 +463,9 @@ impl ExecRpc {
         arguments: Option<&Map<String, Value>>,
         e: &RpcError,
     ) {
-        let (identity, session) = crate::identity::split_key(&self.call.session);
+        let key = &self.call.session;
         let mut r = ToolCallRecord::new(
-            session,
+            key.name(),
             server,
             tool,
             arguments,
@@ -480,7 +480,7 @@ impl ExecRpc {
                 .finished(ToolStatus::Denied, std::time::Duration::ZERO)
                 .with_error_type("UnlistedTool"),
         };
-        if let Some(id) = identity {
+        if let Some(id) = key.owner().name() {
             r = r.with_identity(id);
         }
         self.call.audit.tool_call(r);
@@ -503,7 +503,7 @@ impl ExecRpc {
             Action::Ask => {}
         }
         let key = format!("{server}.{tool}");
-        let session = self.call.session.as_str();
+        let session = &self.call.session;
         let interpreter = self.interpreter.get().map_or("", String::as_str);
         let granted = || self.up.inner.grants.has(session, interpreter, &key);
         let fallback = || {

@@ -6,7 +6,7 @@
 //!   why nothing else came back. rmcp drops such a line (rust-sdk#938, for fear of an error
 //!   storm with a peer that echoes errors): these answers are rate-limited instead;
 //! - the 2025-11-25 task requests are translated before rmcp parses them
-//!   ([`crate::legacy_tasks`]).
+//!   ([`crate::server::legacy_tasks`]).
 //!
 //! Every line is bounded ([`crate::server::MAX_REQUEST_LINE_BYTES`]): a longer one is read
 //! through to its newline without being kept, and answered `-32600`.
@@ -20,7 +20,7 @@ use rmcp::transport::Transport;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::legacy_tasks::Wire;
+use crate::server::legacy_tasks::Wire;
 
 /// How many error answers a burst may have, and how many a second follow it.
 const ANSWER_BURST: f64 = 20.0;

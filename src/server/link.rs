@@ -1,0 +1,124 @@
+//! The client of a request as the bridge reaches back to it: the approval question asked by
+//! elicitation, and the link a proxied call's server questions go through.
+
+#![allow(deprecated)]
+
+use rmcp::model::{
+    ElicitRequestParams, ElicitResult,
+};
+use rmcp::RoleServer;
+use serde_json::json;
+
+use crate::policy::{Approval, ApprovalRequest, Approver};
+use crate::identity::Identity;
+use crate::upstream::ClientLink;
+use super::rounds;
+
+/// Asks the human through the MCP client of a `run_python` request: an `elicitation/create`
+/// request in form mode, one field with the three choices.
+pub(super) struct ClientApprover(pub(super) rmcp::Peer<RoleServer>);
+
+/// The choices of an approval form, as sent (`const`) and shown (`title`).
+pub const APPROVE_ONCE: &str = "allow_once";
+pub const APPROVE_SESSION: &str = "allow_session";
+pub const APPROVE_DENY: &str = "deny";
+
+/// The approval form: one required field, `decision`, a titled single choice.
+pub fn approval_schema() -> rmcp::model::ElicitationSchema {
+    serde_json::from_value(json!({
+        "type": "object",
+        "properties": {
+            "decision": {
+                "type": "string",
+                "title": "Allow this tool call?",
+                "oneOf": [
+                    {"const": APPROVE_ONCE, "title": "Allow once"},
+                    {"const": APPROVE_SESSION, "title": "Allow for this session"},
+                    {"const": APPROVE_DENY, "title": "Deny"}
+                ]
+            }
+        },
+        "required": ["decision"]
+    }))
+    .expect("the approval form is a valid elicitation schema")
+}
+
+#[async_trait::async_trait]
+impl Approver for ClientApprover {
+    fn can_ask(&self) -> bool {
+        self.0
+            .supported_elicitation_modes()
+            .contains(&rmcp::service::ElicitationMode::Form)
+    }
+
+    async fn ask(&self, request: &ApprovalRequest) -> Approval {
+        let params = ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message: request.message(),
+            requested_schema: approval_schema(),
+        };
+        rounds::approval_of(
+            self.0
+                .create_elicitation(params)
+                .await
+                .map_err(|e| e.to_string()),
+        )
+    }
+}
+
+/// The client of a `run_python` request, as its proxied calls reach it: a server's question
+/// goes to the user through this peer, and only while every running call is the same
+/// identity's (stdio has one client, so one identity).
+pub(super) struct PeerLink(rmcp::service::Peer<RoleServer>, Identity);
+
+impl PeerLink {
+    pub(super) fn new(peer: rmcp::service::Peer<RoleServer>, identity: Identity) -> PeerLink {
+        PeerLink(peer, identity)
+    }
+}
+
+#[async_trait::async_trait]
+impl ClientLink for PeerLink {
+    fn identity(&self) -> &Identity {
+        &self.1
+    }
+
+    fn can_elicit(&self, request: &ElicitRequestParams) -> bool {
+        use rmcp::service::ElicitationMode;
+        let modes = self.0.supported_elicitation_modes();
+        match request {
+            ElicitRequestParams::FormElicitationParams { .. } => {
+                modes.contains(&ElicitationMode::Form)
+            }
+            ElicitRequestParams::UrlElicitationParams { .. } => {
+                modes.contains(&ElicitationMode::Url)
+            }
+            _ => false,
+        }
+    }
+
+    async fn elicit(&self, request: ElicitRequestParams) -> Result<ElicitResult, String> {
+        self.0
+            .create_elicitation(request)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_approval_form_offers_three_choices() {
+        let v = serde_json::to_value(approval_schema()).unwrap();
+        let choices: Vec<&str> = v["properties"]["decision"]["oneOf"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["const"].as_str().unwrap())
+            .collect();
+        assert_eq!(choices, [APPROVE_ONCE, APPROVE_SESSION, APPROVE_DENY]);
+        assert_eq!(v["required"], json!(["decision"]));
+    }
+}

@@ -1,0 +1,253 @@
+//! The one tool as `tools/list` shows it (name, description, schemas) and its arguments as a
+//! call brings them: what the model pays for on every request, and what a call may ask for.
+
+#![allow(deprecated)]
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    ErrorData, Tool,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::identity::{self, Identity, SessionKey};
+use crate::sandbox::DEFAULT_SESSION;
+use super::TOOL_NAME;
+use super::replies::refused;
+
+/// The tool description: how to start, in as few tokens as possible, since it is paid for on
+/// every request. `tools/list` must stay within 250 cl100k tokens (the bench's section 1, and
+/// `tool_listing_is_within_the_token_budget`; that it stays the same bytes whatever servers are
+/// configured is tests/e2e/proxy.rs's, through the real binary), and the title, the argument
+/// descriptions, the output schema and the annotations share that budget; the rest of the helper
+/// summary is in the capabilities resource (`HELPERS`).
+pub const TOOL_DESCRIPTION: &str = "\
+Persistent Python sandbox (pandas, numpy; no network; top-level await; display(obj) returns \
+images). MCP servers: `from mcp import runtime`; await runtime.search_tool_docs('query'); load \
+with servers, then await mcp_<name>.<tool>(...).";
+
+/// What the tool description leaves out for the budget, in the capabilities resource.
+pub const HELPERS: &str = "\
+State persists across calls of a session; the last expression is shown like a notebook's. \
+`runtime.discovered_servers()` names every configured server; \
+`await runtime.query_tool_docs(\"server\", detail=\"full\")` gives a server's tool schemas; \
+proxied tools have real signatures (`help(mcp_<name>.<tool>)`) and return Python values. \
+`runtime.export_notebook()` writes the session so far as a Jupyter notebook \
+(`/workspace/out/session.ipynb`). `runtime.save_skill(func)` keeps a function for every later \
+session; `runtime.list_skills()` lists them.";
+
+/// The tool's human-readable name (`title`), which clients show instead of `run_python`.
+pub const TOOL_TITLE: &str = "Python sandbox";
+
+/// JSON schema of `run_python`'s arguments, each with a description of a few tokens (the
+/// budget above) but `code`, which the tool's name and description say; `timeout` must be
+/// positive, which `RunArgs::parse` checks as well.
+pub fn input_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "code": {"type": "string"},
+            "servers": {"type": "array", "items": {"type": "string"}, "description": "Servers to load"},
+            "timeout": {"type": "number", "description": "Seconds", "exclusiveMinimum": 0},
+            "session": {"type": "string", "description": "Interpreter name"},
+            "reset": {"type": "boolean", "description": "Restart first"}
+        },
+        "required": ["code"],
+        "additionalProperties": false
+    })
+}
+
+/// Every field of `structuredContent` that `render::Payload` and `render::setup_error` emit,
+/// with its JSON type, and no other (`additionalProperties: false`: a field added there and not
+/// here, or of another type, fails tests/e2e/results.rs, where the Python SDK validates real
+/// results against this schema). Empty fields are left out of a result, so only `status` and
+/// `session` (the interpreter the call ran in) are required. `value` is the last expression's
+/// repr; `error` is `{type, message?, traceback?}` and `notices` a list of strings, left at
+/// their JSON type for the token budget above.
+pub const OUTPUT_FIELDS: [(&str, &str); 11] = [
+    ("status", "string"),
+    ("session", "string"),
+    ("stdout", "string"),
+    ("stderr", "string"),
+    ("value", "string"),
+    ("error", "object"),
+    ("notices", "array"),
+    ("images", "integer"),
+    ("truncated_bytes", "integer"),
+    ("session_reset", "boolean"),
+    ("duration_ms", "integer"),
+];
+
+/// JSON schema of `structuredContent` (see [`OUTPUT_FIELDS`]).
+pub fn output_schema() -> Value {
+    let properties: serde_json::Map<String, Value> = OUTPUT_FIELDS
+        .iter()
+        .map(|(f, ty)| (f.to_string(), json!({ "type": ty })))
+        .collect();
+    json!({
+        "type": "object",
+        "properties": properties,
+        "required": ["status", "session"],
+        "additionalProperties": false
+    })
+}
+
+/// The one tool, as `tools/list` shows it. It carries no annotations: what they would say is
+/// what the specification's defaults already say of a tool without them, and every token here
+/// is paid on every request. Through the servers it loads the code can do anything those
+/// servers do (delete, send, pay), so it is not read-only (`readOnlyHint` defaults to false),
+/// may be destructive (`destructiveHint` defaults to true), reaches the world outside the
+/// bridge (`openWorldHint` defaults to true), and is not idempotent, as state persists
+/// (`idempotentHint` defaults to false).
+pub fn tool() -> Tool {
+    let object = |v: Value| match v {
+        Value::Object(m) => Arc::new(m),
+        _ => unreachable!("schemas are objects"),
+    };
+    Tool::new(TOOL_NAME, TOOL_DESCRIPTION, object(input_schema()))
+        .with_title(TOOL_TITLE)
+        .with_raw_output_schema(object(output_schema()))
+}
+
+/// `run_python`'s arguments.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunArgs {
+    pub code: String,
+    #[serde(default)]
+    pub servers: Vec<String>,
+    #[serde(default)]
+    pub timeout: Option<f64>,
+    #[serde(default)]
+    pub session: Option<String>,
+    #[serde(default)]
+    pub reset: bool,
+}
+
+/// Largest `code` accepted, so a runaway client cannot make us buffer gigabytes.
+pub const MAX_CODE_BYTES: usize = 4 << 20;
+/// Longest JSON-RPC line read from the client; a longer one is read through without being kept
+/// and answered `-32600` (its id is unknown without parsing it).
+pub const MAX_REQUEST_LINE_BYTES: usize = 64 << 20;
+
+impl RunArgs {
+    pub fn parse(args: Option<serde_json::Map<String, Value>>) -> Result<RunArgs, String> {
+        let v = Value::Object(args.unwrap_or_default());
+        let mut a: RunArgs = serde_json::from_value(v).map_err(|e| format!("invalid arguments for run_python: {e}; expected {{\"code\": string, \"servers\"?: [string], \"timeout\"?: number, \"session\"?: string, \"reset\"?: bool}}"))?;
+        // JSON has no NaN or infinity, so a number that is not positive is the only bad one; a
+        // zero or negative limit would otherwise be clamped silently to the floor.
+        if let Some(t) = a.timeout
+            && (t <= 0.0 || t.is_nan())
+        {
+            return Err(format!(
+                "`timeout` is {t}; it must be a positive number of seconds (leave it out for the default; values above the maximum are capped)"
+            ));
+        }
+        // `Duration` cannot hold 1e300 seconds (converting it panicked, and the call got no
+        // reply); the configured maximum applies anyway.
+        a.timeout = a.timeout.map(|t| t.min(1e9));
+        if a.code.len() > MAX_CODE_BYTES {
+            return Err(format!(
+                "`code` is {} bytes; the limit is {MAX_CODE_BYTES}. Send smaller pieces across calls (state persists).",
+                a.code.len()
+            ));
+        }
+        if let Some(s) = &a.session
+            && (s.is_empty()
+                || s.len() > 64
+                || !s
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)))
+        {
+            return Err(format!(
+                "`session` {s:?} must be 1-64 characters of letters, digits, '-', '_' or '.'"
+            ));
+        }
+        Ok(a)
+    }
+}
+
+/// The arguments of a `tools/call` of `run_python`, or the refusal that says what is wrong.
+/// with the key of its session, built here, where the request enters, from the request's
+/// identity and the session it names. A call that names no session gets its connection's default: the MCP session's own under
+/// Streamable HTTP's `Mcp-Session-Id` (`identity::mcp_session`), else `default` (stdio's one
+/// client; a 2026-07-28 request, which has no connection, shares it with every other request
+/// of its identity that names none).
+pub(super) fn call_args(
+    name: std::borrow::Cow<'static, str>,
+    arguments: Option<serde_json::Map<String, Value>>,
+    extensions: &rmcp::model::Extensions,
+) -> Result<(RunArgs, SessionKey), ErrorData> {
+    if name != TOOL_NAME {
+        return Err(refused(
+            "tools/call",
+            ErrorData::invalid_params(
+                format!("unknown tool {name:?}; this server has one tool, {TOOL_NAME:?}"),
+                None,
+            ),
+        ));
+    }
+    let mut args = RunArgs::parse(arguments)
+        .map_err(|e| refused("tools/call", ErrorData::invalid_params(e, None)))?;
+    if args.session.is_none() {
+        args.session = identity::mcp_session(extensions);
+    }
+    let name = args.session.as_deref().unwrap_or(DEFAULT_SESSION);
+    let key = SessionKey::new(Identity::of_request(extensions), name);
+    Ok((args, key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use rmcp::model::ListToolsResult;
+
+    #[test]
+    fn tool_listing_is_within_the_token_budget() {
+        // The budget the bench's section 1 reports against: the whole tools/list result.
+        let list = serde_json::to_string(&ListToolsResult::with_all_items(vec![tool()])).unwrap();
+        let bpe = tiktoken_rs::cl100k_base().expect("cl100k vocabulary");
+        let n = bpe.encode_ordinary(&list).len();
+        assert!(n <= 250, "{n} cl100k tokens: {list}");
+    }
+
+    #[test]
+    fn args_are_checked() {
+        let ok = |v: Value| RunArgs::parse(v.as_object().cloned());
+        assert!(ok(json!({"code": "1"})).is_ok());
+        assert!(
+            ok(json!({"code": 1}))
+                .unwrap_err()
+                .contains("invalid arguments")
+        );
+        assert!(
+            ok(json!({"code": "1", "bogus": 1}))
+                .unwrap_err()
+                .contains("bogus")
+        );
+        assert!(ok(json!({})).unwrap_err().contains("code"));
+        assert!(
+            ok(json!({"code": "1", "session": "../x"}))
+                .unwrap_err()
+                .contains("session")
+        );
+        // Regression: 1e300 seconds overflowed `Duration` in clamp_timeout, a panic that left
+        // the call unanswered (tests/e2e/faults.rs::client_wrong_argument_types_are_refused_with_the_expected_shape).
+        for bad in [json!(-1), json!(0), json!(-0.0), json!("5"), json!(true)] {
+            let e = ok(json!({"code": "1", "timeout": bad})).unwrap_err();
+            assert!(e.contains("timeout"), "{bad}: {e}");
+        }
+        assert!(
+            ok(json!({"code": "1", "timeout": -1}))
+                .unwrap_err()
+                .contains("positive number of seconds")
+        );
+        let a = ok(json!({"code": "1", "timeout": 1e300})).unwrap();
+        assert_eq!(
+            Config::default().clamp_timeout(a.timeout),
+            Config::default().max_timeout.0
+        );
+    }
+}
