@@ -16,13 +16,10 @@ use serde_json::{Value, json};
 /// was wrong and what to do.
 #[async_trait::async_trait]
 pub trait RpcHandler: Send + Sync {
-    async fn handle(&self, method: &str, params: Value) -> Result<Value, String>;
-
-    /// [`RpcHandler::handle`] with the kind of a failure the runtime raises as an exception of
-    /// its own (see [`RpcFailure`]); this is what the sandbox side calls.
-    async fn answer(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
-        self.handle(method, params).await.map_err(RpcFailure::from)
-    }
+    /// The answer to `method`, or the failure the runtime raises (its message, and the kind
+    /// that picks the exception class: a refusal must stay a `ToolDenied` through every handler
+    /// that wraps another, so the failure is typed, never a bare string).
+    async fn handle(&self, method: &str, params: Value) -> Result<Value, RpcFailure>;
 
     /// The exec's code runs in the interpreter `id` (the container's id): called once per exec
     /// before it runs, so what a handler remembers per session can be tied to one interpreter
@@ -36,6 +33,12 @@ pub trait RpcHandler: Send + Sync {
 pub struct RpcFailure {
     pub message: String,
     pub kind: Option<&'static str>,
+}
+
+impl std::fmt::Display for RpcFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 impl From<String> for RpcFailure {
@@ -68,11 +71,13 @@ impl ExecBinding {
         struct NoUpstreams;
         #[async_trait::async_trait]
         impl RpcHandler for NoUpstreams {
-            async fn handle(&self, method: &str, _params: Value) -> Result<Value, String> {
+            async fn handle(&self, method: &str, _params: Value) -> Result<Value, RpcFailure> {
                 match method {
                     "list_servers" => Ok(json!([])),
                     "search_tool_docs" => Ok(json!([])),
-                    _ => Err("No MCP servers are available in this sandbox run".into()),
+                    _ => Err(RpcFailure::from(
+                        "No MCP servers are available in this sandbox run".to_string(),
+                    )),
                 }
             }
         }

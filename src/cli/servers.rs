@@ -35,7 +35,7 @@ pub(super) async fn refresh_catalog(ups: &Upstreams) -> ExitCode {
     ups.shutdown().await;
     let failed = done.iter().filter(|r| r.result.is_err()).count();
     if let Err(e) = flushed {
-        eprintln!("error: {}", crate::upstream::Hinted::message(&e));
+        eprintln!("error: {}", crate::error::Hinted::message(&e));
         return ExitCode::FAILURE;
     }
     let path = ups

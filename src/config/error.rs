@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use super::keys::{KEYS, edit_distance};
-use super::load::{SYSTEM_CONFIG_ENV, Source, source_from};
+use super::source::{SYSTEM_CONFIG_ENV, Source, source_from};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

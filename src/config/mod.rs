@@ -25,6 +25,7 @@
 
 pub mod audit;
 pub mod error;
+mod source;
 pub mod http;
 pub mod inputs;
 pub mod keys;

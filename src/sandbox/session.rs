@@ -595,7 +595,7 @@ impl Session {
                     let pending_bytes = run.pending_bytes.clone();
                     run.rpcs.spawn(async move {
                         let _permit = slots.acquire_owned().await;
-                        let answer = rpc.answer(&method, params).await;
+                        let answer = rpc.handle(&method, params).await;
                         pending_bytes.fetch_sub(len, Ordering::Relaxed);
                         let _ = writer.send(rpc_line(rid, answer)).await;
                         pending.fetch_sub(1, Ordering::Relaxed);

@@ -113,18 +113,11 @@ fn answer(store: &Store, method: &str, params: &Value) -> Result<Value, SkillErr
 
 #[async_trait::async_trait]
 impl RpcHandler for SkillRpc {
-    async fn handle(&self, method: &str, params: Value) -> Result<Value, String> {
-        if METHODS.contains(&method) {
-            return self.own(method, params).await;
-        }
-        self.inner.handle(method, params).await
-    }
-
-    async fn answer(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
+    async fn handle(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
         if METHODS.contains(&method) {
             return self.own(method, params).await.map_err(RpcFailure::from);
         }
-        self.inner.answer(method, params).await
+        self.inner.handle(method, params).await
     }
 
     fn on_interpreter(&self, id: &str) {
@@ -168,13 +161,15 @@ mod tests {
         let err = rpc
             .handle("save_skill", json!({"name": "../x", "source": ""}))
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .message;
         assert!(err.contains("not a valid skill name"), "{err}");
         assert!(err.contains("ASCII letters"), "{err}");
         let err = rpc
             .handle("delete_skill", json!({"name": "nope"}))
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .message;
         assert!(err.contains("no skill named \"nope\""), "{err}");
     }
 

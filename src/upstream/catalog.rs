@@ -12,7 +12,7 @@ use nucleo_matcher::{Config, Matcher, Utf32Str};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use super::error::{Hint, Hinted};
+use crate::error::{Hint, Hinted};
 use crate::protocol::ToolMeta;
 
 /// Python's hard keywords (3.14), lowercase ones only (aliases are lowercase).

@@ -26,7 +26,7 @@ use rmcp::{ClientHandler, ServiceExt};
 use tokio::io::AsyncRead;
 
 use super::discovery::{ServerEntry, redact_url};
-use super::error::{Hint, Hinted, stderr_suffix};
+use crate::error::{Hint, Hinted};
 use super::relay::{Routes, UpstreamProgress};
 use super::secrets::{ResolveError, Resolved, resolve};
 
@@ -579,6 +579,16 @@ fn connect_detail(debug: &str) -> Option<String> {
         None => what,
     })
 }
+
+/// The last stderr lines of a server, as they follow an error: nothing when there are none.
+pub(crate) fn stderr_suffix(lines: &[String]) -> String {
+    if lines.is_empty() {
+        String::new()
+    } else {
+        format!("; its stderr ended with:\n{}", lines.join("\n"))
+    }
+}
+
 
 #[cfg(test)]
 mod tests {

@@ -17,7 +17,6 @@
 pub mod catalog;
 pub mod connection;
 pub mod discovery;
-pub mod error;
 pub mod pool;
 mod relay;
 pub mod rpc;
@@ -30,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::error::{Hint, Hinted};
 use crate::identity::SessionKey;
 use crate::policy::{Approver, Grants, Policy};
 use crate::protocol::{CatalogInfo, DiscoveredServer, ExecBinding, LoadedServer};
@@ -38,7 +38,6 @@ pub use discovery::{
     DiscoveredEntry, Discovery, DiscoveryContext, Origin, SOURCES, SearchedLocation, ServerEntry,
     SkippedEntry, SourceKind, SourceSpec, discover,
 };
-pub use error::{Hint, Hinted};
 use pool::Slot;
 pub use pool::{CallError, CatalogMeta, Pool, UpstreamSettings};
 pub use relay::{CallRelay, ClientLink, ProgressSink, UpstreamProgress};

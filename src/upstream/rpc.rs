@@ -13,7 +13,7 @@ use std::time::Instant;
 use serde_json::{Map, Value, json};
 
 use super::catalog::{self, Detail, ServerTools, UnknownTool};
-use super::error::{Hint, Hinted};
+use crate::error::{Hint, Hinted};
 use super::pool::{CallError, Slot};
 use super::{CallContext, Upstreams, known_servers};
 use crate::audit::{Audit, Decision as AuditDecision, ToolCallRecord, ToolStatus};
@@ -628,11 +628,7 @@ pub fn call_result_json(result: &rmcp::model::CallToolResult) -> Value {
 
 #[async_trait::async_trait]
 impl RpcHandler for ExecRpc {
-    async fn handle(&self, method: &str, params: Value) -> Result<Value, String> {
-        self.answer(method, params).await.map_err(|f| f.message)
-    }
-
-    async fn answer(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
+    async fn handle(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
         self.handle_inner(method, &params).await.map_err(|e| {
             let kind = matches!(e, RpcError::Denied(_)).then_some(RPC_DENIED);
             RpcFailure {
@@ -667,7 +663,8 @@ mod tests {
                 json!({"server": "beta", "tool": "x", "arguments": {}}),
             )
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .message;
         assert_eq!(
             e,
             "Server 'beta' is not loaded for this call; pass \"servers\": [\"beta\"] to run_python to load it"

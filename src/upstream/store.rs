@@ -94,13 +94,13 @@ pub enum StoreError {
     },
 }
 
-impl super::error::Hinted for StoreError {
-    fn hint(&self) -> Option<super::error::Hint> {
+impl crate::error::Hinted for StoreError {
+    fn hint(&self) -> Option<crate::error::Hint> {
         match self {
-            StoreError::Write { .. } => Some(super::error::Hint::sentence(
+            StoreError::Write { .. } => Some(crate::error::Hint::sentence(
                 "Searches still work but start servers; check that state_dir is writable.",
             )),
-            _ => Some(super::error::Hint::sentence(
+            _ => Some(crate::error::Hint::sentence(
                 "It is rebuilt as servers are listed (`mcp-code-bridge servers --refresh` rebuilds it at once).",
             )),
         }
@@ -162,7 +162,7 @@ impl Store {
             Ok(Some(entries)) => entries,
             Ok(None) => BTreeMap::new(),
             Err(e) => {
-                tracing::warn!("{}", super::error::Hinted::message(&e));
+                tracing::warn!("{}", crate::error::Hinted::message(&e));
                 BTreeMap::new()
             }
         };
@@ -230,7 +230,7 @@ impl Store {
             std::thread::sleep(WRITE_DELAY);
             store.pending.store(false, Ordering::SeqCst);
             if let Err(e) = store.flush() {
-                tracing::warn!("{}", super::error::Hinted::message(&e));
+                tracing::warn!("{}", crate::error::Hinted::message(&e));
             }
         };
         match tokio::runtime::Handle::try_current() {

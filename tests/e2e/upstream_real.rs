@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 use crate::common;
 
 use common::{process_alive as alive, server_bin};
-use mcp_code_bridge::upstream::{
-    BindError, Discovery, Hinted as _, ServerEntry, UpstreamSettings, Upstreams,
-};
+use mcp_code_bridge::error::Hinted as _;
+use mcp_code_bridge::upstream::{BindError, Discovery, ServerEntry, UpstreamSettings, Upstreams};
 use serde_json::{Value, json};
 
 fn init_log() {
@@ -70,6 +69,7 @@ async fn call(
         json!({"server": server, "tool": tool, "arguments": args}),
     )
     .await
+    .map_err(|f| f.message)
 }
 
 async fn wait_until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
