@@ -22,6 +22,7 @@ use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
+use crate::error::{Hint, Hinted};
 use crate::config::OAuthConfig;
 
 /// A refetch for an unknown key id waits at least this long after the last fetch.
@@ -54,10 +55,10 @@ pub enum OAuthError {
     Fetch { url: String, reason: String },
 }
 
-impl OAuthError {
+impl Hinted for OAuthError {
     /// What to do next.
-    pub fn hint(&self) -> &'static str {
-        match self {
+    fn hint(&self) -> Option<Hint> {
+        Some(Hint::clause(match self {
             OAuthError::NoMetadata { .. } | OAuthError::Fetch { .. } => {
                 "check that oauth.issuer is the issuer's URL as its tokens' iss claim names it, and that this host can reach it"
             }
@@ -67,7 +68,7 @@ impl OAuthError {
             OAuthError::NoJwksUri { .. } => {
                 "the authorization server must publish its signing keys (jwks_uri) for tokens to be checked here"
             }
-        }
+        }))
     }
 }
 

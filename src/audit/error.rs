@@ -1,6 +1,7 @@
-//! Why the audit log could not be written. The message says what happened; [`AuditError::hint`]
-//! says what to do next.
+//! Why the audit log could not be written. The message says what happened; its [`Hint`] says
+//! what to do next.
 
+use crate::error::{Hint, Hinted};
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
@@ -13,16 +14,16 @@ pub enum AuditError {
     },
 }
 
-impl AuditError {
+impl Hinted for AuditError {
     /// What to do about it.
-    pub fn hint(&self) -> String {
-        match self {
+    fn hint(&self) -> Option<Hint> {
+        Some(Hint::clause(match self {
             AuditError::Io { source, .. } if source.raw_os_error() == Some(libc::ELOOP) => {
-                "the path is a symbolic link, which the audit log refuses to follow; set audit.path to the real file".into()
+                "the path is a symbolic link, which the audit log refuses to follow; set audit.path to the real file"
             }
             AuditError::Io { .. } => {
-                "make its directory writable by this user, set audit.path (MCP_BRIDGE_AUDIT_PATH) to another absolute file, or to off; records not written are counted and the next one written says how many".into()
+                "make its directory writable by this user, set audit.path (MCP_BRIDGE_AUDIT_PATH) to another absolute file, or to off; records not written are counted and the next one written says how many"
             }
-        }
+        }))
     }
 }

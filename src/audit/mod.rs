@@ -254,7 +254,7 @@ impl Audit {
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE_RECORDS);
         let mut file = writer::LogFile::new(path, config.audit.max_size.0, config.audit.keep);
         if let Err(e) = file.open() {
-            tracing::error!("{e}; {}", e.hint());
+            tracing::error!("{}", crate::error::Hinted::message(&e));
         }
         let s = shared.clone();
         let spawned = std::thread::Builder::new()

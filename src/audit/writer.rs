@@ -288,7 +288,7 @@ fn write_records(
                 shared.dropped.fetch_add(dropped, Ordering::AcqRel);
             }
             if !*failing {
-                tracing::error!("{e}; {}", e.hint());
+                tracing::error!("{}", crate::error::Hinted::message(&e));
             }
             *failing = true;
             shared.drop_records(lost, "the audit log could not be written");

@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use crate::error::Hinted as _;
 use crate::config::{self, Config};
 use crate::sandbox::engine::Enforcement;
 use crate::sandbox::{ExecRequest, Outcome, Sandbox, image};
@@ -85,7 +86,7 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             Some(e)
         }
         Err(e) => {
-            c.bad("container engine: none answered", &e.with_hint());
+            c.bad("container engine: none answered", &e.message());
             None
         }
     };
@@ -138,7 +139,10 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
                             runsc_details(&path).await
                         ));
                     }
-                    (Some(_), Err(e)) => c.bad(&format!("isolation: {e}"), &e.hint()),
+                    (Some(_), Err(e)) => c.bad(
+                        &format!("isolation: {e}"),
+                        &e.hint().map(|h| h.to_string()).unwrap_or_default(),
+                    ),
                 }
             }
             Err(e) => c.bad(
@@ -266,7 +270,9 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             ),
             Err(e) => c.bad(
                 &format!("sandbox did not start: {e}"),
-                &e.hint().unwrap_or_else(|| "see the message above".into()),
+                &e.hint()
+                    .map(|h| h.to_string())
+                    .unwrap_or_else(|| "see the message above".into()),
             ),
         }
     }

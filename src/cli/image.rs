@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use super::load_bar;
+use crate::error::Hinted as _;
 use crate::config::Config;
 use crate::sandbox::engine::Engine;
 use crate::sandbox::image;
@@ -20,7 +21,7 @@ pub(super) async fn image_load(config: Arc<Config>, archive: Option<PathBuf>) ->
     let engine = match Engine::connect(&config).await {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("error: {}", e.with_hint());
+            eprintln!("error: {}", e.report());
             return ExitCode::from(2);
         }
     };
@@ -63,10 +64,7 @@ pub(super) async fn image_load(config: Arc<Config>, archive: Option<PathBuf>) ->
         }
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
-            if let Some(h) = e.hint() {
-                eprintln!("hint: {h}");
-            }
+            eprintln!("error: {}", e.report());
             ExitCode::FAILURE
         }
     }

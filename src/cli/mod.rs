@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
+use crate::error::Hinted as _;
 use crate::config::{self, Config, Overrides};
 use crate::sandbox::Sandbox;
 use crate::server::{self, Bridge};
@@ -138,7 +139,7 @@ pub async fn main(cli: Cli) -> ExitCode {
     let loaded = match config::load(cli.config.as_deref(), &cli.overrides) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("error: {}", e.with_hint());
+            eprintln!("error: {}", e.report());
             return ExitCode::from(2);
         }
     };
@@ -188,7 +189,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             match crate::http::serve(bridge, config).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("error: {e}\nhint: {}", e.hint());
+                    eprintln!("error: {}", e.report());
                     ExitCode::from(2)
                 }
             }

@@ -156,8 +156,5 @@ pub(super) fn rm(config: &Config, names: &[String]) -> ExitCode {
 
 /// The error, and on its own line what to do next.
 fn report(e: &crate::skills::SkillError) {
-    eprintln!("error: {e}");
-    if let Some(h) = e.hint() {
-        eprintln!("hint: {h}");
-    }
+    eprintln!("error: {}", crate::error::Hinted::report(e));
 }

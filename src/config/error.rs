@@ -1,6 +1,7 @@
 //! Why a configuration was refused. The message names the key, the bad value and where it came
 //! from; [`ConfigError::hint`] says what to do next.
 
+use crate::error::{Hint, Hinted};
 use std::path::PathBuf;
 
 use super::keys::{KEYS, edit_distance};
@@ -17,8 +18,9 @@ pub enum ConfigError {
         .0.display()
     )]
     MissingSystemFile(PathBuf),
-    /// What figment could not read, one problem a line (every bad layer is named at once).
-    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    /// What figment could not read, one problem a line (every bad layer is named at once), each
+    /// with its hint on a `hint:` line after it.
+    #[error("{}", .0.iter().map(Hinted::report).collect::<Vec<_>>().join("\n"))]
     Unreadable(Vec<Problem>),
     /// A value of the right type out of its range, or at odds with another key.
     #[error("invalid value for `{key}` from {origin}: {why}")]
@@ -32,13 +34,8 @@ pub enum ConfigError {
 /// One thing figment could not read.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Problem {
-    /// A key no table has; the closest known one is suggested on its own `hint:` line, since
-    /// several problems may be listed together.
-    #[error(
-        "unknown key `{key}` in {origin}\nhint: {}Known keys: {}",
-        closest.as_ref().map(|k| format!("did you mean `{k}`? ")).unwrap_or_default(),
-        known.join(", ")
-    )]
+    /// A key no table has; its hint suggests the closest known one.
+    #[error("unknown key `{key}` in {origin}")]
     UnknownKey {
         key: String,
         origin: Source,
@@ -57,24 +54,36 @@ pub enum Problem {
     File { origin: Source, what: String },
 }
 
-impl ConfigError {
-    /// What to do about it, when there is something to say beyond the message.
-    pub fn hint(&self) -> Option<String> {
+impl Hinted for ConfigError {
+    /// What to do about it, when there is something to say beyond the message. Problems that
+    /// figment listed together carry their own hints, each on the line after its problem.
+    fn hint(&self) -> Option<Hint> {
         match self {
-            ConfigError::MissingSystemFile(_) => Some(format!(
+            ConfigError::MissingSystemFile(_) => Some(Hint::clause(format!(
                 "point {SYSTEM_CONFIG_ENV} at an existing file, or set it to `none` to read no system file"
-            )),
+            ))),
             _ => None,
         }
     }
+}
 
-    /// The message with its hint on a `hint:` line, as the command line prints it.
-    pub fn with_hint(&self) -> String {
-        match self.hint() {
-            Some(h) => format!("{self}\nhint: {h}"),
-            None => self.to_string(),
+impl Hinted for Problem {
+    fn hint(&self) -> Option<Hint> {
+        match self {
+            Problem::UnknownKey { closest, known, .. } => Some(Hint::line(format!(
+                "{}Known keys: {}",
+                closest
+                    .as_ref()
+                    .map(|k| format!("did you mean `{k}`? "))
+                    .unwrap_or_default(),
+                known.join(", ")
+            ))),
+            _ => None,
         }
     }
+}
+
+impl ConfigError {
 
     pub(super) fn from_figment(e: figment::Error) -> Self {
         let mut out = Vec::new();

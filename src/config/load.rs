@@ -251,6 +251,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::error::Hinted as _;
     use crate::config::LogLevel;
 
     /// No test here reads the machine's system config file.
@@ -260,7 +261,7 @@ mod tests {
 
     /// `load` of `c.toml` in the jail with no command-line overrides.
     fn load_c() -> Result<Loaded, String> {
-        load(Some(Path::new("c.toml")), &Overrides::default()).map_err(|e| e.with_hint())
+        load(Some(Path::new("c.toml")), &Overrides::default()).map_err(|e| e.report())
     }
 
     /// `load_c` must fail, and its message contain every one of `parts`.
@@ -307,7 +308,7 @@ mod tests {
                 memory: Some("128m".into()),
                 ..Default::default()
             };
-            let l = load(Some(Path::new("c.toml")), &o).map_err(|e| e.with_hint())?;
+            let l = load(Some(Path::new("c.toml")), &o).map_err(|e| e.report())?;
             assert_eq!(l.config.memory.0, 128 << 20);
 
             jail.set_env("MCP_BRIDGE_TIMEOUT", "soon");
@@ -414,7 +415,7 @@ mod tests {
         figment::Jail::expect_with(|jail| {
             jail.create_file("system.toml", "memory = \"1g\"\n")?;
             jail.set_env(SYSTEM_CONFIG_ENV, "system.toml");
-            let l = load(None, &Overrides::default()).map_err(|e| e.with_hint())?;
+            let l = load(None, &Overrides::default()).map_err(|e| e.report())?;
             assert_eq!(l.config.memory.0, 1 << 30);
             assert!(
                 matches!(l.source("memory"), Source::File(p) if p.ends_with("system.toml")),
@@ -426,7 +427,7 @@ mod tests {
 
             for off in ["none", "NONE", ""] {
                 jail.set_env(SYSTEM_CONFIG_ENV, off);
-                let l = load(None, &Overrides::default()).map_err(|e| e.with_hint())?;
+                let l = load(None, &Overrides::default()).map_err(|e| e.report())?;
                 assert_eq!(l.config.memory.0, 512 << 20, "{off:?}");
                 assert_eq!(l.system, SystemConfig::Disabled);
                 assert!(
@@ -442,7 +443,7 @@ mod tests {
             }
 
             jail.set_env(SYSTEM_CONFIG_ENV, "missing.toml");
-            let err = load(None, &Overrides::default()).err().unwrap().with_hint();
+            let err = load(None, &Overrides::default()).err().unwrap().report();
             assert!(
                 err.contains("missing.toml")
                     && err.contains(SYSTEM_CONFIG_ENV)
@@ -527,7 +528,7 @@ mod tests {
                 image_archive: Some("/tmp/d.tar".into()),
                 ..Default::default()
             };
-            let l = load(Some(Path::new("c.toml")), &o).map_err(|e| e.with_hint())?;
+            let l = load(Some(Path::new("c.toml")), &o).map_err(|e| e.report())?;
             assert_eq!(l.config.image_sha256, None);
             assert!(
                 l.notes[0].contains("command line (--image-archive)"),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::error::{Hint, Hinted};
 use crate::config::Config;
 use crate::oauth::{OAuthError, Verifier};
 
@@ -38,15 +39,15 @@ pub enum AuthSetupError {
     OAuth(#[from] OAuthError),
 }
 
-impl AuthSetupError {
-    pub fn hint(&self) -> String {
+impl Hinted for AuthSetupError {
+    fn hint(&self) -> Option<Hint> {
         match self {
             AuthSetupError::Read { .. }
             | AuthSetupError::Empty(_)
-            | AuthSetupError::Line { .. } => format!(
+            | AuthSetupError::Line { .. } => Some(Hint::clause(format!(
                 "write one `name:token` per line, the token at least {MIN_TOKEN_LEN} characters (for example `alice:$(openssl rand -hex 32)`); lines starting with # are comments"
-            ),
-            AuthSetupError::OAuth(e) => e.hint().to_string(),
+            ))),
+            AuthSetupError::OAuth(e) => e.hint(),
         }
     }
 }

@@ -10,6 +10,7 @@ use bollard::{API_DEFAULT_VERSION, Docker};
 use tokio::process::{Child, ChildStderr, ChildStdin, Command};
 
 use crate::config::{Config, Runtime};
+use crate::error::{Hint, Hinted};
 
 /// Seconds bollard waits for one API request. Image loads of a few hundred MB need a while.
 const REQUEST_TIMEOUT_SECS: u64 = 600;
@@ -72,30 +73,21 @@ pub enum EngineError {
     ServiceSilent { tried: Vec<String> },
 }
 
-impl EngineError {
-    /// What to do about it.
-    pub fn hint(&self) -> Option<String> {
+impl Hinted for EngineError {
+    /// What to do about it: on a line of its own (the message lists what was tried, a line
+    /// each), or after `; ` for the state dir.
+    fn hint(&self) -> Option<Hint> {
         Some(match self {
             EngineError::NoneAnswered {
                 runtime: Runtime::Socket(_),
                 ..
-            } => "Check that the engine behind that socket is running, or set MCP_BRIDGE_RUNTIME=auto.".into(),
-            EngineError::NoneAnswered { .. } => "Install podman (Debian/Ubuntu: `sudo apt-get install podman`; Fedora: `sudo dnf install podman`; macOS: `brew install podman && podman machine init && podman machine start`) or start Docker, or point MCP_BRIDGE_RUNTIME at a socket URL.".into(),
-            EngineError::StateDir { .. } => "set MCP_BRIDGE_STATE_DIR to a writable directory".into(),
+            } => Hint::line("Check that the engine behind that socket is running, or set MCP_BRIDGE_RUNTIME=auto."),
+            EngineError::NoneAnswered { .. } => Hint::line("Install podman (Debian/Ubuntu: `sudo apt-get install podman`; Fedora: `sudo dnf install podman`; macOS: `brew install podman && podman machine init && podman machine start`) or start Docker, or point MCP_BRIDGE_RUNTIME at a socket URL."),
+            EngineError::StateDir { .. } => Hint::clause("set MCP_BRIDGE_STATE_DIR to a writable directory"),
             EngineError::ServiceSpawn { .. } => return None,
-            EngineError::GvisorRuntime { missing, .. } => missing.hint(),
-            EngineError::ServiceSilent { .. } => "Run `podman info` to see what is wrong (on hosts where crun fails, set runtime = \"runc\" in /etc/containers/containers.conf).".into(),
+            EngineError::GvisorRuntime { missing, .. } => Hint::line(missing.hint()?.text()),
+            EngineError::ServiceSilent { .. } => Hint::line("Run `podman info` to see what is wrong (on hosts where crun fails, set runtime = \"runc\" in /etc/containers/containers.conf)."),
         })
-    }
-
-    /// The message and its hint, as `doctor` and `image load` print them: the hint on its own
-    /// line, or after `; ` for the state dir, as before hints were apart.
-    pub fn with_hint(&self) -> String {
-        match (self, self.hint()) {
-            (EngineError::StateDir { .. }, Some(h)) => format!("{self}; {h}"),
-            (_, Some(h)) => format!("{self}\n{h}"),
-            (_, None) => self.to_string(),
-        }
     }
 }
 
@@ -664,14 +656,15 @@ pub struct SandboxIsolationMissing {
     pub known: Vec<String>,
 }
 
-impl SandboxIsolationMissing {
-    pub fn hint(&self) -> String {
-        "Install and register gVisor: `sudo scripts/setup-debian.sh --isolation gvisor` (runsc, \
+impl Hinted for SandboxIsolationMissing {
+    fn hint(&self) -> Option<Hint> {
+        Some(Hint::sentence(
+            "Install and register gVisor: `sudo scripts/setup-debian.sh --isolation gvisor` (runsc, \
          registered with podman under the name runsc), or register it yourself (podman: \
          [engine.runtimes] in containers.conf; Docker: \"runtimes\" in /etc/docker/daemon.json) \
          and set gvisor_runtime to its name; or set isolation = \"container\". Under podman the \
-         runtime must be given runsc's --network=none (setup-debian.sh's wrapper does)."
-            .to_string()
+         runtime must be given runsc's --network=none (setup-debian.sh's wrapper does).",
+        ))
     }
 }
 

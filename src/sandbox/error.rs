@@ -1,7 +1,8 @@
 //! Why the sandbox could not run a call at all (the code's own failures are outcomes, not
-//! errors). The message says what happened; [`SandboxError::hint`] says what to do next.
+//! errors). The message says what happened; its [`Hint`] says what to do next.
 
 use super::engine::EngineError;
+use crate::error::{Hint, Hinted};
 use super::image::ImageError;
 
 #[derive(Debug, thiserror::Error)]
@@ -54,39 +55,25 @@ pub enum SandboxError {
     },
 }
 
-impl SandboxError {
-    /// What to do about it, when there is something to do.
-    pub fn hint(&self) -> Option<String> {
+impl Hinted for SandboxError {
+    fn hint(&self) -> Option<Hint> {
         match self {
-            SandboxError::Unenforceable(_) => Some(
-                "Run as a user/host with cgroup v2 delegation, or set MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1 to accept it (`mcp-code-bridge doctor` explains)."
-                    .into(),
-            ),
-            SandboxError::AllBusy { key, .. } => Some(format!(
+            SandboxError::Unenforceable(_) => Some(Hint::sentence(
+                "Run as a user/host with cgroup v2 delegation, or set MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1 to accept it (`mcp-code-bridge doctor` explains).",
+            )),
+            SandboxError::AllBusy { key, .. } => Some(Hint::sentence(format!(
                 "Wait for one to finish, run this code in one of them, or raise {key} ({}).",
                 crate::config::env_name(key)
-            )),
-            SandboxError::Isolation(e) => Some(e.hint()),
+            ))),
+            SandboxError::Isolation(e) => e.hint(),
             SandboxError::Create { .. }
             | SandboxError::Start(_)
-            | SandboxError::ExitedAtStart { .. } => Some(
-                "`mcp-code-bridge doctor` checks the engine, its runtime and the image.".into(),
-            ),
+            | SandboxError::ExitedAtStart { .. } => Some(Hint::sentence(
+                "`mcp-code-bridge doctor` checks the engine, its runtime and the image.",
+            )),
             SandboxError::Image(e) => e.hint(),
             SandboxError::Engine(e) => e.hint(),
             _ => None,
-        }
-    }
-
-    /// The message and the hint, as one text for the model or a person.
-    pub fn with_hint(&self) -> String {
-        // The engine's message lists what it tried, a line each: its hint goes on a line of its own.
-        if let SandboxError::Engine(e) = self {
-            return e.with_hint();
-        }
-        match self.hint() {
-            Some(h) => format!("{self} {h}"),
-            None => self.to_string(),
         }
     }
 }
@@ -108,7 +95,7 @@ mod tests {
             "cannot start session \"b\": all 2 sessions allowed by max_sessions are running code (a, c)"
         );
         assert!(
-            e.with_hint()
+            e.message()
                 .ends_with("raise max_sessions (MCP_BRIDGE_MAX_SESSIONS).")
         );
         let e = SandboxError::ExitedAtStart {

@@ -40,9 +40,11 @@ impl ImageError {
         }
     }
 
-    /// What to do about it, when there is something to do.
-    pub fn hint(&self) -> Option<String> {
-        self.hint.clone()
+}
+
+impl crate::error::Hinted for ImageError {
+    fn hint(&self) -> Option<crate::error::Hint> {
+        self.hint.clone().map(crate::error::Hint::sentence)
     }
 }
 

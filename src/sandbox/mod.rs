@@ -659,7 +659,7 @@ where
             return Err(SandboxError::Shared(failed.last.lock().unwrap().clone()));
         }
         init().await.inspect_err(|e| {
-            *failed.last.lock().unwrap() = e.with_hint();
+            *failed.last.lock().unwrap() = crate::error::Hinted::message(e);
             failed.count.fetch_add(1, Ordering::SeqCst);
         })
     })

@@ -28,6 +28,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::error::{Hint, Hinted};
 use crate::identity::{Identity, SessionKey};
 use crate::policy::{Approval, ApprovalRequest, Approver};
 use crate::sandbox::OutputSink;
@@ -346,13 +347,17 @@ pub enum ResumeError {
     OtherCall,
 }
 
-impl ResumeError {
-    pub fn hint(&self) -> &'static str {
-        "call run_python again without requestState: the code runs afresh (state kept by the session stays)"
+impl Hinted for ResumeError {
+    fn hint(&self) -> Option<Hint> {
+        Some(Hint::clause(
+            "call run_python again without requestState: the code runs afresh (state kept by the session stays)",
+        ))
     }
+}
 
+impl ResumeError {
     pub fn into_error(self) -> ErrorData {
-        ErrorData::invalid_params(format!("{self}; hint: {}", self.hint()), None)
+        ErrorData::invalid_params(self.message(), None)
     }
 }
 

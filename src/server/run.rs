@@ -112,7 +112,7 @@ impl Bridge {
                 record("setup_error", Some("SandboxUnavailable"));
                 Err(SetupFailure {
                     kind: "SandboxUnavailable",
-                    message: e.with_hint(),
+                    message: e.message(),
                 })
             }
         }

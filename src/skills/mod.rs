@@ -82,10 +82,10 @@ pub enum SkillError {
     },
 }
 
-impl SkillError {
+impl crate::error::Hinted for SkillError {
     /// What to do next.
-    pub fn hint(&self) -> Option<String> {
-        Some(match self {
+    fn hint(&self) -> Option<crate::error::Hint> {
+        Some(crate::error::Hint::sentence(match self {
             SkillError::InvalidName { .. } => format!(
                 "a skill is saved under its function's name: ASCII letters, digits and _, not starting with a digit, at most {MAX_NAME} characters, not a Python keyword"
             ),
@@ -107,15 +107,7 @@ impl SkillError {
             SkillError::Io { .. } => {
                 "check that the bridge's state_dir exists and is writable by this user".into()
             }
-        })
-    }
-
-    /// The error and its hint as one text.
-    pub fn with_hint(&self) -> String {
-        match self.hint() {
-            Some(h) => format!("{self}. {h}"),
-            None => self.to_string(),
-        }
+        }))
     }
 }
 

@@ -45,7 +45,7 @@ impl SkillRpc {
         tokio::task::spawn_blocking(move || answer(&store, &method, &params))
             .await
             .map_err(|e| format!("the skill store failed: {e}"))?
-            .map_err(|e| e.with_hint())
+            .map_err(|e| crate::error::Hinted::message(&e))
     }
 }
 

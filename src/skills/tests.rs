@@ -1,4 +1,5 @@
 use super::*;
+use crate::error::Hinted as _;
 
 const SRC: &str = "def double(x):\n    \"\"\"Twice x.\"\"\"\n    return 2 * x\n";
 
@@ -91,7 +92,7 @@ fn size_cap_counts_source_and_description() {
         e.to_string().contains("above skills.max_size (300 bytes)"),
         "{e}"
     );
-    assert!(e.hint().unwrap().contains("skills.max_size"));
+    assert!(e.hint().unwrap().text().contains("skills.max_size"));
     let e = s
         .save("double", SRC, &"d".repeat(300 - SRC.len() + 1))
         .unwrap_err();
@@ -117,9 +118,9 @@ fn count_cap_refuses_one_more_and_names_the_way_out() {
         "{e}"
     );
     assert!(
-        e.with_hint().contains("skills rm NAME"),
+        e.message().contains("skills rm NAME"),
         "{}",
-        e.with_hint()
+        e.message()
     );
     assert!(!s.dir().join("c.py").exists());
     s.remove("a").unwrap();
@@ -249,7 +250,7 @@ fn a_source_that_is_more_than_one_function_is_not_saved() {
         .unwrap_err();
     assert!(matches!(e, SkillError::NotOneFunction { .. }), "{e}");
     assert!(e.to_string().contains("3 top-level statements"), "{e}");
-    assert!(e.hint().unwrap().contains("one function defined with def"));
+    assert!(e.hint().unwrap().text().contains("one function defined with def"));
     assert!(!s.dir().join("f.py").exists());
     let e = s.save("f", "def f(:\n", "").unwrap_err();
     assert!(

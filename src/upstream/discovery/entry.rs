@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::error::{Hint, Hinted};
 use crate::config::servers::{ServerEntry, redact_url};
 
 /// Why an entry is not offered. The text is the skip reason `servers` shows.
@@ -40,21 +41,15 @@ pub enum EntryError {
     LaunchesSelf(String),
 }
 
-impl EntryError {
+impl Hinted for EntryError {
     /// What to do about it, when there is something to do.
-    pub fn hint(&self) -> Option<&'static str> {
+    fn hint(&self) -> Option<Hint> {
         match self {
-            EntryError::Both => Some("give exactly one"),
-            EntryError::LaunchesSelf(_) => Some("set MCP_BRIDGE_ALLOW_SELF_SERVER=1 to keep it"),
+            EntryError::Both => Some(Hint::clause("give exactly one")),
+            EntryError::LaunchesSelf(_) => Some(Hint::clause(
+                "set MCP_BRIDGE_ALLOW_SELF_SERVER=1 to keep it",
+            )),
             _ => None,
-        }
-    }
-
-    /// The reason with its hint, as one line.
-    pub fn message(&self) -> String {
-        match self.hint() {
-            Some(hint) => format!("{self}; {hint}"),
-            None => self.to_string(),
         }
     }
 }

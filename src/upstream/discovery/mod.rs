@@ -42,6 +42,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
+
+use crate::error::Hinted as _;
 use serde_json::Value;
 
 pub use crate::config::servers::{ServerEntry, redact_url};
