@@ -1,0 +1,203 @@
+//! The bridge's own `podman system service`, for when no engine socket answers: started under
+//! a guard that stops it with the bridge however the bridge goes, and the services of bridges
+//! that are gone found and stopped.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, ChildStderr, ChildStdin, Command};
+
+/// Where our own podman service listens: one socket per bridge process, because every bridge
+/// of a user shares the state dir, and a second bridge replacing the first one's socket took
+/// its engine away (tests/e2e/security_rootless.rs runs two at once).
+pub fn own_socket(state_dir: &Path) -> PathBuf {
+    state_dir.join(format!("podman-{}.sock", std::process::id()))
+}
+
+/// The shell that runs our podman service and stops it when the bridge goes, however it goes.
+///
+/// Its stdin is a pipe whose writing end only the bridge holds (close-on-exec, so no other child
+/// inherits it): EOF there means the bridge closed it ([`Engine::shutdown`], or the engine was
+/// dropped) or the bridge died, by any signal, SIGKILL included, or a panic. The bridge starts it
+/// as the leader of a process group of its own, which podman joins, and with podman the process
+/// rootless podman re-executes inside its user namespace: that inner process is the one holding
+/// the socket. On EOF the guard sends the whole group SIGTERM and, five seconds later, SIGKILL;
+/// when podman ends by itself (it failed to start, or was killed), the guard kills the rest of
+/// the group, itself included. The guard and its reader ignore SIGTERM, and SIGPIPE (their stderr
+/// is a pipe to a bridge that may be gone); podman is started before that and keeps the defaults.
+/// The group is apart from the bridge's, so a terminal's Ctrl-C reaches the bridge alone, which
+/// then removes its containers while the engine is still there.
+///
+/// `PR_SET_PDEATHSIG` on podman would not do: it fires when the *thread* that forked the child
+/// exits, not the process, and it reaches the outer podman only. That one forwards SIGTERM to the
+/// inner one but cannot forward SIGKILL, and when podman creates the user namespace afresh (its
+/// first run after boot, no pause process yet) the inner one has no parent-death signal of its
+/// own: killed outright, the outer podman leaves it serving the socket, reparented to init.
+const GUARD: &str = r#"exec 3<&0 </dev/null
+"$@" 3<&- &
+svc=$!
+trap '' TERM PIPE
+(
+    while read -r _; do :; done
+    kill -TERM 0
+    sleep 5
+    kill -KILL 0
+) <&3 &
+exec 3<&-
+wait "$svc"
+echo "podman system service exited with status $?" >&2
+kill -KILL 0
+"#;
+
+/// How long [`OwnService::stop`] waits for the guard (its own grace is 5s) before it kills the
+/// group itself.
+const GUARD_WAIT: Duration = Duration::from_secs(10);
+
+/// A podman service we started, under its [`GUARD`].
+pub(super) struct OwnService {
+    pub(super) guard: Child,
+    /// Closing this tells the guard to stop the service.
+    pub(super) lifeline: Option<ChildStdin>,
+}
+
+impl OwnService {
+    /// Start `program args` under a [`GUARD`]; the second value is its stderr (the guard's and the
+    /// service's).
+    pub(super) fn spawn(program: &Path, args: &[&str]) -> std::io::Result<(OwnService, Option<ChildStderr>)> {
+        let mut guard = Command::new("/bin/sh")
+            .args(["-c", GUARD, "mcp-code-bridge-podman-guard"])
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()?;
+        let stderr = guard.stderr.take();
+        let lifeline = guard.stdin.take();
+        Ok((OwnService { guard, lifeline }, stderr))
+    }
+
+    /// Stop the service and wait until its whole process group is gone.
+    pub(super) async fn stop(mut self) {
+        drop(self.lifeline.take());
+        if tokio::time::timeout(GUARD_WAIT, self.guard.wait())
+            .await
+            .is_err()
+        {
+            // Not reaped yet, so its pid still names the group and cannot have been reused.
+            if let Some(pid) = self.guard.id() {
+                unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+            }
+            let _ = self.guard.wait().await;
+        }
+    }
+}
+
+/// The socket URL of a bridge's own service in `state_dir`, as it appears on podman's command
+/// line, and the bridge's pid when `url` is one.
+pub(super) fn own_socket_pid(state_dir: &Path, url: &str) -> Option<u32> {
+    let prefix = format!("unix://{}/podman-", state_dir.display());
+    url.strip_prefix(&prefix)?
+        .strip_suffix(".sock")?
+        .parse()
+        .ok()
+}
+
+/// Whether the bridge `bridge` that a service started at `service_start` names in its socket is
+/// gone: not running (a zombie counts as gone), or a process started after the service (the pid
+/// was reused).
+pub(super) fn bridge_gone(bridge: u32, service_start: u64) -> bool {
+    crate::procfs::running_since(bridge).is_none_or(|start| start > service_start)
+}
+
+/// Processes of this user that run (or guard) the podman service of a bridge that is gone, on a
+/// socket in `state_dir`: `(process, bridge)` pids. Normally there are none, as each service's
+/// guard stops it with its bridge; this catches what an older bridge, or a guard killed on its
+/// own, left.
+fn stale_services(state_dir: &Path) -> Vec<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let me = std::process::id();
+    let uid = unsafe { libc::geteuid() };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if entry.metadata().map(|m| m.uid()).ok() != Some(uid) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_service = args
+            .windows(2)
+            .any(|w| w == [&b"system"[..], &b"service"[..]]);
+        let bridge = args
+            .iter()
+            .filter_map(|a| std::str::from_utf8(a).ok())
+            .find_map(|a| own_socket_pid(state_dir, a));
+        if let (true, Some(bridge)) = (is_service, bridge)
+            && bridge != me
+            && let Some(start) = crate::procfs::running_since(pid)
+            && bridge_gone(bridge, start)
+        {
+            out.push((pid, bridge));
+        }
+    }
+    out
+}
+
+/// Stop podman services in `state_dir` left by bridges that are gone (SIGTERM, then SIGKILL after
+/// 3s), and remove the sockets of bridges that are gone. Returns how many processes were stopped.
+pub(super) async fn reap_stale_services(state_dir: &Path) -> usize {
+    let stale = stale_services(state_dir);
+    for (pid, bridge) in &stale {
+        tracing::info!(
+            pid,
+            bridge,
+            "stopping a podman service left by a bridge that is gone"
+        );
+        unsafe { libc::kill(*pid as i32, libc::SIGTERM) };
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let left: Vec<u32> = stale
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| crate::procfs::is_running(*p))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            for p in left {
+                unsafe { libc::kill(p as i32, libc::SIGKILL) };
+            }
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if let Ok(dir) = std::fs::read_dir(state_dir) {
+        let me = std::process::id();
+        for entry in dir.flatten() {
+            let url = format!("unix://{}", entry.path().display());
+            if let Some(bridge) = own_socket_pid(state_dir, &url)
+                && bridge != me
+                && !crate::procfs::is_running(bridge)
+            {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    stale.len()
+}
