@@ -155,7 +155,10 @@ mod tests {
             Broke(Some(Hint::aside("is it there?"))).message(),
             "it broke (is it there?)"
         );
-        assert_eq!(Broke(Some(Hint::line("Try again."))).message(), "it broke\nTry again.");
+        assert_eq!(
+            Broke(Some(Hint::line("Try again."))).message(),
+            "it broke\nTry again."
+        );
         assert_eq!(
             Broke(Some(Hint::clause("fix it"))).report(),
             "it broke\nhint: fix it"

@@ -135,8 +135,14 @@ mod tests {
         assert_eq!((k.owner(), k.name()), (&named("a/b"), "default"));
         assert_ne!(k, SessionKey::new(named("a"), "b/default"));
         assert_ne!(k, SessionKey::local("default"));
-        assert_ne!(SessionKey::local("default"), SessionKey::new(named("stdio"), "default"));
-        assert_eq!(Identity::of_request(&rmcp::model::Extensions::new()), Identity::Local);
+        assert_ne!(
+            SessionKey::local("default"),
+            SessionKey::new(named("stdio"), "default")
+        );
+        assert_eq!(
+            Identity::of_request(&rmcp::model::Extensions::new()),
+            Identity::Local
+        );
     }
 
     #[test]

@@ -5,8 +5,8 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::error::Hinted as _;
 use crate::config::{self, Config};
+use crate::error::Hinted as _;
 use crate::sandbox::engine::Enforcement;
 use crate::sandbox::{ExecRequest, Outcome, Sandbox, image};
 use crate::upstream::Upstreams;
@@ -230,7 +230,10 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             on_output: None,
         };
         let started = std::time::Instant::now();
-        match sandbox.run(&crate::identity::SessionKey::local("doctor"), false, req).await {
+        match sandbox
+            .run(&crate::identity::SessionKey::local("doctor"), false, req)
+            .await
+        {
             Ok(o) if o.outcome == Outcome::Ok => {
                 let out = o.stdout.trim().to_string();
                 let mut words = out.split(' ');

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use super::load_bar;
-use crate::error::Hinted as _;
 use crate::config::Config;
+use crate::error::Hinted as _;
 use crate::sandbox::engine::Engine;
 use crate::sandbox::image;
 

@@ -25,8 +25,8 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use crate::error::Hinted as _;
 use crate::config::{self, Config, Overrides};
+use crate::error::Hinted as _;
 use crate::sandbox::Sandbox;
 use crate::server::{self, Bridge};
 use crate::upstream::Upstreams;

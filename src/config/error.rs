@@ -84,7 +84,6 @@ impl Hinted for Problem {
 }
 
 impl ConfigError {
-
     pub(super) fn from_figment(e: figment::Error) -> Self {
         let mut out = Vec::new();
         for err in e {

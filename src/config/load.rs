@@ -7,9 +7,9 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::{Figment, Metadata};
 
 use super::error::ConfigError;
-pub use super::source::{SETUP_MARKER, SYSTEM_CONFIG_ENV, Source};
-use super::source::source_from;
 use super::keys::{ENV_PREFIX, closest_key, env_name, key_of_env};
+use super::source::source_from;
+pub use super::source::{SETUP_MARKER, SYSTEM_CONFIG_ENV, Source};
 use super::{Config, Overrides};
 
 /// The system configuration file, the lowest file layer.
@@ -251,8 +251,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::error::Hinted as _;
     use crate::config::LogLevel;
+    use crate::error::Hinted as _;
 
     /// No test here reads the machine's system config file.
     fn isolate(jail: &mut figment::Jail) {

@@ -25,7 +25,6 @@
 
 pub mod audit;
 pub mod error;
-mod source;
 pub mod http;
 pub mod inputs;
 pub mod keys;
@@ -34,6 +33,7 @@ pub mod oauth;
 pub mod policy;
 pub mod servers;
 pub mod skills;
+mod source;
 pub mod values;
 
 use std::collections::BTreeMap;

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::error::{Hint, Hinted};
 use crate::config::Config;
+use crate::error::{Hint, Hinted};
 use crate::oauth::{OAuthError, Verifier};
 
 /// Shortest token `token_file` may hold: guessing one must be hopeless.

@@ -34,8 +34,8 @@ use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use serde_json::json;
 
-use crate::error::{Hint, Hinted};
 use crate::config::{Config, http::parse_listen};
+use crate::error::{Hint, Hinted};
 use crate::identity::Identity;
 use crate::server::Bridge;
 use auth::Auth;
@@ -70,11 +70,19 @@ pub enum ServeError {
 impl Hinted for ServeError {
     fn hint(&self) -> Option<Hint> {
         Some(match self {
-            ServeError::Unauthenticated(_) => Hint::clause("set token_file (lines of `name:token`) or oauth.issuer and oauth.audience, or listen on 127.0.0.1"),
-            ServeError::Bind { .. } => Hint::clause("choose another port with --listen (or MCP_BRIDGE_LISTEN), or stop what uses it"),
-            ServeError::Tls(_) => Hint::clause("http.tls_cert must be a PEM certificate chain and http.tls_key its PEM private key (PKCS#8, PKCS#1 or SEC1)"),
+            ServeError::Unauthenticated(_) => Hint::clause(
+                "set token_file (lines of `name:token`) or oauth.issuer and oauth.audience, or listen on 127.0.0.1",
+            ),
+            ServeError::Bind { .. } => Hint::clause(
+                "choose another port with --listen (or MCP_BRIDGE_LISTEN), or stop what uses it",
+            ),
+            ServeError::Tls(_) => Hint::clause(
+                "http.tls_cert must be a PEM certificate chain and http.tls_key its PEM private key (PKCS#8, PKCS#1 or SEC1)",
+            ),
             ServeError::Auth(e) => return e.hint(),
-            ServeError::Listen(_) => Hint::clause("write listen as address:port, like 127.0.0.1:8931"),
+            ServeError::Listen(_) => {
+                Hint::clause("write listen as address:port, like 127.0.0.1:8931")
+            }
         })
     }
 }

@@ -15,8 +15,8 @@ use globset::{GlobSet, GlobSetBuilder};
 use serde_json::{Map, Value};
 
 use crate::config::Loaded;
-use crate::identity::SessionKey;
 use crate::config::policy::{Action, Patterns, PolicyConfig};
+use crate::identity::SessionKey;
 
 /// What happened to one proxied call, as the audit log spells it ([`Verdict::as_str`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -440,12 +440,10 @@ impl Grants {
                 m.remove(&v);
             }
         }
-        let g = m
-            .entry(session.clone())
-            .or_insert_with(|| SessionGrants {
-                interpreter: interpreter.to_string(),
-                tools: HashSet::new(),
-            });
+        let g = m.entry(session.clone()).or_insert_with(|| SessionGrants {
+            interpreter: interpreter.to_string(),
+            tools: HashSet::new(),
+        });
         if g.interpreter != interpreter {
             g.interpreter = interpreter.to_string();
             g.tools.clear();
@@ -646,7 +644,10 @@ mod tests {
         assert!(!g.has(&s("s"), "c1", "gh.delete"));
         assert!(!g.has(&s("other"), "c1", "gh.create"));
         let alice = SessionKey::new(crate::identity::Identity::Named("alice".into()), "s");
-        assert!(!g.has(&alice, "c1", "gh.create"), "another identity's session of that name");
+        assert!(
+            !g.has(&alice, "c1", "gh.create"),
+            "another identity's session of that name"
+        );
         // A new interpreter for the session: forgotten.
         assert!(!g.has(&s("s"), "c2", "gh.create"));
         assert!(!g.has(&s("s"), "c1", "gh.create"));

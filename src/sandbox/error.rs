@@ -2,8 +2,8 @@
 //! errors). The message says what happened; its [`Hint`] says what to do next.
 
 use super::engine::EngineError;
-use crate::error::{Hint, Hinted};
 use super::image::ImageError;
+use crate::error::{Hint, Hinted};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {

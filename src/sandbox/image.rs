@@ -39,7 +39,6 @@ impl ImageError {
             hint: Some(hint.into()),
         }
     }
-
 }
 
 impl crate::error::Hinted for ImageError {

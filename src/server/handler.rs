@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CustomRequest, CustomResult, ErrorData, GetPromptRequestParams, GetPromptResponse,
-    ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
-    ResourceContents, ServerCapabilities, ServerConfig, SetLevelRequestParams, Tool,
+    CallToolRequestParams, CallToolResponse, CustomRequest, CustomResult, ErrorData,
+    GetPromptRequestParams, GetPromptResponse, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    Resource, ResourceContents, ServerCapabilities, ServerConfig, SetLevelRequestParams, Tool,
 };
 use rmcp::model::{
     CancelTaskParams, CreateTaskResult, GetTaskParams, GetTaskResult, UpdateTaskParams,
@@ -17,16 +17,16 @@ use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::json;
 
-use crate::identity::{Identity, SessionKey};
-use crate::policy::Approver;
-use crate::sandbox::files;
-use crate::upstream::{CallRelay, ClientLink};
 use super::link::{ClientApprover, PeerLink};
 use super::replies::{
     METHODS, REMOVED_IN_2026_07_28, is_2026_07_28, not_implemented, refused, removed_in_2026_07_28,
 };
 use super::tool::{call_args, tool};
 use super::{Bridge, CAPABILITIES_URI, TOOL_NAME, rounds};
+use crate::identity::{Identity, SessionKey};
+use crate::policy::Approver;
+use crate::sandbox::files;
+use crate::upstream::{CallRelay, ClientLink};
 
 impl ServerHandler for Bridge {
     /// The client has its answer to `initialize`: warm up in the background (engine, image,

@@ -3,16 +3,14 @@
 
 #![allow(deprecated)]
 
-use rmcp::model::{
-    ElicitRequestParams, ElicitResult,
-};
 use rmcp::RoleServer;
+use rmcp::model::{ElicitRequestParams, ElicitResult};
 use serde_json::json;
 
-use crate::policy::{Approval, ApprovalRequest, Approver};
-use crate::identity::Identity;
-use crate::upstream::ClientLink;
 use super::rounds;
+use crate::identity::Identity;
+use crate::policy::{Approval, ApprovalRequest, Approver};
+use crate::upstream::ClientLink;
 
 /// Asks the human through the MCP client of a `run_python` request: an `elicitation/create`
 /// request in form mode, one field with the three choices.

@@ -18,8 +18,8 @@ use crate::skills;
 use crate::upstream::Upstreams;
 
 mod handler;
-mod link;
 pub mod legacy_tasks;
+mod link;
 pub mod progress;
 pub mod render;
 mod replies;
@@ -128,7 +128,6 @@ impl Bridge {
         s.push_str(&self.upstreams.policy().markdown());
         s
     }
-
 }
 
 /// The first SIGTERM or SIGINT, by name: both servers shut down cleanly on either.
@@ -163,4 +162,3 @@ impl Bridge {
             .await;
     }
 }
-

@@ -3,9 +3,9 @@
 
 #![allow(deprecated)]
 
+use rmcp::RoleServer;
 use rmcp::model::ErrorData;
 use rmcp::service::RequestContext;
-use rmcp::RoleServer;
 
 use super::TOOL_NAME;
 

@@ -229,10 +229,7 @@ impl Running {
         let asker = Asker { tx, askable };
         let links = Links {
             approver: RoundApprover(asker.clone()),
-            client: RoundLink {
-                asker,
-                identity,
-            },
+            client: RoundLink { asker, identity },
             cancel: CancellationToken::new(),
             sinks: Sinks::default(),
         };

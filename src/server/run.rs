@@ -5,26 +5,26 @@
 
 use std::sync::Arc;
 
+use rmcp::RoleServer;
 use rmcp::model::{
     CallToolResponse, CallToolResult, ErrorData, ReadResourceResponse, ReadResourceResult,
     ResourceContents,
 };
 use rmcp::service::RequestContext;
-use rmcp::RoleServer;
 use serde_json::json;
 
+use super::progress::Forwarder;
+use super::replies::refused;
+use super::{Bridge, RunArgs, render, rounds};
 use crate::audit::{self};
+use crate::error::Hinted as _;
 use crate::identity::{Identity, SessionKey};
 use crate::policy::Approver;
 use crate::sandbox::files;
 use crate::sandbox::{ExecOutcome, ExecRequest, OutputSink};
 use crate::skills;
-use crate::error::Hinted as _;
 use crate::upstream::{CallContext, CallRelay, ProgressSink};
 use base64::Engine as _;
-use super::progress::Forwarder;
-use super::replies::refused;
-use super::{Bridge, RunArgs, render, rounds};
 
 /// Why a call's code could not run at all: its servers could not be loaded, or no sandbox
 /// could be had. `kind` is the error type the result and the audit record name.

@@ -20,10 +20,10 @@ use super::link::{ClientApprover, PeerLink};
 use super::replies::refused;
 use super::tool::call_args;
 use super::{Bridge, RunArgs, TASK_POLL_MS, TASK_RETENTION};
-use crate::upstream::CallRelay;
 use crate::identity::{Identity, SessionKey};
-use crate::server::legacy_tasks::PREFIX;
 use crate::policy::Approver;
+use crate::server::legacy_tasks::PREFIX;
+use crate::upstream::CallRelay;
 
 /// How often `tasks/result` looks whether its task has ended.
 const RESULT_POLL: Duration = Duration::from_millis(50);
@@ -106,11 +106,7 @@ fn room_for(
 impl Bridge {
     /// Whether `identity` may see task `id`: its own, or one that is unknown (the manager
     /// answers those with its own error). Also whether it was started in the 2025-11-25 form.
-    pub(super) fn task_visible(
-        &self,
-        id: &str,
-        identity: &Identity,
-    ) -> Result<bool, ErrorData> {
+    pub(super) fn task_visible(&self, id: &str, identity: &Identity) -> Result<bool, ErrorData> {
         match self.task_owners.lock().unwrap().get(id) {
             Some(owner) if owner.key.owner() != identity => {
                 Err(ErrorData::invalid_params(format!("no task {id:?}"), None))

@@ -5,16 +5,14 @@
 
 use std::sync::Arc;
 
-use rmcp::model::{
-    ErrorData, Tool,
-};
+use rmcp::model::{ErrorData, Tool};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::identity::{self, Identity, SessionKey};
-use crate::sandbox::DEFAULT_SESSION;
 use super::TOOL_NAME;
 use super::replies::refused;
+use crate::identity::{self, Identity, SessionKey};
+use crate::sandbox::DEFAULT_SESSION;
 
 /// The tool description: how to start, in as few tokens as possible, since it is paid for on
 /// every request. `tools/list` must stay within 250 cl100k tokens (the bench's section 1, and

@@ -117,11 +117,7 @@ fn count_cap_refuses_one_more_and_names_the_way_out() {
         ),
         "{e}"
     );
-    assert!(
-        e.message().contains("skills rm NAME"),
-        "{}",
-        e.message()
-    );
+    assert!(e.message().contains("skills rm NAME"), "{}", e.message());
     assert!(!s.dir().join("c.py").exists());
     s.remove("a").unwrap();
     s.save("c", "def c(): pass\n", "").unwrap();
@@ -250,7 +246,12 @@ fn a_source_that_is_more_than_one_function_is_not_saved() {
         .unwrap_err();
     assert!(matches!(e, SkillError::NotOneFunction { .. }), "{e}");
     assert!(e.to_string().contains("3 top-level statements"), "{e}");
-    assert!(e.hint().unwrap().text().contains("one function defined with def"));
+    assert!(
+        e.hint()
+            .unwrap()
+            .text()
+            .contains("one function defined with def")
+    );
     assert!(!s.dir().join("f.py").exists());
     let e = s.save("f", "def f(:\n", "").unwrap_err();
     assert!(

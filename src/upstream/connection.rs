@@ -26,9 +26,9 @@ use rmcp::{ClientHandler, ServiceExt};
 use tokio::io::AsyncRead;
 
 use super::discovery::{ServerEntry, redact_url};
-use crate::error::{Hint, Hinted};
 use super::relay::{Routes, UpstreamProgress};
 use super::secrets::{ResolveError, Resolved, resolve};
+use crate::error::{Hint, Hinted};
 
 /// How many stderr lines of a server are kept for error messages.
 const STDERR_TAIL_LINES: usize = 12;
@@ -588,7 +588,6 @@ pub(crate) fn stderr_suffix(lines: &[String]) -> String {
         format!("; its stderr ended with:\n{}", lines.join("\n"))
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,7 @@
 //! Upstream MCP servers: where their definitions come from ([`discovery`]), the warm client pool
 //! ([`pool`]; one server's connection in [`connection`], its secrets in [`secrets`]), and the
-//! catalog of their tools with fuzzy search ([`catalog`]). Errors say what happened and, apart,
-//! what to do ([`error`]).
+//! catalog of their tools with fuzzy search ([`catalog`]). What it reports to its callers (why
+//! an exec could not be bound, what a search skipped, the `servers` view) is in [`report`].
 //!
 //! The sandbox side sees upstreams only through [`Upstreams::bind`], which returns the metadata to
 //! send with an exec and an [`RpcHandler`] that answers the sandbox's RPCs for that exec alone:
@@ -19,6 +19,7 @@ pub mod connection;
 pub mod discovery;
 pub mod pool;
 mod relay;
+pub mod report;
 pub mod rpc;
 pub mod secrets;
 pub mod stdio;
@@ -27,9 +28,7 @@ pub mod store;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
-use crate::error::{Hint, Hinted};
+use crate::error::Hinted;
 use crate::identity::SessionKey;
 use crate::policy::{Approver, Grants, Policy};
 use crate::protocol::{CatalogInfo, DiscoveredServer, ExecBinding, LoadedServer};
@@ -41,6 +40,7 @@ pub use discovery::{
 use pool::Slot;
 pub use pool::{CallError, CatalogMeta, Pool, UpstreamSettings};
 pub use relay::{CallRelay, ClientLink, ProgressSink, UpstreamProgress};
+pub use report::{BindError, Refreshed, ServerSource, SkippedServer, SourcesReport};
 pub use rpc::RpcError;
 use store::Store;
 
@@ -61,98 +61,8 @@ pub fn hydrate_concurrency() -> usize {
 /// still starting are named as skipped and keep starting in the background, for the next search.
 pub const SEARCH_WAIT: Duration = Duration::from_secs(10);
 
-/// A server a search left out, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SkippedServer {
-    pub server: String,
-    pub reason: String,
-}
-
-/// One server's outcome in [`Upstreams::refresh_catalog`].
-#[derive(Debug)]
-pub struct Refreshed {
-    pub server: String,
-    /// How many tools it listed, or why it could not.
-    pub result: Result<usize, String>,
-    pub took: Duration,
-}
-
 /// A hydration in progress, shared by every search that waits for it.
 type Hydration = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), String>>>;
-/// Why [`Upstreams::load`] could not prepare an exec.
-#[derive(Debug, thiserror::Error)]
-pub enum BindError {
-    #[error(
-        "Unknown MCP server{} {}",
-        if names.len() > 1 { "s" } else { "" },
-        names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
-    )]
-    UnknownServers {
-        names: Vec<String>,
-        /// Every discovered server, by name.
-        known: Vec<String>,
-    },
-    /// Servers that could not be started or listed, each with its own advice, one per line.
-    #[error("{}", .0.iter().map(Hinted::message).collect::<Vec<_>>().join("\n"))]
-    Unavailable(Vec<CallError>),
-}
-
-impl BindError {
-    /// The error's type as the reply's `structuredContent.error.type` names it.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            BindError::UnknownServers { .. } => "UnknownServer",
-            BindError::Unavailable(_) => "ServerUnavailable",
-        }
-    }
-}
-
-impl Hinted for BindError {
-    fn hint(&self) -> Option<Hint> {
-        match self {
-            BindError::UnknownServers { known, .. } => Some(known_servers(known)),
-            BindError::Unavailable(_) => None,
-        }
-    }
-}
-
-/// Which names would have worked.
-fn known_servers(known: &[String]) -> Hint {
-    if known.is_empty() {
-        Hint::clause(
-            "no MCP servers are configured (see `mcp-code-bridge servers` for where they are read from)",
-        )
-    } else {
-        Hint::clause(format!("known servers: {}", known.join(", ")))
-    }
-}
-
-/// One discovered server with its provenance, for the `servers` subcommand (no secrets: the
-/// program for stdio servers, scheme://host/path for HTTP ones).
-#[derive(Debug, Clone, Serialize)]
-pub struct ServerSource {
-    pub name: String,
-    pub alias: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    /// `stdio` or `http`.
-    pub transport: &'static str,
-    /// `stdio npx` / `http https://example.com/mcp`.
-    pub target: String,
-    pub origin: Origin,
-}
-
-/// Everything the `servers` subcommand shows.
-#[derive(Debug, Clone, Serialize)]
-pub struct SourcesReport {
-    /// The places read, in precedence order.
-    pub sources: &'static [SourceSpec],
-    pub servers: Vec<ServerSource>,
-    pub skipped: Vec<SkippedEntry>,
-    pub warnings: Vec<String>,
-    pub searched: Vec<SearchedLocation>,
-}
-
 /// What the bridge shows of one server: no secrets, nothing that needs it running.
 pub(crate) struct ServerInfo {
     pub(crate) name: String,

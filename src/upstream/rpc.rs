@@ -13,11 +13,12 @@ use std::time::Instant;
 use serde_json::{Map, Value, json};
 
 use super::catalog::{self, Detail, ServerTools, UnknownTool};
-use crate::error::{Hint, Hinted};
 use super::pool::{CallError, Slot};
-use super::{CallContext, Upstreams, known_servers};
+use super::report::known_servers;
+use super::{CallContext, Upstreams};
 use crate::audit::{Audit, Decision as AuditDecision, ToolCallRecord, ToolStatus};
 use crate::config::policy::Action;
+use crate::error::{Hint, Hinted};
 use crate::policy::{Approval, ApprovalRequest, Decision, Verdict};
 use crate::protocol::{RPC_DENIED, RpcFailure, RpcHandler};
 

@@ -13,8 +13,8 @@ use common::oidc::{Provider, free_port};
 use std::time::Duration;
 
 use base64::Engine as _;
-use mcp_code_bridge::error::Hinted as _;
 use mcp_code_bridge::config::OAuthConfig;
+use mcp_code_bridge::error::Hinted as _;
 use mcp_code_bridge::oauth::{OAuthError, TokenError, Verifier};
 
 const AUDIENCE: &str = "http://127.0.0.1:8931/mcp";
@@ -136,7 +136,12 @@ async fn discovery_refuses_an_issuer_its_metadata_does_not_name() {
     .err()
     .expect("a renamed issuer is refused");
     assert!(matches!(err, OAuthError::IssuerMismatch { .. }), "{err}");
-    assert!(err.hint().unwrap().text().contains("character for character"));
+    assert!(
+        err.hint()
+            .unwrap()
+            .text()
+            .contains("character for character")
+    );
     // Nothing listens there.
     let err = Verifier::discover(&OAuthConfig {
         issuer: Some(format!("http://127.0.0.1:{}", free_port())),

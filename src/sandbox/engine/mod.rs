@@ -88,12 +88,20 @@ impl Hinted for EngineError {
             EngineError::NoneAnswered {
                 runtime: Runtime::Socket(_),
                 ..
-            } => Hint::line("Check that the engine behind that socket is running, or set MCP_BRIDGE_RUNTIME=auto."),
-            EngineError::NoneAnswered { .. } => Hint::line("Install podman (Debian/Ubuntu: `sudo apt-get install podman`; Fedora: `sudo dnf install podman`; macOS: `brew install podman && podman machine init && podman machine start`) or start Docker, or point MCP_BRIDGE_RUNTIME at a socket URL."),
-            EngineError::StateDir { .. } => Hint::clause("set MCP_BRIDGE_STATE_DIR to a writable directory"),
+            } => Hint::line(
+                "Check that the engine behind that socket is running, or set MCP_BRIDGE_RUNTIME=auto.",
+            ),
+            EngineError::NoneAnswered { .. } => Hint::line(
+                "Install podman (Debian/Ubuntu: `sudo apt-get install podman`; Fedora: `sudo dnf install podman`; macOS: `brew install podman && podman machine init && podman machine start`) or start Docker, or point MCP_BRIDGE_RUNTIME at a socket URL.",
+            ),
+            EngineError::StateDir { .. } => {
+                Hint::clause("set MCP_BRIDGE_STATE_DIR to a writable directory")
+            }
             EngineError::ServiceSpawn { .. } => return None,
             EngineError::GvisorRuntime { missing, .. } => Hint::line(missing.hint()?.text()),
-            EngineError::ServiceSilent { .. } => Hint::line("Run `podman info` to see what is wrong (on hosts where crun fails, set runtime = \"runc\" in /etc/containers/containers.conf)."),
+            EngineError::ServiceSilent { .. } => Hint::line(
+                "Run `podman info` to see what is wrong (on hosts where crun fails, set runtime = \"runc\" in /etc/containers/containers.conf).",
+            ),
         })
     }
 }

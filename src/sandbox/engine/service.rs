@@ -64,7 +64,10 @@ pub(super) struct OwnService {
 impl OwnService {
     /// Start `program args` under a [`GUARD`]; the second value is its stderr (the guard's and the
     /// service's).
-    pub(super) fn spawn(program: &Path, args: &[&str]) -> std::io::Result<(OwnService, Option<ChildStderr>)> {
+    pub(super) fn spawn(
+        program: &Path,
+        args: &[&str],
+    ) -> std::io::Result<(OwnService, Option<ChildStderr>)> {
         let mut guard = Command::new("/bin/sh")
             .args(["-c", GUARD, "mcp-code-bridge-podman-guard"])
             .arg(program)
