@@ -143,7 +143,17 @@ pub async fn serve_stdio(bridge: Bridge) -> anyhow::Result<()> {
     use rmcp::ServiceExt;
     let this = bridge.clone();
     let transport = stdio::StdioTransport::process(MAX_REQUEST_LINE_BYTES);
-    let service = bridge.serve(transport).await?;
+    let service = match bridge.serve(transport).await {
+        Ok(s) => s,
+        // A client that leaves before `initialize` (or `run < /dev/null`, a first try without a
+        // client) did nothing wrong: there is nothing to serve.
+        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
+            tracing::info!("stdin closed before initialize: no client, nothing to serve");
+            this.shutdown().await;
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    };
     tokio::select! {
         r = service.waiting() => { if let Err(e) = r { tracing::warn!("MCP service ended: {e}"); } }
         sig = quit_signal() => tracing::info!("{sig}: shutting down"),

@@ -803,3 +803,30 @@ fn fresh_user_namespace() {
         }
     }
 }
+
+/// `run` with nothing on stdin (a first try without a client, or a client that leaves before
+/// `initialize`) is not an error: it exits 0, and logs no ERROR or WARN line.
+#[test]
+fn lifecycle_stdin_closed_before_initialize_is_a_quiet_exit() {
+    let home = Home::new();
+    let out = home
+        .command()
+        .arg("run")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the bridge");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(
+        out.stdout.is_empty(),
+        "stdout is the MCP channel: {:?}",
+        out.stdout
+    );
+    for level in [" ERROR ", " WARN "] {
+        assert!(!stderr.contains(level), "{level:?} logged: {stderr}");
+    }
+    assert!(
+        stderr.contains("stdin closed before initialize"),
+        "{stderr}"
+    );
+}

@@ -1,106 +1,71 @@
 //! JSONC, as VS Code and hand-edited `mcpServers` files use it: JSON with `//` and `/* */`
-//! comments and trailing commas. Stripped to plain JSON before parsing, rather than parsed by a
-//! second parser, so serde_json's errors (and their line numbers) still describe the file.
+//! comments and trailing commas, and nothing else of JSON5 (no single quotes, bare keys, hex or
+//! missing commas: a file other tools reject is not read here either). Parsed by `jsonc-parser`
+//! (dprint's, the one Deno uses), whose errors name the line and column in the file as written
+//! and whose nesting is bounded (512), so no file can exhaust the stack.
 
-/// Remove `//` and `/* */` comments and trailing commas, outside strings (JSONC -> JSON).
-pub fn strip_jsonc(text: &str) -> String {
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let b = text.as_bytes();
-    let mut out = String::with_capacity(text.len());
-    let mut i = 0;
-    let mut in_str = false;
-    let mut start = 0; // start of the pending verbatim run
-    while i < b.len() {
-        let c = b[i];
-        if in_str {
-            if c == b'\\' {
-                i += 2;
-                continue;
-            }
-            if c == b'"' {
-                in_str = false;
-            }
-            i += 1;
-            continue;
-        }
-        match c {
-            b'"' => {
-                in_str = true;
-                i += 1;
-            }
-            b'/' if b.get(i + 1) == Some(&b'/') => {
-                out.push_str(&text[start..i]);
-                while i < b.len() && b[i] != b'\n' {
-                    i += 1;
-                }
-                start = i;
-            }
-            b'/' if b.get(i + 1) == Some(&b'*') => {
-                out.push_str(&text[start..i]);
-                let start_of_comment = i;
-                i += 2;
-                while i < b.len() && !(b[i] == b'*' && b.get(i + 1) == Some(&b'/')) {
-                    i += 1;
-                }
-                i = (i + 2).min(b.len());
-                // Keep the line count, so parse errors point at the right line.
-                out.push(' ');
-                out.extend(std::iter::repeat_n(
-                    '\n',
-                    text[start_of_comment..i].matches('\n').count(),
-                ));
-                start = i;
-            }
-            b',' => {
-                // A comma followed (after whitespace/comments) by `}` or `]` is dropped.
-                let mut j = i + 1;
-                loop {
-                    while j < b.len() && b[j].is_ascii_whitespace() {
-                        j += 1;
-                    }
-                    if b.get(j) == Some(&b'/') && b.get(j + 1) == Some(&b'/') {
-                        while j < b.len() && b[j] != b'\n' {
-                            j += 1;
-                        }
-                    } else if b.get(j) == Some(&b'/') && b.get(j + 1) == Some(&b'*') {
-                        j += 2;
-                        while j < b.len() && !(b[j] == b'*' && b.get(j + 1) == Some(&b'/')) {
-                            j += 1;
-                        }
-                        j = (j + 2).min(b.len());
-                    } else {
-                        break;
-                    }
-                }
-                if matches!(b.get(j), Some(b'}') | Some(b']')) {
-                    out.push_str(&text[start..i]);
-                    start = i + 1;
-                }
-                i += 1;
-            }
-            _ => i += 1,
-        }
+use serde_json::Value;
+
+/// The JSONC of one file: every dialect option off but comments and trailing commas.
+fn options() -> jsonc_parser::ParseOptions {
+    jsonc_parser::ParseOptions {
+        allow_comments: true,
+        allow_trailing_commas: true,
+        allow_loose_object_property_names: false,
+        allow_missing_commas: false,
+        allow_single_quoted_strings: false,
+        allow_hexadecimal_numbers: false,
+        allow_unary_plus_numbers: false,
+        allow_bare_decimal_point_numbers: false,
+        allow_non_finite_numbers: false,
+        allow_extended_string_escapes: false,
     }
-    out.push_str(&text[start..]);
-    out
+}
+
+/// The value of a JSONC text (a leading byte-order mark allowed), or what is wrong and where.
+pub fn parse_jsonc(text: &str) -> Result<Value, String> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let parsed = jsonc_parser::parse_to_ast(text, &Default::default(), &options())
+        .map_err(|e| e.to_string())?;
+    parsed
+        .value
+        .map(Value::from)
+        .ok_or_else(|| "the file holds no JSON value".to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
+    use serde_json::json;
 
     #[test]
-    fn jsonc_is_stripped_outside_strings() {
-        let s = strip_jsonc("{\"a\": \"http://x//y\", // c\n \"b\": [1, 2, /* z */ ], /* q */ }");
-        let v: Value = serde_json::from_str(&s).unwrap();
+    fn comments_and_trailing_commas_are_read_outside_strings() {
+        let v = parse_jsonc("{\"a\": \"http://x//y\", // c\n \"b\": [1, 2, /* z */ ], /* q */ }")
+            .unwrap();
         assert_eq!(v["a"], "http://x//y");
-        assert_eq!(v["b"], serde_json::json!([1, 2]));
-        let s = strip_jsonc("{/* a\nb */\n\"x\": nope}");
-        let e = serde_json::from_str::<Value>(&s).unwrap_err();
-        assert_eq!(e.line(), 3, "{s:?}");
-        let s = strip_jsonc("{\"a\": \"q\\\"//,}\"}");
-        let v: Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(v["b"], json!([1, 2]));
+        let v = parse_jsonc("{\"a\": \"q\\\"//,}\"}").unwrap();
         assert_eq!(v["a"], "q\"//,}");
+        // VS Code's files: trailing commas on lines of their own, a byte-order mark.
+        let v = parse_jsonc("\u{feff}{\n  \"s\": {\"a\": [1,\n],\n},\n}\n").unwrap();
+        assert_eq!(v["s"]["a"], json!([1]));
+    }
+
+    #[test]
+    fn errors_name_the_place_and_nothing_else_of_json5_is_taken() {
+        let e = parse_jsonc("{/* a\nb */\n\"x\": nope}").unwrap_err();
+        assert!(e.contains("line 3"), "{e}");
+        for bad in [
+            "{'a': 1}",
+            "{a: 1}",
+            "{\"a\": 0x1}",
+            "{\"a\": 1 \"b\": 2}",
+            "{\"a\": 1 /* x",
+        ] {
+            assert!(parse_jsonc(bad).is_err(), "{bad}");
+        }
+        assert!(parse_jsonc("").is_err());
+        let deep = "[".repeat(100_000);
+        assert!(parse_jsonc(&deep).is_err(), "nesting is bounded");
     }
 }

@@ -48,7 +48,7 @@ use serde_json::Value;
 
 pub use crate::config::servers::{ServerEntry, redact_url};
 pub use entry::{EntryError, launches_self};
-pub use jsonc::strip_jsonc;
+pub use jsonc::parse_jsonc;
 use sources::Place;
 pub use sources::{Origin, SOURCES, SourceKind, SourceSpec};
 
@@ -322,7 +322,7 @@ impl Acc<'_> {
                 return true;
             }
         };
-        let root: Value = match serde_json::from_str(&strip_jsonc(&text)) {
+        let root: Value = match parse_jsonc(&text) {
             Ok(v) => v,
             Err(e) => {
                 self.out
