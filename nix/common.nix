@@ -369,7 +369,7 @@ rec {
       };
     };
 
-    # The `[policy]` of proxied tool calls (README, Policy).
+    # The `[policy]` of proxied tool calls (docs/policy.md).
     policy = {
       default = mkOption {
         type = types.nullOr (
@@ -427,7 +427,7 @@ rec {
       };
     };
 
-    # The audit log (README, Audit log).
+    # The audit log (docs/policy.md, Audit log).
     audit = {
       path = mkOption {
         type = types.nullOr types.str;

@@ -1,5 +1,6 @@
 //! The one list of configuration keys: the env filter, `config` output, unknown-key hints and the
-//! README's reference all come from [`KEYS`]; a unit test keeps it equal to [`Config`]'s fields.
+//! key table of docs/configuration.md all come from [`KEYS`]; a unit test keeps it equal to
+//! [`Config`]'s fields.
 
 use super::Config;
 
@@ -13,7 +14,7 @@ pub struct Key {
 }
 
 impl Key {
-    /// The default as shown to people (`config`, the README): [`Config::default`]'s value,
+    /// The default as shown to people (`config`, docs/configuration.md): [`Config::default`]'s value,
     /// except `state_dir`, whose default depends on the machine and is shown as its rule.
     pub fn default(&self) -> String {
         if self.name == "state_dir" {
@@ -364,8 +365,8 @@ mod tests {
     }
 
     #[test]
-    fn readme_documents_every_key_with_its_default() {
-        let readme = include_str!("../../README.md");
+    fn the_key_table_documents_every_key_with_its_default() {
+        let table = include_str!("../../docs/configuration.md");
         for k in KEYS {
             let default = match k.default() {
                 d if d.is_empty() => "—".to_string(),
@@ -373,8 +374,8 @@ mod tests {
             };
             let row = format!("| `{}` | `{}` | {default} |", k.name, k.env());
             assert!(
-                readme.contains(&row),
-                "README.md lacks the row starting {row:?}"
+                table.contains(&row),
+                "docs/configuration.md lacks the row starting {row:?}"
             );
         }
     }

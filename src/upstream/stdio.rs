@@ -48,7 +48,7 @@ pub struct Spawned {
 /// files, terminal and time zone, and to reach the network through the host's proxy and CA
 /// certificates. Everything else (the bridge's `MCP_BRIDGE_*` settings, other programs' tokens)
 /// stays with the bridge; a server gets what it needs beyond this through its `env`. Names ending
-/// in `*` are prefixes. The README's "Upstream servers" section lists the same.
+/// in `*` are prefixes. docs/servers.md ("Environment and secrets") lists the same.
 pub const BASE_ENV: &[&str] = &[
     "PATH",
     "HOME",

@@ -100,7 +100,7 @@ fn lines_of(home: &Home, out: std::process::Output) -> Vec<Value> {
         out.status.success(),
         "the client failed ({:?}):\n{stdout}\n{tail}\nbridge log:\n{}",
         out.status,
-        home.log()
+        home.log_if_any()
     );
     stdout
         .lines()

@@ -182,22 +182,23 @@ async fn full_keeps_the_code_and_off_writes_nothing() {
     let b = Bridge::start_with(Home::new(), &off, None).await;
     b.py("print(1)").await.ok();
     b.py("print(2)").await.ok();
-    let state = b.home.path().join(".local/state/mcp-code-bridge");
     let (code, _, stderr) = audit_cmd(&b.home, &off, &[]);
-    let home_path = b.home.path().to_path_buf();
-    b.shutdown_clean().await;
-    let audit_files: Vec<_> = std::fs::read_dir(&state)
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with("audit"))
-                .collect()
-        })
-        .unwrap_or_default();
+    // The home outlives the bridge here: read after a drop, its state directory would be gone
+    // and show no audit file whatever the bridge had written.
+    let home = b.shutdown_clean().await;
+    let state = home.path().join(".local/state/mcp-code-bridge");
+    let audit_files: Vec<_> = match std::fs::read_dir(&state) {
+        Ok(d) => d
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("audit"))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => panic!("cannot list {}: {e}", state.display()),
+    };
     assert!(
         audit_files.is_empty(),
         "off wrote {audit_files:?} in {}",
-        home_path.display()
+        home.path().display()
     );
     assert_eq!(code, 1);
     assert!(

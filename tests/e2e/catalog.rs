@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 
-use common::{Home, Outcome, server_bin, write_servers};
+use common::{Home, Outcome, server_bin, wait_until, write_servers};
 use mcp_code_bridge::upstream::store::{CATALOG_FILE, Store};
 use mcp_code_bridge::upstream::{Discovery, ServerEntry, UpstreamSettings, Upstreams};
 use serde_json::{Value, json};
@@ -64,9 +64,7 @@ fn shell(mark: &str, script: &str) -> ServerEntry {
 /// How many live processes carry `MCB_CATALOG_MARK=<mark>`.
 fn running(mark: &str) -> usize {
     let needle = format!("MCB_CATALOG_MARK={mark}");
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
+    let dir = std::fs::read_dir("/proc").expect("list /proc");
     dir.filter_map(Result::ok)
         .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
         .filter(|e| {
@@ -100,14 +98,6 @@ fn bridge(
         s,
         Some(Arc::new(Store::open(state))),
     )
-}
-
-async fn wait_until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
-    let start = Instant::now();
-    while !f().await {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn search(up: &Upstreams, query: &str) -> Value {

@@ -199,11 +199,10 @@ async fn the_image_is_loaded_from_its_archive_on_first_use() {
         None,
     )
     .await;
-    let before = Command::new("podman")
-        .args(["image", "exists", &tag])
-        .status()
-        .unwrap();
-    assert!(!before.success(), "{tag} exists before the first call");
+    assert!(
+        !common::image_exists(&tag),
+        "{tag} exists before the first call"
+    );
     b.py("print('loaded')").await.ok();
     let log = b.home.log();
     assert!(log.contains("sandbox image loaded"), "{log}");
@@ -212,19 +211,14 @@ async fn the_image_is_loaded_from_its_archive_on_first_use() {
         .lines()
         .filter(|l| l.contains("loading sandbox image…"))
         .collect();
+    assert!(!progress.is_empty(), "no progress was logged:\n{log}");
     let mut seen = std::collections::HashSet::new();
     assert!(
         progress.iter().all(|l| seen.insert(l.split("mib=").nth(1))),
         "a progress line repeats:\n{}",
         progress.join("\n")
     );
-    assert!(
-        Command::new("podman")
-            .args(["image", "exists", &tag])
-            .status()
-            .unwrap()
-            .success()
-    );
+    assert!(common::image_exists(&tag));
     b.shutdown().await;
     let _ = Command::new("podman").args(["rmi", "-f", &tag]).output();
 }
@@ -249,13 +243,7 @@ fn a_gzipped_archive_loads_and_a_wrong_sha256_loads_nothing() {
     }
     let digest = hex::encode(sha2::Sha256::digest(std::fs::read(&gz).unwrap()));
     let tag = format!("mcp-code-bridge-sandbox:gz-{}", std::process::id());
-    let exists = || {
-        Command::new("podman")
-            .args(["image", "exists", &tag])
-            .status()
-            .unwrap()
-            .success()
-    };
+    let exists = || common::image_exists(&tag);
     assert!(!exists());
 
     let out = home
@@ -308,13 +296,7 @@ fn an_executable_archive_is_run_and_its_output_loaded() {
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let tag = format!("mcp-code-bridge-sandbox:stream-{}", std::process::id());
-    let exists = || {
-        Command::new("podman")
-            .args(["image", "exists", &tag])
-            .status()
-            .unwrap()
-            .success()
-    };
+    let exists = || common::image_exists(&tag);
 
     // A stream cannot be hashed before it is sent: the digest is checked as it streams, and a
     // mismatch ends the upload. That is what the error says, not how the upload broke.

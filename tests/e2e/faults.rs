@@ -8,58 +8,23 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{Bridge, Home, Outcome, RawBridge};
+use common::{Bridge, Home, Outcome, RawBridge, probe_lines};
 use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest};
 use rmcp::service::PeerRequestOptions;
 use serde_json::{Value, json};
-
-/// Lines `key value...` printed by a probe, as a map.
-fn probe_lines(stdout: &str) -> std::collections::BTreeMap<String, String> {
-    stdout
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-async fn still_serving(b: &Bridge) {
-    let r = b.py("print('still serving')").await;
-    assert_eq!(
-        r.status(),
-        "ok",
-        "the bridge stopped serving: {}\nlog:\n{}",
-        r.text(),
-        b.home.log()
-    );
-    assert_eq!(r.stdout(), "still serving\n");
-}
-
-/// Shut the bridge down and require that it left no container behind.
-fn with_fixture(mode: &str, extra: &[&str]) -> Home {
-    let home = Home::new();
-    common::write_servers(
-        &home,
-        json!({"fx": common::misbehaving_server(mode, extra)}),
-    );
-    home
-}
-
-async fn fx(b: &Bridge, code: &str) -> Outcome {
-    b.fx(code).await
-}
 
 /// Await `call` on the fixture server; what it raised, as `TypeName message`.
 async fn fx_raises(b: &Bridge, call: &str) -> String {
     let code = format!(
         "try:\n    r = await mcp_fx.{call}\n    print('no error', len(str(r)))\nexcept Exception as e:\n    print(type(e).__name__, e)"
     );
-    fx(b, &code).await.ok().stdout().to_string()
+    b.fx(&code).await.ok().stdout().to_string()
 }
 
 /// The fixture server still answers `echo(text)`.
 async fn assert_fx_echoes(b: &Bridge, text: &str) {
     let code = format!("print(await mcp_fx.echo(text={text:?}))");
-    assert_eq!(fx(b, &code).await.ok().stdout(), format!("{text}\n"));
+    assert_eq!(b.fx(&code).await.ok().stdout(), format!("{text}\n"));
 }
 
 // ------------------------------------------------------------------------------------------
@@ -80,7 +45,7 @@ async fn resources_fork_bomb_hits_the_pids_limit() {
         .call(json!({"code": "print(open('/sys/fs/cgroup/pids/pids.max').read().strip())", "reset": true}))
         .await;
     assert_eq!(Outcome(r).ok().stdout(), "64\n");
-    still_serving(&b).await;
+    b.still_serving().await;
     b.shutdown_clean().await;
 }
 
@@ -101,8 +66,7 @@ async fn resources_memory_bomb_is_named_and_only_the_sandbox_dies() {
     assert_eq!(r.error_type(), "MemoryLimitExceeded", "{}", r.text());
     assert!(r.text().contains("memory limit of 128m"), "{}", r.text());
     assert_eq!(r.sc()["session_reset"], true);
-    let r = b.py("print('kept' in globals())").await.ok();
-    assert_eq!(r.stdout(), "False\n");
+    b.assert_kept_is_gone().await;
     b.shutdown_clean().await;
 }
 
@@ -133,7 +97,7 @@ async fn resources_tmpfs_fill_ends_in_enospc_or_the_memory_limit() {
     let r = b.py(&fill("/workspace")).await;
     assert_eq!(r.status(), "crashed", "{}", r.text());
     assert!(r.text().contains("memory limit of 128m"), "{}", r.text());
-    still_serving(&b).await;
+    b.still_serving().await;
     b.shutdown_clean().await;
 }
 
@@ -164,7 +128,7 @@ print("throttled", t1 - t0)
     // The quota is 0.25 CPU; the bound leaves room for accounting granularity only.
     assert!(used < 0.4, "used {used} CPUs with cpus=0.25: {out}");
     assert!(p["throttled"].parse::<u64>().unwrap() > 0, "{out}");
-    still_serving(&b).await;
+    b.still_serving().await;
     b.shutdown_clean().await;
 }
 
@@ -187,7 +151,7 @@ async fn resources_deep_recursion_is_a_clear_error() {
         "{}",
         r.text()
     );
-    still_serving(&b).await;
+    b.still_serving().await;
     b.shutdown_clean().await;
 }
 
@@ -206,7 +170,7 @@ async fn resources_100mb_output_flood_is_capped_head_and_tail() {
     let total = 6 + 100 * 1024 * 1024 + 4;
     let truncated = r.sc()["truncated_bytes"].as_u64().unwrap() as usize;
     assert!(truncated > total - (2 << 20), "{truncated}");
-    still_serving(&b).await;
+    b.still_serving().await;
     b.shutdown_clean().await;
 }
 
@@ -223,7 +187,7 @@ async fn resources_single_50mb_line_is_cut_not_lost() {
     assert!(out.contains("[output truncated:"));
     assert!(out.len() < 2 << 20, "{} bytes", out.len());
     assert!(r.sc()["truncated_bytes"].as_u64().unwrap() > 48_000_000);
-    still_serving(&b).await;
+    b.still_serving().await;
     b.shutdown_clean().await;
 }
 
@@ -248,7 +212,7 @@ async fn resources_a_million_tiny_writes_are_all_accounted_for() {
         total,
         "kept {kept} + truncated {truncated}"
     );
-    still_serving(&b).await;
+    b.still_serving().await;
     b.shutdown_clean().await;
 }
 
@@ -256,13 +220,13 @@ async fn resources_a_million_tiny_writes_are_all_accounted_for() {
 // Upstream faults
 
 async fn fixture_pid(b: &Bridge) -> u32 {
-    let r = fx(b, "print(await mcp_fx.pid())").await.ok();
+    let r = b.fx("print(await mcp_fx.pid())").await.ok();
     r.stdout().trim().parse().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn upstream_crash_mid_call_is_reported_and_the_server_restarted() {
-    let b = Bridge::start_with(with_fixture("normal", &[]), &[], None).await;
+    let b = Bridge::start_with(Home::with_fx("normal", &[]), &[], None).await;
     let first = fixture_pid(&b).await;
     let out = fx_raises(&b, "crash()").await;
     assert!(out.contains("crashed during the call of 'crash'"), "{out}");
@@ -287,7 +251,7 @@ async fn upstream_crash_mid_call_is_reported_and_the_server_restarted() {
 #[tokio::test(flavor = "multi_thread")]
 async fn upstream_hang_past_the_timeout_is_cancelled() {
     let b = Bridge::start_with(
-        with_fixture("normal", &[]),
+        Home::with_fx("normal", &[]),
         &[("MCP_BRIDGE_UPSTREAM_CALL_TIMEOUT", "2s")],
         None,
     )
@@ -302,7 +266,7 @@ async fn upstream_hang_past_the_timeout_is_cancelled() {
 #[tokio::test(flavor = "multi_thread")]
 async fn upstream_malformed_json_rpc_is_an_error_not_a_hang() {
     let b = Bridge::start_with(
-        with_fixture("normal", &[]),
+        Home::with_fx("normal", &[]),
         &[("MCP_BRIDGE_UPSTREAM_CALL_TIMEOUT", "3s")],
         None,
     )
@@ -319,13 +283,13 @@ async fn upstream_malformed_json_rpc_is_an_error_not_a_hang() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn upstream_replies_to_ids_never_asked_are_ignored() {
-    let b = Bridge::start_with(with_fixture("normal", &[]), &[], None).await;
+    let b = Bridge::start_with(Home::with_fx("normal", &[]), &[], None).await;
     let code = r#"
 import asyncio
 res = await asyncio.gather(*(mcp_fx.wrong_id(text=str(i)) for i in range(50)))
 print("mismatched", [r for i, r in enumerate(res) if r != "right:%d" % i])
 "#;
-    let r = fx(&b, code).await.ok();
+    let r = b.fx(code).await.ok();
     assert_eq!(r.stdout(), "mismatched []\n");
     b.shutdown_clean().await;
 }
@@ -333,14 +297,14 @@ print("mismatched", [r for i, r in enumerate(res) if r != "right:%d" % i])
 #[tokio::test(flavor = "multi_thread")]
 async fn upstream_huge_results_arrive_whole_or_fail_clearly() {
     let b = Bridge::start_with(
-        with_fixture("normal", &[]),
+        Home::with_fx("normal", &[]),
         &[("MCP_BRIDGE_UPSTREAM_CALL_TIMEOUT", "15s")],
         None,
     )
     .await;
     // 10 MB crosses both channels whole.
     let code = "r = await mcp_fx.big(mb=10)\nprint(isinstance(r, str), len(r), r[:3], r[-3:])";
-    let r = fx(&b, code).await.ok();
+    let r = b.fx(code).await.ok();
     assert_eq!(r.stdout(), format!("True {} BBB END\n", 10 << 20));
     // 50 MB is over the 16 MiB limit of one message over stdio: the call fails at once with an
     // McpError that names the tool and the limit, not with a timeout after 15 s.
@@ -388,13 +352,13 @@ async fn upstream_server_that_exits_at_start_is_a_clear_error() {
         .stdout(),
         "alive\n"
     );
-    still_serving(&b).await;
+    b.still_serving().await;
     b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn upstream_server_answering_garbage_at_start_is_a_clear_error() {
-    let b = Bridge::start_with(with_fixture("garbage-start", &[]), &[], None).await;
+    let b = Bridge::start_with(Home::with_fx("garbage-start", &[]), &[], None).await;
     let r = Outcome(b.call(json!({"code": "print(1)", "servers": ["fx"]})).await);
     assert!(r.is_error(), "{}", r.text());
     assert!(r.text().contains("fx"), "{}", r.text());
@@ -403,13 +367,13 @@ async fn upstream_server_answering_garbage_at_start_is_a_clear_error() {
         "the server's stderr should be quoted: {}",
         r.text()
     );
-    still_serving(&b).await;
+    b.still_serving().await;
     b.shutdown_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn upstream_server_with_thousands_of_tools() {
-    let b = Bridge::start_with(with_fixture("many-tools", &["5000"]), &[], None).await;
+    let b = Bridge::start_with(Home::with_fx("many-tools", &["5000"]), &[], None).await;
     let code = r#"
 from mcp import runtime
 tools = runtime.list_tools_sync("fx")
@@ -418,7 +382,7 @@ print("call", await mcp_fx.tool_04321(x=7))
 hits = await runtime.search_tool_docs("tool_01234", limit=3)
 print("search", hits[0]["tool"])
 "#;
-    let r = fx(&b, code).await.ok();
+    let r = b.fx(code).await.ok();
     let p = probe_lines(r.stdout());
     assert_eq!(p["count"], "5000", "{}", r.stdout());
     assert_eq!(p["call"], r#"tool_04321:{"x": 7}"#);

@@ -145,9 +145,12 @@ async fn a_csv_and_a_png_come_back_as_links_read_byte_for_byte_and_go_with_the_s
     let listed = b.client.list_all_resources().await.unwrap();
     assert_eq!(listed.len(), 1, "{listed:?}");
     let files_dir = b.home.path().join(".local/state/mcp-code-bridge/files");
-    let left: Vec<_> = std::fs::read_dir(&files_dir)
-        .map(|d| d.map(|e| e.unwrap().path()).collect())
-        .unwrap_or_default();
+    // No directory is nothing kept; a directory that cannot be listed is no answer.
+    let left: Vec<_> = match std::fs::read_dir(&files_dir) {
+        Ok(d) => d.map(|e| e.unwrap().path()).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => panic!("cannot list {}: {e}", files_dir.display()),
+    };
     assert!(
         left.is_empty(),
         "kept files outlived their session: {left:?}"
@@ -257,7 +260,8 @@ print("written")
             count += 1;
         }
     }
-    assert!(count <= 64, "{count} files kept");
+    // Kept files were judged: a copy that kept none would show nothing above.
+    assert!(count >= 1 && count <= 64, "{count} files kept");
     assert!(!b.home.path().join("etc").exists());
     // A file growing while it is copied: whatever the engine's archive says of it (larger than
     // file_cap, or cut short), the copy ends with a notice or the file, and the bridge serves on.

@@ -13,6 +13,7 @@ mod cli;
 mod conformance;
 mod data_image;
 mod discovery_cli;
+mod docs;
 mod faults;
 mod faults_lifecycle;
 mod files;

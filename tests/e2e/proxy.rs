@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Bridge, Home, Outcome, process_alive as alive, server_bin};
+use common::{Bridge, Home, Outcome, process_alive as alive, server_bin, wait_until};
 use serde_json::{Value, json};
 
 /// A stdio server entry (JSON, as both the TOML tables and the `mcpServers` files take it).
@@ -62,9 +62,9 @@ fn canonical_tempdir() -> (tempfile::TempDir, PathBuf) {
 /// Pids of the bridge's child processes whose command line contains `needle`.
 fn children_matching(bridge_pid: u32, needle: &str) -> Vec<u32> {
     let mut out = Vec::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{bridge_pid}/task")) else {
-        return out;
-    };
+    // The bridge must be there to be asked: no answer is not "no children".
+    let tasks = std::fs::read_dir(format!("/proc/{bridge_pid}/task"))
+        .unwrap_or_else(|e| panic!("cannot list the bridge's threads (pid {bridge_pid}): {e}"));
     for t in tasks.flatten() {
         let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
         for pid in children
@@ -79,14 +79,6 @@ fn children_matching(bridge_pid: u32, needle: &str) -> Vec<u32> {
         }
     }
     out
-}
-
-async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// The last line of stdout parsed as JSON (tests print their findings as one JSON line).
@@ -765,7 +757,7 @@ async fn a_killed_upstream_is_restarted_by_the_next_call() {
     assert_eq!(pids.len(), 1, "one running upstream: {pids:?}");
     let first = pids[0];
     unsafe { libc::kill(first as i32, libc::SIGKILL) };
-    wait_until("the upstream to die", Duration::from_secs(10), || {
+    wait_until("the upstream to die", Duration::from_secs(10), async || {
         !alive(first)
     })
     .await;

@@ -117,8 +117,7 @@ async fn code_ignoring_sigint_is_killed_and_the_session_reset() {
     assert_eq!(r.status(), "timeout");
     assert_eq!(r.sc()["session_reset"], true, "{}", r.text());
     assert!(r.text().contains("session was reset"), "{}", r.text());
-    let r = b.py("print('kept' in globals())").await.ok();
-    assert_eq!(r.stdout(), "False\n");
+    b.assert_kept_is_gone().await;
     b.shutdown().await;
 }
 

@@ -8,32 +8,8 @@ use std::io::ErrorKind;
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::time::Duration;
 
-use common::{Bridge, Home, Outcome};
+use common::{Bridge, Home, Outcome, assert_each, probe_lines};
 use serde_json::{Value, json};
-
-/// Run `code`, require `ok`, and return stdout.
-async fn out(b: &Bridge, code: &str) -> String {
-    b.py(code).await.ok().stdout().to_string()
-}
-
-/// The bridge still answers, and the session still runs code.
-async fn still_serving(b: &Bridge) {
-    assert_eq!(
-        out(b, "print('still serving')").await,
-        "still serving\n",
-        "the bridge stopped serving; log:\n{}",
-        b.home.log()
-    );
-}
-
-/// Lines `key value...` printed by a probe, as a map.
-fn probe_lines(stdout: &str) -> std::collections::BTreeMap<String, String> {
-    stdout
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
 
 /// The host's non-loopback IPv4 and IPv6 addresses (what a container with a network could reach).
 fn host_addresses() -> (Vec<String>, Vec<String>) {
@@ -100,7 +76,7 @@ try:
 except OSError as e:
     print("dns", type(e).__name__)
 "#;
-    let p = probe_lines(&out(&b, code).await);
+    let p = b.probe(code).await;
     assert_eq!(p["ifaces"], "['lo']");
     assert_eq!(p["netdev"], "['lo']");
     assert_eq!(p["routes4"], "0", "an IPv4 route exists");
@@ -110,8 +86,7 @@ except OSError as e:
         p["if_inet6"]
     );
     assert_eq!(p["dns"], "gaierror");
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -143,7 +118,7 @@ for t in {targets:?}:
         print(t, type(e).__name__, e.errno)
 "#
     );
-    let stdout = out(&b, &code).await;
+    let stdout = b.out(&code).await;
     let p = probe_lines(&stdout);
     assert_eq!(p.len(), targets.len(), "{stdout}");
     for t in &targets {
@@ -162,8 +137,7 @@ for t in {targets:?}:
             other => panic!("a host listener got a connection from the sandbox: {other:?}"),
         }
     }
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -191,7 +165,7 @@ for t in {targets:?}:
         print(t, type(e).__name__, e.errno)
 "#
     );
-    let stdout = out(&b, &code).await;
+    let stdout = b.out(&code).await;
     let p = probe_lines(&stdout);
     for t in &targets {
         let r = &p[t];
@@ -209,8 +183,7 @@ for t in {targets:?}:
             other => panic!("a host UDP socket received from the sandbox: {other:?}"),
         }
     }
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -232,17 +205,13 @@ for name, args in cases.items():
     except OSError as e:
         print(name, type(e).__name__, e.errno)
 "#;
-    let stdout = out(&b, code).await;
-    let p = probe_lines(&stdout);
-    for name in ["raw4", "raw4tcp", "raw6", "packet_raw", "packet_dgram"] {
-        assert_eq!(
-            p.get(name).map(String::as_str),
-            Some("PermissionError 1"),
-            "{name}: {stdout}"
-        );
-    }
-    still_serving(&b).await;
-    b.shutdown().await;
+    let p = b.probe(code).await;
+    assert_each(
+        &p,
+        &["raw4", "raw4tcp", "raw6", "packet_raw", "packet_dgram"],
+        "PermissionError 1",
+    );
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -284,8 +253,10 @@ for root, dirs, files in os.walk("/", onerror=lambda e: None):
 print("sockets", found)
 "#
     );
-    let stdout = out(&b, &code).await;
-    for l in stdout.lines().filter(|l| l.starts_with("path ")) {
+    let stdout = b.out(&code).await;
+    let paths: Vec<&str> = stdout.lines().filter(|l| l.starts_with("path ")).collect();
+    assert_eq!(paths.len(), 6, "one line per engine path: {stdout}");
+    for l in paths {
         assert!(l.ends_with(" False"), "engine path visible inside: {l}");
     }
     let p = probe_lines(&stdout);
@@ -296,8 +267,7 @@ print("sockets", found)
         listener.accept().is_err(),
         "the host socket got a connection"
     );
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -332,7 +302,7 @@ for t in {targets:?}:
         print(t, type(e).__name__, e.errno)
 "#
     );
-    let stdout = out(&b, &code).await;
+    let stdout = b.out(&code).await;
     let p = probe_lines(&stdout);
     for t in &targets {
         let r = p.get(t).unwrap_or_else(|| panic!("{t} missing: {stdout}"));
@@ -358,8 +328,7 @@ for t in {targets:?}:
             "the host's [::1] listener got a connection"
         );
     }
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -392,11 +361,13 @@ mounts = {l.split()[1]: l.split()[3].split(",") for l in open("/proc/mounts")}
 for m in ["/", "/proc/sys", "/sys", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids"]:
     print("mount", m, "ro" in mounts.get(m, []))
 "#;
-    let stdout = out(&b, code).await;
+    let stdout = b.out(code).await;
     assert!(
         !stdout.contains("WROTE") && !stdout.contains("MADE"),
         "{stdout}"
     );
+    // 20 files, 3 directories, 5 mounts: one line each.
+    assert_eq!(stdout.lines().count(), 28, "{stdout}");
     for l in stdout.lines() {
         if l.starts_with("mount ") {
             assert!(l.ends_with(" True"), "not read-only: {l}");
@@ -410,8 +381,7 @@ for m in ["/", "/proc/sys", "/sys", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/pid
     }
     // Permissions refuse first (EACCES); the read-only mounts checked above refuse even where a
     // permission would not.
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -463,8 +433,8 @@ print("HOME", os.environ.get("HOME"))
     assert_eq!(p["secret_anywhere"], "False");
     assert_eq!(p["HOME"], "/workspace");
     // The loaded server's metadata that did reach the sandbox carries no env either.
-    let meta = out(
-        &b,
+    let meta = b
+        .out(
         "from mcp import runtime\nimport json\nprint(json.dumps(runtime.list_loaded_server_metadata()))",
     )
     .await;
@@ -501,7 +471,7 @@ for m in ["/tmp", "/workspace", "/var/tmp", "/dev/shm"]:
     os.remove(m + "/fill")
     print(m, written >> 20, err)
 "#;
-    let stdout = out(&b, code).await;
+    let stdout = b.out(code).await;
     let p = probe_lines(&stdout);
     let cap = |m: &str| -> u64 {
         let (mib, err) = p[m].split_once(' ').unwrap();
@@ -512,8 +482,7 @@ for m in ["/tmp", "/workspace", "/var/tmp", "/dev/shm"]:
     assert!(cap("/workspace") <= 12, "{stdout}");
     assert!(cap("/var/tmp") <= 8, "{stdout}");
     assert!(cap("/dev/shm") <= 64, "{stdout}");
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -550,7 +519,7 @@ for d in writable:
     os.remove(target)
 print("writable", sorted(writable))
 "#;
-    let stdout = out(&b, code).await;
+    let stdout = b.out(code).await;
     assert!(
         !stdout.contains("RAN") && !stdout.contains("MAPPED"),
         "{stdout}"
@@ -562,6 +531,15 @@ print("writable", sorted(writable))
         .to_string();
     for m in ["/tmp", "/workspace"] {
         assert!(writable.contains(&format!("'{m}'")), "{writable}");
+        // Each was attacked both ways: the loop below judges what it finds.
+        for how in ["exec", "mmap"] {
+            assert!(
+                stdout
+                    .lines()
+                    .any(|l| l.starts_with(&format!("{how} {m} "))),
+                "no {how} attempt from {m}: {stdout}"
+            );
+        }
     }
     for l in stdout.lines() {
         if l.starts_with("mount ") {
@@ -575,8 +553,7 @@ print("writable", sorted(writable))
             assert!(l.ends_with(" EACCES") || l.ends_with(" EPERM"), "{l}");
         }
     }
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -602,7 +579,7 @@ print("su_rc", p.returncode)
 print("su_out", o.decode().strip() or "-")
 print("uid_after", os.getuid(), os.geteuid())
 "#;
-    let stdout = out(&b, code).await;
+    let stdout = b.out(code).await;
     let p = probe_lines(&stdout);
     assert!(p["setuid"].contains("/usr/bin/su"), "{stdout}");
     assert_eq!(
@@ -613,8 +590,7 @@ print("uid_after", os.getuid(), os.geteuid())
     assert_ne!(p["su_rc"], "0", "{stdout}");
     assert_eq!(p["su_out"], "-", "{stdout}");
     assert_eq!(p["uid_after"], "65534 65534");
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -630,7 +606,7 @@ child = subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=T
 print("child", sorted(caps(child).items()))
 print("init", sorted(caps(open("/proc/1/status").read()).items()))
 "#;
-    let stdout = out(&b, code).await;
+    let stdout = b.out(code).await;
     let zero = "0000000000000000";
     let want = format!(
         "[('CapAmb', '{zero}'), ('CapBnd', '{zero}'), ('CapEff', '{zero}'), ('CapInh', '{zero}'), ('CapPrm', '{zero}'), ('NoNewPrivs', '1'), ('Seccomp', '2')]"
@@ -639,8 +615,7 @@ print("init", sorted(caps(open("/proc/1/status").read()).items()))
     assert_eq!(p["self"], want, "{stdout}");
     assert_eq!(p["child"], want, "{stdout}");
     assert_eq!(p["init"], want, "{stdout}");
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 /// Python defining `sc(name, *args)`: a raw syscall through ctypes, returning the errno name
@@ -658,28 +633,37 @@ def sc(name, *args):
 "#;
 
 async fn syscalls(b: &Bridge, body: &str) -> std::collections::BTreeMap<String, String> {
-    let stdout = out(b, &format!("{SYSCALL_PRELUDE}\n{body}")).await;
-    probe_lines(&stdout)
+    b.probe(&format!("{SYSCALL_PRELUDE}\n{body}")).await
+}
+
+/// The attack of a fresh bridge's sandbox by the system calls of `body`: each of `keys` it
+/// prints is refused with `EPERM`, and the bridge serves on.
+async fn syscalls_refused(body: &str, keys: &[&str]) {
+    let b = Bridge::start().await;
+    let p = syscalls(&b, body).await;
+    assert_each(&p, keys, "EPERM");
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn privilege_unshare_of_privileged_namespaces_is_refused() {
-    let b = Bridge::start().await;
-    let p = syscalls(
-        &b,
+    syscalls_refused(
         r#"
 flags = {"mount": 0x00020000, "net": 0x40000000, "pid": 0x20000000,
          "uts": 0x04000000, "ipc": 0x08000000, "cgroup": 0x02000000}
 for n, f in flags.items():
     print("unshare_" + n, sc("unshare", ctypes.c_int(f)))
 "#,
+        &[
+            "unshare_mount",
+            "unshare_net",
+            "unshare_pid",
+            "unshare_uts",
+            "unshare_ipc",
+            "unshare_cgroup",
+        ],
     )
     .await;
-    for n in ["mount", "net", "pid", "uts", "ipc", "cgroup"] {
-        assert_eq!(p[&format!("unshare_{n}")], "EPERM", "unshare({n}): {p:?}");
-    }
-    still_serving(&b).await;
-    b.shutdown().await;
 }
 
 /// A single-threaded child (the runtime itself is multi-threaded, where the kernel answers
@@ -699,11 +683,10 @@ print("OK" if r == 0 else errno.errorcode[ctypes.get_errno()])
 print("unshare_user", subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout.strip())
 print("unshare_cmd", subprocess.run(["unshare", "-r", "true"], capture_output=True).returncode)
 "#;
-    let p = probe_lines(&out(&b, code).await);
+    let p = b.probe(code).await;
     assert_eq!(p["unshare_user"], "EPERM", "{p:?}");
     assert_ne!(p["unshare_cmd"], "0", "{p:?}");
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -724,20 +707,21 @@ print("mount_cmd", shutil.which("mount") or "absent")
 "#,
     )
     .await;
-    for k in [
-        "mount_tmpfs",
-        "mount_proc",
-        "remount_root_rw",
-        "bind",
-        "umount_tmp",
-        "pivot_root",
-    ] {
-        assert_eq!(p[k], "EPERM", "{k}: {p:?}");
-    }
+    assert_each(
+        &p,
+        &[
+            "mount_tmpfs",
+            "mount_proc",
+            "remount_root_rw",
+            "bind",
+            "umount_tmp",
+            "pivot_root",
+        ],
+        "EPERM",
+    );
     // The image carries no mount(8); the syscall above is what a binary would use anyway.
     assert_eq!(p["mount_cmd"], "absent");
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 /// What ptrace can reach at all: the PID namespace shows only the sandbox's own processes,
@@ -761,15 +745,12 @@ print("host_pid1_visible", any(open("/proc/%d/cmdline" % q).read().startswith(("
     assert!(p["max_pid"].parse::<u32>().unwrap() < 64, "{p:?}");
     assert_eq!(p["init"], "/run/podman-init", "{p:?}");
     assert_eq!(p["host_pid1_visible"], "False");
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn privilege_ptrace_of_another_process_is_refused() {
-    let b = Bridge::start().await;
-    let p = syscalls(
-        &b,
+    syscalls_refused(
         r#"
 import subprocess, time
 PTRACE_ATTACH = 16
@@ -779,13 +760,12 @@ print("attach_init", sc("ptrace", ctypes.c_long(PTRACE_ATTACH), ctypes.c_long(1)
 print("attach_child", sc("ptrace", ctypes.c_long(PTRACE_ATTACH), ctypes.c_long(child.pid), None, None))
 child.kill()
 "#,
+        &[
+            "attach_init",
+            "attach_child",
+        ],
     )
     .await;
-    for k in ["attach_init", "attach_child"] {
-        assert_eq!(p[k], "EPERM", "{k}: {p:?}");
-    }
-    still_serving(&b).await;
-    b.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -802,35 +782,30 @@ print("proc_keys_empty", open("/proc/keys").read() == "")
     .await;
     assert!(p["add_key"] == "EPERM" || p["add_key"] == "ENOSYS", "{p:?}");
     assert_eq!(p["proc_keys_empty"], "True", "/proc/keys shows host keys");
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 /// Keyrings are not namespaced: a sandbox that may call keyctl shares the user keyring of its
 /// uid with every host process of that uid.
 #[tokio::test(flavor = "multi_thread")]
 async fn privilege_keyctl_is_refused() {
-    let b = Bridge::start().await;
-    let p = syscalls(
-        &b,
+    syscalls_refused(
         r#"
 KEYCTL_GET_KEYRING_ID, KEYCTL_JOIN_SESSION_KEYRING, KEY_SPEC_USER_KEYRING = 0, 1, -4
 print("keyctl_join", sc("keyctl", ctypes.c_int(KEYCTL_JOIN_SESSION_KEYRING), b"mcb"))
 print("keyctl_user_keyring", sc("keyctl", ctypes.c_int(KEYCTL_GET_KEYRING_ID), ctypes.c_int(KEY_SPEC_USER_KEYRING), ctypes.c_int(0)))
 "#,
+        &[
+            "keyctl_join",
+            "keyctl_user_keyring",
+        ],
     )
     .await;
-    assert_eq!(p["keyctl_join"], "EPERM", "{p:?}");
-    assert_eq!(p["keyctl_user_keyring"], "EPERM", "{p:?}");
-    still_serving(&b).await;
-    b.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn privilege_bpf_and_other_kernel_interfaces_are_refused() {
-    let b = Bridge::start().await;
-    let p = syscalls(
-        &b,
+    syscalls_refused(
         r#"
 attr = ctypes.create_string_buffer(128)
 print("bpf_map_create", sc("bpf", ctypes.c_int(0), attr, ctypes.c_uint(128)))
@@ -839,19 +814,15 @@ print("init_module", sc("init_module", None, ctypes.c_ulong(0), b""))
 print("kexec_load", sc("kexec_load", ctypes.c_ulong(0), ctypes.c_ulong(0), None, ctypes.c_ulong(0)))
 print("setns", sc("setns", ctypes.c_int(os.open("/proc/1/ns/net", os.O_RDONLY)), ctypes.c_int(0)))
 "#,
+        &[
+            "bpf_map_create",
+            "bpf_prog_load",
+            "init_module",
+            "kexec_load",
+            "setns",
+        ],
     )
     .await;
-    for k in [
-        "bpf_map_create",
-        "bpf_prog_load",
-        "init_module",
-        "kexec_load",
-        "setns",
-    ] {
-        assert_eq!(p[k], "EPERM", "{k}: {p:?}");
-    }
-    still_serving(&b).await;
-    b.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -892,8 +863,7 @@ except OSError as e:
             p["dev"]
         );
     }
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1016,8 +986,7 @@ print("real output")
         b.home.log().contains("not a frame"),
         "garbage was not logged"
     );
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1043,8 +1012,7 @@ async fn protocol_unterminated_partial_frame_costs_only_the_models_own_call() {
     assert_eq!(r.status(), "timeout", "{}", r.text());
     assert_eq!(r.sc()["session_reset"], true, "{}", r.text());
     assert!(r.text().contains("session was reset"), "{}", r.text());
-    let r = b.py("print('kept' in globals())").await.ok();
-    assert_eq!(r.stdout(), "False\n");
+    b.assert_kept_is_gone().await;
     b.shutdown().await;
 }
 
@@ -1077,8 +1045,7 @@ print("after the oversize frames")
             .collect::<Vec<_>>()
             .join("\n")
     );
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1174,17 +1141,12 @@ show("list_servers", forged_rpc("list_servers", {}))
         );
     }
     assert_eq!(get("list_servers")["result"], json!(["fx"]));
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn protocol_rpc_flood_is_answered_and_the_channel_stays_usable() {
-    let home = Home::new();
-    common::write_servers(
-        &home,
-        json!({"fx": common::misbehaving_server("normal", &[])}),
-    );
+    let home = Home::with_fx("normal", &[]);
     let b = Bridge::start_with(home, &[], None).await;
     let r = b
         .call(json!({"code": with_channel(r#"
@@ -1211,17 +1173,12 @@ print("after_flood", await mcp_fx.echo(text="after the flood"))
     let p = probe_lines(r.stdout());
     assert_eq!(p["after_flood"], "after the flood", "{}", r.stdout());
     assert_eq!(p["forged_after"], "True ['fx']");
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn protocol_thousands_of_concurrent_tool_calls_each_get_their_own_answer() {
-    let home = Home::new();
-    common::write_servers(
-        &home,
-        json!({"fx": common::misbehaving_server("normal", &[])}),
-    );
+    let home = Home::with_fx("normal", &[]);
     let b = Bridge::start_with(home, &[], None).await;
     let code = r#"
 import asyncio
@@ -1251,17 +1208,12 @@ print("errors", len(errors), sorted(set(e[:100] for e in errors))[:3])
     );
     assert_eq!(p["errors"], "0 []", "{}", r.stdout());
     assert_eq!(p["answered"], "3000");
-    still_serving(&b).await;
-    b.shutdown().await;
+    b.shutdown_still_serving().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn protocol_pending_tool_calls_beyond_the_limit_are_refused_clearly() {
-    let home = Home::new();
-    common::write_servers(
-        &home,
-        json!({"fx": common::misbehaving_server("normal", &[])}),
-    );
+    let home = Home::with_fx("normal", &[]);
     let b = Bridge::start_with(home, &[("MCP_BRIDGE_UPSTREAM_CALL_TIMEOUT", "60s")], None).await;
     // 4300 calls that never finish: the host keeps 4096 pending (32 running) and refuses the
     // rest at once with a message, instead of queueing without bound.

@@ -157,6 +157,13 @@ fn containers_of_user(user: &str) -> Vec<String> {
         .current_dir("/")
         .output()
         .unwrap();
+    // A failed listing is no evidence that no container is left.
+    assert!(
+        out.status.success(),
+        "podman ps as {user} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .map(String::from)

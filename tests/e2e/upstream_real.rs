@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 
-use common::{process_alive as alive, server_bin};
+use common::{process_alive as alive, server_bin, wait_until};
 use mcp_code_bridge::error::Hinted as _;
 use mcp_code_bridge::upstream::{BindError, Discovery, ServerEntry, UpstreamSettings, Upstreams};
 use serde_json::{Value, json};
@@ -70,14 +70,6 @@ async fn call(
     )
     .await
     .map_err(|f| f.message)
-}
-
-async fn wait_until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
-    let start = Instant::now();
-    while !f().await {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@ pub mod rootless;
 pub mod sdk_tasks;
 pub mod served;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -59,8 +60,26 @@ impl Home {
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
+    /// The log of the bridge started in this home (`bridge.log`). Panics when it cannot be
+    /// read: an assertion that the log lacks something must never pass on a log that is not there.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.path().join("bridge.log")).unwrap_or_default()
+        let path = self.path().join("bridge.log");
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read the bridge's log {}: {e}", path.display()))
+    }
+    /// The log for a failure message, where the bridge may not have logged to this home (a
+    /// client that started it itself): the file, or a line saying why there is none.
+    pub fn log_if_any(&self) -> String {
+        let path = self.path().join("bridge.log");
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| format!("(no bridge log at {}: {e})", path.display()))
+    }
+    /// This home with the misbehaving fixture server configured as `fx`, in `mode` (see
+    /// [`misbehaving_server`]).
+    pub fn with_fx(mode: &str, extra_args: &[&str]) -> Home {
+        let home = Home::new();
+        write_servers(&home, json!({"fx": misbehaving_server(mode, extra_args)}));
+        home
     }
     /// `mcp-code-bridge` (no arguments yet) with only this home's environment, run in it.
     pub fn command(&self) -> std::process::Command {
@@ -137,7 +156,9 @@ impl Bridge {
     /// Start with extra environment and, optionally, a working directory.
     pub async fn start_with(home: Home, env: &[(&str, &str)], cwd: Option<&Path>) -> Bridge {
         let transport = transport_in(&home, env, cwd.unwrap_or(home.path()));
-        let pid = transport.id().unwrap_or(0);
+        // Without it, every check of "this bridge's containers" or "its memory" would look at
+        // no process and pass.
+        let pid = transport.id().expect("the bridge's process id");
         let client = ().serve(transport).await.expect("MCP initialize with the bridge");
         Bridge { client, home, pid }
     }
@@ -166,12 +187,14 @@ impl Bridge {
         let _ = self.client.cancel().await;
     }
 
-    /// Shut down and assert that the bridge removed every container it made.
-    pub async fn shutdown_clean(self) {
-        let pid = self.pid;
-        self.shutdown().await;
+    /// Shut down and assert that the bridge removed every container it made. Returns the home,
+    /// for a test that reads what the bridge left there (dropping it removes the directory).
+    pub async fn shutdown_clean(self) -> Home {
+        let Bridge { client, home, pid } = self;
+        let _ = client.cancel().await;
         let left = wait_no_containers(pid, Duration::from_secs(20)).await;
         assert!(left.is_empty(), "containers left behind: {left:?}");
+        home
     }
 
     /// Run code with the misbehaving fixture server `fx` loaded (see `misbehaving_server`).
@@ -180,6 +203,70 @@ impl Bridge {
             self.call(json!({"code": code, "servers": ["fx"], "timeout": 110}))
                 .await,
         )
+    }
+
+    /// Run code in the default session, require `ok`, and return its stdout.
+    pub async fn out(&self, code: &str) -> String {
+        self.py(code).await.ok().stdout().to_string()
+    }
+
+    /// Run a probe (code printing `key value...` lines, see [`probe_lines`]) and return its
+    /// lines as a map.
+    pub async fn probe(&self, code: &str) -> BTreeMap<String, String> {
+        probe_lines(&self.out(code).await)
+    }
+
+    /// The default session runs in a new interpreter: the `kept` an earlier call defined is gone.
+    pub async fn assert_kept_is_gone(&self) {
+        let r = self.py("print('kept' in globals())").await.ok();
+        assert_eq!(r.stdout(), "False\n", "the interpreter was not replaced");
+    }
+
+    /// The bridge still answers, and the session still runs code.
+    pub async fn still_serving(&self) {
+        let r = self.py("print('still serving')").await;
+        assert!(
+            r.status() == "ok" && r.stdout() == "still serving\n",
+            "the bridge stopped serving: {}\nlog:\n{}",
+            r.text(),
+            self.home.log()
+        );
+    }
+
+    /// The end of an attack: the bridge still serves, then it is shut down.
+    pub async fn shutdown_still_serving(self) {
+        self.still_serving().await;
+        self.shutdown().await;
+    }
+}
+
+/// Lines `key value...` printed by a probe, as a map (a line without a space is no entry).
+pub fn probe_lines(stdout: &str) -> BTreeMap<String, String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Every one of `keys` is in the probe's map with the value `want` (a missing key fails, naming
+/// it: a probe that printed nothing cannot pass).
+pub fn assert_each(p: &BTreeMap<String, String>, keys: &[&str], want: &str) {
+    assert!(!keys.is_empty(), "no keys to check");
+    for k in keys {
+        match p.get(*k) {
+            Some(v) => assert_eq!(v, want, "{k}: {p:?}"),
+            None => panic!("the probe printed no {k:?}: {p:?}"),
+        }
+    }
+}
+
+/// Wait (polling every 50 ms) until `f` holds; fails naming `what` when `timeout` passes first.
+pub async fn wait_until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !f().await {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -223,25 +310,64 @@ impl Outcome {
     }
 }
 
-/// Containers the engine has for this bridge process (by owner label prefix `pid:`).
-pub async fn containers_of(pid: u32) -> Vec<String> {
+/// `podman ARGS`' stdout. A command that fails fails the test: its empty output is no answer
+/// (an empty `ps` is not "no container left").
+pub async fn podman(args: &[&str]) -> String {
     let out = tokio::process::Command::new("podman")
-        .args([
-            "ps",
-            "-a",
-            "--filter",
-            "label=io.mcp-code-bridge.managed=true",
-            "--format",
-            "{{.ID}} {{.Labels}}",
-        ])
+        .args(args)
         .output()
         .await
-        .expect("podman ps");
-    String::from_utf8_lossy(&out.stdout)
+        .expect("podman");
+    assert!(
+        out.status.success(),
+        "podman {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Whether the engine has image `tag` (`podman image exists`: 0 yes, 1 no). Any other answer
+/// fails the test: an engine that cannot be asked has not shown that an image is absent.
+pub fn image_exists(tag: &str) -> bool {
+    let out = std::process::Command::new("podman")
+        .args(["image", "exists", tag])
+        .output()
+        .expect("podman");
+    match out.status.code() {
+        Some(0) => true,
+        Some(1) => false,
+        _ => panic!(
+            "podman image exists {tag} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// `podman ps -a` lines (in `format`) of the containers labelled `label` that bridge process
+/// `pid` owns (owner label `pid:starttime`).
+pub async fn owned_containers(pid: u32, label: &str, format: &str) -> Vec<String> {
+    let owner = format!("io.mcp-code-bridge.owner:{pid}:");
+    podman(&["ps", "-a", "--filter", label, "--format", format])
+        .await
         .lines()
-        .filter(|l| l.contains(&format!("io.mcp-code-bridge.owner:{pid}:")))
-        .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
+        .filter(|l| l.contains(&owner))
+        .map(str::to_string)
         .collect()
+}
+
+/// Containers the engine has for this bridge process (by owner label prefix `pid:`).
+pub async fn containers_of(pid: u32) -> Vec<String> {
+    owned_containers(
+        pid,
+        "label=io.mcp-code-bridge.managed=true",
+        "{{.ID}} {{.Labels}}",
+    )
+    .await
+    .iter()
+    .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
+    .collect()
 }
 
 /// The bridge as an rmcp transport, for tests that need their own client handler.
@@ -313,16 +439,26 @@ pub async fn wait_no_containers(pid: u32, within: Duration) -> Vec<String> {
     }
 }
 
-/// Whether a process exists and is not a zombie.
+/// Whether a process exists and is not a zombie. A `/proc` entry that exists but cannot be read
+/// is a failure, never "gone".
 pub fn process_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    assert_ne!(pid, 0, "process_alive of pid 0");
+    let path = format!("/proc/{pid}/stat");
+    match std::fs::read_to_string(&path) {
         Ok(stat) => !stat
             .rsplit(')')
             .next()
             .unwrap_or("")
             .trim_start()
             .starts_with('Z'),
-        Err(_) => false,
+        // ESRCH: the process went while its entry was read.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::ESRCH) =>
+        {
+            false
+        }
+        Err(e) => panic!("cannot read {path}: {e}"),
     }
 }
 
@@ -478,14 +614,24 @@ pub fn server_bin(name: &str) -> PathBuf {
 /// A `/proc/<pid>/status` field in KiB (`VmRSS:`, `VmHWM:`, …); `None` when the process or the
 /// field is gone.
 pub fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
+    read_proc_status_kib(pid, key).ok()
+}
+
+/// A `/proc/<pid>/status` field in KiB (`VmRSS:`, `VmHWM:`, …), measured: panics with the path
+/// and the error when it cannot be read, so a bound on it never passes without a measurement.
+pub fn vm_kib(pid: u32, key: &str) -> u64 {
+    read_proc_status_kib(pid, key).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn read_proc_status_kib(pid: u32, key: &str) -> Result<u64, String> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    status
         .lines()
-        .find(|l| l.starts_with(key))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("{path} has no {key} line with a number:\n{status}"))
 }
 
 /// A `podman system service` the test owns, on a socket in `dir`.
