@@ -304,6 +304,21 @@ impl Sandbox {
     ) -> Result<(Claim, bool, Vec<String>), SandboxError> {
         self.pool.touch();
         let engine = self.prepare().await?;
+        // A live session is claimed without waiting for `starting`, which is held while a
+        // container starts or one is closed to make room (a second or more): calls to running
+        // sessions must not queue behind another's start. Claimed under the `sessions` lock, so
+        // `make_room` and the reaper, which re-check under it, never close it under the call.
+        if !reset
+            && let Some(s) = self
+                .sessions
+                .lock()
+                .await
+                .get(name)
+                .filter(|s| !s.is_dead())
+                .map(|s| s.claim())
+        {
+            return Ok((s, false, Vec::new()));
+        }
         let _guard = self.starting.lock().await;
         let existing = self.sessions.lock().await.get(name).cloned();
         if let Some(s) = existing {
@@ -416,6 +431,10 @@ impl Sandbox {
             let idle = s.idle_for().as_secs();
             {
                 let mut sessions = self.sessions.lock().await;
+                if s.is_busy() {
+                    // A call claimed it since it was chosen: choose again.
+                    continue;
+                }
                 if sessions
                     .get(&victim)
                     .is_some_and(|cur| Arc::ptr_eq(cur, &s))
@@ -548,6 +567,10 @@ impl Sandbox {
         };
         for (name, s) in stale {
             let mut sessions = self.sessions.lock().await;
+            if !s.is_dead() && s.is_busy() {
+                // A call claimed it since it was found idle.
+                continue;
+            }
             if sessions.get(&name).is_some_and(|cur| Arc::ptr_eq(cur, &s)) {
                 sessions.remove(&name);
                 if s.is_dead() {
