@@ -48,7 +48,7 @@ async fn settle() {
 /// N idle sessions (after `pass`), then the same N after `import pandas`, in one bridge
 /// without a pool. The bridge's and engine service's share is taken against a first session
 /// started before them (the engine's connection and the image check are not a session's).
-async fn session_memory(o: &Opts) -> (MemState, MemState) {
+async fn session_memory(o: &Opts, isolation: &str) -> (MemState, MemState) {
     let n = o.capacity_sandboxes.max(1);
     let live = Live::start_with(
         Home::new(&[]),
@@ -56,6 +56,7 @@ async fn session_memory(o: &Opts) -> (MemState, MemState) {
             ("MCP_BRIDGE_POOL_SIZE", "0"),
             ("MCP_BRIDGE_MAX_SESSIONS", "16"),
             ("MCP_BRIDGE_MEMORY", MEMORY),
+            ("MCP_BRIDGE_ISOLATION", isolation),
         ],
     )
     .await;
@@ -76,7 +77,7 @@ async fn session_memory(o: &Opts) -> (MemState, MemState) {
             .collect()
     };
     let idle = MemState {
-        label: "session, idle (after `pass`)".into(),
+        label: format!("session, idle (after `pass`){}", under(isolation)),
         mems: ours().await,
         bridge_share: (rss_mib(live.pid) - b0) / n as f64,
         service_share: (service_rss(live.pid) - s0) / n as f64,
@@ -87,7 +88,7 @@ async fn session_memory(o: &Opts) -> (MemState, MemState) {
     }
     settle().await;
     let pandas = MemState {
-        label: "session after `import pandas`".into(),
+        label: format!("session after `import pandas`{}", under(isolation)),
         mems: ours().await,
         bridge_share: (rss_mib(live.pid) - b0) / n as f64,
         service_share: (service_rss(live.pid) - s0) / n as f64,
@@ -118,8 +119,18 @@ async fn wait_pooled(live: &Live, n: usize) {
     }
 }
 
+/// How a row names its isolation level: nothing for the default (`container`).
+fn under(isolation: &str) -> &'static str {
+    if isolation == "gvisor" {
+        ", gVisor"
+    } else {
+        ""
+    }
+}
+
 /// CPU over an idle window, per minute.
 struct IdleCpu {
+    isolation: &'static str,
     sandboxes: Vec<f64>,
     conmons: Vec<f64>,
     bridge: f64,
@@ -129,7 +140,7 @@ struct IdleCpu {
 
 /// N pooled sandboxes (`pool_size` = N, the default preload: numpy and pandas): their memory,
 /// then their CPU, the bridge's and its engine service's over `idle_secs` without a call.
-async fn pooled(o: &Opts) -> (MemState, IdleCpu) {
+async fn pooled(o: &Opts, isolation: &str) -> (MemState, IdleCpu) {
     let n = o.capacity_sandboxes.max(2);
     let size = n.to_string();
     let live = Live::start_with(
@@ -138,6 +149,7 @@ async fn pooled(o: &Opts) -> (MemState, IdleCpu) {
             ("MCP_BRIDGE_POOL_SIZE", size.as_str()),
             ("MCP_BRIDGE_MAX_SESSIONS", "16"),
             ("MCP_BRIDGE_MEMORY", MEMORY),
+            ("MCP_BRIDGE_ISOLATION", isolation),
         ],
     )
     .await;
@@ -153,7 +165,10 @@ async fn pooled(o: &Opts) -> (MemState, IdleCpu) {
         .filter(|c| c.name.contains(".pool-"))
         .collect();
     let state = MemState {
-        label: "pooled, ready (numpy and pandas preloaded)".into(),
+        label: format!(
+            "pooled, ready (numpy and pandas preloaded){}",
+            under(isolation)
+        ),
         mems: ctrs.iter().map(ctr_mem).collect(),
         bridge_share: (rss_mib(live.pid) - b1) / (n - 1) as f64,
         service_share: (service_rss(live.pid) - s1) / (n - 1) as f64,
@@ -186,6 +201,7 @@ async fn pooled(o: &Opts) -> (MemState, IdleCpu) {
         bridge: (proc_cpu_ms(live.pid) - b0) * per_min,
         service: (service_cpu_ms(live.pid) - s0) * per_min,
         secs,
+        isolation: under(isolation),
     };
     if pooled_ready(&live) > n {
         eprintln!("bench: WARNING: the pool was refilled during the idle window");
@@ -199,11 +215,21 @@ fn mib_med(v: &[f64]) -> String {
 }
 
 async fn sandbox_figures(o: &Opts, t: &mut Table) {
-    eprintln!("bench: capacity: memory of sessions…");
-    let (idle, pandas) = session_memory(o).await;
-    eprintln!("bench: capacity: the pool…");
-    let (pool, cpu) = pooled(o).await;
-    let rows = [idle, pandas, pool]
+    let mut levels = vec!["container"];
+    if o.capacity_gvisor {
+        levels.push("gvisor");
+    }
+    let mut states = Vec::new();
+    let mut cpus = Vec::new();
+    for isolation in levels {
+        eprintln!("bench: capacity: memory of sessions (isolation = {isolation})…");
+        let (idle, pandas) = session_memory(o, isolation).await;
+        eprintln!("bench: capacity: the pool (isolation = {isolation})…");
+        let (pool, cpu) = pooled(o, isolation).await;
+        states.extend([idle, pandas, pool]);
+        cpus.push(cpu);
+    }
+    let rows = states
         .iter()
         .map(|s| {
             let col = |f: fn(&CtrMem) -> f64| mib_med(&s.mems.iter().map(f).collect::<Vec<_>>());
@@ -238,40 +264,43 @@ async fn sandbox_figures(o: &Opts, t: &mut Table) {
         ],
         rows,
     );
-    t.samples(
-        &format!(
-            "idle pooled sandbox: CPU of its cgroup per minute (over {:.0} s without a call; 60 ms = 0.1 % of one core)",
-            cpu.secs
-        ),
-        &cpu.sandboxes,
-        Unit::Ms,
-        Target::AtMost(60.0),
-    );
-    t.samples(
-        "idle pooled sandbox: CPU of its conmon per minute",
-        &cpu.conmons,
-        Unit::Ms,
-        Target::None,
-    );
-    t.row(
-        &format!(
-            "bridge CPU per minute while {} pooled sandboxes sit idle",
-            cpu.sandboxes.len()
-        ),
-        "1".into(),
-        cpu.bridge,
-        cpu.bridge,
-        Unit::Ms,
-        Target::None,
-    );
-    t.row(
-        "its engine service's (`podman system service`) CPU per minute meanwhile",
-        "1".into(),
-        cpu.service,
-        cpu.service,
-        Unit::Ms,
-        Target::None,
-    );
+    for cpu in cpus {
+        let iso = cpu.isolation;
+        t.samples(
+            &format!(
+                "idle pooled sandbox{iso}: CPU of its cgroup per minute (over {:.0} s without a call; 60 ms = 0.1 % of one core)",
+                cpu.secs
+            ),
+            &cpu.sandboxes,
+            Unit::Ms,
+            Target::AtMost(60.0),
+        );
+        t.samples(
+            &format!("idle pooled sandbox{iso}: CPU of its conmon per minute"),
+            &cpu.conmons,
+            Unit::Ms,
+            Target::None,
+        );
+        t.row(
+            &format!(
+                "bridge CPU per minute while {} pooled sandboxes{iso} sit idle",
+                cpu.sandboxes.len()
+            ),
+            "1".into(),
+            cpu.bridge,
+            cpu.bridge,
+            Unit::Ms,
+            Target::None,
+        );
+        t.row(
+            "its engine service's (`podman system service`) CPU per minute meanwhile",
+            "1".into(),
+            cpu.service,
+            cpu.service,
+            Unit::Ms,
+            Target::None,
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -827,8 +856,13 @@ pub(crate) async fn capacity(o: &Opts, fx: &Fixtures, t: &mut Table) {
         "11. Capacity (one host: a sandbox's memory and CPU; `serve` under a team's load)",
     );
     if !o.wants("capacity") {
-        // `BENCH_ONLY=capacity-bounds`: the bounds alone.
-        bounds_probe(t).await;
+        // `BENCH_ONLY=capacity-sandboxes` and `capacity-bounds`: one part alone.
+        if o.wants("capacity-sandboxes") {
+            sandbox_figures(o, t).await;
+        }
+        if o.wants("capacity-bounds") {
+            bounds_probe(t).await;
+        }
         return;
     }
     sandbox_figures(o, t).await;

@@ -12,7 +12,9 @@
 //! BENCH_ONLY=audit cargo bench --bench bridge                     # the audit log: writer cost, calls with it on and off
 //! BENCH_ONLY=hostile-http cargo bench --bench bridge              # section 9's HTTP rows only (connections, queued tasks, MCP sessions)
 //! BENCH_ONLY=capacity cargo bench --bench bridge                  # section 11: sandboxes' memory and idle CPU, serve at 1/5/20 identities (~8 min)
+//! BENCH_ONLY=capacity-sandboxes cargo bench --bench bridge        # section 11's sandbox rows alone (memory, idle CPU)
 //! BENCH_ONLY=capacity-bounds cargo bench --bench bridge           # section 11's bounds alone: max_sessions, a busy session, 429
+//! BENCH_CAPACITY_GVISOR=1 BENCH_ONLY=capacity-sandboxes …         # the sandbox rows under gVisor too (needs runsc)
 //! BENCH_PROXY_RUNS=50 BENCH_ONLY=proxy cargo bench --bench bridge # more of one (also LOAD_RUNS, LOAD_CALLS, WARM,
 //!                                                                 # CAPACITY_SECS, IDLE_SECS, CAPACITY_SANDBOXES)
 //! ```
@@ -171,7 +173,10 @@ async fn main() {
         eprintln!("bench: hostile clients of serve…");
         http_bounds(&mut t).await;
     }
-    if o.wants("capacity") || o.wants("capacity-bounds") {
+    if ["capacity", "capacity-sandboxes", "capacity-bounds"]
+        .iter()
+        .any(|s| o.wants(s))
+    {
         eprintln!("bench: capacity…");
         capacity(&o, &fx, &mut t).await;
     }

@@ -33,12 +33,17 @@ pub(crate) struct Opts {
     pub(crate) capacity_secs: usize,
     /// Seconds the pooled sandboxes sit idle while their CPU is measured (section 11).
     pub(crate) idle_secs: usize,
+    /// Section 11 measures its sandboxes under gVisor too (`BENCH_CAPACITY_GVISOR=1`; needs the
+    /// engine's runtime `runsc`, as `isolation = "gvisor"` does).
+    pub(crate) capacity_gvisor: bool,
 }
 
 impl Opts {
     pub(crate) fn from_env() -> Opts {
         let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")
             || std::env::args().any(|a| a == "--quick");
+        let capacity_gvisor =
+            std::env::var("BENCH_CAPACITY_GVISOR").is_ok_and(|v| !v.is_empty() && v != "0");
         let only = std::env::var("BENCH_ONLY")
             .ok()
             .filter(|s| !s.trim().is_empty())
@@ -66,6 +71,7 @@ impl Opts {
                 capacity_sandboxes: 2,
                 capacity_secs: 10,
                 idle_secs: 10,
+                capacity_gvisor,
             }
         } else {
             Opts {
@@ -90,6 +96,7 @@ impl Opts {
                 capacity_sandboxes: 6,
                 capacity_secs: 60,
                 idle_secs: 60,
+                capacity_gvisor,
             }
         }
     }
