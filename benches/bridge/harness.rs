@@ -238,6 +238,27 @@ pub(crate) fn cpu_ms(pid: u32) -> f64 {
     ns as f64 / 1e6
 }
 
+/// CPU time process `pid` has used (user + system, its exited threads included), in ms; NaN when
+/// it cannot be read. Clock-tick resolution (10 ms): for windows of seconds, not single calls.
+pub(crate) fn proc_cpu_ms(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
+    // The fields after the command (which may hold spaces) start at its closing parenthesis.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+        return f64::NAN;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        f.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    // utime and stime are fields 14 and 15 of stat; `rest` starts at field 3.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) * 1e3 / hz
+}
+
 pub(crate) struct Live {
     pub(crate) client: RunningService<RoleClient, ()>,
     pub(crate) child: Child,
@@ -280,38 +301,10 @@ impl Live {
     /// `serve` on a loopback port with the home's settings, and rmcp's Streamable HTTP client
     /// of it (no authentication: loopback).
     pub(crate) async fn serve(home: Home) -> Live {
-        let mut cmd = Command::new(bridge_bin());
-        cmd.args(["serve", "--listen", "127.0.0.1:0"])
-            .env_clear()
-            .envs(home.env())
-            .current_dir(home.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(
-                std::fs::File::create(home.path().join("bridge.log")).unwrap(),
-            ))
-            .kill_on_drop(true);
-        let child = cmd.spawn().expect("spawn serve");
-        let pid = child.id().unwrap_or(0);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let url = loop {
-            let log = home.log();
-            if let Some(i) = log.find("serving MCP at ") {
-                let rest = &log[i + "serving MCP at ".len()..];
-                break rest[..rest.find([' ', ';', '\n']).unwrap_or(rest.len())].to_string();
-            }
-            if Instant::now() > deadline {
-                fail(&format!("serve did not start within 60 s\n{log}"));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.as_str());
-        let client = match ().serve(transport).await {
+        let (child, pid, url) = spawn_serve(&home, &[]).await;
+        let client = match http_client(&url, None).await {
             Ok(c) => c,
-            Err(e) => fail(&format!(
-                "MCP initialize over HTTP failed: {e}\n{}",
-                home.log()
-            )),
+            Err(e) => fail(&format!("{e}\n{}", home.log())),
         };
         Live {
             client,
@@ -322,13 +315,7 @@ impl Live {
     }
 
     pub(crate) async fn call(&self, args: Value) -> Res<CallToolResult> {
-        let params = CallToolRequestParams::new("run_python")
-            .with_arguments(args.as_object().cloned().unwrap());
-        match tokio::time::timeout(Duration::from_secs(240), self.client.call_tool(params)).await {
-            Err(_) => Err("no reply within 240 s".into()),
-            Ok(Err(e)) => Err(format!("protocol error: {e}")),
-            Ok(Ok(r)) => Ok(r),
-        }
+        call_with(&self.client, args).await
     }
 
     /// Run code and insist on success; returns stdout and the wall time of the round trip.
@@ -383,6 +370,72 @@ impl Live {
         }
         home
     }
+}
+
+/// `run_python` with `args` through `client`: its result, or why there was none (no reply
+/// within 240 s, a protocol error).
+pub(crate) async fn call_with(
+    client: &RunningService<RoleClient, ()>,
+    args: Value,
+) -> Res<CallToolResult> {
+    let params =
+        CallToolRequestParams::new("run_python").with_arguments(args.as_object().cloned().unwrap());
+    match tokio::time::timeout(Duration::from_secs(240), client.call_tool(params)).await {
+        Err(_) => Err("no reply within 240 s".into()),
+        Ok(Err(e)) => Err(format!("protocol error: {e}")),
+        Ok(Ok(r)) => Ok(r),
+    }
+}
+
+/// `serve` on a loopback port the kernel picks, with the home's settings and `env` (configuration
+/// keys as `MCP_BRIDGE_*`): its child, pid and `/mcp` URL, once it says where it serves.
+pub(crate) async fn spawn_serve(home: &Home, env: &[(&str, &str)]) -> (Child, u32, String) {
+    let mut cmd = Command::new(bridge_bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0"])
+        .env_clear()
+        .envs(home.env())
+        .envs(env.iter().copied())
+        .current_dir(home.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(
+            std::fs::File::create(home.path().join("bridge.log")).unwrap(),
+        ))
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("spawn serve");
+    let pid = child.id().unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let url = loop {
+        let log = home.log();
+        if let Some(i) = log.find("serving MCP at ") {
+            let rest = &log[i + "serving MCP at ".len()..];
+            break rest[..rest.find([' ', ';', '\n']).unwrap_or(rest.len())].to_string();
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            fail(&format!("serve exited ({status}) before serving\n{log}"));
+        }
+        if Instant::now() > deadline {
+            fail(&format!("serve did not start within 60 s\n{log}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    (child, pid, url)
+}
+
+/// rmcp's Streamable HTTP client of `url`, with `token` as its bearer when given; initialized.
+pub(crate) async fn http_client(
+    url: &str,
+    token: Option<&str>,
+) -> Res<RunningService<RoleClient, ()>> {
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let mut config = StreamableHttpClientTransportConfig::with_uri(url);
+    if let Some(t) = token {
+        config = config.auth_header(t);
+    }
+    let transport = rmcp::transport::StreamableHttpClientTransport::from_config(config);
+    ().serve(transport)
+        .await
+        .map_err(|e| format!("MCP initialize over HTTP failed: {e}"))
 }
 
 pub(crate) fn sc(r: &CallToolResult, key: &str) -> String {

@@ -32,37 +32,6 @@ fn open_files(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-/// `serve` on a loopback port with the home's settings (no authentication); its child, pid and
-/// `/mcp` URL.
-async fn start_serve(home: &Home) -> (Child, u32, String) {
-    let mut cmd = Command::new(bridge_bin());
-    cmd.args(["serve", "--listen", "127.0.0.1:0"])
-        .env_clear()
-        .envs(home.env())
-        .current_dir(home.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(
-            std::fs::File::create(home.path().join("bridge.log")).unwrap(),
-        ))
-        .kill_on_drop(true);
-    let child = cmd.spawn().expect("spawn serve");
-    let pid = child.id().unwrap_or(0);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let url = loop {
-        let log = home.log();
-        if let Some(i) = log.find("serving MCP at ") {
-            let rest = &log[i + "serving MCP at ".len()..];
-            break rest[..rest.find([' ', ';', '\n']).unwrap_or(rest.len())].to_string();
-        }
-        if Instant::now() > deadline {
-            fail(&format!("serve did not start within 60 s\n{log}"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    (child, pid, url)
-}
-
 /// A raw `initialize` (2025-11-25): its status and the time to the answer's headers.
 async fn initialize(http: &reqwest::Client, url: &str) -> (u16, f64) {
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -90,7 +59,7 @@ fn met(ok: bool) -> &'static str {
 pub(crate) async fn http_bounds(t: &mut Table) {
     raise_own_open_files();
     let home = Home::new(&[]);
-    let (mut child, pid, url) = start_serve(&home).await;
+    let (mut child, pid, url) = spawn_serve(&home, &[]).await;
     let addr = url
         .trim_start_matches("http://")
         .trim_end_matches("/mcp")

@@ -11,7 +11,12 @@
 //! BENCH_ONLY=pool cargo bench --bench bridge                      # first calls with and without the pool
 //! BENCH_ONLY=audit cargo bench --bench bridge                     # the audit log: writer cost, calls with it on and off
 //! BENCH_ONLY=hostile-http cargo bench --bench bridge              # section 9's HTTP rows only (connections, queued tasks, MCP sessions)
-//! BENCH_PROXY_RUNS=50 BENCH_ONLY=proxy cargo bench --bench bridge # more of one (also LOAD_RUNS, LOAD_CALLS, WARM)
+//! BENCH_ONLY=capacity cargo bench --bench bridge                  # section 11: sandboxes' memory and idle CPU, serve at 1/5/20 identities (~8 min)
+//! BENCH_ONLY=capacity-sandboxes cargo bench --bench bridge        # section 11's sandbox rows alone (memory, idle CPU)
+//! BENCH_ONLY=capacity-bounds cargo bench --bench bridge           # section 11's bounds alone: max_sessions, a busy session, 429
+//! BENCH_CAPACITY_GVISOR=1 BENCH_ONLY=capacity-sandboxes …         # the sandbox rows under gVisor too (needs runsc)
+//! BENCH_PROXY_RUNS=50 BENCH_ONLY=proxy cargo bench --bench bridge # more of one (also LOAD_RUNS, LOAD_CALLS, WARM,
+//!                                                                 # CAPACITY_SECS, IDLE_SECS, CAPACITY_SANDBOXES)
 //! ```
 //!
 //! Needs what the integration tests need: `MCP_BRIDGE_TEST_IMAGE_ARCHIVE` (the sandbox image
@@ -21,6 +26,7 @@
 //! The 50 "generated" servers are `benches/fixtures/catalog_server.py` started with 50 names.
 
 mod audit;
+mod capacity;
 mod catalog;
 /// The integration tests' harness: the bench shares its private-home environment.
 #[path = "../../tests/e2e/common/mod.rs"]
@@ -57,6 +63,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 type Res<T> = Result<T, String>;
 
 use audit::*;
+use capacity::*;
 use catalog::*;
 use execution::*;
 use footprint::*;
@@ -165,6 +172,13 @@ async fn main() {
     if o.wants("hostile") || o.wants("hostile-http") {
         eprintln!("bench: hostile clients of serve…");
         http_bounds(&mut t).await;
+    }
+    if ["capacity", "capacity-sandboxes", "capacity-bounds"]
+        .iter()
+        .any(|s| o.wants(s))
+    {
+        eprintln!("bench: capacity…");
+        capacity(&o, &fx, &mut t).await;
     }
     println!();
     println!(

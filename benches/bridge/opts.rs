@@ -27,12 +27,23 @@ pub(crate) struct Opts {
     pub(crate) pool_fresh: usize,
     /// New sessions per configuration (section 8).
     pub(crate) pool_sessions: usize,
+    /// Sandboxes measured per state in section 11 (sessions, pooled ones).
+    pub(crate) capacity_sandboxes: usize,
+    /// Seconds each load run of section 11 lasts.
+    pub(crate) capacity_secs: usize,
+    /// Seconds the pooled sandboxes sit idle while their CPU is measured (section 11).
+    pub(crate) idle_secs: usize,
+    /// Section 11 measures its sandboxes under gVisor too (`BENCH_CAPACITY_GVISOR=1`; needs the
+    /// engine's runtime `runsc`, as `isolation = "gvisor"` does).
+    pub(crate) capacity_gvisor: bool,
 }
 
 impl Opts {
     pub(crate) fn from_env() -> Opts {
         let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")
             || std::env::args().any(|a| a == "--quick");
+        let capacity_gvisor =
+            std::env::var("BENCH_CAPACITY_GVISOR").is_ok_and(|v| !v.is_empty() && v != "0");
         let only = std::env::var("BENCH_ONLY")
             .ok()
             .filter(|s| !s.trim().is_empty())
@@ -57,6 +68,10 @@ impl Opts {
                 catalog_runs: 1,
                 pool_fresh: 2,
                 pool_sessions: 3,
+                capacity_sandboxes: 2,
+                capacity_secs: 10,
+                idle_secs: 10,
+                capacity_gvisor,
             }
         } else {
             Opts {
@@ -78,6 +93,10 @@ impl Opts {
                 catalog_runs: 3,
                 pool_fresh: 5,
                 pool_sessions: 10,
+                capacity_sandboxes: 6,
+                capacity_secs: 60,
+                idle_secs: 60,
+                capacity_gvisor,
             }
         }
     }
@@ -96,6 +115,9 @@ impl Opts {
             ("LOAD_CALLS", &mut self.load_calls),
             ("WARM", &mut self.warm),
             ("CATALOG_RUNS", &mut self.catalog_runs),
+            ("CAPACITY_SANDBOXES", &mut self.capacity_sandboxes),
+            ("CAPACITY_SECS", &mut self.capacity_secs),
+            ("IDLE_SECS", &mut self.idle_secs),
         ] {
             if let Some(v) = get(k) {
                 *f = v;

@@ -22,11 +22,22 @@ pub(crate) struct Row {
     pub(crate) met: String,
 }
 
-/// Rows grouped by section number, printed in section order whatever order they were measured in.
+/// Rows grouped by section number, printed in section order whatever order they were measured in;
+/// then the side-by-side tables and the notes, in the order they were added.
 #[derive(Default)]
 pub(crate) struct Table {
     pub(crate) cur: u32,
     pub(crate) rows: Vec<(u32, Row)>,
+    pub(crate) wide: Vec<Wide>,
+    pub(crate) notes: Vec<String>,
+}
+
+/// A table of its own, for figures that read best side by side (one row per configuration, one
+/// column per figure), printed after the main one.
+pub(crate) struct Wide {
+    pub(crate) title: String,
+    pub(crate) head: Vec<String>,
+    pub(crate) rows: Vec<Vec<String>>,
 }
 
 /// How a figure is printed.
@@ -134,6 +145,21 @@ impl Table {
         });
     }
 
+    /// A side-by-side table: its title, the column heads (the first is left-aligned, the others
+    /// right-aligned) and its rows.
+    pub(crate) fn wide(&mut self, title: &str, head: &[&str], rows: Vec<Vec<String>>) {
+        self.wide.push(Wide {
+            title: title.into(),
+            head: head.iter().map(|h| h.to_string()).collect(),
+            rows,
+        });
+    }
+
+    /// A line printed under the tables (what a refusal said, which settings were in force).
+    pub(crate) fn note(&mut self, text: String) {
+        self.notes.push(text);
+    }
+
     pub(crate) fn print(&self) {
         println!("| metric | N | median | p95 | target | met |");
         println!("|---|---:|---:|---:|---|---|");
@@ -144,6 +170,25 @@ impl Table {
                 "| {} | {} | {} | {} | {} | {} |",
                 r.metric, r.n, r.median, r.p95, r.target, r.met
             );
+        }
+        for w in &self.wide {
+            println!();
+            println!("{}", w.title);
+            println!();
+            println!("| {} |", w.head.join(" | "));
+            let align: Vec<&str> = (0..w.head.len())
+                .map(|i| if i == 0 { "---" } else { "---:" })
+                .collect();
+            println!("|{}|", align.join("|"));
+            for r in &w.rows {
+                println!("| {} |", r.join(" | "));
+            }
+        }
+        if !self.notes.is_empty() {
+            println!();
+            for n in &self.notes {
+                println!("- {n}");
+            }
         }
     }
 }
