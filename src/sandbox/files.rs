@@ -602,50 +602,6 @@ pub async fn collect(
     report
 }
 
-/// Images among the call's new files are also shown inline, as `display()`ed ones are, within
-/// the same bounds (count, size, base64 total of one reply); an image whose bytes the code also
-/// displayed is not shown twice. One that does not fit stays a link, and a notice says why.
-pub fn inline_images(outcome: &mut super::ExecOutcome, store: &OutStore) {
-    use super::session::{MAX_IMAGE_BYTES, MAX_IMAGES, MAX_IMAGES_TOTAL};
-    use base64::Engine as _;
-    const SHOWN: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
-    for f in outcome
-        .files
-        .iter()
-        .filter(|f| SHOWN.contains(&f.mime.as_str()))
-    {
-        let b64_len = (f.size as usize).div_ceil(3) * 4;
-        let total: usize = outcome.images.iter().map(|(_, d)| d.len()).sum();
-        let why = if f.size as usize > MAX_IMAGE_BYTES {
-            Some(format!("larger than {} MiB", MAX_IMAGE_BYTES >> 20))
-        } else if outcome.images.len() >= MAX_IMAGES {
-            Some(format!("at most {MAX_IMAGES} images are shown per call"))
-        } else if total + b64_len > MAX_IMAGES_TOTAL {
-            Some(format!(
-                "the images of one call may total {} MiB of base64",
-                MAX_IMAGES_TOTAL >> 20
-            ))
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            outcome.notices.push(format!(
-                "{OUT_DIR}/{} is returned as a link only, not shown: {why}",
-                f.name
-            ));
-            continue;
-        }
-        let Ok(Some((_, bytes))) = store.read(&f.name) else {
-            continue;
-        };
-        let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
-        if outcome.images.iter().any(|(_, d)| *d == data) {
-            continue;
-        }
-        outcome.images.push((f.mime.clone(), data));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ pub mod engine;
 mod error;
 pub mod files;
 pub mod image;
+mod images;
 pub mod inputs;
 mod output;
 mod pool;
@@ -495,7 +496,7 @@ impl Sandbox {
             let report = session.collect_files(name).await;
             outcome.files = report.new;
             outcome.notices.extend(report.notices);
-            files::inline_images(&mut outcome, &session.files);
+            images::inline_images(&mut outcome, &session.files);
         }
         if outcome.session_reset {
             let mut sessions = self.sessions.lock().await;
