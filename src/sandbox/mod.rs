@@ -15,6 +15,7 @@ pub mod image;
 pub mod inputs;
 mod output;
 mod pool;
+mod runtime;
 pub mod session;
 
 use std::collections::{HashMap, HashSet};

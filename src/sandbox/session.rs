@@ -24,9 +24,6 @@ use super::output::{Collector, ExecOutcome, Outcome, OutputSink, limit_hint};
 use crate::config::Config;
 use crate::protocol::{ExecBinding, ExecError, ExecStatus, HostFrame, SandboxFrame, Stream};
 
-/// The Python runtime, injected into every container at start.
-pub const RUNTIME: &str = include_str!("../../image/runtime.py");
-
 /// How long code gets to react to KeyboardInterrupt before its container is killed.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
 /// An interrupt still unanswered after this long is sent once more (a second Ctrl-C) before
@@ -47,7 +44,7 @@ pub(super) const MAX_IMAGES: usize = 16;
 /// that stdio clients such as rmcp's accept; a larger one would never be read.
 pub(super) const MAX_IMAGES_TOTAL: usize = 12 << 20;
 /// Largest image `display()` may return, raw; the runtime refuses larger ones with the same
-/// number (`IMAGE_CAP` in image/runtime.py).
+/// number (sent in the boot frame, `sandbox::runtime`).
 pub const MAX_IMAGE_BYTES: usize = 6 << 20;
 
 /// Whether a `display` frame holds an image a client can show: an allowed type whose bytes are
@@ -299,9 +296,7 @@ impl Session {
             stderr_tail,
         } = Channel::open(attached.output, attached.input, name);
 
-        let _ = writer
-            .send(HostFrame::Boot { source: RUNTIME }.to_line())
-            .await;
+        let _ = writer.send(super::runtime::boot_line().to_vec()).await;
         let python = match tokio::time::timeout(START_TIMEOUT, async {
             loop {
                 match frame_rx.recv().await.map(|q| q.frame) {
