@@ -1,8 +1,8 @@
 """Start-up: what `main` does between the loader and the first exec.
 
-In order: take the host's constants from the boot frame (without them it stops here: the reason
-goes to stderr, which the host names in the start's error, and there is no `ready`); install the
-seccomp filter while this is the only thread; move the frame channel off fd 0/1 and
+In order: take the host's constants from the boot frame; install the seccomp filter while this
+is the only thread (a failure of either stops here: the reason goes to stderr, which the host
+names in the start's error, and there is no `ready`); move the frame channel off fd 0/1 and
 capture fd 1/2; build the `mcp` package and the user's `__main__`; start the frame reader, the
 pipe readers and the interrupt watchdog; import the preload list; say `ready`; then run execs
 for ever (`execute.serve`).
@@ -106,7 +106,7 @@ def main(frame, frames_in):
     except Exception as e:
         why = repr(e)
     if why:
-        os.write(2, ("mcp-code-bridge runtime: extra seccomp filter not installed: %s\n" % why).encode())
+        fail("the seccomp filter could not be installed (%s); the sandbox does not run without it" % why)
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     except Exception:

@@ -11,6 +11,7 @@ bridge runs it: no network, read-only root, all caps dropped, nobody user) inste
 import base64
 import json
 import os
+import platform
 import queue
 import subprocess
 import sys
@@ -337,6 +338,27 @@ def test_every_module_is_loaded_at_boot_and_the_public_api_is_mcp_runtime(sb):
     assert modules == ["mcp.runtime"]
 
 
+# A prelude run before the loader, in the runtime's own process: a seccomp filter of its own that
+# makes the kernel refuse every further filter (prctl(PR_SET_SECCOMP) and seccomp(2) with EACCES),
+# as an engine or kernel that does not allow stacking would. It exists only in this test's command.
+REFUSE_SECCOMP_SETUP = """
+import ctypes, platform, struct
+_PRCTL, _SECCOMP = {"x86_64": (157, 317), "aarch64": (167, 277)}[platform.machine()]
+_prog = [(0x20, 0, 0, 0), (0x15, 3, 0, _SECCOMP), (0x15, 0, 3, _PRCTL), (0x20, 0, 0, 16),
+         (0x15, 0, 1, 22), (0x06, 0, 0, 0x00050000 | 13), (0x06, 0, 0, 0x7FFF0000)]
+_raw = ctypes.create_string_buffer(b"".join(struct.pack("=HBBI", *i) for i in _prog))
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+_libc = ctypes.CDLL(None, use_errno=True)
+"""
+REFUSE_SECCOMP = REFUSE_SECCOMP_SETUP + """
+assert _libc.prctl(38, 1, 0, 0, 0) == 0
+assert _libc.prctl(22, 2, ctypes.byref(_Fprog(len(_prog), ctypes.addressof(_raw))), 0, 0) == 0
+"""
+# A machine the runtime has no syscall table for.
+UNKNOWN_MACHINE = "import platform\nplatform.machine = lambda: 'sparc64'\n"
+
+
 def boot_with(prelude="", frame=None):
     """Start the runtime (after `prelude`) with a boot frame, as the host does, and close the
     channel after its first frame; returns (exit status, frames written, stderr)."""
@@ -351,6 +373,24 @@ def boot_with(prelude="", frame=None):
         proc.stdin = None
     out, err = proc.communicate(timeout=60)
     return proc.returncode, [json.loads(line) for line in (first + out).splitlines()], err.decode()
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="the prelude's filter knows x86_64 and aarch64")
+def test_a_seccomp_filter_the_kernel_refuses_fails_the_start():
+    status, frames, stderr = boot_with(REFUSE_SECCOMP)
+    # No ready frame (nor any other): the host sees the sandbox exit while starting, with this.
+    assert frames == [] and status == 1, (status, frames, stderr)
+    assert ("mcp-code-bridge runtime: cannot start: the seccomp filter could not be installed "
+            "(prctl(SECCOMP): Permission denied); the sandbox does not run without it") in stderr, stderr
+    # The prelude without its filter: the runtime starts (the refusal above is the filter's).
+    status, frames, stderr = boot_with(REFUSE_SECCOMP_SETUP)
+    assert [f["type"] for f in frames] == ["ready"] and status == 0, (status, frames, stderr)
+
+
+def test_a_machine_without_a_syscall_table_fails_the_start():
+    status, frames, stderr = boot_with(UNKNOWN_MACHINE)
+    assert frames == [] and status == 1, (status, frames, stderr)
+    assert "cannot start: the seccomp filter could not be installed (no syscall table for sparc64)" in stderr
 
 
 def test_a_boot_frame_without_the_hosts_constants_fails_the_start():
