@@ -1,5 +1,5 @@
 # The sandbox image: Python 3.14 with pandas, numpy and matplotlib, nothing of this repository.
-# The bridge injects its Python runtime (image/runtime.py) at container start, so the image
+# The bridge injects its Python runtime (image/runtime/) at container start, so the image
 # only has to provide `python3` on PATH, an unprivileged user and the /tmp and /workspace
 # mount points. The result is a docker-archive (.tar.gz) that `mcp-code-bridge image load`
 # (or `podman load -i`) accepts; its `imageName` and `imageTag` attributes give the reference it

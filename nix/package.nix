@@ -45,7 +45,7 @@ rustPlatform.buildRustPackage {
       (root + "/Cargo.toml")
       (root + "/Cargo.lock")
       (root + "/src")
-      # image/runtime.py and image/loader.py are embedded with include_str! (their tests are not)
+      # image/runtime/*.py and image/loader.py are embedded with include_str! (their tests are not)
       (fileset.difference (fileset.fileFilter (file: file.hasExt "py") (root + "/image")) (
         fileset.maybeMissing (root + "/image/tests")
       ))

@@ -93,6 +93,31 @@ impl ExecBinding {
 /// Longest line the host accepts from the sandbox. Larger lines are discarded whole.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 
+/// Deepest nesting of a skill's literal default value: the host checks it before it stores or
+/// sends a skill (`skills::check`), the runtime before it defines one (sent in the boot frame).
+pub const SKILL_DEFAULT_DEPTH: usize = 16;
+
+/// The host's constants the runtime works with, sent in the boot frame so that each is written
+/// once (the runtime refuses to start without them).
+#[derive(Debug, Clone, Serialize)]
+pub struct RuntimeConstants<'a> {
+    /// [`MAX_FRAME_BYTES`]: the runtime refuses a request that would not fit.
+    pub max_frame_bytes: usize,
+    /// The largest `display()` image the host keeps; a larger one becomes a text note.
+    pub max_image_bytes: usize,
+    /// The directory whose files the host copies out; the runtime digests it for each result.
+    pub out_dir: &'a str,
+    /// Entries of that directory the host reads at most; past them the runtime gives no digest.
+    pub out_entries: usize,
+    /// [`SKILL_DEFAULT_DEPTH`].
+    pub skill_default_depth: usize,
+}
+
+/// `(name, source)` pairs as a JSON object.
+fn pairs_as_map<S: serde::Serializer>(pairs: &&[(&str, &str)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
+}
+
 /// Metadata of one upstream server loaded for an exec, with host-made aliases.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LoadedServer {
@@ -149,7 +174,12 @@ pub struct DiscoveredServer {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum HostFrame<'a> {
     Boot {
-        source: &'a str,
+        /// The runtime's modules by name (`image/runtime/<name>.py`).
+        #[serde(serialize_with = "pairs_as_map")]
+        modules: &'a [(&'a str, &'a str)],
+        /// The module whose `main` the loader calls.
+        entry: &'a str,
+        constants: RuntimeConstants<'a>,
     },
     Exec {
         id: u64,

@@ -3,7 +3,7 @@
 use super::*;
 
 /// Python that finds the runtime and its real stdout (the frame channel), as `tests/e2e/hostile.rs`.
-pub(crate) const RT: &str = "import sys, os, json, threading, time\nrt = sys.modules['__mcp_bridge_runtime__']\nfd = rt._state.frame_out\n";
+pub(crate) const RT: &str = "import sys, os, json, threading, time\nrt = sys.modules['__mcp_bridge_runtime__']\nfd = rt.state.frame_out\n";
 
 /// Peak RSS of `pid` since its last reset, in MiB (`VmHWM`).
 pub(crate) fn peak_mib(pid: u32) -> f64 {
@@ -132,8 +132,8 @@ pub(crate) async fn hostile(t: &mut Table) {
 
     // 2. 1 GiB of well-formed 8 MiB output frames for a finished call, sent between calls.
     let flood = format!(
-        "{RT}eid = rt._state.running.id\nframe = (json.dumps({{'type': 'output', 'id': eid, 'stream': 'stdout', 'data': 'y' * (8 << 20)}}) + '\\n').encode()\n\
-def flood():\n    time.sleep(0.3)\n    for _ in range(128):\n        rt._send_bytes(frame)\n    open('/tmp/flood-done', 'w').close()\n\
+        "{RT}eid = rt.state.running.id\nframe = (json.dumps({{'type': 'output', 'id': eid, 'stream': 'stdout', 'data': 'y' * (8 << 20)}}) + '\\n').encode()\n\
+def flood():\n    time.sleep(0.3)\n    for _ in range(128):\n        rt.channel.send_bytes(frame)\n    open('/tmp/flood-done', 'w').close()\n\
 threading.Thread(target=flood, daemon=True).start()"
     );
     reset_peak(pid);
@@ -170,7 +170,7 @@ await asyncio.gather(*[one() for _ in range(200)])"
     let (_, p) = attack(
         "reply",
         format!(
-            "{RT}import base64\neid = rt._state.running.id\nprint('o' * (64 << 20))\n\
+            "{RT}import base64\neid = rt.state.running.id\nprint('o' * (64 << 20))\n\
 png = base64.b64encode(b'\\x89PNG\\r\\n\\x1a\\n' + b'\\0' * ((6 << 20) - 8)).decode()\n\
 for _ in range(16):\n    os.write(fd, (json.dumps({{'type': 'display', 'id': eid, 'mime': 'image/png', 'data': png}}) + '\\n').encode())\n\
 junk = (json.dumps({{'type': 'display', 'id': eid, 'mime': 'image/svg+xml', 'data': 'PHN2Zz4='}}) + '\\n').encode()\n\

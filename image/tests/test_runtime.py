@@ -1,5 +1,7 @@
-"""Tests of the sandbox runtime (image/runtime.py + image/loader.py), driven over the frame
-protocol of docs/protocol.md exactly as the bridge drives it. The test plays the host.
+"""Tests of the sandbox runtime (image/runtime/ + image/loader.py), driven over the frame
+protocol of docs/protocol.md exactly as the bridge drives it. The test plays the host: it sends
+the boot frame the bridge sends (every module of image/runtime/, the entry module, the host's
+constants) to the loader, the container's whole command.
 
 Run: python3 -m pytest image/tests -q
 With MCP_RUNTIME_TEST_IMAGE=<image> the runtime runs in that image under podman (hardened like the
@@ -9,6 +11,7 @@ bridge runs it: no network, read-only root, all caps dropped, nobody user) inste
 import base64
 import json
 import os
+import platform
 import queue
 import subprocess
 import sys
@@ -20,21 +23,42 @@ import pytest
 
 IMAGE_DIR = Path(__file__).resolve().parent.parent
 LOADER = (IMAGE_DIR / "loader.py").read_text()
-RUNTIME = (IMAGE_DIR / "runtime.py").read_text()
+# The runtime's modules by name, as the bridge embeds them (src/sandbox/runtime.rs, MODULES).
+MODULES = {p.stem: p.read_text() for p in sorted((IMAGE_DIR / "runtime").glob("*.py"))}
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+# What the bridge sends as the boot frame's `constants` (each is a constant of the bridge's).
+HOST_CONSTANTS = {
+    "max_frame_bytes": MAX_FRAME_BYTES,
+    "max_image_bytes": 6 * 1024 * 1024,
+    "out_dir": "/workspace/out",
+    "out_entries": 20000,
+    "skill_default_depth": 16,
+}
 TEST_IMAGE = os.environ.get("MCP_RUNTIME_TEST_IMAGE")
 
 
-def runtime_command():
+def boot_frame(**fields):
+    """The boot frame the bridge sends; `fields` replace or (None) remove some of its fields."""
+    frame = {"type": "boot", "modules": MODULES, "entry": "boot", "constants": HOST_CONSTANTS}
+    frame.update(fields)
+    return {k: v for k, v in frame.items() if v is not None}
+
+
+def runtime_command(loader=LOADER):
     if not TEST_IMAGE:
-        return [sys.executable, "-u", "-c", LOADER]
+        return [sys.executable, "-u", "-c", loader]
     return [
         os.environ.get("MCP_RUNTIME_TEST_PODMAN", "podman"), "--runtime", "runc", "run", "--rm", "-i",
         "--network", "none", "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
         "--user", "65534:65534", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000",
         "--tmpfs", "/tmp:rw,noexec,nosuid,nodev,size=256m", "--tmpfs", "/workspace:rw,noexec,nosuid,nodev,size=64m",
-        "-w", "/workspace", "-e", "HOME=/workspace", TEST_IMAGE, "python3", "-u", "-c", LOADER,
+        "-w", "/workspace", "-e", "HOME=/workspace", TEST_IMAGE, "python3", "-u", "-c", loader,
     ]
+
+
+def rt_module(name):
+    """Code that binds `rt` to one of the runtime's modules inside the sandbox."""
+    return "import sys\nrt = sys.modules['__mcp_bridge_runtime__.%s']\n" % name
 
 PNG_1x1 = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
@@ -93,7 +117,7 @@ class Sandbox:
         self.skill_loads = 0
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
-        self.send({"type": "boot", "source": RUNTIME})
+        self.send(boot_frame())
         ready = self.next_frame(timeout=60)
         assert ready["type"] == "ready", ready
         self.ready = ready
@@ -293,6 +317,103 @@ def test_ready_frame(sb):
         assert sb.ready["python"] == "%d.%d.%d" % sys.version_info[:3]
     assert sb.ready["python"][0] == "3"
     assert isinstance(sb.ready["pid"], int)
+
+
+def test_every_module_is_loaded_at_boot_and_the_public_api_is_mcp_runtime(sb):
+    # The loader compiles a module when it is first imported: boot imports all of them, so none
+    # is left to be compiled later (or never, unnoticed).
+    r = sb.ok("import sys\nsorted(k[len('__mcp_bridge_runtime__.'):] for k in sys.modules\n"
+              "       if k.startswith('__mcp_bridge_runtime__.'))")
+    assert r.value == repr(sorted(MODULES))
+    # mcp.runtime shows the public API and nothing of the machinery behind it.
+    r = sb.ok("from mcp import runtime\n"
+              "[sorted(n for n in vars(runtime) if not n.startswith('__')), runtime.__all__,\n"
+              " sorted({getattr(runtime, n).__module__ for n in runtime.__all__})]")
+    names, public, modules = eval(r.value)
+    api = MODULES["api"]
+    listed = api[api.index("NAMES = ("):api.index(")", api.index("NAMES = ("))]
+    assert names == sorted(n for n in listed.split('"')[1::2])
+    assert public == [n for n in listed.split('"')[1::2]
+                      if n not in ("Audio", "Media", "Resource", "ToolDict", "ToolList", "ToolStr", "ServerProxy")]
+    assert modules == ["mcp.runtime"]
+
+
+# A prelude run before the loader, in the runtime's own process: a seccomp filter of its own that
+# makes the kernel refuse every further filter (prctl(PR_SET_SECCOMP) and seccomp(2) with EACCES),
+# as an engine or kernel that does not allow stacking would. It exists only in this test's command.
+REFUSE_SECCOMP_SETUP = """
+import ctypes, platform, struct
+_PRCTL, _SECCOMP = {"x86_64": (157, 317), "aarch64": (167, 277)}[platform.machine()]
+_prog = [(0x20, 0, 0, 0), (0x15, 3, 0, _SECCOMP), (0x15, 0, 3, _PRCTL), (0x20, 0, 0, 16),
+         (0x15, 0, 1, 22), (0x06, 0, 0, 0x00050000 | 13), (0x06, 0, 0, 0x7FFF0000)]
+_raw = ctypes.create_string_buffer(b"".join(struct.pack("=HBBI", *i) for i in _prog))
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+_libc = ctypes.CDLL(None, use_errno=True)
+"""
+REFUSE_SECCOMP = REFUSE_SECCOMP_SETUP + """
+assert _libc.prctl(38, 1, 0, 0, 0) == 0
+assert _libc.prctl(22, 2, ctypes.byref(_Fprog(len(_prog), ctypes.addressof(_raw))), 0, 0) == 0
+"""
+# A machine the runtime has no syscall table for.
+UNKNOWN_MACHINE = "import platform\nplatform.machine = lambda: 'sparc64'\n"
+
+
+def boot_with(prelude="", frame=None):
+    """Start the runtime (after `prelude`) with a boot frame, as the host does, and close the
+    channel after its first frame; returns (exit status, frames written, stderr)."""
+    proc = subprocess.Popen(runtime_command(prelude + "\n" + LOADER), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(IMAGE_DIR))
+    try:
+        proc.stdin.write(json.dumps(frame or boot_frame()).encode() + b"\n")
+        proc.stdin.flush()
+        first = proc.stdout.readline()  # `ready`, or nothing when the runtime exits first
+    finally:
+        proc.stdin.close()
+        proc.stdin = None
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, [json.loads(line) for line in (first + out).splitlines()], err.decode()
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="the prelude's filter knows x86_64 and aarch64")
+def test_a_seccomp_filter_the_kernel_refuses_fails_the_start():
+    status, frames, stderr = boot_with(REFUSE_SECCOMP)
+    # No ready frame (nor any other): the host sees the sandbox exit while starting, with this.
+    assert frames == [] and status == 1, (status, frames, stderr)
+    assert ("mcp-code-bridge runtime: cannot start: the seccomp filter could not be installed "
+            "(prctl(SECCOMP): Permission denied); the sandbox does not run without it") in stderr, stderr
+    # The prelude without its filter: the runtime starts (the refusal above is the filter's).
+    status, frames, stderr = boot_with(REFUSE_SECCOMP_SETUP)
+    assert [f["type"] for f in frames] == ["ready"] and status == 0, (status, frames, stderr)
+
+
+def test_a_machine_without_a_syscall_table_fails_the_start():
+    status, frames, stderr = boot_with(UNKNOWN_MACHINE)
+    assert frames == [] and status == 1, (status, frames, stderr)
+    assert "cannot start: the seccomp filter could not be installed (no syscall table for sparc64)" in stderr
+
+
+def test_a_boot_frame_without_the_hosts_constants_fails_the_start():
+    status, frames, stderr = boot_with(frame=boot_frame(constants=dict(HOST_CONSTANTS, out_dir=None, out_entries="1")))
+    assert frames == [] and status == 1, (status, frames, stderr)
+    assert "cannot start: the boot frame lacks the host's constants out_dir, out_entries" in stderr, stderr
+
+
+def test_frames_sent_right_after_the_boot_frame_are_not_lost():
+    # The loader reads the boot frame through a buffered reader that the runtime goes on
+    # reading from: an exec that arrives in the same write is run, not swallowed.
+    proc = subprocess.Popen(runtime_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=str(IMAGE_DIR))
+    try:
+        proc.stdin.write(json.dumps(boot_frame()).encode() + b"\n" +
+                         json.dumps({"type": "exec", "id": 1, "code": "6 * 7", "output_cap": 1000}).encode() + b"\n")
+        proc.stdin.flush()
+        ready = json.loads(proc.stdout.readline())
+        result = json.loads(proc.stdout.readline())
+        assert ready["type"] == "ready" and result["value"] == "42", (ready, result)
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
 
 
 def test_persistence_and_last_expression(sb):
@@ -1102,8 +1223,7 @@ def test_a_new_interpreter_starts_an_empty_notebook(fresh, tmp_path):
 
 def test_notebook_record_is_bounded_and_says_what_it_dropped(fresh, tmp_path):
     path = "/workspace/b.ipynb" if TEST_IMAGE else str(tmp_path / "b.ipynb")
-    rt = "import sys\nrt = sys.modules['__mcp_bridge_runtime__']\n"
-    fresh.ok(rt + "rt.NOTEBOOK_MAX_CELLS = 4\nrt.NOTEBOOK_MAX_BYTES = 64 * 1024")
+    fresh.ok(rt_module("constants") + "rt.NOTEBOOK_MAX_CELLS = 4\nrt.NOTEBOOK_MAX_BYTES = 64 * 1024")
     for i in range(6):
         fresh.ok("print(%d)" % i)
     _, nb = _export(fresh, path)
@@ -1133,7 +1253,7 @@ def test_notebook_record_is_bounded_and_says_what_it_dropped(fresh, tmp_path):
 
 def test_export_larger_than_the_cap_is_a_clear_error(fresh, tmp_path):
     path = str(tmp_path / "big.ipynb")
-    fresh.ok("import sys\nsys.modules['__mcp_bridge_runtime__'].NOTEBOOK_EXPORT_CAP = 10_000\nprint('y' * 20_000)")
+    fresh.ok(rt_module("constants") + "rt.NOTEBOOK_EXPORT_CAP = 10_000\nprint('y' * 20_000)")
     r = fresh.run("from mcp import runtime\nruntime.export_notebook(%r)" % path)
     assert r.status == "error" and r.error["type"] == "NotebookTooLarge", r.error
     assert "more than the" in r.error["message"] and "reset" in r.error["message"]
@@ -1161,9 +1281,9 @@ def test_result_carries_a_digest_of_workspace_out_that_changes_with_it(fresh, tm
     # The host copies /workspace/out only when this digest changed: it must change with every
     # write the code can make there, and say "empty" for nothing, None when it cannot tell.
     root = "/workspace/stamp" if TEST_IMAGE else str(tmp_path / "stamp")
-    rt = "import sys\nrt = sys.modules['__mcp_bridge_runtime__']\n"
-    fresh.ok(rt + "import os\nroot = %r" % root)
-    stamp = lambda: fresh.ok("rt._out_stamp(root)").value  # noqa: E731
+    fresh.ok(rt_module("execute") + "consts = sys.modules['__mcp_bridge_runtime__.constants']\n"
+             "import os\nroot = %r" % root)
+    stamp = lambda: fresh.ok("rt.out_stamp(root)").value  # noqa: E731
     assert stamp() == "'empty'"
     fresh.ok("os.makedirs(root + '/sub')")
     with_dir = stamp()
@@ -1182,12 +1302,12 @@ def test_result_carries_a_digest_of_workspace_out_that_changes_with_it(fresh, tm
     fresh.ok("os.remove(root + '/etc')")
     assert linked != stamp()
     # Past the entries the host reads, and for a root that is not a directory: no digest.
-    fresh.ok("rt._OUT_STAMP_ENTRIES = 1")
+    fresh.ok("consts.OUT_ENTRIES = 1")
     assert stamp() is None  # a None value is no value
-    fresh.ok("rt._OUT_STAMP_ENTRIES = 20000\nopen(root + '.file', 'w').close()")
-    assert fresh.ok("rt._out_stamp(root + '.file')").value is None
+    fresh.ok("consts.OUT_ENTRIES = 20000\nopen(root + '.file', 'w').close()")
+    assert fresh.ok("rt.out_stamp(root + '.file')").value is None
     # And every result frame carries it, for the real /workspace/out.
-    assert fresh.ok("rt._out_stamp()").value == repr(fresh.ok("1").result["out"])
+    assert fresh.ok("rt.out_stamp()").value == repr(fresh.ok("1").result["out"])
 
 
 # ---------------------------------------------------------------------------- skills

@@ -22,7 +22,7 @@ pub const LABEL_POOL: &str = "io.mcp-code-bridge.pool";
 /// What a pooled container's name has until a session takes it: a session's container name never
 /// holds a `.` ([`container_name`] replaces it).
 pub const POOL_NAME_MARK: &str = ".pool-";
-/// Modules the runtime imports before it says `ready` (image/runtime.py, `_preload`); set only on
+/// Modules the runtime imports before it says `ready` (image/runtime/boot.py, `_preload`); set only on
 /// pooled containers, where that time is spent before any call waits for it.
 pub const ENV_PRELOAD: &str = "MCP_BRIDGE_PRELOAD";
 

@@ -12,7 +12,7 @@ pub const MAX_IMAGES: usize = 16;
 /// that stdio clients such as rmcp's accept; a larger one would never be read.
 pub const MAX_IMAGES_TOTAL: usize = 12 << 20;
 /// Largest image `display()` may return, raw; the runtime refuses larger ones with the same
-/// number (`IMAGE_CAP` in image/runtime.py).
+/// number (sent in the boot frame, `sandbox::runtime`).
 pub const MAX_IMAGE_BYTES: usize = 6 << 20;
 
 /// Whether a `display` frame holds an image a client can show: an allowed type whose bytes are

@@ -16,6 +16,7 @@ mod images;
 pub mod inputs;
 mod output;
 mod pool;
+mod runtime;
 pub mod session;
 
 use std::collections::{HashMap, HashSet};

@@ -28,9 +28,6 @@ use super::output::{Collector, ExecOutcome, Outcome, OutputSink, limit_hint};
 use crate::config::Config;
 use crate::protocol::{ExecBinding, ExecError, ExecStatus, HostFrame, SandboxFrame, Stream};
 
-/// The Python runtime, injected into every container at start.
-pub const RUNTIME: &str = include_str!("../../image/runtime.py");
-
 /// How long code gets to react to KeyboardInterrupt before its container is killed.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
 /// An interrupt still unanswered after this long is sent once more (a second Ctrl-C) before
@@ -212,9 +209,7 @@ impl Session {
             stderr_tail,
         } = Channel::open(attached.output, attached.input, name);
 
-        let _ = writer
-            .send(HostFrame::Boot { source: RUNTIME }.to_line())
-            .await;
+        let _ = writer.send(super::runtime::boot_line().to_vec()).await;
         let python = match tokio::time::timeout(START_TIMEOUT, async {
             loop {
                 match frame_rx.recv().await.map(|q| q.frame) {

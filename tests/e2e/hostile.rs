@@ -11,7 +11,7 @@ use common::{Bridge, Outcome, containers_of, podman, vm_kib};
 use serde_json::json;
 
 /// Python that finds the runtime and its real stdout (the frame channel).
-const RT: &str = "import sys, os, json, threading, time\nrt = sys.modules['__mcp_bridge_runtime__']\nfd = rt._state.frame_out\n";
+const RT: &str = "import sys, os, json, threading, time\nrt = sys.modules['__mcp_bridge_runtime__']\nfd = rt.state.frame_out\n";
 
 /// What one session can make the bridge hold above idle, in MiB, with the default output cap
 /// (SECURITY.md, "The host does not pay").
@@ -87,8 +87,8 @@ async fn host_disk_junk_on_the_channel_is_not_persisted_by_the_engine() {
 async fn bridge_memory_frames_between_calls_are_dropped_at_arrival() {
     let b = Bridge::start().await;
     let code = format!(
-        "{RT}eid = rt._state.running.id\nframe = (json.dumps({{'type': 'output', 'id': eid, 'stream': 'stdout', 'data': 'y' * (8 << 20)}}) + '\\n').encode()\n\
-def flood():\n    time.sleep(0.5)\n    for _ in range(128):\n        rt._send_bytes(frame)\n    open('/tmp/flood-done', 'w').close()\n\
+        "{RT}eid = rt.state.running.id\nframe = (json.dumps({{'type': 'output', 'id': eid, 'stream': 'stdout', 'data': 'y' * (8 << 20)}}) + '\\n').encode()\n\
+def flood():\n    time.sleep(0.5)\n    for _ in range(128):\n        rt.channel.send_bytes(frame)\n    open('/tmp/flood-done', 'w').close()\n\
 threading.Thread(target=flood, daemon=True).start()"
     );
     Outcome(b.call(json!({"code": code})).await).ok();
@@ -202,7 +202,7 @@ for i in range(20000):\n    os.write(fd, (json.dumps({{'type': 'log', 'level': '
 async fn images_are_checked_and_text_displays_are_kept() {
     let b = Bridge::start().await;
     let code = format!(
-        "{RT}eid = rt._state.running.id\n\
+        "{RT}eid = rt.state.running.id\n\
 def forge(mime, data):\n    os.write(fd, (json.dumps({{'type': 'display', 'id': eid, 'mime': mime, 'data': data}}) + '\\n').encode())\n\
 forge('image/svg+xml', 'PHN2Zz48L3N2Zz4=')\nforge('image/png', '!!! not base64 !!!')\nforge('image/png', 'aGVsbG8=')\n\
 display('some text')\ndisplay({{'a': 1}})"
@@ -232,7 +232,7 @@ display('some text')\ndisplay({{'a': 1}})"
 async fn replies_stay_readable_images_are_capped_in_total_bytes() {
     let b = Bridge::start().await;
     let code = format!(
-        "{RT}import base64\neid = rt._state.running.id\n\
+        "{RT}import base64\neid = rt.state.running.id\n\
 png = base64.b64encode(b'\\x89PNG\\r\\n\\x1a\\n' + b'\\0' * ((6 << 20) - 8)).decode()\n\
 for _ in range(16):\n    os.write(fd, (json.dumps({{'type': 'display', 'id': eid, 'mime': 'image/png', 'data': png}}) + '\\n').encode())\n\
 print('sent')"

@@ -893,11 +893,11 @@ def _channel_fd():
     return only[0]
 CH = _channel_fd()
 _rt = sys.modules["__mcp_bridge_runtime__"]
-assert CH == _rt._state.frame_out, "found the wrong descriptor"
-EXEC_ID = _rt._state.running.id
+assert CH == _rt.state.frame_out, "found the wrong descriptor"
+EXEC_ID = _rt.state.running.id
 def forge(x):
     data = x if isinstance(x, bytes) else json.dumps(x).encode() + b"\n"
-    with _rt._write_lock:
+    with _rt.channel.write_lock:
         view = memoryview(data)
         while view:
             view = view[os.write(CH, view):]
@@ -906,12 +906,12 @@ def forged_rpc(method, params, exec_id=None, wait=30):
     """An rpc frame written by hand; the host's answer is caught by registering the id.
     Returns None when no answer came within `wait` seconds."""
     rid = next(_forged_ids)
-    p = _rt._Pending(event=threading.Event())
-    _rt._pending[rid] = p
+    p = _rt.channel.Pending(event=threading.Event())
+    _rt.channel.pending[rid] = p
     forge({"type": "rpc", "id": rid, "exec": EXEC_ID if exec_id is None else exec_id,
            "method": method, "params": params})
     answered = p.event.wait(wait)
-    _rt._pending.pop(rid, None)
+    _rt.channel.pending.pop(rid, None)
     if wait >= 30:
         assert answered, "the host never answered forged rpc %d" % rid
     return p.msg if answered else None

@@ -204,9 +204,9 @@ async fn each_bound_of_the_store_is_hit_and_explained() {
     b.shutdown_clean().await;
 }
 
-/// The raw RPC, as forged code sends it: the runtime's own `_rpc_sync`, without its checks.
+/// The raw RPC, as forged code sends it: the runtime's own `rpc.request_sync`, without its checks.
 const FORGE: &str =
-    "from mcp import runtime\nrpc = runtime.call_tool_sync.__globals__['_rpc_sync']\n";
+    "from mcp import runtime\nrpc = runtime.call_tool_sync.__globals__['rpc'].request_sync\n";
 
 /// A skill is one function: a forged `save_skill` whose source has code besides the function is
 /// refused on the host before anything is stored, and a skill file stored before the check (or

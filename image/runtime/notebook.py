@@ -1,0 +1,177 @@
+"""The session as a notebook: every exec is recorded as a cell (its code, and the output,
+display, value and error frames exactly as sent to the host, so what the model saw is what the
+notebook shows); `write` turns the record into nbformat 4.5 JSON.
+
+The record lives in this interpreter, so `reset` (a new one) starts an empty record. It is
+bounded in cells and bytes (constants.NOTEBOOK_*), the oldest cells dropped first. The channel
+hands it every output and display frame it sends (`record.frame`); the exec loop opens and closes
+the cells. `mcp.runtime.export_notebook` is `api.export_notebook`, which settles the output first.
+"""
+
+import collections
+import json
+import os
+import platform
+import threading
+
+from . import constants
+
+
+class NotebookTooLarge(ValueError):
+    """export_notebook() would write more than NOTEBOOK_EXPORT_CAP bytes."""
+
+
+class _Cell:
+    __slots__ = ("number", "source", "outputs", "size", "omitted", "exec_id")
+
+    def __init__(self, number, exec_id, source):
+        self.number = number
+        self.exec_id = exec_id
+        self.source = source
+        self.outputs = []
+        self.size = len(source)
+        self.omitted = 0  # outputs left out: this cell alone reached NOTEBOOK_MAX_BYTES
+
+
+class NotebookRecord:
+    """The session's cells, oldest first, bounded in number and bytes (oldest dropped)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.cells = collections.deque()
+        self.size = 0
+        self.count = 0  # execution_count of the last cell begun
+        self.dropped = 0
+        self.current = None
+
+    def begin(self, exec_id, code):
+        half = constants.NOTEBOOK_MAX_BYTES // 2
+        with self.lock:
+            self.count += 1
+            if len(code) > half:
+                code = code[:half] + "\n# \u2026 [%d more characters of this cell not recorded]\n" % (len(code) - half)
+            cell = _Cell(self.count, exec_id, code)
+            self.cells.append(cell)
+            self.size += cell.size
+            self.current = cell
+            self._trim()
+
+    def _trim(self):
+        while len(self.cells) > 1 and (len(self.cells) > constants.NOTEBOOK_MAX_CELLS
+                                       or self.size > constants.NOTEBOOK_MAX_BYTES):
+            old = self.cells.popleft()
+            self.size -= old.size
+            self.dropped += 1
+
+    def _add(self, cell, output, size):
+        if cell.size + size > constants.NOTEBOOK_MAX_BYTES:
+            cell.omitted += 1
+            return
+        outs = cell.outputs
+        if (output.get("output_type") == "stream" and outs and outs[-1].get("output_type") == "stream"
+                and outs[-1]["name"] == output["name"]):
+            outs[-1]["text"].append(output["text"])  # one stream output per run of a stream
+        else:
+            if output.get("output_type") == "stream":
+                output["text"] = [output["text"]]
+            outs.append(output)
+        cell.size += size
+        self.size += size
+        self._trim()
+
+    def frame(self, obj):
+        """An output or display frame on its way to the host (any thread)."""
+        cell = self.current
+        if cell is None or obj.get("id") != cell.exec_id:
+            return
+        kind = obj.get("type")
+        data = obj.get("data")
+        if not isinstance(data, str) or not data:
+            return
+        if kind == "output":
+            output = {"output_type": "stream", "name": obj.get("stream", "stdout"), "text": data}
+        elif kind == "display":
+            mime = obj.get("mime") or "text/plain"
+            bundle = {mime: data}
+            if mime != "text/plain":
+                bundle["text/plain"] = "<%s image>" % mime
+            output = {"output_type": "display_data", "data": bundle, "metadata": {}}
+        else:
+            return
+        with self.lock:
+            if cell is self.current:
+                self._add(cell, output, len(data))
+
+    def finish(self, exec_id, status, value, error):
+        with self.lock:
+            cell = self.current
+            if cell is None or cell.exec_id != exec_id:
+                return
+            self.current = None
+            if value is not None:
+                self._add(cell, {"output_type": "execute_result", "execution_count": cell.number,
+                                 "data": {"text/plain": value}, "metadata": {}}, len(value))
+            if error is not None or status == "interrupted":
+                error = error or {"type": "KeyboardInterrupt", "message": "", "traceback": ""}
+                tb = error.get("traceback") or ""
+                self._add(cell, {"output_type": "error", "ename": str(error.get("type", "")),
+                                 "evalue": str(error.get("message", "")),
+                                 "traceback": tb.splitlines() or [str(error.get("type", ""))]}, len(tb))
+
+    def notebook(self):
+        """The record as an nbformat 4.5 notebook (a dict)."""
+        cells = []
+        max_mib = constants.NOTEBOOK_MAX_BYTES >> 20
+        with self.lock:
+            if self.dropped:
+                cells.append({
+                    "cell_type": "markdown", "id": "dropped", "metadata": {},
+                    "source": "*%d earlier cell(s) of this session were dropped: the record keeps "
+                              "at most %d cells and %d MiB.*" % (self.dropped, constants.NOTEBOOK_MAX_CELLS,
+                                                                  max_mib),
+                })
+            for c in self.cells:
+                outputs = []
+                for o in c.outputs:
+                    if o["output_type"] == "stream":
+                        o = dict(o, text="".join(o["text"]))
+                    outputs.append(o)
+                if c.omitted:
+                    outputs.append({"output_type": "stream", "name": "stderr",
+                                    "text": "[%d output(s) of this cell not recorded: the record keeps at most "
+                                            "%d MiB]\n" % (c.omitted, max_mib)})
+                cells.append({
+                    "cell_type": "code", "id": "cell-%d" % c.number, "metadata": {},
+                    "execution_count": c.number,
+                    "source": c.source, "outputs": outputs,
+                })
+        return {
+            "nbformat": 4, "nbformat_minor": 5,
+            "metadata": {
+                "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                "language_info": {"name": "python", "version": platform.python_version()},
+            },
+            "cells": cells,
+        }
+
+    def write(self, path):
+        """Write the record to `path` as a notebook; NotebookTooLarge beyond NOTEBOOK_EXPORT_CAP
+        (nothing is written then). Returns the absolute path."""
+        path = os.path.abspath(os.fspath(path))
+        data = json.dumps(self.notebook(), ensure_ascii=False, indent=1)
+        data = data.encode("utf-8", "replace") + b"\n"
+        cap = constants.NOTEBOOK_EXPORT_CAP
+        if len(data) > cap:
+            raise NotebookTooLarge(
+                "the notebook would be %d bytes, more than the %d MiB export_notebook() writes; "
+                "clear large outputs (images, long prints) by restarting the session with reset, or "
+                "save the results you need as files" % (len(data), cap >> 20))
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+
+record = NotebookRecord()
