@@ -20,8 +20,8 @@
 //!
 //! Adding a key: a field of [`Config`] with its default in `Config::default` (the only place the
 //! default is written), a row in [`KEYS`] (name and doc), a check in `Config::validate` if its
-//! range is limited, a row in docs/configuration.md's key table (a unit test lists any missing
-//! row), and a field of [`Overrides`] only if it should also be a flag (then a row in that page's
+//! range is limited, a row in docs/configuration.md's key table (tests/e2e/docs.rs names any
+//! missing row), and a field of [`Overrides`] only if it should also be a flag (then a row in that page's
 //! flag list: tests/e2e/docs.rs holds it to `--help`).
 
 pub mod audit;
