@@ -32,8 +32,7 @@ pub enum SandboxError {
     #[error("could not start the sandbox container: {0}")]
     Start(String),
     /// The container ended before the runtime said `ready`; `stderr` is its last lines.
-    #[error("the sandbox exited while starting (does image {image:?} have python3 >= 3.9?){}",
-        if .stderr.is_empty() { String::new() } else { format!(":\n{}", .stderr.join("\n")) })]
+    #[error("{}", exited_at_start(.image, .stderr))]
     ExitedAtStart { image: String, stderr: Vec<String> },
     #[error("the sandbox did not become ready within {0}s")]
     NotReady(u64),
@@ -54,6 +53,26 @@ pub enum SandboxError {
         busy: Vec<String>,
     },
 }
+
+/// Why the sandbox exited before `ready`: the runtime's own refusal when it gave one (it cannot
+/// install its seccomp filter, say), else a guess at the image and its last stderr lines.
+fn exited_at_start(image: &str, stderr: &[String]) -> String {
+    if let Some(why) = stderr
+        .iter()
+        .find_map(|l| l.split_once(RUNTIME_REFUSAL).map(|(_, why)| why.trim()))
+    {
+        return format!("the sandbox's runtime refused to start: {why}");
+    }
+    let tail = if stderr.is_empty() {
+        String::new()
+    } else {
+        format!(":\n{}", stderr.join("\n"))
+    };
+    format!("the sandbox exited while starting (does image {image:?} have python3 >= 3.9?){tail}")
+}
+
+/// How the runtime begins the stderr line that says why it will not start.
+const RUNTIME_REFUSAL: &str = "mcp-code-bridge runtime: cannot start:";
 
 impl Hinted for SandboxError {
     fn hint(&self) -> Option<Hint> {
@@ -103,6 +122,16 @@ mod tests {
             stderr: vec![],
         };
         assert!(e.to_string().ends_with("python3 >= 3.9?)"), "{e}");
+        let e = SandboxError::ExitedAtStart {
+            image: "i".into(),
+            stderr: vec![
+                "mcp-code-bridge runtime: cannot start: the seccomp filter could not be installed (EINVAL)".into(),
+            ],
+        };
+        assert_eq!(
+            e.to_string(),
+            "the sandbox's runtime refused to start: the seccomp filter could not be installed (EINVAL)"
+        );
         assert!(SandboxError::NotReady(60).hint().is_none());
     }
 }

@@ -446,7 +446,7 @@ async fn the_table_shows_names_the_code_chose_as_escapes() {
     );
     let b = Bridge::start_with(home, &[], None).await;
     let code = "from mcp import runtime\n\
-                rpc = runtime.call_tool_sync.__globals__['_rpc_sync']\n\
+                rpc = runtime.call_tool_sync.__globals__['rpc'].request_sync\n\
                 forged = 'x\\r\\x1b[2K\\x1b[1A\\x07\\x9b2J\\u202e\\n2026-11-25 10:00:00  default  github.delete_repo  deny → denied'\n\
                 try:\n    rpc('call_tool', {'server': 'time', 'tool': forged, 'arguments': {}})\n\
                 except Exception as e:\n    print(type(e).__name__)";
