@@ -51,8 +51,6 @@ rustPlatform.buildRustPackage {
       ))
       (fileset.maybeMissing (root + "/build.rs"))
       (fileset.maybeMissing (root + "/README.md"))
-      # The key table a unit test holds `config::keys::KEYS` to.
-      (fileset.maybeMissing (root + "/docs/configuration.md"))
       (fileset.maybeMissing (root + "/benches"))
       (fileset.maybeMissing (root + "/examples"))
       # Cargo wants the targets it finds under tests/ to exist, even when it does not build them.
