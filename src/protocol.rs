@@ -109,6 +109,8 @@ pub struct RuntimeConstants<'a> {
     pub out_dir: &'a str,
     /// Entries of that directory the host reads at most; past them the runtime gives no digest.
     pub out_entries: usize,
+    /// The directory under `out_dir` where `keep` frames write.
+    pub kept_dir: &'a str,
     /// [`SKILL_DEFAULT_DEPTH`].
     pub skill_default_depth: usize,
 }
@@ -209,6 +211,14 @@ pub enum HostFrame<'a> {
     Interrupt {
         id: u64,
     },
+    /// Write `data` to `path` under `/workspace/out` (a part of exec `id`'s output that was
+    /// too long for its result, kept whole for the next call's code to read). Sent after the
+    /// exec's result, before the next exec; answered by a `kept` frame.
+    Keep {
+        id: u64,
+        path: &'a str,
+        data: &'a str,
+    },
 }
 
 impl HostFrame<'_> {
@@ -285,6 +295,15 @@ pub enum SandboxFrame {
         /// A digest of what `/workspace/out` holds when the exec ended (names, types, sizes,
         /// times; `"empty"` when there is nothing), so that the host copies it out only when
         /// it changed. The sandbox could lie: it would only withhold its own files.
+        #[serde(default)]
+        out: Option<String>,
+    },
+    /// The answer to a `keep` frame: `error` says why the file could not be written, and `out`
+    /// is the digest of `/workspace/out` after it (as in `result`).
+    Kept {
+        id: u64,
+        #[serde(default)]
+        error: Option<String>,
         #[serde(default)]
         out: Option<String>,
     },

@@ -6,7 +6,8 @@ and the frame reader reads), so user code, C extensions and subprocesses never w
 accident. Frames out: `send` (and `send_bytes` for one already encoded), whole and atomic with
 respect to other threads and to interrupts. Frames in: the reader thread hands `exec` frames to
 the main thread's queue, `rpc_result` frames to the request waiting for them (`pending`), and
-`interrupt` frames to `interrupts`; anything else is ignored.
+`interrupt` frames to `interrupts`, those of a type in `handlers` to their handler; anything
+else is ignored.
 """
 
 import collections.abc
@@ -19,6 +20,8 @@ import threading
 from . import constants, interrupts, notebook, state
 
 write_lock = threading.Lock()
+# Frames in that other modules handle, by type (`outdir` takes `keep`), called on the reader thread.
+handlers = {}
 _input = None  # the buffered reader of the host's frames
 
 
@@ -188,3 +191,5 @@ def dispatch(msg):
             p.resolve(msg)
     elif kind == "interrupt":
         interrupts.handle_interrupt(msg)
+    elif kind in handlers:
+        handlers[kind](msg)

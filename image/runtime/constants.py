@@ -43,6 +43,7 @@ MAX_FRAME_BYTES = None  # the host discards longer lines
 MAX_IMAGE_BYTES = None  # raw bytes of one display() image; the host refuses larger ones
 OUT_DIR = None  # the directory whose files the host copies out after a call
 OUT_ENTRIES = None  # the host reads at most as many entries of one copy
+KEPT_DIR = None  # the directory under OUT_DIR that `keep` frames write to
 SKILL_DEFAULT_DEPTH = None  # deepest nesting of a skill's literal default value
 
 # key of the boot frame's `constants` -> (name here, type)
@@ -51,6 +52,7 @@ FROM_HOST = {
     "max_image_bytes": ("MAX_IMAGE_BYTES", int),
     "out_dir": ("OUT_DIR", str),
     "out_entries": ("OUT_ENTRIES", int),
+    "kept_dir": ("KEPT_DIR", str),
     "skill_default_depth": ("SKILL_DEFAULT_DEPTH", int),
 }
 

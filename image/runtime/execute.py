@@ -13,17 +13,15 @@ files out only when they changed.
 import ast
 import asyncio
 import builtins
-import hashlib
 import inspect
 import linecache
 import os
-import stat
 import sys
 import traceback
 import types
 import warnings
 
-from . import channel, constants, discovery, display, interrupts, notebook, output, package, proxies, skills, state
+from . import channel, constants, discovery, display, interrupts, notebook, outdir, output, package, proxies, skills, state
 
 
 # ---------------------------------------------------------------------------------- errors
@@ -275,7 +273,7 @@ def run_exec(msg):
         result["error"] = error
     if truncated:
         result["truncated"] = truncated
-    stamp = out_stamp()
+    stamp = outdir.out_stamp()
     if stamp is not None:
         result["out"] = stamp
     channel.send(result)
@@ -301,43 +299,3 @@ def serve():
                                   "error": {"type": type(e).__name__, "message": str(e), "traceback": ""}})
             except BaseException:
                 pass
-
-
-# ------------------------------------------------------------------------------ files out
-
-
-def out_stamp(root=None):
-    """A digest of what `root` (default: the host's OUT_DIR) holds (each entry's path, mode,
-    size, mtime, ctime and inode; no link followed), "empty" when it is missing or empty, None
-    when it cannot tell (more entries than the host reads, an error): the host copies the
-    directory out only when this changed, so a call that writes no file costs no copy. ctime is
-    in it because code cannot set it back."""
-    if root is None:
-        root = constants.OUT_DIR
-    limit = constants.OUT_ENTRIES
-    try:
-        st = os.lstat(root)
-    except FileNotFoundError:
-        return "empty"
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode):
-        return None
-    h = hashlib.blake2b(digest_size=16)
-    n = 0
-    stack = [root]
-    try:
-        while stack:
-            with os.scandir(stack.pop()) as entries:
-                for e in entries:
-                    n += 1
-                    if n > limit:
-                        return None
-                    st = e.stat(follow_symlinks=False)
-                    h.update(b"%s\0%d %d %d %d %d\n" % (os.fsencode(e.path), st.st_mode, st.st_size,
-                                                        st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
-                    if stat.S_ISDIR(st.st_mode):
-                        stack.append(e.path)
-    except OSError:
-        return None
-    return "empty" if n == 0 else h.hexdigest()

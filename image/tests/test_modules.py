@@ -139,7 +139,7 @@ def test_the_hosts_constants_are_taken_from_the_boot_frame(rt, monkeypatch):
     assert c.apply(dict(HOST_CONSTANTS, out_entries=5)) == [] and c.OUT_ENTRIES == 5
     # Missing, of another type, a bool for a number: named, and not taken.
     wrong = c.apply({"max_frame_bytes": True, "max_image_bytes": "6", "out_dir": 1, "out_entries": 7})
-    assert wrong == ["max_frame_bytes", "max_image_bytes", "out_dir", "skill_default_depth"]
+    assert wrong == ["max_frame_bytes", "max_image_bytes", "out_dir", "kept_dir", "skill_default_depth"]
     assert c.OUT_ENTRIES == 7 and c.MAX_FRAME_BYTES == HOST_CONSTANTS["max_frame_bytes"]
     assert c.apply(None) == list(c.FROM_HOST)
 

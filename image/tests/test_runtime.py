@@ -32,6 +32,7 @@ HOST_CONSTANTS = {
     "max_image_bytes": 6 * 1024 * 1024,
     "out_dir": "/workspace/out",
     "out_entries": 20000,
+    "kept_dir": ".outputs",
     "skill_default_depth": 16,
 }
 TEST_IMAGE = os.environ.get("MCP_RUNTIME_TEST_IMAGE")
@@ -1277,11 +1278,46 @@ def test_notebook_leaves_out_calls_that_never_ran_and_records_interrupts(fresh, 
     assert cells[1]["outputs"][-1]["ename"] == "KeyboardInterrupt"
 
 
+def test_keep_frames_write_a_part_under_the_kept_dir_and_nothing_else(fresh, tmp_path):
+    # The host sends back the parts of an exec's output that were too long for its result; the
+    # runtime writes each under OUT_DIR/KEPT_DIR, replacing whatever the code left there (a link
+    # included, never followed), and refuses any other path. Each is answered.
+    root = "/workspace/keep" if TEST_IMAGE else str(tmp_path / "keep")
+    fresh.ok(rt_module("constants") + "rt.OUT_DIR = %r\nimport os\nos.makedirs(rt.OUT_DIR)" % root)
+    eid = fresh.ok("1").result["id"]
+
+    def keep(path, data="x"):
+        fresh.send({"type": "keep", "id": eid, "path": path, "data": data})
+        frame = fresh.next_frame()
+        while frame["type"] == "log":
+            frame = fresh.next_frame()
+        assert frame["type"] == "kept" and frame["id"] == eid, frame
+        return frame
+
+    text = "line \u00e9\n" * 1000
+    ok = keep(".outputs/%d.stdout.txt" % eid, text)
+    assert "error" not in ok and ok["out"] not in (None, "empty")
+    read = fresh.ok("open(%r).read()" % (root + "/.outputs/%d.stdout.txt" % eid)).value
+    assert read == repr(text)
+    # A link the code put in the file's place is replaced, and its target untouched.
+    fresh.ok("open(%r, 'w').write('mine')\nos.remove(%r)\nos.symlink(%r, %r)" % (
+        root + "/target", root + "/.outputs/%d.stdout.txt" % eid, root + "/target",
+        root + "/.outputs/%d.stdout.txt" % eid))
+    assert "error" not in keep(".outputs/%d.stdout.txt" % eid, "new")
+    assert fresh.ok("open(%r).read(), os.path.islink(%r)" % (
+        root + "/target", root + "/.outputs/%d.stdout.txt" % eid)).value == "('mine', False)"
+    for bad in ("../escape.txt", ".outputs/../../x", ".outputs/a/b", "elsewhere/x", ".outputs/", "/etc/x"):
+        assert "not a path under .outputs/" in keep(bad)["error"], bad
+    assert not os.path.exists(os.path.join(os.path.dirname(root), "escape.txt"))
+    assert "error" in keep(".outputs/n.txt", 5)
+    assert fresh.healthy()
+
+
 def test_result_carries_a_digest_of_workspace_out_that_changes_with_it(fresh, tmp_path):
     # The host copies /workspace/out only when this digest changed: it must change with every
     # write the code can make there, and say "empty" for nothing, None when it cannot tell.
     root = "/workspace/stamp" if TEST_IMAGE else str(tmp_path / "stamp")
-    fresh.ok(rt_module("execute") + "consts = sys.modules['__mcp_bridge_runtime__.constants']\n"
+    fresh.ok(rt_module("outdir") + "consts = sys.modules['__mcp_bridge_runtime__.constants']\n"
              "import os\nroot = %r" % root)
     stamp = lambda: fresh.ok("rt.out_stamp(root)").value  # noqa: E731
     assert stamp() == "'empty'"

@@ -225,6 +225,7 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             timeout: std::time::Duration::from_secs(60),
             max_timeout: config.max_timeout.0,
             output_cap: 4096,
+            spill: None,
             binding: crate::protocol::ExecBinding::empty(),
             cancel: Default::default(),
             on_output: None,

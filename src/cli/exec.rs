@@ -30,7 +30,14 @@ pub enum CodeError {
     Stdin(std::io::Error),
 }
 
-fn read_code(code: Option<String>, file: Option<PathBuf>) -> Result<String, CodeError> {
+/// Where `exec`'s code comes from: the argument (`-` is stdin), a file, or stdin.
+pub struct Code {
+    pub code: Option<String>,
+    pub file: Option<PathBuf>,
+}
+
+fn read_code(Code { code, file }: Code) -> Result<String, CodeError> {
+    let code = code.filter(|c| c != "-");
     match (code, file) {
         (Some(_), Some(_)) => Err(CodeError::Both),
         (Some(c), None) => Ok(c),
@@ -54,11 +61,11 @@ fn read_code(code: Option<String>, file: Option<PathBuf>) -> Result<String, Code
 pub(super) async fn exec(
     config: Arc<Config>,
     ups: Upstreams,
-    code: Option<String>,
-    file: Option<PathBuf>,
+    code: Code,
     servers: Vec<String>,
+    out: Option<PathBuf>,
 ) -> ExitCode {
-    let code = match read_code(code, file) {
+    let code = match read_code(code) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
@@ -71,7 +78,7 @@ pub(super) async fn exec(
     if let Some((_, report)) = &bar {
         sandbox.set_load_progress(report.clone());
     }
-    let bridge = Bridge::new(config.clone(), sandbox, ups);
+    let bridge = Bridge::new(config.clone(), sandbox.clone(), ups);
     let err_paint = Paint {
         on: std::io::stderr().is_terminal(),
     };
@@ -94,19 +101,26 @@ pub(super) async fn exec(
     };
     // The one path of a call (`Bridge::execute`): servers under the policy, skills, the audit
     // records. Nobody can be asked, so `ask` is `ask_fallback`.
+    let key = SessionKey::local(session);
     let result = bridge
         .execute(
-            &SessionKey::local(session),
+            &key,
             args,
             tokio_util::sync::CancellationToken::new(),
             Some(sink),
             None,
             CallRelay::default(),
+            None,
         )
         .await;
     if let Some((bar, _)) = bar {
         bar.finish_and_clear();
     }
+    // Before the shutdown, which takes the session's files with it.
+    let written = match (&out, &result) {
+        (Some(dir), Ok(o)) => Some(write_out(dir, o, &sandbox, &key).await),
+        _ => None,
+    };
     bridge.shutdown().await;
     let o = match result {
         Ok(o) => o,
@@ -118,17 +132,32 @@ pub(super) async fn exec(
     if let Some(v) = &o.value {
         println!("{v}");
     }
-    if !o.images.is_empty() {
-        println!(
-            "{}",
-            Paint {
-                on: std::io::stdout().is_terminal()
+    let dim = |line: &str| {
+        Paint {
+            on: std::io::stdout().is_terminal(),
+        }
+        .dim(line)
+    };
+    match written {
+        Some(Ok(paths)) => {
+            for p in paths {
+                println!("{}", dim(&format!("[wrote {}]", p.display())));
             }
-            .dim(&format!(
-                "[{} image(s) displayed; use run_python over MCP to receive them]",
-                o.images.len()
-            ))
-        );
+        }
+        Some(Err(e)) => {
+            eprintln!("{}", err_paint.red(&format!("error: --out: {e}")));
+        }
+        None if !o.images.is_empty() || !o.files.is_empty() => {
+            println!(
+                "{}",
+                dim(&format!(
+                    "[{} image(s) displayed, {} file(s) in /workspace/out; --out DIR writes them there]",
+                    o.images.len(),
+                    o.files.len()
+                ))
+            );
+        }
+        None => {}
     }
     if let Some(e) = &o.error {
         let text = if e.traceback.is_empty() {
@@ -147,6 +176,44 @@ pub(super) async fn exec(
         Outcome::Timeout => ExitCode::from(124),
         _ => ExitCode::FAILURE,
     }
+}
+
+/// Write `o`'s displayed images (`image-1.png`, ...) and the files it left in
+/// `/workspace/out` (under their names there, which the copy out made safe: relative, no `..`)
+/// to `dir`. The paths written, or what failed first.
+async fn write_out(
+    dir: &std::path::Path,
+    o: &crate::sandbox::ExecOutcome,
+    sandbox: &Sandbox,
+    key: &SessionKey,
+) -> std::io::Result<Vec<PathBuf>> {
+    use base64::Engine as _;
+    std::fs::create_dir_all(dir)?;
+    let mut written = Vec::new();
+    let mut write = |rel: &str, bytes: &[u8]| -> std::io::Result<()> {
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, bytes)?;
+        written.push(path);
+        Ok(())
+    };
+    for (i, (mime, data)) in o.images.iter().enumerate() {
+        let ext = mime_guess::get_mime_extensions_str(mime)
+            .and_then(|e| e.first())
+            .unwrap_or(&"bin");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        write(&format!("image-{}.{ext}", i + 1), &bytes)?;
+    }
+    for f in &o.files {
+        if let Some((_, bytes)) = sandbox.read_file(key, &f.name).await? {
+            write(&f.name, &bytes)?;
+        }
+    }
+    Ok(written)
 }
 
 /// A notice of the sandbox, as it applies to a one-shot run: there is no session to keep or

@@ -57,7 +57,7 @@ pub enum Command {
     Serve,
     /// Run code once in a fresh sandbox and print what it prints.
     Exec {
-        /// The code; without it and without -f, it is read from stdin.
+        /// The code; `-`, or none without -f, reads it from stdin.
         code: Option<String>,
         /// Read the code from this file.
         #[arg(short = 'f', long = "file")]
@@ -69,6 +69,10 @@ pub enum Command {
         /// /data/... path after a colon (repeatable; added to the configured [[inputs]]).
         #[arg(long = "input", value_name = "HOST[:/data/PATH]")]
         inputs: Vec<String>,
+        /// Write the images the code displays, and the files it leaves in /workspace/out, to
+        /// this directory (made if missing).
+        #[arg(long = "out", value_name = "DIR")]
+        out: Option<PathBuf>,
     },
     /// Check the runtime, socket, image, limits and servers, and say what is wrong.
     Doctor {
@@ -199,6 +203,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             file,
             servers,
             inputs,
+            out,
         } => {
             let config = if inputs.is_empty() {
                 config
@@ -212,7 +217,8 @@ pub async fn main(cli: Cli) -> ExitCode {
                 }
                 Arc::new(c)
             };
-            exec::exec(config, Upstreams::from_loaded(&loaded), code, file, servers).await
+            let ups = Upstreams::from_loaded(&loaded);
+            exec::exec(config, ups, exec::Code { code, file }, servers, out).await
         }
         Command::Doctor { quick } => doctor::doctor(config, &loaded, quick).await,
         Command::Servers { refresh } => {

@@ -145,6 +145,10 @@ pub const KEYS: &[Key] = &[
         doc: "stdout+stderr kept per call; beyond it the head and tail are kept with a marker.",
     },
     Key {
+        name: "output_budget",
+        doc: "cl100k tokens of output one result may carry; over it, a head-and-tail preview and the whole output as a file in /workspace/out/.outputs/.",
+    },
+    Key {
         name: "log_level",
         doc: "error, warning, info, debug or trace (any case).",
     },

@@ -90,6 +90,9 @@ pub struct Config {
     pub state_dir: PathBuf,
     pub output_mode: OutputMode,
     pub output_cap: Size,
+    /// cl100k tokens one result may put into the model's context; past them it carries a
+    /// preview and the whole output is kept as a file (`server::budget`).
+    pub output_budget: u32,
     pub log_level: LogLevel,
     #[serde(deserialize_with = "flexible_bool")]
     pub allow_self_server: bool,
@@ -158,7 +161,8 @@ impl Default for Config {
             preload: ModuleList(vec!["numpy".into(), "pandas".into()]),
             state_dir: default_state_dir(),
             output_mode: OutputMode::Compact,
-            output_cap: Size(1 << 20),
+            output_cap: Size(4 << 20),
+            output_budget: 8000,
             log_level: LogLevel::Info,
             allow_self_server: false,
             allow_unenforced_limits: false,
@@ -228,6 +232,10 @@ pub struct Overrides {
     #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_mode: Option<String>,
+    /// Tokens of output one result may carry before it becomes a preview and a file.
+    #[arg(long, global = true, value_name = "TOKENS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_budget: Option<u32>,
     /// Log level: error, warning, info, debug, trace.
     #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -245,6 +253,10 @@ pub struct Overrides {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub allow_unenforced_limits: bool,
 }
+
+/// The smallest `output_budget`: room for a preview's head, tail and the line saying where the
+/// rest is.
+pub const MIN_OUTPUT_BUDGET: u32 = 500;
 
 impl Config {
     /// Checks serde cannot make: ranges and relations between keys. The error is the key at
@@ -273,6 +285,15 @@ impl Config {
             return bad(
                 "pids",
                 format!("{} is too small for Python; use at least 8", self.pids),
+            );
+        }
+        if self.output_budget < MIN_OUTPUT_BUDGET {
+            return bad(
+                "output_budget",
+                format!(
+                    "{} tokens leave no room for a preview; use at least {MIN_OUTPUT_BUDGET}",
+                    self.output_budget
+                ),
             );
         }
         if self.max_sessions == 0 {

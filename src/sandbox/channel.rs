@@ -189,7 +189,8 @@ impl Reader {
             SandboxFrame::Ready { .. } => !std::mem::replace(&mut self.booted, true),
             SandboxFrame::Output { id, .. }
             | SandboxFrame::Display { id, .. }
-            | SandboxFrame::Result { id, .. } => *id == current && current != 0,
+            | SandboxFrame::Result { id, .. }
+            | SandboxFrame::Kept { id, .. } => *id == current && current != 0,
             // RPCs of a finished exec are answered with a refusal by the exec loop while one
             // runs (so a waiting thread learns why); between execs nobody is there to answer.
             SandboxFrame::Rpc { .. } => current != 0,

@@ -35,6 +35,9 @@ use crate::config::Config;
 
 /// The directory the code writes its results to.
 pub const OUT_DIR: &str = "/workspace/out";
+/// Where, under [`OUT_DIR`], the parts of an exec's output too long for its result are kept
+/// whole (`<exec>.<part>.txt`).
+pub const KEPT_DIR: &str = ".outputs";
 /// The URI of a kept file is this, the session's name and the file's name (both
 /// percent-encoded). The name only, not its owner: whoever reads the URI is the owner, so under
 /// `serve` the reader's identity completes the key, and another identity's URI names nothing.
@@ -174,6 +177,42 @@ impl OutStore {
             .take(file.size)
             .read_to_end(&mut bytes)?;
         Ok(Some((file, bytes)))
+    }
+
+    /// Keep `data` as file `name` (a part of an exec's output the bridge keeps whole, see
+    /// `sandbox::output::Fit`), within the same caps as a file copied out. The runtime writes
+    /// the same bytes under `/workspace/out`, so the next copy finds them equal and does not
+    /// announce them again.
+    pub fn put(
+        &self,
+        name: &str,
+        data: &[u8],
+        session: &str,
+        caps: &Caps,
+    ) -> Result<OutFile, String> {
+        let size = data.len() as u64;
+        if size > caps.file {
+            return Err(format!(
+                "it is {size} bytes, over the {} bytes of `file_cap`",
+                caps.file
+            ));
+        }
+        let total = {
+            let inner = self.inner.lock().unwrap();
+            inner.total - inner.files.get(name).map_or(0, |k| k.file.size)
+        };
+        if total + size > caps.total {
+            return Err(format!(
+                "the session's kept files would pass `files_total` ({} bytes)",
+                caps.total
+            ));
+        }
+        match keep(self, &mut &data[..], name, size, None, session) {
+            Ok(Some(file)) => Ok(file),
+            Ok(None) => unreachable!("nothing to compare with"),
+            Err(KeepError::Short) => Err("it could not be written whole".into()),
+            Err(KeepError::Io(e)) => Err(e.to_string()),
+        }
     }
 
     /// Forget every file and remove the directory.

@@ -31,7 +31,7 @@ use crate::identity::{Identity, SessionKey};
 use container::Role;
 use engine::{Enforcement, Engine};
 pub use error::SandboxError;
-pub use output::{ExecOutcome, Outcome, OutputSink};
+pub use output::{ExecOutcome, Fit, Kept, Outcome, OutputSink, Part, Spill};
 use pool::Pool;
 pub use session::{Claim, ExecRequest, Session};
 

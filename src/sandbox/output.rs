@@ -41,6 +41,76 @@ pub struct ExecOutcome {
     pub notices: Vec<String>,
     /// The interpreter's state is gone; the next call starts fresh.
     pub session_reset: bool,
+    /// Parts too long for the result, kept whole as files (see [`Fit`]).
+    pub kept: Vec<Kept>,
+}
+
+/// A part of an outcome that can be too long to return whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Part {
+    Stdout,
+    Stderr,
+    /// The last expression's rendering.
+    Value,
+    Traceback,
+}
+
+impl Part {
+    pub const ALL: [Part; 4] = [Part::Stdout, Part::Stderr, Part::Value, Part::Traceback];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Stdout => "stdout",
+            Part::Stderr => "stderr",
+            Part::Value => "value",
+            Part::Traceback => "traceback",
+        }
+    }
+
+    /// This part of `o` (empty when it has none).
+    pub fn of(self, o: &ExecOutcome) -> &str {
+        match self {
+            Part::Stdout => &o.stdout,
+            Part::Stderr => &o.stderr,
+            Part::Value => o.value.as_deref().unwrap_or(""),
+            Part::Traceback => o.error.as_ref().map_or("", |e| e.traceback.as_str()),
+        }
+    }
+
+    /// Where the part is, to be replaced by a preview.
+    pub fn of_mut(self, o: &mut ExecOutcome) -> Option<&mut String> {
+        match self {
+            Part::Stdout => Some(&mut o.stdout),
+            Part::Stderr => Some(&mut o.stderr),
+            Part::Value => o.value.as_mut(),
+            Part::Traceback => o.error.as_mut().map(|e| &mut e.traceback),
+        }
+    }
+}
+
+/// Which parts of a finished exec are too long for its result: the caller's measure (the
+/// server's token budget; the sandbox counts no tokens). The session asks it before it lets go
+/// of the interpreter, and keeps each part it names as a file, so that nothing is lost when the
+/// result carries only a preview.
+pub trait Fit: Send + Sync {
+    fn over(&self, o: &ExecOutcome) -> Vec<Part>;
+}
+
+/// A [`Fit`] for an exec, and the session name its files' URIs carry.
+#[derive(Clone)]
+pub struct Spill {
+    pub fit: Arc<dyn Fit>,
+    pub session: String,
+}
+
+/// A part kept whole: on the host (`file`, readable with `resources/read`) and, unless
+/// `in_sandbox` says why not, under `/workspace/out/.outputs/` for the next call's code.
+#[derive(Debug, Clone)]
+pub struct Kept {
+    pub part: Part,
+    pub file: super::files::OutFile,
+    pub in_sandbox: Result<(), String>,
 }
 
 /// The outcome of a call cancelled before its code was sent (it waited in line behind another
@@ -163,6 +233,7 @@ impl Collector {
             truncated: self.truncated,
             notices,
             session_reset: false,
+            kept: Vec::new(),
         }
     }
 }

@@ -29,6 +29,7 @@ pub const MODULES: &[(&str, &str)] = &[
     module!("execute"),
     module!("interrupts"),
     module!("notebook"),
+    module!("outdir"),
     module!("output"),
     module!("package"),
     module!("proxies"),
@@ -49,6 +50,7 @@ fn constants() -> RuntimeConstants<'static> {
         max_image_bytes: super::images::MAX_IMAGE_BYTES,
         out_dir: super::files::OUT_DIR,
         out_entries: super::files::MAX_ENTRIES,
+        kept_dir: super::files::KEPT_DIR,
         skill_default_depth: protocol::SKILL_DEFAULT_DEPTH,
     }
 }
@@ -118,6 +120,7 @@ mod tests {
         assert_eq!(c["max_image_bytes"], super::super::images::MAX_IMAGE_BYTES);
         assert_eq!(c["out_dir"], super::super::files::OUT_DIR);
         assert_eq!(c["out_entries"], super::super::files::MAX_ENTRIES);
+        assert_eq!(c["kept_dir"], super::super::files::KEPT_DIR);
         assert_eq!(c["skill_default_depth"], protocol::SKILL_DEFAULT_DEPTH);
     }
 

@@ -51,6 +51,9 @@ pub struct ExecRequest {
     pub binding: ExecBinding,
     pub cancel: CancellationToken,
     pub on_output: Option<OutputSink>,
+    /// Parts too long for the result are kept as files (`None`: everything is returned, as
+    /// `exec` on the command line does).
+    pub spill: Option<super::output::Spill>,
 }
 
 pub struct Session {

@@ -17,6 +17,7 @@ use crate::sandbox::Sandbox;
 use crate::skills;
 use crate::upstream::Upstreams;
 
+pub mod budget;
 mod handler;
 pub mod legacy_tasks;
 mod link;
@@ -31,8 +32,8 @@ mod tool;
 
 pub use link::{APPROVE_DENY, APPROVE_ONCE, APPROVE_SESSION, approval_schema};
 pub use tool::{
-    HELPERS, MAX_CODE_BYTES, MAX_REQUEST_LINE_BYTES, OUTPUT_FIELDS, RunArgs, TOOL_DESCRIPTION,
-    TOOL_TITLE, input_schema, output_schema, tool,
+    HELPERS, MAX_CODE_BYTES, MAX_REQUEST_LINE_BYTES, RunArgs, TOOL_DESCRIPTION, TOOL_TITLE,
+    input_schema, tool,
 };
 
 pub const TOOL_NAME: &str = "run_python";

@@ -1,21 +1,74 @@
-//! An exec outcome -> MCP content: plain text (compact) or a TOON block, plus `structuredContent`
-//! carrying only the non-empty fields, and image content for displayed figures.
+//! An exec outcome -> the MCP result the model sees.
+//!
+//! Each byte of output travels once, in `content`: hosts differ in what they pass to the
+//! model (most take the text content; Claude Code takes `structuredContent` alone when there
+//! is one), so a result with both would carry its output twice and a host would see it once
+//! at best. In compact mode each part is its own text block (stdout, `[stderr]`, the value, the
+//! error, the bridge's notices, the files), named in the block's `_meta` (`PART_META`) so that
+//! a program can take one part exactly; in TOON mode one block carries them all. What a program
+//! wants besides (status, session, error type, counts, the parts kept as files) is in the
+//! result's `_meta` (`RESULT_META`), which no host shows the model. Displayed figures are image
+//! content; files of `/workspace/out` and parts kept whole are resource links.
 
-use rmcp::model::{CallToolResult, ContentBlock as Content};
+use rmcp::model::{CallToolResult, ContentBlock as Content, MetaObject, TextContent};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::budget::{self, Budget};
 use crate::config::OutputMode;
 use crate::protocol::ExecError;
 use crate::sandbox::{ExecOutcome, Outcome};
 
-/// The payload mirrored in `structuredContent`; empty fields are left out.
+/// The `_meta` key of a result's metadata ([`Meta`]).
+pub const RESULT_META: &str = "mcp-code-bridge/result";
+/// The `_meta` key naming the part a text block carries (`stdout`, `stderr`, `value`,
+/// `error`, `notices`, `files`; `toon` for the one block of TOON mode).
+pub const PART_META: &str = "mcp-code-bridge/part";
+
+/// What a result says besides its output, in its `_meta`; empty fields are left out.
 #[derive(Debug, Serialize)]
-pub struct Payload<'a> {
+pub struct Meta<'a> {
     pub status: Outcome,
     /// The interpreter the call ran in, named in every result: the one the call named, else
     /// the default (`server::Bridge::run_for` says which), so a client that named none learns
     /// the name that reaches the same state from elsewhere.
+    pub session: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorMeta<'a>>,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub images: usize,
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub truncated_bytes: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub session_reset: bool,
+    pub duration_ms: u64,
+    /// The parts over `output_budget`, kept whole: `{part, uri, path, size}`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<KeptMeta<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ErrorMeta<'a> {
+    #[serde(rename = "type")]
+    pub kind: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub message: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct KeptMeta<'a> {
+    pub part: &'static str,
+    pub uri: &'a str,
+    /// Where the next call's code reads it; absent when it could not be written there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    pub size: u64,
+}
+
+/// The whole payload of TOON mode's one block: the metadata and every part.
+#[derive(Debug, Serialize)]
+pub struct Payload<'a> {
+    pub status: Outcome,
     pub session: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
     pub stdout: &'a str,
@@ -53,6 +106,34 @@ fn is_zero_u64(n: &u64) -> bool {
     *n == 0
 }
 
+pub fn meta<'a>(o: &'a ExecOutcome, session: &'a str) -> Meta<'a> {
+    Meta {
+        status: o.outcome,
+        session,
+        error: o.error.as_ref().map(|e: &ExecError| ErrorMeta {
+            kind: &e.kind,
+            message: &e.message,
+        }),
+        images: o.images.len(),
+        truncated_bytes: o.truncated,
+        session_reset: o.session_reset,
+        duration_ms: o.duration.as_millis() as u64,
+        kept: o
+            .kept
+            .iter()
+            .map(|k| KeptMeta {
+                part: k.part.name(),
+                uri: &k.file.uri,
+                path: k
+                    .in_sandbox
+                    .is_ok()
+                    .then(|| format!("{}/{}", crate::sandbox::files::OUT_DIR, k.file.name)),
+                size: k.file.size,
+            })
+            .collect(),
+    }
+}
+
 pub fn payload<'a>(o: &'a ExecOutcome, session: &'a str) -> Payload<'a> {
     Payload {
         status: o.outcome,
@@ -73,52 +154,82 @@ pub fn payload<'a>(o: &'a ExecOutcome, session: &'a str) -> Payload<'a> {
     }
 }
 
-/// Plain text as a terminal would show it: stdout, stderr, the value, the error, then the
-/// bridge's notices.
-pub fn compact_text(o: &ExecOutcome) -> String {
-    let mut parts: Vec<String> = Vec::new();
+/// The parts of `o` as a terminal would show them, each named: stdout, stderr, the value, the
+/// error, then the bridge's notices and the files of `/workspace/out` (a line for each of the
+/// first `listed`, one for the rest).
+pub fn parts(o: &ExecOutcome, listed: usize) -> Vec<(&'static str, String)> {
+    let mut parts = Vec::new();
     if !o.stdout.is_empty() {
-        parts.push(o.stdout.trim_end_matches('\n').to_string());
+        parts.push(("stdout", o.stdout.clone()));
     }
     if !o.stderr.is_empty() {
-        parts.push(format!("[stderr]\n{}", o.stderr.trim_end_matches('\n')));
+        parts.push(("stderr", format!("[stderr]\n{}", o.stderr)));
     }
     if let Some(v) = &o.value {
-        parts.push(v.clone());
+        parts.push(("value", v.clone()));
     }
     if let Some(e) = &o.error {
-        if !e.traceback.is_empty() {
-            parts.push(e.traceback.trim_end_matches('\n').to_string());
+        let text = if !e.traceback.is_empty() {
+            e.traceback.trim_end_matches('\n').to_string()
         } else if e.message.is_empty() {
-            parts.push(e.kind.clone());
+            e.kind.clone()
         } else {
-            parts.push(format!("{}: {}", e.kind, e.message));
+            format!("{}: {}", e.kind, e.message)
+        };
+        parts.push(("error", text));
+    }
+    if !o.notices.is_empty() {
+        let lines: Vec<String> = o.notices.iter().map(|n| format!("[bridge] {n}")).collect();
+        parts.push(("notices", lines.join("\n")));
+    }
+    if !o.files.is_empty() {
+        let mut lines: Vec<String> = o
+            .files
+            .iter()
+            .take(listed)
+            .map(|f| {
+                format!(
+                    "[file] {}/{} ({}, {} bytes): {}",
+                    crate::sandbox::files::OUT_DIR,
+                    f.name,
+                    f.mime,
+                    f.size,
+                    f.uri
+                )
+            })
+            .collect();
+        if o.files.len() > listed {
+            lines.push(format!(
+                "[file] and {} more in {}: their links follow (resources/list lists them all)",
+                o.files.len() - listed,
+                crate::sandbox::files::OUT_DIR
+            ));
         }
+        parts.push(("files", lines.join("\n")));
     }
-    for n in &o.notices {
-        parts.push(format!("[bridge] {n}"));
-    }
-    for f in &o.files {
-        parts.push(format!(
-            "[file] {}/{} ({}, {} bytes): {}",
-            crate::sandbox::files::OUT_DIR,
-            f.name,
-            f.mime,
-            f.size,
-            f.uri
-        ));
-    }
+    parts
+}
+
+/// Plain text as a terminal would show it: the parts, a line apart.
+pub fn compact_text(o: &ExecOutcome) -> String {
+    let parts = parts(o, usize::MAX);
     if parts.is_empty() {
-        if o.images.is_empty() {
-            return "(no output)".into();
-        }
-        return format!(
-            "({} image{})",
-            o.images.len(),
-            if o.images.len() == 1 { "" } else { "s" }
-        );
+        return empty_text(o);
     }
-    parts.join("\n")
+    parts
+        .into_iter()
+        .map(|(_, t)| t.trim_end_matches('\n').to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What a result with no text part says.
+fn empty_text(o: &ExecOutcome) -> String {
+    match o.images.len() {
+        0 => "(no output)".into(),
+        1 => "(1 image)".into(),
+        n => format!("({n} images)"),
+    }
 }
 
 /// The TOON block of the payload; JSON when the encoder fails.
@@ -133,23 +244,47 @@ pub fn toon_text(p: &Payload<'_>) -> String {
     }
 }
 
-/// The whole tool result. Takes the outcome by value: its images (up to 12 MiB of base64) move
-/// into the content instead of being copied, which the bridge's memory bound counts on.
-pub fn tool_result(mut o: ExecOutcome, mode: OutputMode, session: &str) -> CallToolResult {
-    let (text, structured) = {
-        let p = payload(&o, session);
-        let text = match mode {
-            OutputMode::Compact => compact_text(&o),
-            OutputMode::Toon => toon_text(&p),
-        };
-        (text, serde_json::to_value(&p).unwrap_or(Value::Null))
+fn block(text: String, part: &str) -> Content {
+    let mut m = serde_json::Map::new();
+    m.insert(PART_META.into(), Value::from(part));
+    Content::Text(TextContent::new(text).with_meta(MetaObject(m)))
+}
+
+fn result_meta(v: Value) -> MetaObject {
+    let mut m = serde_json::Map::new();
+    m.insert(RESULT_META.into(), v);
+    MetaObject(m)
+}
+
+/// The whole tool result, its output within `budget` (see `server::budget`). Takes the outcome
+/// by value: its images (up to 12 MiB of base64) move into the content instead of being
+/// copied, which the bridge's memory bound counts on.
+pub fn tool_result(
+    mut o: ExecOutcome,
+    mode: OutputMode,
+    session: &str,
+    budget: &Budget,
+) -> CallToolResult {
+    budget::fit(&mut o, budget);
+    let mut content = match mode {
+        OutputMode::Compact => {
+            let parts = parts(&o, budget::files_listed(&o, budget));
+            if parts.is_empty() {
+                vec![Content::text(empty_text(&o))]
+            } else {
+                parts.into_iter().map(|(p, t)| block(t, p)).collect()
+            }
+        }
+        OutputMode::Toon => vec![block(toon_text(&payload(&o, session)), "toon")],
     };
-    let mut content = vec![Content::text(text)];
+    let meta = serde_json::to_value(meta(&o, session)).unwrap_or(Value::Null);
     for (mime, data) in std::mem::take(&mut o.images) {
         content.push(Content::image(data, mime));
     }
-    // Files of /workspace/out as links the client reads with resources/read.
-    for f in std::mem::take(&mut o.files) {
+    // Files of /workspace/out, and the parts kept whole, as links the client reads with
+    // resources/read.
+    let kept = std::mem::take(&mut o.kept).into_iter().map(|k| k.file);
+    for f in std::mem::take(&mut o.files).into_iter().chain(kept) {
         let title = format!("{}/{}", crate::sandbox::files::OUT_DIR, f.name);
         let r = rmcp::model::Resource::new(f.uri, f.name)
             .with_title(title)
@@ -162,7 +297,7 @@ pub fn tool_result(mut o: ExecOutcome, mode: OutputMode, session: &str) -> CallT
     } else {
         CallToolResult::error(content)
     };
-    r.structured_content = Some(structured);
+    r.meta = Some(result_meta(meta));
     r
 }
 
@@ -171,11 +306,11 @@ pub fn tool_result(mut o: ExecOutcome, mode: OutputMode, session: &str) -> CallT
 /// (`ServerUnavailable`). An error result the model can read; `kind` is its `error.type`, and
 /// `session` the interpreter it was for.
 pub fn setup_error(kind: &str, message: &str, session: &str) -> CallToolResult {
-    let mut r = CallToolResult::error(vec![Content::text(format!("[bridge] {message}"))]);
-    r.structured_content = Some(
+    let mut r = CallToolResult::error(vec![block(format!("[bridge] {message}"), "error")]);
+    r.meta = Some(result_meta(
         serde_json::json!({"status": "unavailable", "session": session,
         "error": {"type": kind, "message": message}}),
-    );
+    ));
     r
 }
 
@@ -197,17 +332,34 @@ mod tests {
             truncated: 0,
             notices: vec![],
             session_reset: false,
+            kept: vec![],
         }
     }
 
+    fn budget() -> Budget {
+        Budget::new(8000)
+    }
+
+    fn meta_of(r: &CallToolResult) -> Value {
+        r.meta.as_ref().unwrap().0[RESULT_META].clone()
+    }
+
+    /// The output is in the content once, each part a block named in its `_meta`; the
+    /// result's `_meta` has the rest, empty fields left out; there is no `structuredContent`.
     #[test]
-    fn compact_drops_empty_fields() {
+    fn output_travels_once_in_named_blocks() {
         let o = outcome();
         assert_eq!(compact_text(&o), "2");
-        let v = serde_json::to_value(payload(&o, "default")).unwrap();
+        let r = tool_result(o, OutputMode::Compact, "default", &budget());
+        assert_eq!(r.structured_content, None);
+        let v = serde_json::to_value(&r).unwrap();
         assert_eq!(
-            v,
-            serde_json::json!({"status": "ok", "session": "default", "stdout": "2\n", "duration_ms": 3})
+            v["content"],
+            serde_json::json!([{"type": "text", "text": "2\n", "_meta": {PART_META: "stdout"}}])
+        );
+        assert_eq!(
+            meta_of(&r),
+            serde_json::json!({"status": "ok", "session": "default", "duration_ms": 3})
         );
     }
 
@@ -225,8 +377,8 @@ mod tests {
         assert!(compact_text(&o).ends_with(
             "[file] /workspace/out/sales.csv (text/csv, 12 bytes): resource://mcp-code-bridge/files/default/sales.csv"
         ));
-        let r = tool_result(o, OutputMode::Compact, "default");
-        let v = serde_json::to_value(&r.content[1]).unwrap();
+        let r = tool_result(o, OutputMode::Compact, "default", &budget());
+        let v = serde_json::to_value(&r.content[2]).unwrap();
         assert_eq!(
             v,
             serde_json::json!({"type": "resource_link", "uri": "resource://mcp-code-bridge/files/default/sales.csv",
@@ -274,12 +426,12 @@ mod tests {
 
     #[test]
     fn images_become_image_content() {
-        let r = tool_result(rich(), OutputMode::Compact, "default");
-        assert_eq!(r.content.len(), 2);
-        let v = serde_json::to_value(&r.content[1]).unwrap();
+        let r = tool_result(rich(), OutputMode::Compact, "default", &budget());
+        assert_eq!(r.content.len(), 5);
+        let v = serde_json::to_value(&r.content[4]).unwrap();
         assert_eq!(v["type"], "image");
         assert_eq!(v["mimeType"], "image/png");
-        assert_eq!(r.structured_content.as_ref().unwrap()["images"], 1);
+        assert_eq!(meta_of(&r)["images"], 1);
     }
 
     #[test]
@@ -291,11 +443,12 @@ mod tests {
             message: "division by zero".into(),
             traceback: "Traceback ...\nZeroDivisionError: division by zero\n".into(),
         });
-        let r = tool_result(o, OutputMode::Compact, "default");
+        let r = tool_result(o, OutputMode::Compact, "default", &budget());
         assert_eq!(r.is_error, Some(true));
+        assert_eq!(meta_of(&r)["error"]["type"], "ZeroDivisionError");
         let s = serde_json::to_value(&r).unwrap();
         assert!(
-            s["content"][0]["text"]
+            s["content"][1]["text"]
                 .as_str()
                 .unwrap()
                 .ends_with("ZeroDivisionError: division by zero")

@@ -13,6 +13,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use serde_json::json;
 
+use super::budget::Budget;
 use super::progress::Forwarder;
 use super::replies::refused;
 use super::{Bridge, RunArgs, render, rounds};
@@ -41,7 +42,10 @@ impl Bridge {
     /// proxied calls the policy says to ask about; with none, `ask_fallback` answers), binds the
     /// key's skills, runs the code, and leaves one `exec` record in the audit log (each proxied
     /// call leaves a `tool_call` record). `relay` gets what those calls pass on to the client
-    /// (their progress, their servers' questions).
+    /// (their progress, their servers' questions). With `budget`, the parts of the output over
+    /// it are kept whole as files (`server::budget`) for a result to preview; without, as for
+    /// `exec`, which prints everything, none is.
+    #[allow(clippy::too_many_arguments)]
     pub async fn execute(
         &self,
         key: &SessionKey,
@@ -50,6 +54,7 @@ impl Bridge {
         on_output: Option<OutputSink>,
         approver: Option<Arc<dyn Approver>>,
         relay: CallRelay,
+        budget: Option<Budget>,
     ) -> Result<ExecOutcome, SetupFailure> {
         let started = std::time::Instant::now();
         if args.reset {
@@ -100,6 +105,10 @@ impl Bridge {
             binding,
             cancel,
             on_output,
+            spill: budget.map(|b| crate::sandbox::Spill {
+                fit: Arc::new(b),
+                session: key.name().to_string(),
+            }),
         };
         match self.sandbox.run(key, args.reset, req).await {
             Ok(outcome) => {
@@ -128,11 +137,14 @@ impl Bridge {
         approver: Option<Arc<dyn Approver>>,
         relay: CallRelay,
     ) -> CallToolResult {
+        let budget = Budget::new(self.config.output_budget);
         match self
-            .execute(&key, args, cancel, on_output, approver, relay)
+            .execute(&key, args, cancel, on_output, approver, relay, Some(budget))
             .await
         {
-            Ok(outcome) => render::tool_result(outcome, self.config.output_mode, key.name()),
+            Ok(outcome) => {
+                render::tool_result(outcome, self.config.output_mode, key.name(), &budget)
+            }
             Err(e) => render::setup_error(e.kind, &e.message, key.name()),
         }
     }

@@ -56,42 +56,9 @@ pub fn input_schema() -> Value {
     })
 }
 
-/// Every field of `structuredContent` that `render::Payload` and `render::setup_error` emit,
-/// with its JSON type, and no other (`additionalProperties: false`: a field added there and not
-/// here, or of another type, fails tests/e2e/results.rs, where the Python SDK validates real
-/// results against this schema). Empty fields are left out of a result, so only `status` and
-/// `session` (the interpreter the call ran in) are required. `value` is the last expression's
-/// repr; `error` is `{type, message?, traceback?}` and `notices` a list of strings, left at
-/// their JSON type for the token budget above.
-pub const OUTPUT_FIELDS: [(&str, &str); 11] = [
-    ("status", "string"),
-    ("session", "string"),
-    ("stdout", "string"),
-    ("stderr", "string"),
-    ("value", "string"),
-    ("error", "object"),
-    ("notices", "array"),
-    ("images", "integer"),
-    ("truncated_bytes", "integer"),
-    ("session_reset", "boolean"),
-    ("duration_ms", "integer"),
-];
-
-/// JSON schema of `structuredContent` (see [`OUTPUT_FIELDS`]).
-pub fn output_schema() -> Value {
-    let properties: serde_json::Map<String, Value> = OUTPUT_FIELDS
-        .iter()
-        .map(|(f, ty)| (f.to_string(), json!({ "type": ty })))
-        .collect();
-    json!({
-        "type": "object",
-        "properties": properties,
-        "required": ["status", "session"],
-        "additionalProperties": false
-    })
-}
-
-/// The one tool, as `tools/list` shows it. It carries no annotations: what they would say is
+/// The one tool, as `tools/list` shows it. It has no output schema: a result carries its output
+/// in `content` alone (`render`), and an output schema would require `structuredContent`. It
+/// carries no annotations: what they would say is
 /// what the specification's defaults already say of a tool without them, and every token here
 /// is paid on every request. Through the servers it loads the code can do anything those
 /// servers do (delete, send, pay), so it is not read-only (`readOnlyHint` defaults to false),
@@ -103,9 +70,7 @@ pub fn tool() -> Tool {
         Value::Object(m) => Arc::new(m),
         _ => unreachable!("schemas are objects"),
     };
-    Tool::new(TOOL_NAME, TOOL_DESCRIPTION, object(input_schema()))
-        .with_title(TOOL_TITLE)
-        .with_raw_output_schema(object(output_schema()))
+    Tool::new(TOOL_NAME, TOOL_DESCRIPTION, object(input_schema())).with_title(TOOL_TITLE)
 }
 
 /// `run_python`'s arguments.

@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// The refusal of a tool call made by code whose exec has ended (a thread it left running).
+const AFTER_END: &str = "this call was made after its run_python call ended; await every tool call before the code finishes";
+/// How long the sandbox gets to write the parts of one exec's output kept as files.
+const KEEP_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The state of one exec while it runs.
 struct ExecRun {
     id: u64,
@@ -140,19 +145,121 @@ impl Session {
                 }
             }
         };
-        self.current.store(0, Ordering::SeqCst);
         run.rpcs.abort_all();
         if run.interrupts_sent > 0 {
             tracing::debug!(session = %self.name, exec = id, interrupts = run.interrupts_sent, "the code stopped after its interrupt");
         }
-        *self.last_used.lock().unwrap() = Instant::now();
-        Some(match result {
-            Some(end) => self.finish(run, &req, end),
+        let outcome = match result {
+            Some(end) => {
+                let mut o = self.finish(run, &req, end);
+                if let Some(spill) = &req.spill {
+                    // Still this exec's: the `kept` answers come through as its frames.
+                    self.spill(&mut frames, id, spill, &mut o).await;
+                }
+                self.current.store(0, Ordering::SeqCst);
+                o
+            }
             None => {
+                self.current.store(0, Ordering::SeqCst);
                 self.dead.store(true, Ordering::Relaxed);
                 self.crashed(run.out, started, run.notices).await
             }
-        })
+        };
+        *self.last_used.lock().unwrap() = Instant::now();
+        Some(outcome)
+    }
+
+    /// Keep whole, as files, the parts of `o` that `spill` says are too long for the result:
+    /// on the host (for `resources/read`) and in the sandbox under `/workspace/out/.outputs/`
+    /// (for the next call's code), before the next exec can start. The sandbox's answers are
+    /// awaited for [`KEEP_TIMEOUT`] in all; a part it could not write is still on the host, and
+    /// the result says so.
+    async fn spill(
+        &self,
+        frames: &mut mpsc::Receiver<Queued>,
+        id: u64,
+        spill: &super::super::output::Spill,
+        o: &mut ExecOutcome,
+    ) {
+        let parts = spill.fit.over(o);
+        if parts.is_empty() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + KEEP_TIMEOUT;
+        for part in parts {
+            let name = format!(
+                "{}/{id}.{}.txt",
+                crate::sandbox::files::KEPT_DIR,
+                part.name()
+            );
+            let text = part.of(o);
+            let file = match self
+                .files
+                .put(&name, text.as_bytes(), &spill.session, &self.file_caps)
+            {
+                Ok(f) => f,
+                Err(why) => {
+                    o.notices.push(format!(
+                        "the whole {} could not be kept: {why}; the result shows part of it",
+                        part.name()
+                    ));
+                    continue;
+                }
+            };
+            let line = HostFrame::Keep {
+                id,
+                path: &name,
+                data: text,
+            }
+            .to_line();
+            let in_sandbox = tokio::time::timeout_at(deadline, self.keep(frames, id, line))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!(
+                        "the sandbox did not answer within {}s",
+                        KEEP_TIMEOUT.as_secs()
+                    ))
+                });
+            o.kept.push(super::super::output::Kept {
+                part,
+                file,
+                in_sandbox,
+            });
+        }
+    }
+
+    /// Send one `keep` frame and wait for its answer.
+    async fn keep(
+        &self,
+        frames: &mut mpsc::Receiver<Queued>,
+        id: u64,
+        line: Vec<u8>,
+    ) -> Result<(), String> {
+        const GONE: &str = "the sandbox is gone";
+        self.writer.send(line).await.map_err(|_| GONE.to_string())?;
+        let pending = Arc::new(AtomicU64::new(0));
+        while let Some(q) = frames.recv().await {
+            match q.frame {
+                SandboxFrame::Kept {
+                    id: fid,
+                    error,
+                    out,
+                } if fid == id => {
+                    let mut stamp = self.out_stamp.lock().unwrap();
+                    let out = out.filter(|s| s.len() <= OUT_STAMP_MAX);
+                    // Nothing else changed since the last copy: the host already has what was
+                    // written (`OutStore::put`), so the new digest needs no copy either.
+                    if stamp.latest.is_some() && stamp.latest == stamp.copied {
+                        stamp.copied = out.clone();
+                    }
+                    stamp.latest = out;
+                    return error.map_or(Ok(()), Err);
+                }
+                SandboxFrame::Rpc { id: rid, .. } => self.refuse(rid, AFTER_END.into(), &pending),
+                _ => {}
+            }
+        }
+        Err(GONE.into())
     }
 
     /// The `exec` line for `req`, leaving out the server metadata when it is the same as the
@@ -232,7 +339,7 @@ impl Session {
                 params,
             } => {
                 if exec != id {
-                    self.refuse(rid, "this call was made after its run_python call ended; await every tool call before the code finishes".into(), &run.pending);
+                    self.refuse(rid, AFTER_END.into(), &run.pending);
                 } else if run.pending.load(Ordering::Relaxed) as usize >= MAX_PENDING_RPCS {
                     self.refuse(rid, format!("too many tool calls in flight (limit {MAX_PENDING_RPCS}); await some before starting more"), &run.pending);
                 } else if run.pending_bytes.load(Ordering::Relaxed) + len > MAX_PENDING_RPC_BYTES {
