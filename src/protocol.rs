@@ -211,13 +211,15 @@ pub enum HostFrame<'a> {
     Interrupt {
         id: u64,
     },
-    /// Write `data` to `path` under `/workspace/out` (a part of exec `id`'s output that was
-    /// too long for its result, kept whole for the next call's code to read). Sent after the
-    /// exec's result, before the next exec; answered by a `kept` frame.
+    /// Write `data` (base64, so that the line is 4/3 of the part whatever its characters; JSON
+    /// escapes would make a control character six bytes) to `path` under `/workspace/out` (a
+    /// part of exec `id`'s output that was too long for its result, kept whole for the next
+    /// call's code to read). Sent after the exec's result, before the next exec; answered by a
+    /// `kept` frame.
     Keep {
         id: u64,
         path: &'a str,
-        data: &'a str,
+        data: String,
     },
 }
 

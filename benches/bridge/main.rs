@@ -11,6 +11,7 @@
 //! BENCH_ONLY=pool cargo bench --bench bridge                      # first calls with and without the pool
 //! BENCH_ONLY=audit cargo bench --bench bridge                     # the audit log: writer cost, calls with it on and off
 //! BENCH_ONLY=hostile-http cargo bench --bench bridge              # section 9's HTTP rows only (connections, queued tasks, MCP sessions)
+//! BENCH_ONLY=results cargo bench --bench bridge                   # section 12: result size, tokens and time for prints of 1 KB, 100 KB, 10 MB
 //! BENCH_ONLY=capacity cargo bench --bench bridge                  # section 11: sandboxes' memory and idle CPU, serve at 1/5/20 identities (~8 min)
 //! BENCH_ONLY=capacity-sandboxes cargo bench --bench bridge        # section 11's sandbox rows alone (memory, idle CPU)
 //! BENCH_ONLY=capacity-bounds cargo bench --bench bridge           # section 11's bounds alone: max_sessions, a busy session, 429
@@ -41,6 +42,7 @@ mod opts;
 mod pool;
 mod proxy;
 mod raw;
+mod results;
 mod startup;
 mod table;
 
@@ -75,6 +77,7 @@ use opts::*;
 use pool::*;
 use proxy::*;
 use raw::*;
+use results::*;
 use startup::*;
 use table::*;
 
@@ -179,6 +182,10 @@ async fn main() {
     {
         eprintln!("bench: capacity…");
         capacity(&o, &fx, &mut t).await;
+    }
+    if o.wants("results") {
+        eprintln!("bench: results that fit the client…");
+        results_section(&o, &mut t).await;
     }
     println!();
     println!(

@@ -4,6 +4,8 @@ long for its result, which the host sends back in `keep` frames to be written un
 `OUT_DIR/KEPT_DIR/` for the next call's code to read.
 """
 
+import base64
+import binascii
 import hashlib
 import os
 import stat
@@ -24,6 +26,7 @@ def keep(msg):
         parent, _, name = path.partition("/")
         if parent != constants.KEPT_DIR or not name or "/" in name or name in (".", ".."):
             raise ValueError("not a path under %s/: %r" % (constants.KEPT_DIR, path))
+        raw = base64.b64decode(data, validate=True)
         directory = os.path.join(constants.OUT_DIR, constants.KEPT_DIR)
         os.makedirs(directory, exist_ok=True)
         flags = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0)
@@ -37,7 +40,7 @@ def keep(msg):
                          0o644, dir_fd=dfd)
             try:
                 with os.fdopen(fd, "wb", closefd=False) as f:
-                    f.write(data.encode("utf-8", "surrogatepass"))
+                    f.write(raw)
             except BaseException:
                 os.close(fd)
                 os.unlink(name, dir_fd=dfd)
@@ -45,6 +48,8 @@ def keep(msg):
             os.close(fd)
         finally:
             os.close(dfd)
+    except binascii.Error as e:
+        error = "the data is not base64: %s" % e
     except Exception as e:
         error = "%s: %s" % (type(e).__name__, e.strerror if isinstance(e, OSError) and e.strerror else e)
     answer = {"type": "kept", "id": eid if channel.is_int(eid) else 0}

@@ -1286,7 +1286,9 @@ def test_keep_frames_write_a_part_under_the_kept_dir_and_nothing_else(fresh, tmp
     fresh.ok(rt_module("constants") + "rt.OUT_DIR = %r\nimport os\nos.makedirs(rt.OUT_DIR)" % root)
     eid = fresh.ok("1").result["id"]
 
-    def keep(path, data="x"):
+    def keep(path, data="x", raw=False):
+        if isinstance(data, str) and not raw:
+            data = base64.b64encode(data.encode()).decode()
         fresh.send({"type": "keep", "id": eid, "path": path, "data": data})
         frame = fresh.next_frame()
         while frame["type"] == "log":
@@ -1310,6 +1312,8 @@ def test_keep_frames_write_a_part_under_the_kept_dir_and_nothing_else(fresh, tmp
         assert "not a path under .outputs/" in keep(bad)["error"], bad
     assert not os.path.exists(os.path.join(os.path.dirname(root), "escape.txt"))
     assert "error" in keep(".outputs/n.txt", 5)
+    assert "not base64" in keep(".outputs/n.txt", "not base64!", raw=True)["error"]
+    assert fresh.ok("os.path.exists(%r)" % (root + "/.outputs/n.txt")).value == "False"
     assert fresh.healthy()
 
 

@@ -495,7 +495,7 @@ impl Sandbox {
         // container that is gone (its files went with it).
         if !outcome.session_reset && !session.is_dead() {
             let report = session.collect_files(name).await;
-            outcome.files = report.new;
+            outcome.files.extend(report.new);
             outcome.notices.extend(report.notices);
             images::inline_images(&mut outcome, &session.files);
         }

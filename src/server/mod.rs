@@ -106,6 +106,7 @@ impl Bridge {
         s.push_str("\n\n");
         s.push_str(HELPERS);
         s.push_str("\n\n## Files out\n\nFiles the code writes under `/workspace/out/` (make it first: `os.makedirs(\"/workspace/out\", exist_ok=True)`) come back after the call as resource links (new or changed ones only) that the client reads with `resources/read`; images among them are also shown. Only regular files; they last as long as the session.");
+        s.push_str(&format!("\n\n## Long output\n\nA result carries at most {} tokens of output. Past that, each part too long (stdout, stderr, the value, the traceback) comes back as its head and tail with a line saying how much was left out, and the whole part is a file: `{}/{}/<call>.<part>.txt`, readable by the next call's code (`open(...)`: grep, slice or summarize it there) and as the resource link in the result. Displayed images past the result's limits are files with links too.", self.config.output_budget, crate::sandbox::files::OUT_DIR, crate::sandbox::files::KEPT_DIR));
         if !self.config.inputs.is_empty() {
             s.push_str("\n\n## Files in\n\nThe user's files, copied into every new session (read-only on the host's side: changes stay in the sandbox, a reset brings the originals back):\n");
             for i in &self.config.inputs {

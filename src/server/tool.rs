@@ -22,8 +22,9 @@ use crate::sandbox::DEFAULT_SESSION;
 /// summary is in the capabilities resource (`HELPERS`).
 pub const TOOL_DESCRIPTION: &str = "\
 Persistent Python sandbox (pandas, numpy; no network; top-level await; display(obj) returns \
-images). MCP servers: `from mcp import runtime`; await runtime.search_tool_docs('query'); load \
-with servers, then await mcp_<name>.<tool>(...).";
+images). Long output returns a preview; the whole is a file in /workspace/out/.outputs/. MCP \
+servers: `from mcp import runtime`; await runtime.search_tool_docs('query'); load with servers, \
+then await mcp_<name>.<tool>(...).";
 
 /// What the tool description leaves out for the budget, in the capabilities resource.
 pub const HELPERS: &str = "\

@@ -8,6 +8,7 @@ mod common;
 
 mod approvals;
 mod audit;
+mod budget;
 mod catalog;
 mod cli;
 mod conformance;

@@ -22,6 +22,10 @@ struct ExecRun {
     rpcs: tokio::task::JoinSet<()>,
     /// Images dropped, and why (the last reason): one notice for all of them.
     images_dropped: (u32, String),
+    /// Images past the result's limits kept as files instead (`Session::image_as_file`), and
+    /// why (the last reason).
+    image_files: Vec<crate::sandbox::files::OutFile>,
+    image_files_why: String,
     /// Set once an interrupt was sent: why, and when the first was sent.
     interrupted: Option<(Outcome, tokio::time::Instant)>,
     interrupts_sent: u32,
@@ -33,12 +37,19 @@ impl ExecRun {
         self.images_dropped.1 = why;
     }
 
-    /// The one notice about dropped images, if any were.
+    /// The one notice about dropped images, and the one about images kept as files, if any.
     fn image_notice(&mut self) {
         let (n, why) = std::mem::take(&mut self.images_dropped);
         if n > 0 {
             self.notices.push(format!(
                 "{n} image(s) from display() were not returned: {why}"
+            ));
+        }
+        if !self.image_files.is_empty() {
+            self.notices.push(format!(
+                "{} image(s) from display() are files instead of images ({}): see their links",
+                self.image_files.len(),
+                self.image_files_why
             ));
         }
     }
@@ -91,6 +102,8 @@ impl Session {
             pending: Arc::new(AtomicU64::new(0)),
             pending_bytes: Arc::new(AtomicU64::new(0)),
             images_dropped: (0, String::new()),
+            image_files: Vec::new(),
+            image_files_why: String::new(),
             rpcs: tokio::task::JoinSet::new(),
             interrupted: None,
             interrupts_sent: 0,
@@ -206,12 +219,15 @@ impl Session {
                     continue;
                 }
             };
-            let line = HostFrame::Keep {
-                id,
-                path: &name,
-                data: text,
-            }
-            .to_line();
+            let line = {
+                use base64::Engine as _;
+                HostFrame::Keep {
+                    id,
+                    path: &name,
+                    data: base64::engine::general_purpose::STANDARD.encode(text),
+                }
+                .to_line()
+            };
             let in_sandbox = tokio::time::timeout_at(deadline, self.keep(frames, id, line))
                 .await
                 .unwrap_or_else(|_| {
@@ -317,17 +333,27 @@ impl Session {
                         run.out.push(Stream::Stdout, "\n");
                     }
                 }
-                Ok(()) if run.out.images.len() >= MAX_IMAGES => {
-                    run.drop_image(format!("at most {MAX_IMAGES} images are returned per call"))
-                }
+                Ok(()) if run.out.images.len() >= MAX_IMAGES => self.image_as_file(
+                    run,
+                    req,
+                    &mime,
+                    &data,
+                    format!("at most {MAX_IMAGES} images are returned per call"),
+                ),
                 Ok(())
                     if run.out.images.iter().map(|(_, d)| d.len()).sum::<usize>() + data.len()
                         > MAX_IMAGES_TOTAL =>
                 {
-                    run.drop_image(format!(
-                        "the images of one call may total {} MiB of base64 (split them over calls, or save smaller ones)",
-                        MAX_IMAGES_TOTAL >> 20
-                    ))
+                    self.image_as_file(
+                        run,
+                        req,
+                        &mime,
+                        &data,
+                        format!(
+                            "the images of one call may total {} MiB of base64",
+                            MAX_IMAGES_TOTAL >> 20
+                        ),
+                    )
                 }
                 Ok(()) => run.out.images.push((mime, data)),
                 Err(why) => run.drop_image(why),
@@ -434,6 +460,7 @@ impl Session {
             mut notices,
             interrupted,
             started,
+            image_files,
             ..
         } = run;
         let ExecEnd {
@@ -466,6 +493,7 @@ impl Session {
             notices.push(hint);
         }
         let mut o = out.finish(outcome, started, notices);
+        o.files = image_files;
         o.error = error;
         if o.error.is_none() && outcome == Outcome::Error && status == ExecStatus::Interrupted {
             o.error = Some(ExecError {
@@ -475,6 +503,43 @@ impl Session {
             });
         }
         o
+    }
+
+    /// A displayed image past the result's image limits (`why`): kept as a file of the session
+    /// on the host, a link in the result, when the caller keeps what does not fit (`spill`);
+    /// else dropped, with the one notice that counts them.
+    fn image_as_file(
+        &self,
+        run: &mut ExecRun,
+        req: &ExecRequest,
+        mime: &str,
+        data: &str,
+        why: String,
+    ) {
+        use base64::Engine as _;
+        let Some(spill) = &req.spill else {
+            return run.drop_image(why);
+        };
+        let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(data) else {
+            return run.drop_image("its data is not base64".into());
+        };
+        let ext = mime.strip_prefix("image/").unwrap_or("bin");
+        let n = run.image_files.len() + 1;
+        let name = format!(
+            "{}/{}.image-{n}.{ext}",
+            crate::sandbox::files::KEPT_DIR,
+            run.id
+        );
+        match self
+            .files
+            .put(&name, &bytes, &spill.session, &self.file_caps)
+        {
+            Ok(file) => {
+                run.image_files_why = why;
+                run.image_files.push(file);
+            }
+            Err(e) => run.drop_image(format!("{why}, and it could not be kept as a file: {e}")),
+        }
     }
 
     /// Refuse an rpc without waiting. The exec loop is the only reader of the sandbox's frames,

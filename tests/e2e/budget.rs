@@ -1,0 +1,261 @@
+//! Results that fit the client (`output_budget`): each byte of output once, within the budget
+//! of tokens; past it a preview, and the whole output kept as a file that reads back byte for
+//! byte by its link and from the next call's code. Through the real binary and real podman,
+//! with rmcp's client, the official Python SDK's `Client` and the official TypeScript client, in
+//! their default mode (2026-07-28) and the legacy one, over stdio and Streamable HTTP.
+
+use std::time::Duration;
+
+use rmcp::model::{ContentBlock, ReadResourceRequestParams, ResourceContents};
+use serde_json::Value;
+
+use crate::common;
+use common::served::Served;
+use common::{Bridge, Home, Outcome, server_bin};
+
+fn tokens(text: &str) -> usize {
+    tiktoken_rs::cl100k_base_singleton()
+        .encode_ordinary(text)
+        .len()
+}
+
+fn texts(o: &Outcome) -> Vec<String> {
+    o.0.content
+        .iter()
+        .filter_map(|c| match c {
+            ContentBlock::Text(t) => Some(t.text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn meta(o: &Outcome) -> Value {
+    o.0.meta.as_ref().unwrap().0["mcp-code-bridge/result"].clone()
+}
+
+async fn read_text(b: &Bridge, uri: &str) -> String {
+    let r = b
+        .client
+        .read_resource(ReadResourceRequestParams::new(uri))
+        .await
+        .expect("resources/read of a kept part");
+    match &r.contents[0] {
+        ResourceContents::TextResourceContents { text, .. } => text.clone(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A print within the budget comes back whole and once: the result is the printed text and
+/// less than 2 KiB besides.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_print_within_the_budget_travels_once() {
+    let b = Bridge::start().await;
+    let r = b.py("print('word ' * 4000, end='')").await.ok();
+    assert_eq!(r.stdout(), "word ".repeat(4000));
+    let wire = serde_json::to_string(&r.0).unwrap();
+    assert!(
+        wire.len() <= 20_000 + 2048,
+        "a 20,000-character print made a {}-byte result",
+        wire.len()
+    );
+    assert!(meta(&r).get("kept").is_none());
+    b.shutdown().await;
+}
+
+/// A 150,000-character print: the result is within 8,000 tokens (the default), shows the head
+/// and the tail with a line saying where the whole is, and the whole reads back byte for byte
+/// by `resources/read` and from the next call's code; what the code printed next is its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_print_is_a_preview_and_its_whole_is_a_file() {
+    let b = Bridge::start().await;
+    let code = "text = ''.join(f'{i:06d} ' + ('word' if i % 9 else 'end\\n') for i in range(40000))[:150000]\nprint(text, end='')";
+    let expected: String = (0..40000)
+        .map(|i| format!("{i:06d} {}", if i % 9 != 0 { "word" } else { "end\n" }))
+        .collect::<String>()[..150_000]
+        .to_string();
+    let r = b.py(code).await.ok();
+    let all = texts(&r).join("\n");
+    let n = tokens(&all);
+    assert!(n <= 8000, "{n} tokens of text in the result");
+    let stdout = r.stdout().to_string();
+    assert!(stdout.starts_with(&expected[..2000]), "{}", &stdout[..200]);
+    assert!(stdout.ends_with(&expected[expected.len() - 1000..]));
+    let m = meta(&r);
+    let kept = &m["kept"][0];
+    assert_eq!(kept["part"], "stdout");
+    assert_eq!(kept["size"], 150_000);
+    let path = kept["path"].as_str().unwrap();
+    assert!(path.starts_with("/workspace/out/.outputs/"), "{m}");
+    assert!(
+        stdout.contains(&format!(
+            "bytes left out; the whole stdout is {path} ({})",
+            kept["uri"].as_str().unwrap()
+        )),
+        "{all}"
+    );
+    // A link to it in the content, once.
+    let links: Vec<_> =
+        r.0.content
+            .iter()
+            .filter_map(|c| match c {
+                ContentBlock::ResourceLink(l) => Some(l.uri.clone()),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(links, vec![kept["uri"].as_str().unwrap().to_string()]);
+    assert_eq!(read_text(&b, kept["uri"].as_str().unwrap()).await, expected);
+    let again = b
+        .py(&format!(
+            "data = open({path:?}).read()\nprint(len(data), data[-20:] == {:?})",
+            &expected[expected.len() - 20..]
+        ))
+        .await
+        .ok();
+    assert_eq!(again.stdout(), "150000 True\n");
+    // The file is not announced again as a new file of /workspace/out.
+    assert!(!again.text().contains("[file]"), "{}", again.text());
+    b.shutdown().await;
+}
+
+/// Outputs an attacker would choose: a 50 MiB line without a newline, a million short lines,
+/// invalid UTF-8, output written by a thread after its call ended. Each gives a result within
+/// the budget, quickly, and the session stays usable.
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_outputs_give_bounded_results_and_the_session_stays() {
+    let b = Bridge::start().await;
+    b.py("x = 41").await.ok();
+    for code in [
+        "import sys\nsys.stdout.write('y' * (50 << 20))",
+        "import sys\nsys.stdout.write('a\\n' * 1_000_000)",
+        "import os\nos.write(1, b'\\xff\\xfe\\x80' * 400_000)",
+        "import sys\nsys.stderr.write('E' * 300_000)\nprint('o' * 300_000)\n'v' * 9000",
+    ] {
+        let started = std::time::Instant::now();
+        let r = b.py(code).await.ok();
+        let n = tokens(&texts(&r).join("\n"));
+        assert!(n <= 8000, "{n} tokens for {code:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{code:?} took {:?}",
+            started.elapsed()
+        );
+        assert!(!meta(&r)["kept"].as_array().unwrap().is_empty(), "{code:?}");
+    }
+    b.py("import threading, time\ndef late():\n    time.sleep(0.5)\n    print('L' * 2_000_000)\nthreading.Thread(target=late).start()")
+        .await
+        .ok();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let r = b.py("print(x + 1)").await.ok();
+    assert_eq!(r.stdout(), "42\n");
+    assert!(tokens(&r.text()) < 200, "{}", r.text());
+    b.shutdown().await;
+}
+
+/// A full `/workspace`: the preview still comes back, the whole output is still readable by its
+/// link, and the result says it could not be written where the code would read it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_workspace_keeps_the_preview_and_says_so() {
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_WORKSPACE_SIZE", "8m")], None).await;
+    let r = b
+        .py("import os\nos.makedirs('/workspace/out', exist_ok=True)\ntry:\n    open('/workspace/fill', 'wb').write(b'0' * (9 << 20))\nexcept OSError:\n    pass\nprint('z ' * 100_000)")
+        .await
+        .ok();
+    let stdout = r.stdout().to_string();
+    assert!(
+        stdout.contains("could not be written to /workspace/out/.outputs/"),
+        "{stdout:.300}"
+    );
+    let kept = &meta(&r)["kept"][0];
+    assert!(kept.get("path").is_none(), "{kept}");
+    assert_eq!(
+        read_text(&b, kept["uri"].as_str().unwrap()).await,
+        "z ".repeat(100_000) + "\n"
+    );
+    assert!(tokens(&texts(&r).join("\n")) <= 8000);
+    assert_eq!(b.py("print(1)").await.ok().stdout(), "1\n");
+    b.shutdown().await;
+}
+
+/// A smaller `output_budget` is obeyed, and the budget counts the value and the traceback too.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_budget_is_the_users_and_covers_values_and_tracebacks() {
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_OUTPUT_BUDGET", "1000")], None).await;
+    let r = b
+        .py("def f(n):\n    return f(n + 1) if n < 50 else 1 / 0\nprint('p ' * 3000)\nf(0)")
+        .await;
+    assert_eq!(r.status(), "error");
+    let n = tokens(&texts(&r).join("\n"));
+    assert!(n <= 1000, "{n} tokens");
+    let v = b.py("list(range(3000))").await.ok();
+    assert!(tokens(&texts(&v).join("\n")) <= 1000);
+    assert_eq!(meta(&v)["kept"][0]["part"], "value");
+    b.shutdown().await;
+}
+
+fn check_client_result(v: &Value, what: &str) {
+    let all: String = v["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(tokens(&all) <= 8000, "{what}: {} tokens", tokens(&all));
+    assert_eq!(v["structured"], Value::Null, "{what}: no structuredContent");
+    assert_eq!(v["read_sha"], v["printed_sha"], "{what}: resources/read");
+    assert_eq!(
+        v["file_sha"], v["printed_sha"],
+        "{what}: the file in the sandbox"
+    );
+    assert_eq!(v["links"].as_array().unwrap().len(), 1, "{what}: {v}");
+}
+
+fn run_client(cmd: &mut std::process::Command, home: &Home, what: &str) -> Value {
+    let out = cmd
+        .env_clear()
+        .envs(home.env())
+        .env("NODE_PATH", common::oidc::node_modules())
+        .current_dir(home.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        home.log()
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{what}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The official SDKs, in their default mode and the legacy one, over stdio and HTTP: the
+/// 150,000-character print is within the budget and its whole reads back byte for byte.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_official_clients_get_a_preview_and_the_whole_by_its_link() {
+    let home = Home::new();
+    let served = Served::start(Home::new(), &[], &[]);
+    for (mode, protocol) in [("auto", "2026-07-28"), ("legacy", "2025-11-25")] {
+        for target in [common::BIN.to_string(), served.url.clone()] {
+            let what = format!("Python SDK, {mode}, {target}");
+            let v = run_client(
+                std::process::Command::new(server_bin("mcp-python"))
+                    .arg(common::fixture("sdk_long_output.py"))
+                    .args([mode, &target, "150000"]),
+                &home,
+                &what,
+            );
+            assert_eq!(v["protocol"], protocol, "{what}");
+            check_client_result(&v, &what);
+            let what = format!("TypeScript client, {mode}, {target}");
+            let v = run_client(
+                std::process::Command::new(server_bin("node"))
+                    .arg(common::fixture("ts_long_output.mjs"))
+                    .args([mode, &target, "150000"]),
+                &home,
+                &what,
+            );
+            check_client_result(&v, &what);
+        }
+    }
+    drop(served);
+}
