@@ -90,6 +90,14 @@ def run_python(client, code):
     return result
 
 
+def part(result, name):
+    """The text of the content block that carries part NAME (`_meta["mcp-code-bridge/part"]`)."""
+    for c in result.get("content", []):
+        if (c.get("_meta") or {}).get("mcp-code-bridge/part") == name:
+            return c.get("text")
+    return None
+
+
 def check(client):
     info = client.request(
         "initialize",
@@ -109,7 +117,7 @@ def check(client):
 
     started = time.monotonic()
     result = run_python(client, "print(1 + 1)")
-    stdout = result.get("structuredContent", {}).get("stdout")
+    stdout = part(result, "stdout")
     if stdout != "2\n":
         raise Failed(f"print(1 + 1): expected stdout '2\\n', got {result}")
     print(f"    run_python print(1 + 1) -> 2 ({time.monotonic() - started:.1f}s)")

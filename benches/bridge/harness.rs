@@ -438,10 +438,12 @@ pub(crate) async fn http_client(
         .map_err(|e| format!("MCP initialize over HTTP failed: {e}"))
 }
 
+/// `key` (`status`, `stdout`, ...) of a `run_python` result read as one object: its metadata
+/// with its parts (`common::structured`); "" when it has none.
 pub(crate) fn sc(r: &CallToolResult, key: &str) -> String {
-    r.structured_content
-        .as_ref()
-        .and_then(|v| v.get(key))
+    let v = serde_json::to_value(r).unwrap_or(Value::Null);
+    super::common::structured(&v)
+        .get(key)
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string()

@@ -437,7 +437,7 @@ async fn client_malformed_json_rpc_on_stdin_is_survived() {
     let r = b.response(7, Duration::from_secs(10)).await;
     assert_eq!(r["result"]["tools"][0]["name"], "run_python");
     let r = b.run_python(8, json!({"code": "print('fine')"})).await;
-    assert_eq!(r["result"]["structuredContent"]["stdout"], "fine\n", "{r}");
+    assert_eq!(common::structured(&r["result"])["stdout"], "fine\n", "{r}");
     b.close_stdin();
     assert!(b.wait_exit(Duration::from_secs(30)).await.is_some());
 }
@@ -482,7 +482,7 @@ async fn client_unknown_methods_and_tools_get_clear_errors() {
     b.send_json(json!({"jsonrpc": "2.0", "method": "notifications/whatever"}))
         .await;
     let r = b.run_python(4, json!({"code": "print(4)"})).await;
-    assert_eq!(r["result"]["structuredContent"]["stdout"], "4\n", "{r}");
+    assert_eq!(common::structured(&r["result"])["stdout"], "4\n", "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -521,7 +521,7 @@ async fn client_wrong_argument_types_are_refused_with_the_expected_shape() {
     let r = b
         .run_python(31, json!({"code": "print('t')", "timeout": 1e300}))
         .await;
-    assert_eq!(r["result"]["structuredContent"]["stdout"], "t\n", "{r}");
+    assert_eq!(common::structured(&r["result"])["stdout"], "t\n", "{r}");
     // Not positive is refused, saying what it must be.
     for (id, t) in [(32, json!(-5)), (33, json!(0))] {
         let r = b
@@ -551,7 +551,7 @@ async fn client_huge_code_is_refused_with_a_message() {
         );
     }
     let r = b.run_python(3, json!({"code": "print('after')"})).await;
-    assert_eq!(r["result"]["structuredContent"]["stdout"], "after\n");
+    assert_eq!(common::structured(&r["result"])["stdout"], "after\n");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -679,11 +679,11 @@ async fn client_closing_stdin_ends_the_bridge_and_its_containers() {
     // Counts the session containers exactly: no pool (tests/e2e/pool.rs counts the pool's).
     let mut b = RawBridge::start(Home::new(), &[("MCP_BRIDGE_POOL_SIZE", "0")]).await;
     let r = b.run_python(1, json!({"code": "print(1)"})).await;
-    assert_eq!(r["result"]["structuredContent"]["stdout"], "1\n");
+    assert_eq!(common::structured(&r["result"])["stdout"], "1\n");
     let r = b
         .run_python(2, json!({"code": "print(2)", "session": "second"}))
         .await;
-    assert_eq!(r["result"]["structuredContent"]["stdout"], "2\n");
+    assert_eq!(common::structured(&r["result"])["stdout"], "2\n");
     assert_eq!(common::containers_of(b.pid).await.len(), 2);
     // A call still running when stdin closes does not keep the bridge alive.
     b.send_json(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",

@@ -375,7 +375,7 @@ async fn own_service_dies_with_the_bridge(end: End) {
     let mut b = RawBridge::start(Home::new(), &[]).await;
     let r = b.run_python(1, json!({"code": "print('up')"})).await;
     assert_eq!(
-        r["result"]["structuredContent"]["stdout"],
+        common::structured(&r["result"])["stdout"],
         json!("up\n"),
         "{r}\n{}",
         b.home.log()

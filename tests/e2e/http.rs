@@ -479,7 +479,7 @@ async fn the_official_clients_call_over_http() {
         String::from_utf8_lossy(&inspector.stderr)
     );
     let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
-    assert_eq!(v["structuredContent"]["stdout"], "42\n", "{v}");
+    assert_eq!(common::structured(&v)["stdout"], "42\n", "{v}");
 
     // A wrong token: the Python client's error names the 401.
     let py = tokio::process::Command::new(common::server_bin("mcp-python"))
@@ -771,7 +771,7 @@ async fn sigterm_lets_the_call_in_flight_finish() {
         .unwrap()
         .expect("the call in flight was answered");
     assert_eq!(
-        result.structured_content.as_ref().unwrap()["stdout"],
+        common::Outcome(result.clone()).sc()["stdout"],
         "finished\n",
         "{result:?}"
     );
@@ -881,7 +881,7 @@ fn answer(body: &str) -> Value {
 }
 
 /// Two MCP sessions (2025-11-25) of one token do not share an interpreter unless they name one:
-/// each has its own default, which every result names (`structuredContent.session`), and
+/// each has its own default, which every result names (the `session` of its `_meta`), and
 /// naming it reaches it. A 2026-07-28 request, which has no connection, gets `default`. A
 /// session's DELETE is answered 204 (the Python SDK warns about a 202 on every close).
 #[tokio::test(flavor = "multi_thread")]
@@ -924,7 +924,7 @@ async fn each_mcp_session_has_its_own_default_interpreter() {
             let refs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
             let (status, _, body) = post(&url, &refs, call(7, args)).await;
             assert_eq!(status, 200, "{body}");
-            answer(&body)["result"]["structuredContent"].clone()
+            common::structured(&answer(&body)["result"])
         }
     };
     let first = in_session(0, json!({"code": "x = 'first'"})).await;
@@ -954,7 +954,8 @@ async fn each_mcp_session_has_its_own_default_interpreter() {
     assert_eq!(status, 200, "{text}");
     let r = answer(&text);
     assert_eq!(
-        r["result"]["structuredContent"]["session"], "default",
+        common::structured(&r["result"])["session"],
+        "default",
         "{r}"
     );
 

@@ -211,17 +211,52 @@ async fn cancelling_calls_queued_behind_a_running_one_keeps_the_session() {
     assert_eq!((count("ok"), count("cancelled")), (3, 8), "{statuses:?}");
 }
 
+/// In TOON mode the one text block (part `toon`) decodes to the whole payload: the result's
+/// metadata with every part of the output.
 #[tokio::test(flavor = "multi_thread")]
 async fn toon_mode_decodes_back_to_the_structured_payload() {
     let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_OUTPUT_MODE", "toon")], None).await;
-    for code in [
-        "print('hello')\n{'a': 1}",
-        "import sys\nprint('warn', file=sys.stderr)\n1/0",
+    for (code, parts) in [
+        (
+            "print('hello')\n{'a': 1}",
+            json!({"stdout": "hello\n", "value": "{'a': 1}"}),
+        ),
+        (
+            "import sys\nprint('warn', file=sys.stderr)\n1/0",
+            json!({"stderr": "warn\n"}),
+        ),
     ] {
         let r = b.py(code).await;
-        let decoded: Value = toon_format::decode_default(&r.text())
-            .unwrap_or_else(|e| panic!("not TOON ({e}): {}", r.text()));
-        assert_eq!(&decoded, r.sc());
+        let texts = r.0.content.iter().filter(|c| c.as_text().is_some()).count();
+        assert_eq!(texts, 1, "{:?}", r.0.content);
+        let toon = r.part("toon").expect("the TOON block");
+        let decoded: Value =
+            toon_format::decode_default(toon).unwrap_or_else(|e| panic!("not TOON ({e}): {toon}"));
+        // Less its parts, the payload is the result's metadata.
+        let mut rest = decoded.clone();
+        let obj = rest.as_object_mut().unwrap();
+        let mut got = serde_json::Map::new();
+        for p in ["stdout", "stderr", "value", "notices"] {
+            if let Some(v) = obj.remove(p) {
+                got.insert(p.into(), v);
+            }
+        }
+        let traceback = obj
+            .get_mut("error")
+            .and_then(Value::as_object_mut)
+            .and_then(|e| e.remove("traceback"));
+        assert_eq!(&rest, r.meta(), "{decoded}");
+        assert_eq!(Value::Object(got), parts, "{decoded}");
+        if r.meta().get("error").is_some() {
+            let tb = traceback.expect("the traceback");
+            assert!(
+                tb.as_str()
+                    .is_some_and(|t| t.contains("ZeroDivisionError: division by zero")),
+                "{decoded}"
+            );
+        } else {
+            assert_eq!(traceback, None, "{decoded}");
+        }
     }
     b.shutdown().await;
 }
@@ -230,7 +265,8 @@ async fn toon_mode_decodes_back_to_the_structured_payload() {
 async fn the_last_expression_is_shown_like_a_notebook() {
     let b = Bridge::start().await;
     let r = b.py("import pandas as pd\ndf = pd.DataFrame({'x': [1, 2, 3, 4], 'y': [10.0, 20.0, 30.0, 40.0]})\ndf.describe()").await.ok();
-    let v = r.sc()["value"].as_str().unwrap();
+    let sc = r.sc();
+    let v = sc["value"].as_str().unwrap();
     assert!(
         v.contains("count") && v.contains("mean") && v.contains("25.0"),
         "{v}"
@@ -324,19 +360,48 @@ async fn progress_notifications_never_follow_their_response() {
     );
 }
 
-/// Every `structuredContent` the bridge sends conforms to the `outputSchema` it declares, which
-/// admits no undeclared field: checked by the official MCP Python SDK as a client (it validates
-/// successful results itself; error results go through its same validator), over real results
+/// The kind of JSON value each field of a result's metadata (`_meta["mcp-code-bridge/result"]`)
+/// is, and no other field: `error` is `{type, message?}`, `kept` a list of `{part, uri, path?,
+/// size}`. Empty fields are left out, so only `status`, `session` and `duration_ms` (not in a
+/// result that could not start) are always there.
+const META_FIELDS: [(&str, &str); 8] = [
+    ("status", "string"),
+    ("session", "string"),
+    ("error", "object"),
+    ("images", "integer"),
+    ("truncated_bytes", "integer"),
+    ("session_reset", "boolean"),
+    ("duration_ms", "integer"),
+    ("kept", "array"),
+];
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// The official MCP Python SDK reads every result the bridge sends, in the mode a host uses by
+/// default (`Client`, `auto`: 2026-07-28) and in legacy mode (`initialize`), over real results
 /// of each kind (ok with stdout, stderr and a value; a Python error; a timeout; a timeout whose
 /// code ignored the interrupt, so its sandbox was killed and the session reset; an image;
-/// truncated output; a call that could not start), every field typed and `session` in each.
-/// The listing's title, annotations and argument descriptions are what the SDK parses.
+/// truncated output; a call that could not start). The tool declares no output schema and no
+/// result has `structuredContent`: each byte of output is in `content` once, each part a text
+/// block named in its `_meta`, in order (stdout, stderr, value, error, notices, files), and the
+/// rest is in the result's `_meta`, every field of it typed and `session` in each. The
+/// listing's title, annotations and argument descriptions are what the SDK parses.
 #[test]
-fn every_result_conforms_to_the_declared_output_schema_in_the_python_sdk() {
+fn every_result_reads_in_the_python_sdk_as_named_parts_and_metadata() {
     let home = Home::new();
     let python = common::server_bin("mcp-python");
     let out = std::process::Command::new(python)
-        .arg(common::fixture("sdk_output_schema.py"))
+        .arg(common::fixture("sdk_result_shape.py"))
         .arg(env!("CARGO_BIN_EXE_mcp-code-bridge"))
         .env_clear()
         .envs(home.env())
@@ -351,78 +416,171 @@ fn every_result_conforms_to_the_declared_output_schema_in_the_python_sdk() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let case = |name: &str| -> &Value {
-        lines
-            .iter()
-            .find(|l| l["case"] == name)
-            .unwrap_or_else(|| panic!("no {name} in {stdout}"))
-    };
-    let listing = case("tools/list");
-    assert!(
-        listing["title"].as_str().is_some_and(|t| !t.is_empty()),
-        "{listing}"
-    );
-    // No annotations: the specification's defaults (not read-only, destructive, open-world,
-    // not idempotent) are what the tool is, and say it for free.
-    assert_eq!(listing["annotations"], Value::Null, "{listing}");
-    // Every result field has a JSON type (the SDK validates each real result below against
-    // them), and a timeout must be more than 0.
-    let types = listing["types"]
-        .as_object()
-        .expect("output schema properties");
-    assert_eq!(types.len(), 11, "{listing}");
-    for (field, ty) in types {
+    for mode in ["auto", "legacy"] {
+        let case = |name: &str| -> &Value {
+            lines
+                .iter()
+                .find(|l| l["mode"] == mode && l["case"] == name)
+                .unwrap_or_else(|| panic!("no {mode} {name} in {stdout}"))
+        };
+        let listing = case("tools/list");
+        if mode == "auto" {
+            assert_eq!(listing["protocol"], "2026-07-28", "{listing}");
+        }
         assert!(
-            ty.as_str().is_some_and(|t| !t.is_empty()),
-            "{field} has no type: {listing}"
+            listing["title"].as_str().is_some_and(|t| !t.is_empty()),
+            "{listing}"
         );
-    }
-    assert_eq!(
-        listing["timeout"]["exclusiveMinimum"],
-        json!(0),
-        "{listing}"
-    );
-    // `code` is what the tool runs; the others say in a few words what they do.
-    for arg in ["servers", "timeout", "session", "reset"] {
+        // No annotations: the specification's defaults (not read-only, destructive, open-world,
+        // not idempotent) are what the tool is, and say it for free.
+        assert_eq!(listing["annotations"], Value::Null, "{listing}");
+        // No output schema: it would require `structuredContent`, which would carry the output
+        // a second time.
+        assert_eq!(listing["output_schema"], Value::Null, "{listing}");
+        // A timeout must be more than 0.
+        assert_eq!(
+            listing["timeout"]["exclusiveMinimum"],
+            json!(0),
+            "{listing}"
+        );
+        // `code` is what the tool runs; the others say in a few words what they do.
+        for arg in ["servers", "timeout", "session", "reset"] {
+            assert!(
+                listing["arguments"][arg]
+                    .as_str()
+                    .is_some_and(|d| !d.is_empty()),
+                "{arg} has no description: {listing}"
+            );
+        }
+        let cases = [
+            "ok",
+            "error",
+            "timeout",
+            "killed",
+            "images",
+            "truncated",
+            "setup_error",
+        ];
+        for name in cases {
+            let c = case(name);
+            assert_eq!(c["structured"], Value::Null, "{mode} {name}: {c}");
+            // Every field of the metadata is one the bridge declares, of its type; every
+            // result names the interpreter it ran in (or was for): over stdio, one client,
+            // the default one.
+            let meta = c["meta"]
+                .as_object()
+                .unwrap_or_else(|| panic!("{mode} {name}: {c}"));
+            for (field, v) in meta {
+                let want = META_FIELDS
+                    .iter()
+                    .find(|(f, _)| f == field)
+                    .unwrap_or_else(|| panic!("{mode} {name}: undeclared field {field}: {c}"))
+                    .1;
+                assert_eq!(json_kind(v), want, "{mode} {name}: {field}: {c}");
+            }
+            assert_eq!(meta["session"], "default", "{mode} {name}: {c}");
+            assert_eq!(
+                c["is_error"],
+                json!(!matches!(name, "ok" | "images" | "truncated")),
+                "{mode} {name}: {c}"
+            );
+            // The text blocks come first, each part at most once and in order; a result with
+            // no part has one unnamed block saying so.
+            let blocks = c["content"].as_array().unwrap();
+            let order = ["stdout", "stderr", "value", "error", "notices", "files"];
+            let parts: Vec<&str> = blocks
+                .iter()
+                .filter(|b| b["type"] == "text")
+                .filter_map(|b| b["part"].as_str())
+                .collect();
+            let mut at = 0;
+            for p in &parts {
+                let i = order
+                    .iter()
+                    .position(|o| o == p)
+                    .unwrap_or_else(|| panic!("{mode} {name}: unknown part {p}: {c}"));
+                assert!(i >= at, "{mode} {name}: parts out of order: {c}");
+                at = i + 1;
+            }
+            let first_other = blocks
+                .iter()
+                .position(|b| b["type"] != "text")
+                .unwrap_or(blocks.len());
+            assert!(
+                blocks[first_other..].iter().all(|b| b["type"] != "text"),
+                "{mode} {name}: {c}"
+            );
+            if parts.is_empty() {
+                assert_eq!(first_other, 1, "{mode} {name}: {c}");
+                assert_eq!(blocks[0]["part"], Value::Null, "{mode} {name}: {c}");
+            } else {
+                assert_eq!(parts.len(), first_other, "{mode} {name}: unnamed text: {c}");
+            }
+        }
+        let parts = |name: &str| -> Vec<(String, String)> {
+            case(name)["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|b| {
+                    Some((
+                        b["part"].as_str()?.to_string(),
+                        b["text"].as_str()?.to_string(),
+                    ))
+                })
+                .collect()
+        };
+        let meta = |name: &str| case(name)["meta"].clone();
+        assert_eq!(meta("ok")["status"], "ok");
+        assert!(meta("ok")["duration_ms"].is_u64(), "{stdout}");
+        assert_eq!(
+            parts("ok"),
+            [
+                ("stdout".to_string(), "out\n".to_string()),
+                ("stderr".to_string(), "[stderr]\nerr\n".to_string()),
+                ("value".to_string(), "2".to_string()),
+            ],
+            "{stdout}"
+        );
+        assert_eq!(meta("error")["status"], "error");
+        assert_eq!(meta("error")["error"]["type"], "ZeroDivisionError");
+        let error = parts("error");
+        assert_eq!(error.len(), 1, "{stdout}");
+        assert_eq!(error[0].0, "error");
         assert!(
-            listing["arguments"][arg]
-                .as_str()
-                .is_some_and(|d| !d.is_empty()),
-            "{arg} has no description: {listing}"
+            error[0].1.starts_with("Traceback")
+                && error[0].1.ends_with("ZeroDivisionError: division by zero"),
+            "{stdout}"
         );
-    }
-    let fields = |name: &str| -> Vec<String> {
-        serde_json::from_value(case(name)["fields"].clone()).unwrap()
-    };
-    assert_eq!(case("ok")["status"], "ok");
-    for f in ["stdout", "stderr", "value", "duration_ms"] {
-        assert!(fields("ok").iter().any(|x| x == f), "{f}: {stdout}");
-    }
-    assert_eq!(case("error")["error_type"], "ZeroDivisionError");
-    assert_eq!(case("timeout")["status"], "timeout");
-    assert!(fields("timeout").iter().any(|x| x == "notices"), "{stdout}");
-    assert!(
-        fields("killed").iter().any(|x| x == "session_reset"),
-        "{stdout}"
-    );
-    assert!(fields("images").iter().any(|x| x == "images"), "{stdout}");
-    assert!(
-        fields("truncated").iter().any(|x| x == "truncated_bytes"),
-        "{stdout}"
-    );
-    assert_eq!(case("setup_error")["status"], "unavailable");
-    assert_eq!(case("setup_error")["error_type"], "UnknownServer");
-    // Every result names the interpreter it ran in (or was for): over stdio, one client, the
-    // default one.
-    for name in [
-        "ok",
-        "error",
-        "timeout",
-        "killed",
-        "images",
-        "truncated",
-        "setup_error",
-    ] {
-        assert_eq!(case(name)["session"], "default", "{name}: {stdout}");
+        assert_eq!(meta("timeout")["status"], "timeout");
+        assert!(
+            parts("timeout")
+                .iter()
+                .any(|(p, t)| p == "notices" && t.starts_with("[bridge] ")),
+            "{stdout}"
+        );
+        assert_eq!(meta("killed")["session_reset"], true, "{stdout}");
+        assert_eq!(meta("images")["images"], 1, "{stdout}");
+        let images = case("images")["content"].as_array().unwrap();
+        assert_eq!(images[0]["text"], "(1 image)", "{stdout}");
+        assert_eq!(images[1]["type"], "image", "{stdout}");
+        assert!(
+            meta("truncated")["truncated_bytes"].as_u64().unwrap_or(0) > 0,
+            "{stdout}"
+        );
+        assert_eq!(parts("truncated")[0].0, "stdout", "{stdout}");
+        assert_eq!(meta("setup_error")["status"], "unavailable");
+        assert_eq!(meta("setup_error")["error"]["type"], "UnknownServer");
+        let setup = parts("setup_error");
+        assert_eq!(setup.len(), 1, "{stdout}");
+        assert_eq!(setup[0].0, "error");
+        assert_eq!(
+            setup[0].1,
+            format!(
+                "[bridge] {}",
+                meta("setup_error")["error"]["message"].as_str().unwrap()
+            ),
+            "{stdout}"
+        );
     }
 }

@@ -61,7 +61,8 @@ async fn exceptions_show_the_users_traceback_only() {
     assert_eq!(r.status(), "error");
     assert!(r.is_error());
     assert_eq!(r.error_type(), "ZeroDivisionError");
-    let tb = r.sc()["error"]["traceback"].as_str().unwrap();
+    let sc = r.sc();
+    let tb = sc["error"]["traceback"].as_str().unwrap();
     assert!(tb.contains("line 4") && tb.contains("line 2"), "{tb}");
     assert!(
         !tb.contains("runtime") && !tb.contains("__mcp_bridge"),

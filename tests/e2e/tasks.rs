@@ -87,14 +87,15 @@ async fn a_call_runs_as_a_task_polled_to_its_result() {
     assert!(!task.status.is_terminal(), "{task:?}");
     let done = settle(&client, &task.task_id, Duration::from_secs(240)).await;
     let r = result_of(&done);
-    let sc = r.structured_content.expect("structuredContent");
+    let sc = common::Outcome(r).sc();
     assert_eq!(sc["status"], "ok", "{sc}");
     assert_eq!(sc["stdout"], "done 42\n", "{sc}");
     // The session is the same one a plain call would use.
     let task = start(&client, json!({"code": "print(x)"})).await;
-    let sc = result_of(&settle(&client, &task.task_id, Duration::from_secs(60)).await)
-        .structured_content
-        .unwrap();
+    let sc = common::Outcome(result_of(
+        &settle(&client, &task.task_id, Duration::from_secs(60)).await,
+    ))
+    .sc();
     assert_eq!(sc["stdout"], "41\n", "{sc}");
     client.cancel().await.unwrap();
 }
@@ -126,9 +127,10 @@ async fn tasks_cancel_interrupts_the_code_and_keeps_the_session() {
         asked.elapsed()
     );
     let t = start(&client, json!({"code": "print(kept)"})).await;
-    let sc = result_of(&settle(&client, &t.task_id, Duration::from_secs(60)).await)
-        .structured_content
-        .unwrap();
+    let sc = common::Outcome(result_of(
+        &settle(&client, &t.task_id, Duration::from_secs(60)).await,
+    ))
+    .sc();
     assert_eq!(sc["stdout"], "yes\n", "the session was kept: {sc}");
     client.cancel().await.unwrap();
 }
@@ -147,7 +149,7 @@ async fn a_declaration_at_initialize_alone_gets_the_result() {
     );
     match client.call_tool_once(params).await.expect("tools/call") {
         CallToolResponse::Complete(r) => {
-            assert_eq!(r.structured_content.unwrap()["stdout"], "42\n");
+            assert_eq!(common::Outcome(r).sc()["stdout"], "42\n");
         }
         other => panic!("expected the result itself, got {other:?}"),
     }

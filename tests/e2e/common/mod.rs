@@ -270,24 +270,120 @@ pub async fn wait_until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() 
     }
 }
 
-/// A `run_python` result with accessors for its structured content.
+/// The `_meta` key of a `run_python` result's metadata (status, session, error, counts, ...).
+pub const RESULT_META: &str = "mcp-code-bridge/result";
+/// The `_meta` key naming the part a text block of a `run_python` result carries.
+pub const PART_META: &str = "mcp-code-bridge/part";
+
+/// The part a content block (JSON) carries, from its `_meta`.
+fn part_of(block: &Value) -> Option<&str> {
+    block.get("_meta")?.get(PART_META)?.as_str()
+}
+
+/// A `run_python` result (JSON, the `result` of a `tools/call` reply) as one object: its
+/// metadata (`_meta["mcp-code-bridge/result"]`) with the text parts of its content added,
+/// `stdout`, `stderr` (without its `[stderr]` line), `value`, `notices` (a list, without the
+/// `[bridge] ` of each) and `error.traceback` (when the error block is more than "Kind: message").
+/// A field or part that is not there has no key (a result without metadata, or no result at
+/// all, gives an object of its parts alone: what is read from it is then null).
+pub fn structured(result: &Value) -> Value {
+    let mut sc = match result.get("_meta").and_then(|m| m.get(RESULT_META)) {
+        Some(Value::Object(m)) => m.clone(),
+        _ => serde_json::Map::new(),
+    };
+    let blocks = result["content"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    for block in blocks {
+        let (Some(part), Some(text)) = (part_of(block), block["text"].as_str()) else {
+            continue;
+        };
+        match part {
+            "stdout" | "value" => {
+                sc.insert(part.into(), text.into());
+            }
+            "stderr" => {
+                let t = text.strip_prefix("[stderr]\n").unwrap_or(text);
+                sc.insert(part.into(), t.into());
+            }
+            "notices" => {
+                let mut notices: Vec<String> = Vec::new();
+                for line in text.split('\n') {
+                    match (line.strip_prefix("[bridge] "), notices.last_mut()) {
+                        (Some(n), _) => notices.push(n.to_string()),
+                        (None, Some(last)) => {
+                            last.push('\n');
+                            last.push_str(line);
+                        }
+                        (None, None) => notices.push(line.to_string()),
+                    }
+                }
+                sc.insert(part.into(), json!(notices));
+            }
+            "error" => {
+                let Some(Value::Object(e)) = sc.get_mut("error") else {
+                    continue;
+                };
+                let kind = e.get("type").and_then(Value::as_str).unwrap_or("");
+                let message = e.get("message").and_then(Value::as_str).unwrap_or("");
+                let plain = [
+                    format!("{kind}: {message}"),
+                    kind.to_string(),
+                    format!("[bridge] {message}"),
+                ];
+                if !plain.iter().any(|p| p == text) {
+                    e.insert("traceback".into(), text.into());
+                }
+            }
+            _ => {}
+        }
+    }
+    Value::Object(sc)
+}
+
+/// A `run_python` result with accessors for its metadata and its parts.
 pub struct Outcome(pub CallToolResult);
 
 impl Outcome {
-    pub fn sc(&self) -> &Value {
+    /// The result's metadata (`_meta["mcp-code-bridge/result"]`). Panics when it has none.
+    pub fn meta(&self) -> &Value {
         self.0
-            .structured_content
+            .meta
             .as_ref()
-            .expect("structuredContent present")
+            .and_then(|m| m.0.get(RESULT_META))
+            .unwrap_or_else(|| panic!("no _meta[{RESULT_META:?}] in the result: {:?}", self.0))
+    }
+    /// The text of the block carrying `part`, exactly as sent.
+    pub fn part(&self, part: &str) -> Option<&str> {
+        self.0
+            .content
+            .iter()
+            .filter_map(|c| c.as_text())
+            .find(|t| {
+                t.meta
+                    .as_ref()
+                    .and_then(|m| m.0.get(PART_META))
+                    .and_then(Value::as_str)
+                    == Some(part)
+            })
+            .map(|t| t.text.as_str())
+    }
+    /// The result as one object: see [`structured`]. Panics when the result has no metadata.
+    pub fn sc(&self) -> Value {
+        self.meta();
+        structured(&serde_json::to_value(&self.0).expect("a result serializes"))
     }
     pub fn status(&self) -> &str {
-        self.sc()["status"].as_str().unwrap_or("")
+        self.meta()["status"].as_str().unwrap_or("")
     }
     pub fn stdout(&self) -> &str {
-        self.sc()["stdout"].as_str().unwrap_or("")
+        self.part("stdout").unwrap_or("")
     }
     pub fn stderr(&self) -> &str {
-        self.sc()["stderr"].as_str().unwrap_or("")
+        self.part("stderr")
+            .map(|t| t.strip_prefix("[stderr]\n").unwrap_or(t))
+            .unwrap_or("")
     }
     pub fn text(&self) -> String {
         self.0
@@ -298,7 +394,7 @@ impl Outcome {
             .join("\n")
     }
     pub fn error_type(&self) -> &str {
-        self.sc()["error"]["type"].as_str().unwrap_or("")
+        self.meta()["error"]["type"].as_str().unwrap_or("")
     }
     pub fn is_error(&self) -> bool {
         self.0.is_error == Some(true)
