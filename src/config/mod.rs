@@ -92,6 +92,7 @@ pub struct Config {
     pub output_cap: Size,
     /// cl100k tokens one result may put into the model's context; past them it carries a
     /// preview and the whole output is kept as a file (`server::budget`).
+    #[serde(deserialize_with = "flexible_u32")]
     pub output_budget: u32,
     pub log_level: LogLevel,
     #[serde(deserialize_with = "flexible_bool")]
