@@ -228,6 +228,7 @@ impl Session {
                 }
                 .to_line()
             };
+            let t = Instant::now();
             let in_sandbox = tokio::time::timeout_at(deadline, self.keep(frames, id, line))
                 .await
                 .unwrap_or_else(|_| {
@@ -236,6 +237,7 @@ impl Session {
                         KEEP_TIMEOUT.as_secs()
                     ))
                 });
+            tracing::debug!(session = %self.name, exec = id, part = part.name(), bytes = file.size, ms = t.elapsed().as_millis() as u64, "a part kept whole");
             o.kept.push(super::super::output::Kept {
                 part,
                 file,
@@ -263,9 +265,12 @@ impl Session {
                 } if fid == id => {
                     let mut stamp = self.out_stamp.lock().unwrap();
                     let out = out.filter(|s| s.len() <= OUT_STAMP_MAX);
-                    // Nothing else changed since the last copy: the host already has what was
-                    // written (`OutStore::put`), so the new digest needs no copy either.
-                    if stamp.latest.is_some() && stamp.latest == stamp.copied {
+                    // Nothing else changed since the last copy, or the directory was empty:
+                    // the host already has what was written (`OutStore::put`), so the new
+                    // digest needs no copy either.
+                    if stamp.latest.as_deref() == Some(OUT_EMPTY)
+                        || (stamp.latest.is_some() && stamp.latest == stamp.copied)
+                    {
                         stamp.copied = out.clone();
                     }
                     stamp.latest = out;
