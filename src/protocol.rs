@@ -224,7 +224,11 @@ pub enum HostFrame<'a> {
     /// Send `/workspace/out` as a tar in `tar` frames (under gVisor, where the engine cannot
     /// read the container's tmpfs): at most `limit` bytes of tar, for at most `timeout` seconds.
     /// Sent after exec `id`'s result, before the next exec.
-    Files { id: u64, limit: u64, timeout: u64 },
+    Files {
+        id: u64,
+        limit: u64,
+        timeout: u64,
+    },
 }
 
 impl HostFrame<'_> {

@@ -708,7 +708,10 @@ pub fn tar_feed(
         max_frames: max_tar_frames(&caps),
         notices: Vec::new(),
     };
-    (feed, async move { judge(stream, store, &session, caps).await })
+    (
+        feed,
+        async move { judge(stream, store, &session, caps).await },
+    )
 }
 
 impl TarFeed {
@@ -741,7 +744,9 @@ impl TarFeed {
             Ok(r) => r,
             Err(e) => {
                 let _ = sink
-                    .send(Err(io::Error::other(format!("a piece was not base64: {e}"))))
+                    .send(Err(io::Error::other(format!(
+                        "a piece was not base64: {e}"
+                    ))))
                     .await;
                 self.tx = None;
                 return true;
@@ -1066,7 +1071,9 @@ mod tests {
             .collect();
         let r = feed_all(&s, small, many);
         assert!(
-            r.notices.join("\n").contains("pieces; the rest was not read"),
+            r.notices
+                .join("\n")
+                .contains("pieces; the rest was not read"),
             "{:?}",
             r.notices
         );
