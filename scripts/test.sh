@@ -76,11 +76,12 @@ step "the rootless tests, alone"
 cargo test --release --locked --no-fail-fast --test e2e -- --test-threads=2 rootless < /dev/null
 
 # Suites a second time with every sandbox under gVisor (isolation = "gvisor", the runtime runsc
-# that setup registered): the network's walls, the attacks on the channel, and the proxied calls
-# and the policy, whose every call crosses it. The other suites about the sandbox's walls do not pass under
+# that setup registered): the network's walls, the attacks on the channel, the proxied calls
+# and the policy, whose every call crosses it, and the files out, which under gVisor come back
+# through the channel. The other suites about the sandbox's walls do not pass under
 # gVisor yet, for the reasons SECURITY.md lists (Kernel isolation); isolation:: (above) asks for
 # gVisor itself.
-gvisor_suites=(security::network security::protocol policy:: proxy::)
+gvisor_suites=(security::network security::protocol policy:: proxy:: files::)
 step "under gVisor: ${gvisor_suites[*]} (MCP_BRIDGE_TEST_ISOLATION=gvisor)"
 MCP_BRIDGE_TEST_ISOLATION=gvisor cargo test --release --locked --no-fail-fast --test e2e -- \
     --test-threads=2 "${gvisor_suites[@]}" < /dev/null

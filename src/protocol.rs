@@ -221,6 +221,14 @@ pub enum HostFrame<'a> {
         path: &'a str,
         data: String,
     },
+    /// Send `/workspace/out` as a tar in `tar` frames (under gVisor, where the engine cannot
+    /// read the container's tmpfs): at most `limit` bytes of tar, for at most `timeout` seconds.
+    /// Sent after exec `id`'s result, before the next exec.
+    Files {
+        id: u64,
+        limit: u64,
+        timeout: u64,
+    },
 }
 
 impl HostFrame<'_> {
@@ -308,6 +316,18 @@ pub enum SandboxFrame {
         error: Option<String>,
         #[serde(default)]
         out: Option<String>,
+    },
+    /// One piece of the tar of `/workspace/out` that a `files` frame asked for: `data` is the
+    /// next bytes (base64), `end` marks the last frame, `error` why the runtime stopped early.
+    /// The host judges the tar exactly as the engine's archive (`sandbox::files::extract`).
+    Tar {
+        id: u64,
+        #[serde(default)]
+        data: Option<String>,
+        #[serde(default)]
+        end: bool,
+        #[serde(default)]
+        error: Option<String>,
     },
     /// The runtime's own diagnostics (a frame it ignored, an interrupt it had to signal again).
     /// The sandbox can send any number of these: the host logs them at debug level only,

@@ -1,7 +1,8 @@
 """The host's OUT_DIR as the runtime sees it: the digest each result frame carries (the host
-copies the directory out only when it changed), and the parts of an exec's output that were too
+copies the directory out only when it changed), the parts of an exec's output that were too
 long for its result, which the host sends back in `keep` frames to be written under
-`OUT_DIR/KEPT_DIR/` for the next call's code to read.
+`OUT_DIR/KEPT_DIR/` for the next call's code to read, and, under gVisor (whose tmpfs the engine
+cannot read), the directory itself as a tar in `tar` frames when a `files` frame asks for it.
 """
 
 import base64
@@ -9,6 +10,7 @@ import binascii
 import hashlib
 import os
 import stat
+import time
 
 from . import channel, constants
 
@@ -62,6 +64,147 @@ def keep(msg):
 
 
 channel.handlers["keep"] = keep
+
+TAR_PIECE = 1024 * 1024  # bytes of tar per `tar` frame: 1.4 MB of base64, far below MAX_FRAME_BYTES
+
+
+class _Stop(Exception):
+    pass
+
+
+class _TarFrames:
+    """A write-only file for tarfile: the tar's bytes go out as `tar` frames of exec `eid`, in
+    pieces of TAR_PIECE, at most `limit` bytes and until `deadline`. Past either, `stopped` says
+    why, the write raises _Stop, and every later write is dropped (tarfile's close writes)."""
+
+    def __init__(self, eid, limit, deadline):
+        self.eid, self.limit, self.deadline = eid, limit, deadline
+        self.pos = 0
+        self.buf = bytearray()
+        self.stopped = None
+
+    def write(self, data):
+        n = len(data)
+        if self.stopped is not None:
+            return n
+        room = self.limit - self.pos
+        self.buf += memoryview(data)[:room]
+        self.pos += min(n, room)
+        while len(self.buf) >= TAR_PIECE:
+            self.send(self.buf[:TAR_PIECE])
+            del self.buf[:TAR_PIECE]
+        if n > room:
+            self.stopped = "full"  # the host's read limit: it says so itself
+            raise _Stop()
+        if time.monotonic() > self.deadline:
+            self.stopped = "it took too long"
+            raise _Stop()
+        return n
+
+    def tell(self):
+        return self.pos
+
+    def flush(self):
+        pass
+
+    def send(self, piece):
+        channel.send({"type": "tar", "id": self.eid, "data": base64.b64encode(piece).decode("ascii")})
+
+    def finish(self, error=None):
+        if self.buf:
+            self.send(self.buf)
+            self.buf = bytearray()
+        end = {"type": "tar", "id": self.eid, "end": True}
+        if error is not None:
+            end["error"] = str(error)[:constants.MESSAGE_CAP]
+        channel.send(end)
+
+
+def _add_regular(tar, info, path, ino):
+    """A regular file's entry: opened without following a link or waiting (a fifo put in its
+    place), checked to be the file that was listed, and its bytes at the size it has now."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return False  # gone or replaced since it was listed: not copied
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_ino != ino:
+            return False
+        info.size = st.st_size
+        try:
+            tar.addfile(info, f)
+        except _Stop:
+            raise
+        except OSError as e:
+            # Shorter than it was a moment ago: the tar is cut inside the entry, and the host
+            # names it a file that changed while being copied.
+            raise _Stop("%r changed while being copied (%s)" % (path, e))
+    return True
+
+
+def send_files(msg):
+    """Answer a `files` frame: OUT_DIR as a tar (the engine's names, `out/...`; directories,
+    regular files, links and other entries as they are, never followed) in `tar` frames, the
+    last with `end`. At most `limit` bytes of tar, `timeout` seconds and the host's entry bound
+    plus one (so the host sees there were more). The host judges every entry itself."""
+    import tarfile
+
+    eid, limit, timeout = msg.get("id"), msg.get("limit"), msg.get("timeout")
+    if not channel.is_int(eid) or not channel.is_int(limit) or not channel.is_int(timeout):
+        channel.log("ignored a files frame without integer id, limit and timeout")
+        return
+    out = _TarFrames(eid, max(0, limit), time.monotonic() + max(0, timeout))
+    error = None
+    tar = tarfile.open(fileobj=out, mode="w|", format=tarfile.GNU_FORMAT, encoding="utf-8",
+                       errors="surrogateescape")
+    try:
+        entries = 0
+        stack = [(constants.OUT_DIR, "out")]
+        while stack:
+            path, arc = stack.pop()
+            entries += 1
+            if entries > constants.OUT_ENTRIES + 1:
+                break
+            try:
+                ino = os.lstat(path).st_ino
+                info = tar.gettarinfo(path, arc)
+            except OSError:
+                continue  # gone since it was listed
+            if info is None:
+                continue  # a socket: nothing tar can hold
+            if info.isreg():
+                _add_regular(tar, info, path, ino)
+                continue
+            tar.addfile(info)
+            if info.isdir():
+                try:
+                    with os.scandir(path) as it:
+                        names = sorted(e.name for e in it)
+                except OSError:
+                    continue
+                stack.extend((os.path.join(path, n), arc + "/" + n) for n in reversed(names))
+            if time.monotonic() > out.deadline:
+                out.stopped = "it took too long"
+                raise _Stop()
+    except _Stop as e:
+        if e.args:
+            error = e.args[0]
+        elif out.stopped != "full":
+            error = "%s took more than %ds" % (constants.OUT_DIR, timeout)
+    except Exception as e:
+        error = "%s: %s" % (type(e).__name__, e)
+    if out.stopped is None and error is not None:
+        out.stopped = "error"  # the tar is cut where it stopped: not closed as if whole
+    try:
+        tar.close()
+    except Exception:
+        pass
+    out.finish(error)
+
+
+channel.handlers["files"] = send_files
 
 
 def out_stamp(root=None):

@@ -1317,6 +1317,56 @@ def test_keep_frames_write_a_part_under_the_kept_dir_and_nothing_else(fresh, tmp
     assert fresh.healthy()
 
 
+def test_files_frame_answers_with_the_out_dir_as_a_tar_in_pieces(fresh, tmp_path):
+    # Under gVisor the host asks for OUT_DIR through the channel: the runtime answers with a tar
+    # of it (the engine's names, out/...; links and fifos as entries, never followed or opened),
+    # base64 in `tar` frames, each far below MAX_FRAME_BYTES, the last with `end`. Bounded by the
+    # host's limit in bytes (it stops there) and its entry bound plus one.
+    import io
+    import tarfile
+
+    root = "/workspace/files" if TEST_IMAGE else str(tmp_path / "files")
+    fresh.ok(rt_module("constants") + "rt.OUT_DIR = %r\nimport os\nos.makedirs(rt.OUT_DIR + '/sub')\n"
+             "open(rt.OUT_DIR + '/a.csv', 'w').write('x,y\\n')\n"
+             "open(rt.OUT_DIR + '/sub/big.bin', 'wb').write(os.urandom(3 << 20))\n"
+             "os.symlink('/etc/passwd', rt.OUT_DIR + '/passwd')\n"
+             "os.mkfifo(rt.OUT_DIR + '/pipe')\n"
+             "fd = os.open(rt.OUT_DIR.encode() + b'/\\xff.txt', os.O_CREAT | os.O_WRONLY); os.close(fd)" % root)
+    eid = fresh.ok("1").result["id"]
+
+    def files(limit=1 << 30, timeout=25):
+        fresh.send({"type": "files", "id": eid, "limit": limit, "timeout": timeout})
+        data, frames = b"", []
+        while True:
+            frame = fresh.next_frame()
+            if frame["type"] == "log":
+                continue
+            assert frame["type"] == "tar" and frame["id"] == eid, frame
+            frames.append(frame)
+            if frame.get("end"):
+                return data, frames
+            data += base64.b64decode(frame["data"])
+
+    data, frames = files()
+    assert all(len(json.dumps(f)) < MAX_FRAME_BYTES // 8 for f in frames)
+    assert len(frames) >= 4 and "error" not in frames[-1], frames[-1]
+    with tarfile.open(fileobj=io.BytesIO(data), encoding="utf-8", errors="surrogateescape") as t:
+        members = {m.name: m for m in t.getmembers()}
+        assert members["out/a.csv"].isreg() and t.extractfile("out/a.csv").read() == b"x,y\n"
+        assert members["out/sub/big.bin"].size == 3 << 20
+        assert members["out/passwd"].issym() and members["out/pipe"].isfifo()
+        assert "out/\udcff.txt" in members and members["out"].isdir()
+    # At most `limit` bytes: the runtime stops there, and says nothing (the host does).
+    data, frames = files(limit=100_000)
+    assert len(data) == 100_000 and "error" not in frames[-1]
+    # A missing directory is an empty answer.
+    fresh.ok(rt_module("constants") + "rt.OUT_DIR = %r" % (root + "/none"))
+    data, frames = files()
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        assert t.getmembers() == []
+    assert fresh.healthy()
+
+
 def test_result_carries_a_digest_of_workspace_out_that_changes_with_it(fresh, tmp_path):
     # The host copies /workspace/out only when this digest changed: it must change with every
     # write the code can make there, and say "empty" for nothing, None when it cannot tell.

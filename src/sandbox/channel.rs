@@ -190,7 +190,8 @@ impl Reader {
             SandboxFrame::Output { id, .. }
             | SandboxFrame::Display { id, .. }
             | SandboxFrame::Result { id, .. }
-            | SandboxFrame::Kept { id, .. } => *id == current && current != 0,
+            | SandboxFrame::Kept { id, .. }
+            | SandboxFrame::Tar { id, .. } => *id == current && current != 0,
             // RPCs of a finished exec are answered with a refusal by the exec loop while one
             // runs (so a waiting thread learns why); between execs nobody is there to answer.
             SandboxFrame::Rpc { .. } => current != 0,

@@ -610,10 +610,28 @@ pub async fn collect(
         })
         .map(|r| r.map_err(io::Error::other))
         .boxed();
-    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(rest));
+    let mut report = judge(rest, store, session, caps).await;
+    if timed_out.load(std::sync::atomic::Ordering::SeqCst) {
+        report.notices.push(format!(
+            "the copy of {OUT_DIR} took more than {}s and was stopped",
+            COPY_TIMEOUT.as_secs()
+        ));
+    }
+    report
+}
+
+/// Judge a tar of `/workspace/out` as it streams in (the engine's archive, or the runtime's
+/// `tar` frames under gVisor: [`TarFeed`]): at most [`Caps::read_limit`] bytes,
+/// entry by entry with [`extract`] on a blocking thread.
+pub async fn judge<S, B>(stream: S, store: Arc<OutStore>, session: &str, caps: Caps) -> Report
+where
+    S: futures::Stream<Item = io::Result<B>> + Send + Unpin + 'static,
+    B: tokio_util::bytes::Buf + Send + 'static,
+{
+    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
     let limit = caps.read_limit();
     let session = session.to_string();
-    let mut report = match tokio::task::spawn_blocking(move || {
+    match tokio::task::spawn_blocking(move || {
         let mut limited = reader.take(limit);
         let mut report = extract(&mut limited, &store, &session, &caps);
         if limited.limit() == 0 {
@@ -631,14 +649,131 @@ pub async fn collect(
             new: Vec::new(),
             notices: vec![format!("{OUT_DIR} could not be copied out: {e}")],
         },
-    };
-    if timed_out.load(std::sync::atomic::Ordering::SeqCst) {
-        report.notices.push(format!(
-            "the copy of {OUT_DIR} took more than {}s and was stopped",
-            COPY_TIMEOUT.as_secs()
-        ));
     }
-    report
+}
+
+/// What the host asks the runtime for when it copies `/workspace/out` through the channel: at
+/// most this many bytes of tar (the read limit, so an honest runtime stops where the host
+/// would), for at most this many seconds (less than [`COPY_TIMEOUT`], so that its last frame
+/// arrives before the host gives up).
+pub fn frames_request(caps: &Caps) -> (u64, u64) {
+    (caps.read_limit(), COPY_TIMEOUT.as_secs() - 5)
+}
+
+/// `tar` frames read at most in one copy: one per 64 KiB of the read limit and 1024 more (the
+/// runtime sends pieces of 1 MiB), so a runtime sending tiny frames cannot keep the host busy
+/// beyond its bytes.
+pub fn max_tar_frames(caps: &Caps) -> u64 {
+    caps.read_limit() / (64 << 10) + 1024
+}
+
+/// One `tar` frame of a copy through the runtime's channel, as [`TarFeed::feed`] takes it.
+pub enum TarPiece {
+    Data(String),
+    /// The runtime's last frame, and why it stopped early, if it says.
+    End(Option<String>),
+}
+
+/// A copy of `/workspace/out` from the runtime's `tar` frames (under gVisor): the caller reads
+/// the frames off the session's channel within [`COPY_TIMEOUT`] and feeds them here, while the
+/// future [`tar_feed`] returns judges the tar. The runtime writes the tar's framing too, so
+/// nothing is trusted beyond what the engine's archive was: the same [`judge`] and [`extract`],
+/// the same read limit, and at most [`max_tar_frames`] frames. Bad base64 ends the tar there
+/// (what followed is not copied); a lying runtime so only withholds or garbles its own files.
+pub struct TarFeed {
+    tx: Option<tokio::sync::mpsc::Sender<io::Result<io::Cursor<Vec<u8>>>>>,
+    bytes: u64,
+    frames: u64,
+    limit: u64,
+    max_frames: u64,
+    notices: Vec<String>,
+}
+
+/// A [`TarFeed`] and the judging of what it is fed, which ends when the feed is finished.
+pub fn tar_feed(
+    store: Arc<OutStore>,
+    session: String,
+    caps: Caps,
+) -> (TarFeed, impl Future<Output = Report> + Send + 'static) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<io::Cursor<Vec<u8>>>>(4);
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+    .boxed();
+    let feed = TarFeed {
+        tx: Some(tx),
+        bytes: 0,
+        frames: 0,
+        limit: caps.read_limit(),
+        max_frames: max_tar_frames(&caps),
+        notices: Vec::new(),
+    };
+    (
+        feed,
+        async move { judge(stream, store, &session, caps).await },
+    )
+}
+
+impl TarFeed {
+    /// Take one frame; false when the copy is over (its end, or a bound).
+    pub async fn feed(&mut self, piece: TarPiece) -> bool {
+        use base64::Engine as _;
+        self.frames += 1;
+        let data = match piece {
+            TarPiece::End(None) => return false,
+            TarPiece::End(Some(why)) => {
+                let cut = crate::text::floor_char_boundary(&why, 300);
+                self.notices.push(format!(
+                    "the sandbox stopped sending {OUT_DIR} early: {:?}",
+                    &why[..cut]
+                ));
+                return false;
+            }
+            TarPiece::Data(d) => d,
+        };
+        if self.frames > self.max_frames {
+            self.notices.push(format!(
+                "the sandbox sent {OUT_DIR} in more than {} pieces; the rest was not read",
+                self.max_frames
+            ));
+            return false;
+        }
+        // Judged to its end already: the rest is read and dropped, up to the runtime's end.
+        let Some(sink) = &self.tx else { return true };
+        let mut raw = match base64::engine::general_purpose::STANDARD.decode(data) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = sink
+                    .send(Err(io::Error::other(format!(
+                        "a piece was not base64: {e}"
+                    ))))
+                    .await;
+                self.tx = None;
+                return true;
+            }
+        };
+        let room = self.limit - self.bytes;
+        let full = raw.len() as u64 >= room;
+        raw.truncate(room as usize);
+        self.bytes += raw.len() as u64;
+        if sink.send(Ok(io::Cursor::new(raw))).await.is_err() {
+            self.tx = None;
+        }
+        // At the read limit: the runtime stops there too.
+        !full
+    }
+
+    /// The copy ended without the runtime's last frame: `why` (the time is up, the sandbox is
+    /// gone).
+    pub fn stop(&mut self, why: String) {
+        self.notices.push(why);
+    }
+
+    /// End the tar (what was not fed is not read) and hand back the feed's notices.
+    pub fn finish(mut self) -> Vec<String> {
+        self.tx = None;
+        std::mem::take(&mut self.notices)
+    }
 }
 
 #[cfg(test)]
@@ -835,6 +970,114 @@ mod tests {
             r.notices
         );
         assert_eq!(host_files(&s), ["1"]);
+    }
+
+    fn b64(b: &[u8]) -> TarPiece {
+        use base64::Engine as _;
+        TarPiece::Data(base64::engine::general_purpose::STANDARD.encode(b))
+    }
+
+    /// Feed `pieces` as the runtime's `tar` frames; the report, with the feed's notices.
+    fn feed_all(s: &Arc<OutStore>, caps: Caps, pieces: Vec<TarPiece>) -> Report {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let (mut feed, judged) = tar_feed(Arc::clone(s), "s".into(), caps);
+                let reading = async {
+                    for p in pieces {
+                        if !feed.feed(p).await {
+                            break;
+                        }
+                    }
+                    feed.finish()
+                };
+                let (mut r, n) = futures::join!(judged, reading);
+                r.notices.extend(n);
+                r
+            })
+    }
+
+    #[test]
+    fn a_tar_through_the_channel_is_judged_as_the_engines_archive() {
+        let t = archive(&[
+            (b"out/", tar::EntryType::Directory, b""),
+            (b"out/a.csv", tar::EntryType::Regular, b"x,y\n1,2\n"),
+            (b"out/passwd", tar::EntryType::Symlink, b""),
+            (b"out/../evil", tar::EntryType::Regular, b"evil"),
+        ]);
+        let (_d, s) = store();
+        let s = Arc::new(s);
+        // In pieces of any size, the last one the end.
+        let mut pieces: Vec<TarPiece> = t.chunks(700).map(b64).collect();
+        pieces.push(TarPiece::End(None));
+        let r = feed_all(&s, caps(), pieces);
+        let names: Vec<_> = r.new.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["a.csv"]);
+        let all = r.notices.join("\n");
+        assert!(all.contains("skipped 1 symbolic links"), "{all}");
+        assert!(all.contains("skipped 1 unsafe names"), "{all}");
+        assert_eq!(s.read("a.csv").unwrap().unwrap().1, b"x,y\n1,2\n");
+    }
+
+    #[test]
+    fn a_lying_runtime_only_garbles_its_own_files() {
+        let t = archive(&[
+            (b"out/ok", tar::EntryType::Regular, b"fine"),
+            (b"out/later", tar::EntryType::Regular, b"never"),
+        ]);
+        // Bad base64 after the first entry: what came before is kept, nothing after.
+        let (_d, s) = store();
+        let s = Arc::new(s);
+        let r = feed_all(
+            &s,
+            caps(),
+            vec![
+                b64(&t[..1024]),
+                TarPiece::Data("not base64!".into()),
+                b64(&t[1024..]),
+                TarPiece::End(Some("it says \u{1b}[2J why".into())),
+            ],
+        );
+        let names: Vec<_> = r.new.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["ok"]);
+        let all = r.notices.join("\n");
+        assert!(all.contains("stopped early"), "{all}");
+        // Its words are quoted, escapes and all.
+        assert!(all.contains("\\u{1b}[2J why"), "{all}");
+        // More bytes than the read limit: the rest is not read, whatever the runtime sends.
+        let (_d, s) = store();
+        let s = Arc::new(s);
+        let small = Caps {
+            file: 1000,
+            per_call: 3,
+            total: 0,
+        };
+        let limit = small.read_limit() as usize;
+        let big = vec![b'a'; limit + 4096];
+        let t = archive(&[(b"out/big", tar::EntryType::Regular, &big)]);
+        let r = feed_all(&s, small, vec![b64(&t), b64(&t)]);
+        assert!(
+            r.notices.join("\n").contains("the rest was not read"),
+            "{:?}",
+            r.notices
+        );
+        // More frames than the bound: the rest is not read.
+        let (_d, s) = store();
+        let s = Arc::new(s);
+        let many: Vec<TarPiece> = (0..=max_tar_frames(&small))
+            .map(|_| TarPiece::Data(String::new()))
+            .collect();
+        let r = feed_all(&s, small, many);
+        assert!(
+            r.notices
+                .join("\n")
+                .contains("pieces; the rest was not read"),
+            "{:?}",
+            r.notices
+        );
+        assert!(r.new.is_empty());
     }
 
     #[test]

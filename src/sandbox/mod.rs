@@ -471,7 +471,7 @@ impl Sandbox {
         let (session, fresh, mut notices) = self.session(name, reset).await?;
         req.binding.rpc.on_interpreter(&session.container_id);
         let cancel = req.cancel.clone();
-        let Some(mut outcome) = session.exec(req).await else {
+        let Some(mut outcome) = session.exec(req, name).await else {
             // Cancelled in the line behind another call: nothing ran, nothing to copy out.
             drop(session);
             notices.push(NOT_STARTED.to_string());
@@ -492,7 +492,8 @@ impl Sandbox {
             );
         }
         // Even after an error or a timeout: what the code wrote before it is there. Not from a
-        // container that is gone (its files went with it).
+        // container that is gone (its files went with it). Under gVisor the exec copied them
+        // already, through the channel, while it held the session (`collect_files` is a no-op).
         if !outcome.session_reset && !session.is_dead() {
             let report = session.collect_files(name).await;
             outcome.files.extend(report.new);

@@ -84,6 +84,9 @@ pub struct Session {
     pub files: Arc<super::files::OutStore>,
     file_caps: super::files::Caps,
     out_stamp: std::sync::Mutex<OutStamp>,
+    /// `/workspace/out` is copied through the runtime's channel, not the engine's archive API:
+    /// under gVisor, whose tmpfs the engine cannot read (`Session::collect_through_channel`).
+    files_through_channel: bool,
     /// What the session's start has to say (inputs not copied, and why): the first call's notices.
     start_notices: std::sync::Mutex<Vec<String>>,
 }
@@ -255,6 +258,7 @@ impl Session {
             files: Arc::new(super::files::OutStore::new(&config.state_dir, id)),
             file_caps: super::files::Caps::from_config(config),
             out_stamp: std::sync::Mutex::new(OutStamp::default()),
+            files_through_channel: config.isolation == crate::config::Isolation::Gvisor,
         })
     }
 
@@ -286,19 +290,43 @@ impl Session {
         self.files.clear();
     }
 
-    /// Copy what the last exec left in `/workspace/out` (see `sandbox::files`), unless the
-    /// runtime's digest of it says it is empty or as it was at the last complete copy: the copy
-    /// is a request to the engine, many times a warm call's cost, and most calls write nothing.
-    /// An exec without a digest (it crashed, or the runtime could not tell) is always copied, and
-    /// a copy with a notice (a cap, an error) does not count as complete.
-    pub async fn collect_files(&self, session: &SessionKey) -> super::files::Report {
-        let latest = self.out_stamp.lock().unwrap().latest.take();
-        if let Some(stamp) = &latest {
-            let copied = self.out_stamp.lock().unwrap().copied.clone();
-            if stamp == OUT_EMPTY || copied.as_ref() == Some(stamp) {
-                return super::files::Report::default();
-            }
+    /// Whether what the last exec left in `/workspace/out` is to be copied: not when the
+    /// runtime's digest of it says it is empty or as it was at the last complete copy (a copy is
+    /// a request to the engine, or a tar through the channel, many times a warm call's cost, and
+    /// most calls write nothing). An exec without a digest (it crashed, or the runtime could not
+    /// tell) is always copied. `Some` holds the digest the copy is made at.
+    fn wanted_copy(&self) -> Option<Option<String>> {
+        let mut stamp = self.out_stamp.lock().unwrap();
+        let latest = stamp.latest.take();
+        if let Some(l) = &latest
+            && (l == OUT_EMPTY || stamp.copied.as_ref() == Some(l))
+        {
+            return None;
         }
+        Some(latest)
+    }
+
+    /// Record a copy made at digest `latest`: a copy with a notice (a cap, an error) does not
+    /// count as complete.
+    fn copied(&self, latest: Option<String>, report: &super::files::Report) {
+        self.out_stamp.lock().unwrap().copied = if report.notices.is_empty() {
+            latest
+        } else {
+            None
+        };
+    }
+
+    /// Copy what the last exec left in `/workspace/out` (see `sandbox::files`) through the
+    /// engine's archive API, when [`Self::wanted_copy`] says so. Under gVisor the exec itself
+    /// copied it, through the channel, before it let go of the session
+    /// (`Session::collect_through_channel`): nothing is left to do here.
+    pub async fn collect_files(&self, session: &SessionKey) -> super::files::Report {
+        if self.files_through_channel {
+            return super::files::Report::default();
+        }
+        let Some(latest) = self.wanted_copy() else {
+            return super::files::Report::default();
+        };
         let report = super::files::collect(
             &self.docker,
             &self.container_id,
@@ -307,11 +335,7 @@ impl Session {
             self.file_caps,
         )
         .await;
-        self.out_stamp.lock().unwrap().copied = if report.notices.is_empty() {
-            latest
-        } else {
-            None
-        };
+        self.copied(latest, &report);
         report
     }
 }

@@ -68,7 +68,7 @@ async fn a_print_within_the_budget_travels_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_long_print_is_a_preview_and_its_whole_is_a_file() {
     let b = Bridge::start().await;
-    let code = "text = ''.join(f'{i:06d} ' + ('word' if i % 9 else 'end\\n') for i in range(40000))[:150000]\nprint(text, end='')";
+    let code = "text = ''.join(f'{i:06} ' + ('word' if i % 9 else 'end\\n') for i in range(40000))[:150000]\nprint(text, end='')";
     let expected: String = (0..40000)
         .map(|i| format!("{i:06} {}", if i % 9 != 0 { "word" } else { "end\n" }))
         .collect::<String>()[..150_000]

@@ -2,6 +2,7 @@
 //! RPCs, the result), the deadline and its interrupts, and the end, normal or a crash.
 
 use super::*;
+use crate::sandbox::files;
 
 /// The refusal of a tool call made by code whose exec has ended (a thread it left running).
 const AFTER_END: &str = "this call was made after its run_python call ended; await every tool call before the code finishes";
@@ -80,7 +81,8 @@ impl Session {
     /// is an [`ExecOutcome`]. `None` when the call was cancelled before its turn: it left the
     /// line (or never sent its code), nothing ran, and the session and its state are untouched
     /// (cancelling calls queued behind a running one had reset the session).
-    pub async fn exec(&self, req: ExecRequest) -> Option<ExecOutcome> {
+    /// `key` is the session's (the files copied out are named by it).
+    pub async fn exec(&self, req: ExecRequest, key: &SessionKey) -> Option<ExecOutcome> {
         let mut frames = tokio::select! {
             // A call cancelled in the line leaves it: the lock's future is dropped.
             biased;
@@ -168,6 +170,12 @@ impl Session {
                 if let Some(spill) = &req.spill {
                     // Still this exec's: the `kept` answers come through as its frames.
                     self.spill(&mut frames, id, spill, &mut o).await;
+                }
+                if self.files_through_channel {
+                    // Still this exec's too: the `tar` frames come through as its frames.
+                    let report = self.collect_through_channel(&mut frames, id, key).await;
+                    o.files.extend(report.new);
+                    o.notices.extend(report.notices);
                 }
                 self.current.store(0, Ordering::SeqCst);
                 o
@@ -281,6 +289,98 @@ impl Session {
             }
         }
         Err(GONE.into())
+    }
+
+    /// Copy `/workspace/out` through the channel (under gVisor the engine cannot read the
+    /// sandbox's tmpfs): a `files` frame asks the runtime for the directory as a tar, which
+    /// arrives in `tar` frames of this exec and is judged as the engine's archive is
+    /// (`files::collect_from_frames`), within [`files::COPY_TIMEOUT`] from the request.
+    async fn collect_through_channel(
+        &self,
+        frames: &mut mpsc::Receiver<Queued>,
+        id: u64,
+        key: &SessionKey,
+    ) -> files::Report {
+        let Some(latest) = self.wanted_copy() else {
+            return files::Report::default();
+        };
+        let out = files::OUT_DIR;
+        let wait = files::COPY_TIMEOUT.as_secs();
+        let deadline = tokio::time::Instant::now() + files::COPY_TIMEOUT;
+        let (limit, timeout) = files::frames_request(&self.file_caps);
+        let line = HostFrame::Files { id, limit, timeout }.to_line();
+        if !matches!(
+            tokio::time::timeout_at(deadline, self.writer.send(line)).await,
+            Ok(Ok(()))
+        ) {
+            let report = files::Report {
+                new: Vec::new(),
+                notices: vec![format!(
+                    "{out} was not copied out: the sandbox did not take the request"
+                )],
+            };
+            self.copied(latest, &report);
+            return report;
+        }
+        let pending = Arc::new(AtomicU64::new(0));
+        let (mut feed, judged) = files::tar_feed(
+            Arc::clone(&self.files),
+            key.name().to_string(),
+            self.file_caps,
+        );
+        let reading = async {
+            let mut answered = false;
+            loop {
+                let q = match tokio::time::timeout_at(deadline, frames.recv()).await {
+                    Err(_) if answered => {
+                        feed.stop(format!(
+                            "the copy of {out} took more than {wait}s and was stopped"
+                        ));
+                        break;
+                    }
+                    Err(_) => {
+                        feed.stop(format!(
+                            "{out} was not copied out: the sandbox did not answer within {wait}s"
+                        ));
+                        break;
+                    }
+                    Ok(None) => {
+                        feed.stop(format!(
+                            "{out} could not be copied out: the sandbox is gone"
+                        ));
+                        break;
+                    }
+                    Ok(Some(q)) => q,
+                };
+                match q.frame {
+                    SandboxFrame::Tar {
+                        id: fid,
+                        data,
+                        end,
+                        error,
+                    } if fid == id => {
+                        answered = true;
+                        let piece = if end {
+                            files::TarPiece::End(error)
+                        } else {
+                            files::TarPiece::Data(data.unwrap_or_default())
+                        };
+                        if !feed.feed(piece).await {
+                            break;
+                        }
+                    }
+                    SandboxFrame::Rpc { id: rid, .. } => {
+                        self.refuse(rid, AFTER_END.into(), &pending)
+                    }
+                    _ => {}
+                }
+            }
+            feed.finish()
+        };
+        let (mut report, notices) = futures::join!(judged, reading);
+        report.notices.extend(notices);
+        self.copied(latest, &report);
+        report
     }
 
     /// The `exec` line for `req`, leaving out the server metadata when it is the same as the
