@@ -262,3 +262,105 @@ async fn the_official_clients_get_a_preview_and_the_whole_by_its_link() {
     }
     drop(served);
 }
+
+/// Python that defines `png(seed)`, a small valid PNG whose bytes depend on `seed`, and `P`,
+/// an object `display()` shows as that PNG.
+pub const PNG_CODE: &str = "import struct, zlib
+def png(seed, w=4, h=4):
+    raw = b''.join(b'\\x00' + bytes((seed * 37 + x) % 256 for x in range(w * 3)) for _ in range(h))
+    def chunk(t, d):
+        return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
+    return (b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, 8, 2, 0, 0, 0))
+            + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
+class P:
+    def __init__(self, b):
+        self.b = b
+    def _repr_png_(self):
+        return self.b
+";
+
+/// Images past a reply's limits (16 per reply) are files with links, not dropped: the 17th and
+/// 18th of one call read back byte for byte, and the reply says where they went.
+#[tokio::test(flavor = "multi_thread")]
+async fn images_past_the_replys_limit_are_files_with_links() {
+    let b = Bridge::start().await;
+    let code = format!(
+        "{PNG_CODE}for i in range(18):\n    display(P(png(i)))\nimport hashlib\nprint(hashlib.sha256(png(16)).hexdigest(), hashlib.sha256(png(17)).hexdigest())"
+    );
+    let r = b.py(&code).await.ok();
+    assert_eq!(meta(&r)["images"], 16, "{}", r.text());
+    let links: Vec<String> =
+        r.0.content
+            .iter()
+            .filter_map(|c| match c {
+                ContentBlock::ResourceLink(l) => Some(l.uri.clone()),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(links.len(), 2, "{links:?}");
+    assert!(links.iter().all(|l| l.contains("/.outputs/")), "{links:?}");
+    assert!(
+        r.text().contains("2 image(s) from display() are files instead of images"),
+        "{}",
+        r.text()
+    );
+    let want: Vec<String> = r.stdout().split_whitespace().map(str::to_string).collect();
+    for (uri, want) in links.iter().zip(&want) {
+        let c = b
+            .client
+            .read_resource(ReadResourceRequestParams::new(uri.as_str()))
+            .await
+            .unwrap();
+        let ResourceContents::BlobResourceContents { blob, .. } = &c.contents[0] else {
+            panic!("{c:?}")
+        };
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(blob)
+            .unwrap();
+        use sha2::Digest as _;
+        assert_eq!(&hex::encode(sha2::Sha256::digest(&bytes)), want);
+    }
+    b.shutdown().await;
+}
+
+/// `exec -` reads the code from stdin, prints everything (no budget: a 150,000-character print
+/// arrives whole), and `--out DIR` writes the displayed images and the files of /workspace/out.
+#[test]
+fn exec_reads_stdin_prints_everything_and_writes_out() {
+    use std::io::Write as _;
+    let home = Home::new();
+    let dir = home.path().join("results");
+    let code = format!(
+        "{PNG_CODE}display(P(png(3)))\nimport os\nos.makedirs('/workspace/out/sub', exist_ok=True)\nopen('/workspace/out/sub/data.csv', 'w').write('a,b\\n1,2\\n')\nprint('x' * 150000)"
+    );
+    let mut child = home
+        .command()
+        .args(["exec", "-", "--out", dir.to_str().unwrap()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(code.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with(&format!("{}\n", "x".repeat(150_000))), "{stdout:.200}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("sub/data.csv")).unwrap(),
+        "a,b\n1,2\n"
+    );
+    let png = std::fs::read(dir.join("image-1.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "{png:?}");
+    assert!(stdout.contains("[wrote "), "{stdout:.400}");
+}

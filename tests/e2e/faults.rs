@@ -155,21 +155,44 @@ async fn resources_deep_recursion_is_a_clear_error() {
     b.shutdown_clean().await;
 }
 
+/// The whole stdout of a reply that carries a preview (over `output_budget`): the part kept as
+/// a file, read by its link. Also checks that the reply itself is the preview it should be.
+async fn whole_stdout(b: &Bridge, r: &Outcome) -> String {
+    let kept = r.meta()["kept"]
+        .as_array()
+        .and_then(|k| k.iter().find(|k| k["part"] == "stdout"))
+        .cloned()
+        .unwrap_or_else(|| panic!("stdout was not kept whole: {}", r.text()));
+    assert!(r.stdout().contains("bytes left out; the whole stdout is"));
+    assert!(r.stdout().len() < 64 << 10, "{} bytes in the preview", r.stdout().len());
+    let c = b
+        .client
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(
+            kept["uri"].as_str().unwrap(),
+        ))
+        .await
+        .unwrap();
+    match &c.contents[0] {
+        rmcp::model::ResourceContents::TextResourceContents { text, .. } => text.clone(),
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn resources_100mb_output_flood_is_capped_head_and_tail() {
     let b = Bridge::start().await;
     let code = "import sys\nprint('BEGIN')\nline = 'x' * 1023 + '\\n'\nfor _ in range(100 * 1024):\n    sys.stdout.write(line)\nprint('END')";
     let r = b.call(json!({"code": code, "timeout": 110})).await;
     let r = Outcome(r).ok();
-    let out = r.stdout();
+    let out = whole_stdout(&b, &r).await;
     assert!(out.starts_with("BEGIN\n"), "{}", &out[..40]);
     assert!(out.ends_with("END\n"));
     assert!(out.contains("[output truncated:"), "no marker");
-    // The default cap is 1 MiB; the reply stays near it.
-    assert!(out.len() < 2 << 20, "{} bytes came back", out.len());
+    // The default cap is 4 MiB; what is kept stays near it.
+    assert!(out.len() < 5 << 20, "{} bytes came back", out.len());
     let total = 6 + 100 * 1024 * 1024 + 4;
     let truncated = r.sc()["truncated_bytes"].as_u64().unwrap() as usize;
-    assert!(truncated > total - (2 << 20), "{truncated}");
+    assert!(truncated > total - (5 << 20), "{truncated}");
     b.still_serving().await;
     b.shutdown_clean().await;
 }
@@ -181,12 +204,12 @@ async fn resources_single_50mb_line_is_cut_not_lost() {
         .call(json!({"code": "print('A' + 'b' * 50_000_000 + 'Z')", "timeout": 110}))
         .await;
     let r = Outcome(r).ok();
-    let out = r.stdout();
+    let out = whole_stdout(&b, &r).await;
     assert!(out.starts_with("Abbb"));
     assert!(out.ends_with("bbZ\n"), "{}", &out[out.len() - 20..]);
     assert!(out.contains("[output truncated:"));
-    assert!(out.len() < 2 << 20, "{} bytes", out.len());
-    assert!(r.sc()["truncated_bytes"].as_u64().unwrap() > 48_000_000);
+    assert!(out.len() < 5 << 20, "{} bytes", out.len());
+    assert!(r.sc()["truncated_bytes"].as_u64().unwrap() > 45_000_000);
     b.still_serving().await;
     b.shutdown_clean().await;
 }
@@ -198,7 +221,8 @@ async fn resources_a_million_tiny_writes_are_all_accounted_for() {
     let code = "import os\nfor i in range(1_000_000):\n    os.write(1, b'%d\\n' % i)";
     let r = b.call(json!({"code": code, "timeout": 110})).await;
     let r = Outcome(r).ok();
-    let out = r.stdout();
+    let out = whole_stdout(&b, &r).await;
+    let out = out.as_str();
     let total: usize = (0..1_000_000).map(|i: u32| i.to_string().len() + 1).sum();
     assert!(out.starts_with("0\n1\n2\n"));
     assert!(out.ends_with("999998\n999999\n"));

@@ -253,12 +253,21 @@ print('sent')"
     let r = Outcome(r);
     assert_eq!(r.stdout(), "sent\n", "{}", r.text());
     assert!(bytes > 0 && bytes <= 12 << 20, "{bytes} bytes of images");
+    // The images past the reply's total are files with links, not dropped.
     assert!(
         r.text()
-            .contains("image(s) from display() were not returned")
+            .contains("image(s) from display() are files instead of images")
             && r.text().contains("total"),
         "{}",
         r.text()
     );
+    let links = r
+        .0
+        .content
+        .iter()
+        .filter(|c| matches!(c, rmcp::model::ContentBlock::ResourceLink(_)))
+        .count();
+    let shown = r.meta()["images"].as_u64().unwrap() as usize;
+    assert_eq!(shown + links, 16, "{shown} shown, {links} links");
     b.shutdown().await;
 }

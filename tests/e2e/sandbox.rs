@@ -10,7 +10,8 @@ async fn print_persistence_await_and_last_value() {
     let b = Bridge::start().await;
     let r = b.py("print(1+1)").await.ok();
     assert_eq!(r.stdout(), "2\n");
-    assert_eq!(r.text(), "2");
+    // What was printed, exactly, and nothing else: the text is the stdout block alone.
+    assert_eq!(r.text(), "2\n");
     b.py("import math\nx = 41\ndef inc(v):\n    return v + 1")
         .await
         .ok();
