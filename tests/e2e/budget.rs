@@ -300,7 +300,8 @@ async fn images_past_the_replys_limit_are_files_with_links() {
     assert_eq!(links.len(), 2, "{links:?}");
     assert!(links.iter().all(|l| l.contains("/.outputs/")), "{links:?}");
     assert!(
-        r.text().contains("2 image(s) from display() are files instead of images"),
+        r.text()
+            .contains("2 image(s) from display() are files instead of images"),
         "{}",
         r.text()
     );
@@ -355,7 +356,10 @@ fn exec_reads_stdin_prints_everything_and_writes_out() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.starts_with(&format!("{}\n", "x".repeat(150_000))), "{stdout:.200}");
+    assert!(
+        stdout.starts_with(&format!("{}\n", "x".repeat(150_000))),
+        "{stdout:.200}"
+    );
     assert_eq!(
         std::fs::read_to_string(dir.join("sub/data.csv")).unwrap(),
         "a,b\n1,2\n"

@@ -164,7 +164,11 @@ async fn whole_stdout(b: &Bridge, r: &Outcome) -> String {
         .cloned()
         .unwrap_or_else(|| panic!("stdout was not kept whole: {}", r.text()));
     assert!(r.stdout().contains("bytes left out; the whole stdout is"));
-    assert!(r.stdout().len() < 64 << 10, "{} bytes in the preview", r.stdout().len());
+    assert!(
+        r.stdout().len() < 64 << 10,
+        "{} bytes in the preview",
+        r.stdout().len()
+    );
     let c = b
         .client
         .read_resource(rmcp::model::ReadResourceRequestParams::new(

@@ -261,12 +261,11 @@ print('sent')"
         "{}",
         r.text()
     );
-    let links = r
-        .0
-        .content
-        .iter()
-        .filter(|c| matches!(c, rmcp::model::ContentBlock::ResourceLink(_)))
-        .count();
+    let links =
+        r.0.content
+            .iter()
+            .filter(|c| matches!(c, rmcp::model::ContentBlock::ResourceLink(_)))
+            .count();
     let shown = r.meta()["images"].as_u64().unwrap() as usize;
     assert_eq!(shown + links, 16, "{shown} shown, {links} links");
     b.shutdown().await;
