@@ -45,6 +45,27 @@ pub struct ExecOutcome {
     pub kept: Vec<Kept>,
 }
 
+#[cfg(test)]
+impl ExecOutcome {
+    /// An `ok` outcome that printed `stdout` in 3 ms, for the tests of what is made of outcomes.
+    pub fn printed(stdout: &str) -> ExecOutcome {
+        ExecOutcome {
+            outcome: Outcome::Ok,
+            stdout: stdout.into(),
+            stderr: String::new(),
+            value: None,
+            error: None,
+            images: vec![],
+            files: vec![],
+            duration: Duration::from_millis(3),
+            truncated: 0,
+            notices: vec![],
+            session_reset: false,
+            kept: vec![],
+        }
+    }
+}
+
 /// A part of an outcome that can be too long to return whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

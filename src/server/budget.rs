@@ -229,25 +229,12 @@ fn preview(t: &str, share: usize, part: Part, kept: Option<&Kept>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::ExecOutcome;
     use crate::sandbox::files::OutFile;
-    use crate::sandbox::{ExecOutcome, Outcome};
     use std::time::Duration;
 
     fn outcome(stdout: String) -> ExecOutcome {
-        ExecOutcome {
-            outcome: Outcome::Ok,
-            stdout,
-            stderr: String::new(),
-            value: None,
-            error: None,
-            images: vec![],
-            files: vec![],
-            duration: Duration::from_millis(3),
-            truncated: 0,
-            notices: vec![],
-            session_reset: false,
-            kept: vec![],
-        }
+        ExecOutcome::printed(&stdout)
     }
 
     fn exact(t: &str) -> usize {

@@ -317,23 +317,9 @@ pub fn setup_error(kind: &str, message: &str, session: &str) -> CallToolResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn outcome() -> ExecOutcome {
-        ExecOutcome {
-            outcome: Outcome::Ok,
-            stdout: "2\n".into(),
-            stderr: String::new(),
-            value: None,
-            error: None,
-            images: vec![],
-            files: vec![],
-            duration: Duration::from_millis(3),
-            truncated: 0,
-            notices: vec![],
-            session_reset: false,
-            kept: vec![],
-        }
+        ExecOutcome::printed("2\n")
     }
 
     fn budget() -> Budget {
