@@ -141,7 +141,12 @@ pub(super) async fn exec(
     match written {
         Some(Ok(paths)) => {
             for p in paths {
-                println!("{}", dim(&format!("[wrote {}]", p.display())));
+                // The file's name under DIR is the code's choice: shown as data, escaped.
+                let path = p.display().to_string();
+                println!(
+                    "{}",
+                    dim(&format!("[wrote {}]", crate::text::visible(&path)))
+                );
             }
         }
         Some(Err(e)) => {

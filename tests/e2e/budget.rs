@@ -29,6 +29,17 @@ fn texts(o: &Outcome) -> Vec<String> {
         .collect()
 }
 
+/// The URIs of the reply's resource links, in order.
+fn links(o: &Outcome) -> Vec<String> {
+    o.0.content
+        .iter()
+        .filter_map(|c| match c {
+            ContentBlock::ResourceLink(l) => Some(l.uri.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn meta(o: &Outcome) -> Value {
     o.0.meta.as_ref().unwrap().0["mcp-code-bridge/result"].clone()
 }
@@ -94,14 +105,7 @@ async fn a_long_print_is_a_preview_and_its_whole_is_a_file() {
         "{all}"
     );
     // A link to it in the content, once.
-    let links: Vec<_> =
-        r.0.content
-            .iter()
-            .filter_map(|c| match c {
-                ContentBlock::ResourceLink(l) => Some(l.uri.clone()),
-                _ => None,
-            })
-            .collect();
+    let links = links(&r);
     assert_eq!(links, vec![kept["uri"].as_str().unwrap().to_string()]);
     assert_eq!(read_text(&b, kept["uri"].as_str().unwrap()).await, expected);
     let again = b
@@ -289,14 +293,7 @@ async fn images_past_the_replys_limit_are_files_with_links() {
     );
     let r = b.py(&code).await.ok();
     assert_eq!(meta(&r)["images"], 16, "{}", r.text());
-    let links: Vec<String> =
-        r.0.content
-            .iter()
-            .filter_map(|c| match c {
-                ContentBlock::ResourceLink(l) => Some(l.uri.clone()),
-                _ => None,
-            })
-            .collect();
+    let links = links(&r);
     assert_eq!(links.len(), 2, "{links:?}");
     assert!(links.iter().all(|l| l.contains("/.outputs/")), "{links:?}");
     assert!(
