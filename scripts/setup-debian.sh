@@ -2,6 +2,8 @@
 # One-time setup of a Debian 12 (or later) host for mcp-code-bridge, as root (run as another user,
 # it runs itself again with sudo):
 #   - installs podman, runc, catatonit, mmdebstrap (apt),
+#   - installs uv (pinned, from PyPI, into a venv in the cache directory; linked as /usr/local/bin/uv
+#     when no uv is on PATH): the resolver the bridge runs on the host for packages on demand,
 #   - configures podman for this kind of host (runc as the OCI runtime, because crun refuses cgroup v1
 #     hybrid hosts; default ulimits at or below the host's, because podman cannot raise them here),
 #   - builds the sandbox image archive with image/build-debian.sh into a cache directory (rebuilt only
@@ -14,7 +16,9 @@
 #     --configure it also writes `isolation = "gvisor"` (--isolation container writes it back),
 #   - with --test-deps, also builds the data profile's image (tests/e2e/data_image.rs) and installs the
 #     real MCP servers the integration tests talk to (npm and PyPI)
-#     and the Python `mcp` SDK, and checks that each one answers initialize + tools/list.
+#     and the Python `mcp` SDK, and checks that each one answers initialize + tools/list, and
+#     downloads a few real wheels for CPython 3.14 manylinux x86_64 into <cache>/wheels (the local
+#     index of the package tests, tests/fixtures/pyindex.py; MCP_BRIDGE_TEST_WHEELHOUSE).
 # It ends by printing (and writing to <cache>/setup.env) the variables to use, e.g.
 #   MCP_BRIDGE_IMAGE=... MCP_BRIDGE_IMAGE_ARCHIVE=... MCP_BRIDGE_IMAGE_SHA256=...
 # Safe to run again, with or without the other options: every step is idempotent, and no run
@@ -50,6 +54,19 @@ NODE22_PACKAGES=(
     "@modelcontextprotocol/conformance@0.2.0-alpha.12"  # 2026-07-28 scenarios (prerelease)
     "@modelcontextprotocol/inspector@2.12.0"
 )
+# uv, the resolver of packages on demand (always installed; bump deliberately).
+UV_VERSION="0.13.9"
+# Real wheels for the package tests (tests/fixtures/pyindex.py serves them as a local index): each
+# pinned with its sha256 on PyPI, for CPython 3.14 on manylinux x86_64 (what the sandbox runs).
+TEST_WHEELS=(
+    # a small pure-Python package with no dependencies
+    "tabulate==0.10.0 tabulate-0.10.0-py3-none-any.whl f0b0622e567335c8fabaaa659f1b33bcb6ddfe2e496071b743aa113f8774f2d3"
+    # a pure-Python package with a pure-Python dependency (text-unidecode)
+    "python-slugify==9.2.0 python_slugify-9.2.0-py3-none-any.whl 7298dcfc65e9ccdf834b3c398f163af0d09a9a8fc1ee6a7b2dffd8d38bfb756e"
+    "text-unidecode==1.3 text_unidecode-1.3-py2.py3-none-any.whl 1311f10e8b895935241623731c2ba64f4c455287888b18189350b67134a822e8"
+    # a C extension with cp314 manylinux wheels
+    "msgpack==1.2.4 msgpack-1.2.4-cp314-cp314-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl 5d65b791ce4283e02b6267742ad540899155e1b32887b9cbdda47f38f5a076b5"
+)
 PIP_PACKAGES=(
     "mcp-server-time==2026.10.19"
     "mcp-server-git==2026.10.19"
@@ -82,7 +99,7 @@ Usage: scripts/setup-debian.sh [options]     (as root; as another user it runs i
   --extra PKG        extra Debian package for the image (repeatable), e.g. python3-statsmodels
                      (python3, numpy, pandas and matplotlib are always in it)
   --mirror URL       Debian mirror for the image (default: the one apt on this host uses)
-  --no-image         do not build the image archive
+  --no-image         do not build the image archive (setup.env keeps the image lines it had)
   -h, --help         this help
 EOF
 }
@@ -145,6 +162,51 @@ packages=(podman runc catatonit uidmap mmdebstrap debian-archive-keyring ca-cert
 step "installing ${packages[*]}"
 apt_run install -y -q --no-install-recommends "${packages[@]}" >&2
 log "$(podman --version); $(runc --version | head -n1)"
+
+# A Python >= 3.10 with venv, in `python`: the one on PATH if it fits, else Debian's (installed).
+python=""
+find_python() {
+    [[ -z "$python" ]] || return 0
+    local cand
+    for cand in python3 /usr/bin/python3; do
+        if command -v "$cand" >/dev/null \
+            && "$cand" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+            python=$(command -v "$cand"); return 0
+        fi
+    done
+    step "installing python3-venv"
+    apt_run install -y -q --no-install-recommends python3 python3-venv >&2
+    python=/usr/bin/python3
+}
+# A venv at DIR made by find_python's interpreter (made again if the one it was made from is gone).
+make_venv() {
+    if [[ -x "$1/bin/python" ]] && ! "$1/bin/python" -c 'import sys' 2>/dev/null; then
+        rm -rf -- "$1"
+    fi
+    [[ -x "$1/bin/python" ]] || { find_python; "$python" -m venv "$1"; }
+}
+
+# --- uv ----------------------------------------------------------------------------------------
+# The bridge resolves packages on demand on the host with uv (`uv pip compile`). Pinned, from PyPI,
+# in a venv of its own; /usr/local/bin/uv points at it unless another uv is already on PATH.
+uv_venv="$cache_dir/uv/venv"
+uv_bin="$uv_venv/bin/uv"
+if [[ "$("$uv_bin" --version 2>/dev/null)" == "uv $UV_VERSION"* ]]; then
+    step "uv $UV_VERSION: already in $uv_venv"
+else
+    step "PyPI: uv==$UV_VERSION (into $uv_venv)"
+    make_venv "$uv_venv"
+    "$uv_venv/bin/python" -m pip install -q --disable-pip-version-check "uv==$UV_VERSION" >&2
+    [[ "$("$uv_bin" --version 2>/dev/null)" == "uv $UV_VERSION"* ]] \
+        || die "uv $UV_VERSION does not run from $uv_bin"
+fi
+if ! command -v uv >/dev/null; then
+    log "linking /usr/local/bin/uv -> $uv_bin"
+    mkdir -p /usr/local/bin
+    ln -sfn -- "$uv_bin" /usr/local/bin/uv
+fi
+uv_found=$(command -v uv) || die "uv is not on PATH (PATH=$PATH; it is at $uv_bin)"
+log "uv on PATH: $uv_found ($("$uv_found" --version 2>&1))"
 
 # --- podman configuration ----------------------------------------------------------------------
 # A drop-in, so that an existing /etc/containers/containers.conf is left as it is (drop-ins win).
@@ -402,25 +464,10 @@ if [[ $test_deps -eq 1 ]]; then
     npm install --prefix "$servers/npm" --no-audit --no-fund --no-update-notifier --loglevel=error \
         "${NPM_PACKAGES[@]}" >&2
 
-    # A Python >= 3.10 with venv: the one on PATH if it fits, else Debian's.
-    python=""
-    for cand in python3 /usr/bin/python3; do
-        if command -v "$cand" >/dev/null \
-            && "$cand" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
-            python=$(command -v "$cand"); break
-        fi
-    done
-    if [[ -z "$python" ]]; then
-        step "installing python3-venv"
-        apt_run install -y -q --no-install-recommends python3 python3-venv >&2
-        python=/usr/bin/python3
-    fi
     venv="$servers/venv"
-    if [[ -x "$venv/bin/python" ]] && ! "$venv/bin/python" -c 'import sys' 2>/dev/null; then
-        rm -rf -- "$venv"  # the interpreter it was made from is gone
-    fi
+    find_python
     step "PyPI: ${PIP_PACKAGES[*]} (venv from $("$python" --version 2>&1))"
-    [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
+    make_venv "$venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "${PIP_PACKAGES[@]}" >&2
 
     step "npm (Node 22): ${NODE22_PACKAGES[*]}"
@@ -490,11 +537,69 @@ EOF
     env_lines+=("MCP_BRIDGE_TEST_SERVERS_BIN=$bin")
 fi
 
+# --- real wheels for the package tests ----------------------------------------------------------
+# For CPython 3.14 on manylinux x86_64, whatever this host runs: tests/fixtures/pyindex.py serves
+# them as a local index, and the bridge's `find_links` reads the directory itself. Each file is
+# checked against its pinned sha256, and one already there with that digest is not fetched again.
+if [[ $test_deps -eq 1 ]]; then
+    wheels="$cache_dir/wheels"
+    mkdir -p "$wheels"
+    step "wheels for the package tests (cp314 manylinux x86_64) in $wheels"
+    for entry in "${TEST_WHEELS[@]}"; do
+        read -r spec file digest <<< "$entry"
+        if [[ -f "$wheels/$file" && "$(sha256sum < "$wheels/$file" | cut -d' ' -f1)" == "$digest" ]]; then
+            log "$file: present"
+            continue
+        fi
+        rm -f -- "$wheels/$file"
+        scratch=$(mktemp -d "$wheels/.download.XXXXXX")
+        # uv has no `uv pip download` up to this pin; use it if a later one has it.
+        if ! { "$uv_bin" pip download --help >/dev/null 2>&1 \
+                && "$uv_bin" pip download --quiet --no-deps --only-binary :all: --python-version 3.14 \
+                    --python-platform x86_64-manylinux_2_28 -d "$scratch" "$spec" >&2; }; then
+            "$uv_venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+                --only-binary :all: --python-version 3.14 --platform manylinux_2_28_x86_64 \
+                --implementation cp -d "$scratch" "$spec" >&2 \
+                || { rm -rf -- "$scratch"; die "could not download $spec"; }
+        fi
+        [[ -f "$scratch/$file" ]] \
+            || { ls -- "$scratch" >&2; rm -rf -- "$scratch"; die "$spec: expected $file"; }
+        got=$(sha256sum < "$scratch/$file" | cut -d' ' -f1)
+        [[ "$got" == "$digest" ]] \
+            || { rm -rf -- "$scratch"; die "$file: sha256 $got, expected $digest"; }
+        mv -f -- "$scratch/$file" "$wheels/$file"
+        rm -rf -- "$scratch"
+        log "$file: downloaded"
+    done
+    # Wheels of earlier pins would be served too: the directory holds these and nothing else.
+    for old in "$wheels"/*.whl; do
+        [[ -e "$old" ]] || continue
+        keep=0
+        for entry in "${TEST_WHEELS[@]}"; do
+            read -r _ file _ <<< "$entry"
+            if [[ "$(basename -- "$old")" == "$file" ]]; then keep=1; break; fi
+        done
+        if [[ $keep -eq 0 ]]; then
+            log "deleting $old (not pinned)"
+            rm -f -- "$old"
+        fi
+    done
+    env_lines+=("MCP_BRIDGE_TEST_WHEELHOUSE=$wheels")
+fi
+
 # --- summary -----------------------------------------------------------------------------------
 env_file="$cache_dir/setup.env"
-: > "$env_file"
+# With --no-image, the image lines of the last run that built the images stay.
+tmp_env=$(mktemp "$env_file.XXXXXX")
+if [[ $build_image -eq 0 && -f "$env_file" ]]; then
+    grep -E '^(MCP_BRIDGE_IMAGE|MCP_BRIDGE_IMAGE_ARCHIVE|MCP_BRIDGE_IMAGE_SHA256|MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE)=' \
+        -- "$env_file" > "$tmp_env" || true
+fi
 for line in ${env_lines[@]+"${env_lines[@]}"}; do
-    printf '%s=%q\n' "${line%%=*}" "${line#*=}" >> "$env_file"
+    printf '%s=%q\n' "${line%%=*}" "${line#*=}" >> "$tmp_env"
 done
+chmod 644 -- "$tmp_env"
+mv -f -- "$tmp_env" "$env_file"
 step "done; these settings (shell syntax) are also in $env_file"
 cat "$env_file"
+printf '# uv (packages on demand): %s, %s\n' "$uv_found" "$("$uv_found" --version 2>&1)"

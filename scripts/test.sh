@@ -36,6 +36,7 @@ bash scripts/setup-debian.sh --test-deps --cache-dir "$cache_dir" < /dev/null
 # Read (not export) what setup wrote: the tests get only the MCP_BRIDGE_TEST_* variables, so that
 # config tests see no stray MCP_BRIDGE_* settings.
 MCP_BRIDGE_IMAGE_ARCHIVE="" MCP_BRIDGE_TEST_SERVERS_BIN="" MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE=""
+MCP_BRIDGE_TEST_WHEELHOUSE=""
 # shellcheck disable=SC1091
 . "$cache_dir/setup.env"
 
@@ -45,6 +46,10 @@ podman info >/dev/null || die "podman does not work"
 [[ -s "${MCP_BRIDGE_IMAGE_ARCHIVE:-}" ]] || die "no image archive (MCP_BRIDGE_IMAGE_ARCHIVE)"
 [[ -d "${MCP_BRIDGE_TEST_SERVERS_BIN:-}" ]] || die "no test servers (MCP_BRIDGE_TEST_SERVERS_BIN)"
 [[ -s "${MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE:-}" ]] || die "no data profile image (MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE)"
+[[ -d "${MCP_BRIDGE_TEST_WHEELHOUSE:-}" ]] || die "no wheelhouse for the package tests (MCP_BRIDGE_TEST_WHEELHOUSE)"
+compgen -G "$MCP_BRIDGE_TEST_WHEELHOUSE/*.whl" >/dev/null \
+    || die "no wheels in $MCP_BRIDGE_TEST_WHEELHOUSE (MCP_BRIDGE_TEST_WHEELHOUSE)"
+command -v uv >/dev/null || die "uv is not on PATH (scripts/setup-debian.sh links /usr/local/bin/uv)"
 for exe in mcp-server-everything mcp-server-filesystem mcp-server-time mcp-server-git mcp-python conformance mcp-inspector; do
     [[ -x "$MCP_BRIDGE_TEST_SERVERS_BIN/$exe" ]] || die "missing test server $exe"
 done
@@ -53,11 +58,12 @@ command -v cargo >/dev/null \
 [[ -f Cargo.toml ]] || die "no Cargo.toml in $repo"
 
 export MCP_BRIDGE_TEST_IMAGE_ARCHIVE="$MCP_BRIDGE_IMAGE_ARCHIVE"
-export MCP_BRIDGE_TEST_SERVERS_BIN MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE
+export MCP_BRIDGE_TEST_SERVERS_BIN MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE MCP_BRIDGE_TEST_WHEELHOUSE
 unset MCP_BRIDGE_IMAGE MCP_BRIDGE_IMAGE_ARCHIVE MCP_BRIDGE_IMAGE_SHA256
 export PATH="$MCP_BRIDGE_TEST_SERVERS_BIN:$PATH"
-printf '    MCP_BRIDGE_TEST_IMAGE_ARCHIVE=%s\n    MCP_BRIDGE_TEST_SERVERS_BIN=%s\n    setup took %ss\n' \
-    "$MCP_BRIDGE_TEST_IMAGE_ARCHIVE" "$MCP_BRIDGE_TEST_SERVERS_BIN" "$(( $(date +%s) - start ))" >&2
+printf '    MCP_BRIDGE_TEST_IMAGE_ARCHIVE=%s\n    MCP_BRIDGE_TEST_SERVERS_BIN=%s\n    MCP_BRIDGE_TEST_WHEELHOUSE=%s\n    setup took %ss\n' \
+    "$MCP_BRIDGE_TEST_IMAGE_ARCHIVE" "$MCP_BRIDGE_TEST_SERVERS_BIN" "$MCP_BRIDGE_TEST_WHEELHOUSE" \
+    "$(( $(date +%s) - start ))" >&2
 
 step "pytest image/tests (the sandbox runtime, frame by frame)"
 "$MCP_BRIDGE_TEST_SERVERS_BIN/mcp-python" -m pytest -q -p no:cacheprovider image/tests < /dev/null

@@ -10,6 +10,7 @@ pub mod http;
 pub mod identity;
 pub mod logging;
 pub mod oauth;
+pub mod packages;
 pub mod policy;
 pub mod procfs;
 pub mod protocol;

@@ -21,10 +21,52 @@ pub trait RpcHandler: Send + Sync {
     /// that wraps another, so the failure is typed, never a bare string).
     async fn handle(&self, method: &str, params: Value) -> Result<Value, RpcFailure>;
 
-    /// The exec's code runs in the interpreter `id` (the container's id): called once per exec
-    /// before it runs, so what a handler remembers per session can be tied to one interpreter
-    /// and forgotten when the session gets another.
-    fn on_interpreter(&self, _id: &str) {}
+    /// The exec's code runs in `interpreter`: called once per exec before it runs, so what a
+    /// handler remembers per session can be tied to one interpreter (its container's id) and
+    /// forgotten when the session gets another.
+    fn on_interpreter(&self, _interpreter: &Interpreter) {}
+}
+
+/// The interpreter an exec runs in, as the host knows it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Interpreter {
+    /// The container's id.
+    pub id: String,
+    /// The host directory mounted read-only at [`PACKAGES_DIR`] in it, where the bridge puts
+    /// what the code installs (`runtime.install`); `None` where there is none (tests).
+    pub packages: Option<std::path::PathBuf>,
+    /// What the interpreter said of itself in `ready`, before any code ran.
+    pub target: Option<Target>,
+}
+
+/// Makes a new interpreter ready for its session after `ready` and before its first call
+/// (`packages.preinstall`); `server`'s side implements it, `sandbox` calls it for every new
+/// sandbox, pooled ones too. What it returns are notices for the session's first call.
+#[async_trait::async_trait]
+pub trait Provision: Send + Sync {
+    async fn provision(&self, interpreter: &Interpreter) -> Vec<String>;
+}
+
+/// Where installed packages are in every sandbox: a read-only mount, on `sys.path` after the
+/// image's own directories.
+pub const PACKAGES_DIR: &str = "/opt/packages";
+
+/// What a sandbox's interpreter is, for choosing wheels for it: said in its `ready` frame,
+/// before any of the code's runs, so it describes the image.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+pub struct Target {
+    /// `platform.python_version()`, e.g. `3.14.1`.
+    #[serde(default)]
+    pub python: String,
+    /// `platform.machine()`, e.g. `x86_64`.
+    #[serde(default)]
+    pub machine: String,
+    /// `os.confstr("CS_GNU_LIBC_VERSION")`, e.g. `glibc 2.41`; empty for another libc.
+    #[serde(default)]
+    pub libc: String,
+    /// The distributions in the image: `[name, version]`, from their `.dist-info` names.
+    #[serde(default)]
+    pub dists: Vec<(String, String)>,
 }
 
 /// A failed RPC as the sandbox gets it: the message, and a `kind` the runtime maps to an
@@ -275,6 +317,10 @@ pub enum SandboxFrame {
     Ready {
         #[serde(default)]
         python: String,
+        /// What the interpreter is, for the wheels installed into it (absent from an older
+        /// runtime's frame).
+        #[serde(default)]
+        target: Option<Target>,
     },
     Output {
         id: u64,

@@ -14,7 +14,7 @@ import os
 import platform
 import threading
 
-from . import discovery, notebook, output, proxies, rpc, skills, state, values
+from . import discovery, installs, notebook, output, proxies, rpc, skills, state, values
 from . import display as _display
 
 DOC = """Helpers of the mcp-code-bridge sandbox.
@@ -25,7 +25,9 @@ await query_tool_docs(server, tool=None, detail="summary"|"full") / query_tool_d
 await search_tool_docs(query, limit=5) / search_tool_docs_sync(...), capability_summary(),
 await call_tool(server, tool, arguments=None, raw=False),
 export_notebook(path="/workspace/out/session.ipynb") (the session as a Jupyter notebook),
-save_skill(func, description=None) (alias save_tool), list_skills(), delete_skill(name).
+save_skill(func, description=None) (alias save_tool), list_skills(), delete_skill(name),
+await install(*requirements) (packages into this session, by the bridge; PackageDenied,
+PackageError), installed().
 """
 
 
@@ -150,6 +152,10 @@ save_skill = skills.save_skill
 save_tool = skills.save_tool
 list_skills = skills.list_skills
 delete_skill = skills.delete_skill
+install = installs.install
+installed = installs.installed
+PackageError = installs.PackageError
+PackageDenied = installs.PackageDenied
 NotebookTooLarge = notebook.NotebookTooLarge
 McpError = rpc.McpError
 McpToolError = rpc.McpToolError
@@ -182,6 +188,10 @@ NAMES = (
     "save_tool",
     "list_skills",
     "delete_skill",
+    "install",
+    "installed",
+    "PackageError",
+    "PackageDenied",
     "display",
     "export_notebook",
     "NotebookTooLarge",

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import types
 
-from . import channel, constants, discovery, display, execute, interrupts, output, package, seccomp, state
+from . import channel, constants, discovery, display, execute, installs, interrupts, output, package, seccomp, state
 
 
 def fail(why):
@@ -136,6 +136,8 @@ def main(frame, frames_in):
         r.start()
     threading.Thread(target=channel.reader, name="mcp-bridge-frames", daemon=True).start()
     threading.Thread(target=interrupts.watchdog, name="mcp-bridge-interrupts", daemon=True).start()
+    installs.add_to_path()
     _preload()
-    channel.send({"type": "ready", "python": platform.python_version(), "pid": os.getpid()})
+    channel.send({"type": "ready", "python": platform.python_version(), "pid": os.getpid(),
+                  "target": installs.target()})
     execute.serve()

@@ -61,8 +61,14 @@ def _unwrap(msg):
     if msg.get("ok") is True:
         return msg.get("result")
     err = msg.get("error")
-    if msg.get("kind") == "denied":
+    kind = msg.get("kind")
+    if kind == "denied":
         raise ToolDenied(str(err) if err else "the tool call was denied by the user's policy")
+    if kind in ("package", "package_denied"):
+        from . import installs  # imports this module: bound late
+
+        cls = installs.PackageDenied if kind == "package_denied" else installs.PackageError
+        raise cls(str(err) if err else "the install was refused")
     raise McpError(str(err) if err else "the bridge refused the request")
 
 

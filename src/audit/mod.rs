@@ -190,12 +190,65 @@ impl ToolCallRecord {
     }
 }
 
+/// One install (`runtime.install`, `packages.preinstall`) or one skill's save asked about:
+/// what was asked for, what it resolved to (each distribution with its wheel's sha256), how it
+/// was decided, and how it ended.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct InstallRecord {
+    pub session: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// The requirements as the code (or `preinstall`) wrote them.
+    pub requested: Vec<String>,
+    /// What they resolved to, dependencies included (without what the image or the session
+    /// already has).
+    pub resolved: Vec<ResolvedDist>,
+    /// `allow`, `deny`, `ask:allowed`, `ask:denied`, `ask:unavailable`, `preinstall`, or
+    /// `none` when it failed before a decision.
+    pub decision: String,
+    /// The rule that decided, and where it is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ask: Option<String>,
+    /// `ok`, `denied` or `failed`.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_type: Option<String>,
+    pub duration_ms: u64,
+}
+
+/// One distribution of an install.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ResolvedDist {
+    pub name: String,
+    pub version: String,
+    pub sha256: String,
+}
+
+/// One `runtime.save_skill` the user's `skills.save` setting decided.
+#[derive(Debug, Clone, Serialize)]
+pub struct SkillSaveRecord {
+    pub session: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    pub skill: String,
+    pub source_sha256: String,
+    pub decision: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ask: Option<String>,
+    /// `ok`, `denied` or `failed`.
+    pub status: String,
+}
+
 /// What is queued: a record with its time.
 #[derive(Debug, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 enum Record {
     Exec(ExecRecord),
     ToolCall(ToolCallRecord),
+    Install(InstallRecord),
+    SkillSave(SkillSaveRecord),
 }
 
 /// The SHA-256 (hex) of a tool call's arguments as the bridge forwards them (`{}` when none).
@@ -309,6 +362,31 @@ impl Audit {
         self.send(Record::ToolCall(r), took);
     }
 
+    /// Record one install. Names and versions come from the code and the index: each is
+    /// bounded like every other name.
+    pub fn install(&self, mut r: InstallRecord) {
+        r.session = cap(&r.session);
+        r.identity = r.identity.as_deref().map(cap);
+        r.requested = r.requested.iter().take(64).map(|s| cap(s)).collect();
+        for d in &mut r.resolved {
+            d.name = cap(&d.name);
+            d.version = cap(&d.version);
+        }
+        r.resolved.truncate(1024);
+        r.rule = r.rule.as_deref().map(cap);
+        r.error_type = r.error_type.as_deref().map(cap);
+        let took = Duration::from_millis(r.duration_ms);
+        self.send(Record::Install(r), took);
+    }
+
+    /// Record one skill's save as `skills.save` decided it.
+    pub fn skill_save(&self, mut r: SkillSaveRecord) {
+        r.session = cap(&r.session);
+        r.identity = r.identity.as_deref().map(cap);
+        r.skill = cap(&r.skill);
+        self.send(Record::SkillSave(r), Duration::ZERO);
+    }
+
     /// Records lost so far (queue full, file unwritable).
     pub fn dropped(&self) -> u64 {
         self.inner
@@ -383,7 +461,10 @@ impl Shared {
 fn record_size(r: &Record) -> usize {
     512 + match r {
         Record::Exec(e) => e.code.as_ref().map_or(0, String::len),
-        Record::ToolCall(_) => 0,
+        Record::ToolCall(_) | Record::SkillSave(_) => 0,
+        Record::Install(i) => {
+            i.requested.iter().map(String::len).sum::<usize>() + i.resolved.len() * 128
+        }
     }
 }
 

@@ -230,6 +230,22 @@ fn row(r: &Value) -> String {
             }
             (format!("{}.{}", s("server"), s("tool")), result)
         }
+        "install" => {
+            let requested = r["requested"]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_str).map(visible).collect::<Vec<_>>().join(","))
+                .unwrap_or_default();
+            let n = r["resolved"].as_array().map_or(0, Vec::len);
+            let mut result = format!("{} → {}", s("decision"), s("status"));
+            if let Some(e) = r["error_type"].as_str() {
+                result.push_str(&format!(" {}", visible(e)));
+            }
+            (format!("install {requested} ({n} dists)"), result)
+        }
+        "skill_save" => (
+            format!("save_skill {}", s("skill")),
+            format!("{} → {}", s("decision"), s("status")),
+        ),
         _ => (s("kind").into_owned(), s("status").into_owned()),
     };
     let mut line = format!(

@@ -253,6 +253,54 @@ pub const KEYS: &[Key] = &[
         doc: "Most skills kept in <state_dir>/skills; saving one more is refused until one is removed. 1 to 1000.",
     },
     Key {
+        name: "skills.save",
+        doc: "allow, ask or deny: whether runtime.save_skill stores a skill (every later session runs it); ask shows the user its name, description and source first, and without a client to ask follows policy.ask_fallback.",
+    },
+    Key {
+        name: "packages.allow",
+        doc: "Distribution-name globs (normalized: scikit-*) the code may install with runtime.install without asking; a list, or comma-separated in the environment.",
+    },
+    Key {
+        name: "packages.deny",
+        doc: "Distribution-name globs refused (PackageDenied in Python). deny > allow; a name neither matches is asked, naming every dependency that comes with it.",
+    },
+    Key {
+        name: "packages.ask_fallback",
+        doc: "allow or deny: what ask means when the client cannot be asked; unset follows policy.ask_fallback.",
+    },
+    Key {
+        name: "packages.index_url",
+        doc: "The simple index (PEP 503/691) the host resolves and downloads from; the sandbox never reaches it.",
+    },
+    Key {
+        name: "packages.find_links",
+        doc: "An absolute path of a directory of wheels searched besides the index (alone with packages.offline).",
+    },
+    Key {
+        name: "packages.offline",
+        doc: "Reach no index: install only from packages.find_links and the host's cache.",
+    },
+    Key {
+        name: "packages.preinstall",
+        doc: "Requirements installed into every new session (pooled ones too) before its first call; a list, or comma-separated in the environment.",
+    },
+    Key {
+        name: "packages.max_size",
+        doc: "Most bytes (unpacked) one session may have installed.",
+    },
+    Key {
+        name: "packages.cache_max_size",
+        doc: "Most bytes the host's package cache (<state_dir>/packages) keeps; the least recently used wheels are pruned first.",
+    },
+    Key {
+        name: "packages.uv",
+        doc: "The resolver, uv: a path, or a name found on PATH.",
+    },
+    Key {
+        name: "packages.timeout",
+        doc: "Time limit of one install: resolving, downloading and unpacking.",
+    },
+    Key {
         name: "listen",
         doc: "Address and port `serve` listens on; an address other than loopback needs token_file or oauth.",
     },

@@ -33,6 +33,7 @@ pub mod load;
 pub mod oauth;
 pub mod policy;
 pub mod servers;
+pub mod packages;
 pub mod skills;
 mod source;
 pub mod values;
@@ -55,6 +56,7 @@ pub use load::{
 pub use oauth::OAuthConfig;
 pub use policy::PolicyConfig;
 pub use servers::ServerEntry;
+pub use packages::{PackagesConfig, Requirement};
 pub use skills::SkillsConfig;
 pub use values::{Isolation, LogLevel, ModuleList, OutputMode, Runtime, Secs, Size};
 use values::{empty_as_none, empty_as_none_f64, flexible_bool, flexible_u32};
@@ -122,6 +124,9 @@ pub struct Config {
     /// `[skills]`: the bounds of the saved skills.
     #[serde(default)]
     pub skills: SkillsConfig,
+    /// `[packages]`: what the code may install into its session, and from where.
+    #[serde(default)]
+    pub packages: PackagesConfig,
     /// Where `serve` listens (`address:port`).
     pub listen: String,
     /// `serve`'s bearer tokens: lines of `name:token`, the name being the identity.
@@ -181,6 +186,7 @@ impl Default for Config {
             policy: PolicyConfig::default(),
             audit: AuditConfig::default(),
             skills: SkillsConfig::default(),
+            packages: PackagesConfig::default(),
             listen: http::DEFAULT_LISTEN.into(),
             token_file: None,
             http: HttpConfig::default(),
@@ -378,6 +384,7 @@ impl Config {
         self.policy.validate()?;
         self.audit.check()?;
         self.skills.check()?;
+        self.packages.check()?;
         self.oauth.check()?;
         self.http.check(&self.listen)?;
         inputs::check(&self.inputs)

@@ -83,7 +83,7 @@ pub struct Patterns(pub Vec<String>);
 
 impl Patterns {
     /// Split `s` at the commas outside `{…}` (globset's alternation uses commas too).
-    fn split(s: &str) -> Vec<String> {
+    pub(super) fn split(s: &str) -> Vec<String> {
         let (mut out, mut cur, mut depth) = (Vec::new(), String::new(), 0usize);
         for c in s.chars() {
             match c {

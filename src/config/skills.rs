@@ -3,17 +3,22 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::policy::Action;
 use super::values::{Size, flexible_u32};
 
 /// `[skills]`: how large one saved skill may be and how many are kept.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct SkillsConfig {
     /// Most bytes of one skill: its source and description together.
     pub max_size: Size,
     /// Most skills kept; saving one more is refused until one is removed.
     #[serde(deserialize_with = "flexible_u32")]
     pub max_count: u32,
+    /// Whether a save is stored (`allow`), refused (`deny`), or shown to the user first
+    /// (`ask`): a saved skill runs in every later session, so a prompt injection could persist
+    /// through one.
+    pub save: Action,
 }
 
 impl Default for SkillsConfig {
@@ -21,6 +26,7 @@ impl Default for SkillsConfig {
         SkillsConfig {
             max_size: Size(64 << 10),
             max_count: 200,
+            save: Action::Ask,
         }
     }
 }

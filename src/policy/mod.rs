@@ -281,15 +281,55 @@ pub struct ApprovalRequest {
     pub arguments: String,
     pub rule: String,
     pub origin: String,
+    /// What is asked about: a proxied call (the fields above), or something else the bridge
+    /// words itself (an install, a skill's save).
+    pub asked: Asked,
+}
+
+/// What an approval question is about.
+#[derive(Debug, Clone, Default)]
+pub enum Asked {
+    /// A proxied tool call: `server`, `tool` and `arguments`.
+    #[default]
+    ToolCall,
+    /// Another action: the form's title, and the bridge's text of the question (every name in
+    /// it the code chose quoted by [`shown_name`] or a counted block of its own).
+    Other { title: &'static str, text: String },
 }
 
 impl ApprovalRequest {
+    /// A question about something other than a tool call.
+    pub fn other(title: &'static str, text: String, rule: String, origin: String) -> ApprovalRequest {
+        ApprovalRequest {
+            server: String::new(),
+            tool: String::new(),
+            arguments: String::new(),
+            rule,
+            origin,
+            asked: Asked::Other { title, text },
+        }
+    }
+
+    /// The title of the form's one choice.
+    pub fn title(&self) -> &'static str {
+        match &self.asked {
+            Asked::ToolCall => "Allow this tool call?",
+            Asked::Other { title, .. } => title,
+        }
+    }
+
     /// The question as the client shows it. The bridge's own words come first and end before
     /// the arguments; tool and server names are quoted and escaped ([`shown_name`]), and the
     /// arguments are a counted block of one line each, closed by an end line, so nothing the
     /// code chose can read as the bridge speaking (a fake "asked because of" line, a fake
     /// verdict) or push the real lines out of view.
     pub fn message(&self) -> String {
+        if let Asked::Other { text, .. } = &self.asked {
+            return format!(
+                "{}\nAsked because of {} in {}.",
+                text, self.rule, self.origin
+            );
+        }
         format!(
             "Code running in run_python wants to call the tool {} of the MCP server {}.\nAsked because of {} in {}.\n\n{}",
             shown_name(&self.tool),
@@ -600,6 +640,7 @@ mod tests {
             arguments: summarize_arguments(Some(&args)),
             rule: "policy.ask \"gh.*\"".into(),
             origin: "the config file".into(),
+            asked: Asked::ToolCall,
         };
         let m = request.message();
         let lines: Vec<&str> = m.lines().collect();

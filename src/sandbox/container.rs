@@ -206,6 +206,63 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
     }
 }
 
+/// The host directory of container `cname`'s installed packages, mounted read-only at
+/// `protocol::PACKAGES_DIR`: the bridge writes it (`crate::packages`), the sandbox's user can
+/// only read and execute it, and it goes with the container.
+pub fn packages_dir(config: &Config, cname: &str) -> std::path::PathBuf {
+    config.state_dir.join("packages").join("sandboxes").join(cname)
+}
+
+/// Mount `dir` read-only at `protocol::PACKAGES_DIR`: a bind mount, so it is the same files on
+/// the host and inside under every runtime (gVisor's gofer serves it as runc's kernel does),
+/// and without `noexec`, so that C extensions load. Writable XOR executable holds: the
+/// sandbox's user cannot write it (read-only mount, files the bridge owns), and everything it
+/// can write (`/tmp`, `/workspace`, `/run`, `/var/tmp`) is `noexec`.
+pub fn mount_packages(body: &mut ContainerCreateBody, dir: &std::path::Path) {
+    let host = body.host_config.get_or_insert_with(Default::default);
+    host.mounts.get_or_insert_with(Vec::new).push(bollard::models::Mount {
+        target: Some(crate::protocol::PACKAGES_DIR.to_string()),
+        source: Some(dir.to_string_lossy().into_owned()),
+        typ: Some(bollard::models::MountType::BIND),
+        read_only: Some(true),
+        ..Default::default()
+    });
+}
+
+/// Remove the package directories of containers whose bridge is gone (their names start
+/// `mcp-code-bridge-<pid>-`): what a killed bridge left. Best effort; nothing else is touched.
+pub fn sweep_packages_dirs(config: &Config) {
+    let root = config.state_dir.join("packages").join("sandboxes");
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return;
+    };
+    let me = std::process::id();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix("mcp-code-bridge-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        let gone = match pid {
+            Some(p) => p != me && crate::procfs::running_since(p).is_none(),
+            None => false,
+        };
+        if gone {
+            remove_packages_dir(&e.path());
+        }
+    }
+}
+
+/// Remove a package directory whose container is gone. The bridge made its directories
+/// read-only for the sandbox, not for itself, so a plain recursive removal does it.
+pub fn remove_packages_dir(dir: &std::path::Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::debug!(dir = %dir.display(), "could not remove a package directory: {e}");
+    }
+}
+
 /// How long removing a container may take before it is left to the reaper.
 const REMOVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long the SIGKILL before a removal may take; the removal follows whatever it answered.

@@ -94,6 +94,8 @@ pub struct Sandbox {
     lost: Lost,
     /// Itself, for the background tasks it spawns (warm-up, refill).
     this: Weak<Sandbox>,
+    /// What makes every new sandbox ready after its boot (`packages.preinstall`).
+    provision: std::sync::OnceLock<Arc<dyn crate::protocol::Provision>>,
 }
 
 /// A reporter of image-load progress: bytes streamed so far.
@@ -112,6 +114,7 @@ impl Sandbox {
             owner: container::owner_id(),
             serial: AtomicU64::new(0),
             load_progress: std::sync::OnceLock::new(),
+            provision: std::sync::OnceLock::new(),
             pool: Pool::new(),
             closing: tokio_util::sync::CancellationToken::new(),
             lost: Lost::default(),
@@ -208,6 +211,7 @@ impl Sandbox {
             Role::Pool,
             &self.owner,
             serial,
+            self.provision.get(),
         );
         // Given up when the bridge shuts down; the container it may have created is removed by
         // the shutdown's sweep of every container this bridge owns.
@@ -245,6 +249,11 @@ impl Sandbox {
             .count()
     }
 
+    /// Run `p` on every new sandbox after its boot, before it serves a call.
+    pub fn set_provision(&self, p: Arc<dyn crate::protocol::Provision>) {
+        let _ = self.provision.set(p);
+    }
+
     /// Report image-load progress to `f` instead of the log (a progress bar on a terminal).
     pub fn set_load_progress(&self, f: LoadProgress) {
         let _ = self.load_progress.set(f);
@@ -259,6 +268,7 @@ impl Sandbox {
                 tracing::info!(reaped, "removed containers left by bridges that are gone");
             }
             files::reap_orphans(&self.config.state_dir);
+            container::sweep_packages_dirs(&self.config);
             Ok::<_, SandboxError>(Arc::new(engine))
         })
         .await
@@ -364,6 +374,7 @@ impl Sandbox {
                 Role::Session(&name.to_string()),
                 &self.owner,
                 serial,
+                self.provision.get(),
             )
             .await?,
         );
@@ -469,7 +480,7 @@ impl Sandbox {
         req: ExecRequest,
     ) -> Result<ExecOutcome, SandboxError> {
         let (session, fresh, mut notices) = self.session(name, reset).await?;
-        req.binding.rpc.on_interpreter(&session.container_id);
+        req.binding.rpc.on_interpreter(&session.interpreter);
         let cancel = req.cancel.clone();
         let Some(mut outcome) = session.exec(req, name).await else {
             // Cancelled in the line behind another call: nothing ran, nothing to copy out.

@@ -27,6 +27,7 @@ pub const MODULES: &[(&str, &str)] = &[
     module!("discovery"),
     module!("display"),
     module!("execute"),
+    module!("installs"),
     module!("interrupts"),
     module!("notebook"),
     module!("outdir"),

@@ -26,7 +26,9 @@ use super::error::SandboxError;
 use super::images::{MAX_IMAGES, MAX_IMAGES_TOTAL, check_image};
 use super::output::{Collector, ExecOutcome, Outcome, OutputSink, limit_hint};
 use crate::config::Config;
-use crate::protocol::{ExecBinding, ExecError, ExecStatus, HostFrame, SandboxFrame, Stream};
+use crate::protocol::{
+    ExecBinding, ExecError, ExecStatus, HostFrame, Interpreter, Provision, SandboxFrame, Stream,
+};
 
 /// How long code gets to react to KeyboardInterrupt before its container is killed.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
@@ -89,6 +91,9 @@ pub struct Session {
     files_through_channel: bool,
     /// What the session's start has to say (inputs not copied, and why): the first call's notices.
     start_notices: std::sync::Mutex<Vec<String>>,
+    /// The interpreter as RPC handlers are told of it: its id, its package directory (removed
+    /// with it) and what it said of itself at boot.
+    pub interpreter: Interpreter,
 }
 
 /// A call's hold on a session, from hand-out until the call is done; see [`Session::claim`].
@@ -130,10 +135,22 @@ impl Session {
         role: Role<'_>,
         owner: &str,
         serial: u64,
+        provision: Option<&Arc<dyn Provision>>,
     ) -> Result<Session, SandboxError> {
         let t0 = Instant::now();
-        let body = container::spec(config, role, owner);
+        let mut body = container::spec(config, role, owner);
         let cname = container::container_name(role, serial);
+        let packages = container::packages_dir(config, &cname);
+        if let Err(e) = make_packages_dir(&packages) {
+            return Err(SandboxError::Create {
+                image: config.image.clone(),
+                reason: format!(
+                    "could not make the package directory {}: {e}",
+                    packages.display()
+                ),
+            });
+        }
+        container::mount_packages(&mut body, &packages);
         let name = match role {
             Role::Session(name) => name.to_string(),
             Role::Pool => format!("pool-{serial}"),
@@ -141,19 +158,29 @@ impl Session {
         let opts = CreateContainerOptionsBuilder::default()
             .name(&cname)
             .build();
-        let created = docker
-            .create_container(Some(opts), body)
-            .await
-            .map_err(|e| SandboxError::Create {
-                image: config.image.clone(),
-                reason: e.to_string(),
-            })?;
+        let created = match docker.create_container(Some(opts), body).await {
+            Ok(c) => c,
+            Err(e) => {
+                container::remove_packages_dir(&packages);
+                return Err(SandboxError::Create {
+                    image: config.image.clone(),
+                    reason: e.to_string(),
+                });
+            }
+        };
         let id = created.id;
         tracing::debug!(session = %name, ms = t0.elapsed().as_millis() as u64, "container created");
-        match Self::attach_and_boot(docker, config, &name, &id, t0).await {
-            Ok(s) => Ok(s),
+        match Self::attach_and_boot(docker, config, &name, &id, t0, packages.clone()).await {
+            Ok(s) => {
+                if let Some(p) = provision {
+                    let notices = p.provision(&s.interpreter).await;
+                    s.start_notices.lock().unwrap().extend(notices);
+                }
+                Ok(s)
+            }
             Err(e) => {
                 container::remove(docker, &id).await;
+                container::remove_packages_dir(&packages);
                 Err(e)
             }
         }
@@ -186,6 +213,7 @@ impl Session {
         name: &str,
         id: &str,
         t0: Instant,
+        packages: std::path::PathBuf,
     ) -> Result<Session, SandboxError> {
         let opts = AttachContainerOptionsBuilder::default()
             .stdin(true)
@@ -216,10 +244,10 @@ impl Session {
         } = Channel::open(attached.output, attached.input, name);
 
         let _ = writer.send(super::runtime::boot_line().to_vec()).await;
-        let python = match tokio::time::timeout(START_TIMEOUT, async {
+        let (python, target) = match tokio::time::timeout(START_TIMEOUT, async {
             loop {
                 match frame_rx.recv().await.map(|q| q.frame) {
-                    Some(SandboxFrame::Ready { python }) => return Some(python),
+                    Some(SandboxFrame::Ready { python, target }) => return Some((python, target)),
                     Some(_) => continue,
                     None => return None,
                 }
@@ -259,6 +287,11 @@ impl Session {
             file_caps: super::files::Caps::from_config(config),
             out_stamp: std::sync::Mutex::new(OutStamp::default()),
             files_through_channel: config.isolation == crate::config::Isolation::Gvisor,
+            interpreter: Interpreter {
+                id: id.to_string(),
+                packages: Some(packages),
+                target,
+            },
         })
     }
 
@@ -288,6 +321,9 @@ impl Session {
         self.dead.store(true, Ordering::Relaxed);
         container::remove(&self.docker, &self.container_id).await;
         self.files.clear();
+        if let Some(dir) = self.interpreter.packages.clone() {
+            let _ = tokio::task::spawn_blocking(move || container::remove_packages_dir(&dir)).await;
+        }
     }
 
     /// Whether what the last exec left in `/workspace/out` is to be copied: not when the
@@ -338,6 +374,20 @@ impl Session {
         self.copied(latest, &report);
         report
     }
+}
+
+/// The package directory of a new container: empty, the bridge's, readable and searchable by
+/// everyone (the sandbox's user reads it through the mount) and writable by the bridge only.
+fn make_packages_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    std::fs::create_dir(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
 }
 
 fn short(id: &str) -> &str {

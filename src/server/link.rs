@@ -22,13 +22,13 @@ pub const APPROVE_SESSION: &str = "allow_session";
 pub const APPROVE_DENY: &str = "deny";
 
 /// The approval form: one required field, `decision`, a titled single choice.
-pub fn approval_schema() -> rmcp::model::ElicitationSchema {
+pub fn approval_schema(title: &str) -> rmcp::model::ElicitationSchema {
     serde_json::from_value(json!({
         "type": "object",
         "properties": {
             "decision": {
                 "type": "string",
-                "title": "Allow this tool call?",
+                "title": title,
                 "oneOf": [
                     {"const": APPROVE_ONCE, "title": "Allow once"},
                     {"const": APPROVE_SESSION, "title": "Allow for this session"},
@@ -53,7 +53,7 @@ impl Approver for ClientApprover {
         let params = ElicitRequestParams::FormElicitationParams {
             meta: None,
             message: request.message(),
-            requested_schema: approval_schema(),
+            requested_schema: approval_schema(request.title()),
         };
         rounds::approval_of(
             self.0
@@ -109,7 +109,7 @@ mod tests {
 
     #[test]
     fn the_approval_form_offers_three_choices() {
-        let v = serde_json::to_value(approval_schema()).unwrap();
+        let v = serde_json::to_value(approval_schema("Allow this tool call?")).unwrap();
         let choices: Vec<&str> = v["properties"]["decision"]["oneOf"]
             .as_array()
             .unwrap()

@@ -52,6 +52,8 @@ pub struct Bridge {
     audit: Audit,
     /// The saved skills, whose RPC methods every exec's handler answers first.
     skills: Arc<skills::Store>,
+    /// The installer of `runtime.install`, whose RPC methods every exec's handler answers too.
+    packages: Arc<crate::packages::Packages>,
     /// `run_python` calls running as tasks, for clients that declared the tasks extension.
     tasks: TaskManager,
     /// Whose each task is (`None`: the stdio user's) and its form, so one identity cannot read or cancel
@@ -66,8 +68,13 @@ impl Bridge {
     pub fn new(config: Arc<Config>, sandbox: Arc<Sandbox>, upstreams: Upstreams) -> Self {
         let audit = Audit::open(&config);
         let skills = Arc::new(skills::Store::from_config(&config));
+        let packages = crate::packages::Packages::new(&config, audit.clone());
+        if !config.packages.preinstall.0.is_empty() {
+            sandbox.set_provision(Arc::new(crate::packages::Preinstall(packages.clone())));
+        }
         Bridge {
             skills,
+            packages,
             config,
             sandbox,
             upstreams,

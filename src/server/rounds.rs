@@ -125,7 +125,7 @@ impl Approver for RoundApprover {
         let params = ElicitRequestParams::FormElicitationParams {
             meta: None,
             message: request.message(),
-            requested_schema: super::approval_schema(),
+            requested_schema: super::approval_schema(request.title()),
         };
         approval_of(self.0.ask(params).await)
     }
@@ -504,6 +504,7 @@ mod tests {
                 arguments: "(none)".into(),
                 rule: "r".into(),
                 origin: "o".into(),
+                asked: Default::default(),
             };
             let text = format!("{:?}", a.ask(&r).await);
             CallToolResult::success(vec![rmcp::model::ContentBlock::text(text)])

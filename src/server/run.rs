@@ -75,6 +75,7 @@ impl Bridge {
                 });
             }
         };
+        let asker = approver.clone();
         let call = CallContext {
             session: key.clone(),
             approver,
@@ -96,6 +97,16 @@ impl Bridge {
                     message: e.message(),
                 });
             }
+        };
+        let binding = crate::protocol::ExecBinding {
+            rpc: crate::packages::rpc::PackagesRpc::wrap(
+                self.packages.clone(),
+                key.name().to_string(),
+                key.owner().name().map(str::to_string),
+                asker,
+                binding.rpc,
+            ),
+            ..binding
         };
         let req = ExecRequest {
             code: args.code,

@@ -120,8 +120,8 @@ impl RpcHandler for SkillRpc {
         self.inner.handle(method, params).await
     }
 
-    fn on_interpreter(&self, id: &str) {
-        self.inner.on_interpreter(id);
+    fn on_interpreter(&self, interpreter: &crate::protocol::Interpreter) {
+        self.inner.on_interpreter(interpreter);
     }
 }
 

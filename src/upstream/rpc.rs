@@ -530,6 +530,7 @@ impl ExecRpc {
             arguments: crate::policy::summarize_arguments(arguments),
             rule: ruling.rule.clone(),
             origin: ruling.origin.clone(),
+            asked: crate::policy::Asked::ToolCall,
         };
         let path = approver.path();
         match approver.ask(&request).await {
@@ -639,8 +640,8 @@ impl RpcHandler for ExecRpc {
         })
     }
 
-    fn on_interpreter(&self, id: &str) {
-        let _ = self.interpreter.set(id.to_string());
+    fn on_interpreter(&self, interpreter: &crate::protocol::Interpreter) {
+        let _ = self.interpreter.set(interpreter.id.clone());
     }
 }
 

@@ -1,0 +1,653 @@
+//! The host's package cache, `<state_dir>/packages/` (mode 0700), shared by every bridge of
+//! the user:
+//! - `wheels/<sha256>.whl`: wheels as downloaded, named by the digest they were checked against;
+//! - `trees/<sha256>/`: each unpacked once (files 0444), what sessions' directories hard-link;
+//! - `plans/<key>.json`: resolutions already made, so the same install in another session
+//!   reaches no index;
+//! - `uv/`: uv's own cache; `tmp/`: work in progress, renamed into place whole.
+//!
+//! Everything enters by an atomic rename, so bridges installing at once never see a half
+//! file, and take a shared lock on `.lock` while they use the cache; pruning takes it
+//! exclusively (and is skipped while anyone installs).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::PackageError;
+use super::resolve::Wheel;
+
+/// Most entries one wheel may have: a large package has a few thousand files.
+pub const MAX_ENTRIES: usize = 100_000;
+
+pub struct Store {
+    root: PathBuf,
+}
+
+/// A held lock on the cache (shared or exclusive), released when dropped.
+pub struct CacheLock(#[allow(dead_code)] File);
+
+impl Store {
+    pub fn new(root: PathBuf) -> Store {
+        Store { root }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn uv_cache(&self) -> PathBuf {
+        self.root.join("uv")
+    }
+
+    fn dir(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    /// Make the directories (the root 0700) and take the shared lock.
+    pub fn open_shared(&self) -> Result<CacheLock, PackageError> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| PackageError::Io {
+                what: "could not prepare the package cache",
+                path,
+                source,
+            }
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.root)
+            .map_err(io(&self.root))?;
+        let _ = std::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o700));
+        for d in ["wheels", "trees", "plans", "tmp", "uv"] {
+            std::fs::create_dir_all(self.dir(d)).map_err(io(&self.dir(d)))?;
+        }
+        let lock = self.lock_file()?;
+        crate::flock::lock_shared(&lock).map_err(io(&self.root))?;
+        Ok(CacheLock(lock))
+    }
+
+    fn lock_file(&self) -> Result<File, PackageError> {
+        let path = self.root.join(".lock");
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|source| PackageError::Io {
+                what: "could not open",
+                path,
+                source,
+            })
+    }
+
+    /// A fresh directory under `tmp/`, removed with its guard.
+    pub fn work_dir(&self) -> Result<tempfile::TempDir, PackageError> {
+        tempfile::Builder::new()
+            .prefix("work-")
+            .tempdir_in(self.dir("tmp"))
+            .map_err(|source| PackageError::Io {
+                what: "could not make a work directory in",
+                path: self.dir("tmp"),
+                source,
+            })
+    }
+
+    /// A resolution made before under `key`, if every wheel of it is still cached.
+    pub fn plan(&self, key: &str) -> Option<Vec<Wheel>> {
+        let path = self.dir("plans").join(format!("{key}.json"));
+        let mut text = String::new();
+        crate::statefile::open_read(&path)
+            .ok()?
+            .take(4 << 20)
+            .read_to_string(&mut text)
+            .ok()?;
+        let wheels: Vec<Wheel> = serde_json::from_str(&text).ok()?;
+        wheels
+            .iter()
+            .all(|w| w.sha256.as_ref().is_some_and(|h| self.wheel_path(h).is_file()))
+            .then_some(wheels)
+    }
+
+    pub fn save_plan(&self, key: &str, wheels: &[Wheel]) {
+        let Ok(text) = serde_json::to_string(wheels) else { return };
+        let path = self.dir("plans").join(format!("{key}.json"));
+        let _ = write_atomic(&self.dir("tmp"), &path, text.as_bytes());
+    }
+
+    fn wheel_path(&self, sha256: &str) -> PathBuf {
+        self.dir("wheels").join(format!("{sha256}.whl"))
+    }
+
+    fn tree_path(&self, sha256: &str) -> PathBuf {
+        self.dir("trees").join(sha256)
+    }
+
+    /// The wheel `w` in the cache, downloaded (or copied from `find_links`) and checked if it
+    /// is not there yet: its sha256 set (computed for a `find_links` file). `true` when it was
+    /// cached already. At most `max` bytes are read.
+    pub async fn fetch(
+        &self,
+        client: &reqwest::Client,
+        w: &mut Wheel,
+        max: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<bool, PackageError> {
+        if let Some(h) = &w.sha256
+            && self.wheel_path(h).is_file()
+        {
+            touch(&self.wheel_path(h));
+            return Ok(true);
+        }
+        if let Some(size) = w.size
+            && size > max
+        {
+            return Err(PackageError::TooLarge {
+                what: format!("the wheel of {} {}", w.name, w.version),
+                size,
+                max,
+            });
+        }
+        let mut tmp = tempfile::NamedTempFile::new_in(self.dir("tmp")).map_err(|source| {
+            PackageError::Io {
+                what: "could not make a file in",
+                path: self.dir("tmp"),
+                source,
+            }
+        })?;
+        let mut hasher = Sha256::new();
+        let mut got = 0u64;
+        let too_large = |w: &Wheel, size: u64| PackageError::TooLarge {
+            what: format!("the wheel of {} {}", w.name, w.version),
+            size,
+            max,
+        };
+        if let Some(url) = w.url.clone() {
+            let fetch = async {
+                let mut resp = client
+                    .get(&url)
+                    .send()
+                    .await
+                    .and_then(|r| r.error_for_status())
+                    .map_err(|e| PackageError::Download {
+                        name: w.name.clone(),
+                        reason: e.to_string(),
+                    })?;
+                while let Some(chunk) = resp.chunk().await.map_err(|e| PackageError::Download {
+                    name: w.name.clone(),
+                    reason: e.to_string(),
+                })? {
+                    got += chunk.len() as u64;
+                    if got > max || w.size.is_some_and(|s| got > s) {
+                        return Err(too_large(w, got));
+                    }
+                    hasher.update(&chunk);
+                    tmp.write_all(&chunk).map_err(|source| PackageError::Io {
+                        what: "could not write",
+                        path: tmp.path().to_path_buf(),
+                        source,
+                    })?;
+                }
+                Ok(())
+            };
+            match tokio::time::timeout_at(deadline, fetch).await {
+                Ok(r) => r?,
+                Err(_) => return Err(PackageError::Timeout(0)),
+            }
+        } else if let Some(path) = w.path.clone() {
+            let mut f = File::open(&path).map_err(|source| PackageError::Io {
+                what: "could not read",
+                path: path.clone(),
+                source,
+            })?;
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                let n = f.read(&mut buf).map_err(|source| PackageError::Io {
+                    what: "could not read",
+                    path: path.clone(),
+                    source,
+                })?;
+                if n == 0 {
+                    break;
+                }
+                got += n as u64;
+                if got > max {
+                    return Err(too_large(w, got));
+                }
+                hasher.update(&buf[..n]);
+                tmp.write_all(&buf[..n]).map_err(|source| PackageError::Io {
+                    what: "could not write",
+                    path: tmp.path().to_path_buf(),
+                    source,
+                })?;
+            }
+        }
+        let digest = hex::encode(hasher.finalize());
+        match &w.sha256 {
+            Some(expected) if *expected != digest => {
+                return Err(PackageError::HashMismatch {
+                    name: w.name.clone(),
+                    expected: expected.clone(),
+                    got: digest,
+                });
+            }
+            Some(_) => {}
+            None => w.sha256 = Some(digest.clone()),
+        }
+        if w.size.is_some_and(|s| s != got) {
+            return Err(PackageError::Download {
+                name: w.name.clone(),
+                reason: format!("{got} bytes came, the index said {}", w.size.unwrap_or(0)),
+            });
+        }
+        let dest = self.wheel_path(&digest);
+        tmp.persist(&dest).map_err(|e| PackageError::Io {
+            what: "could not keep",
+            path: dest.clone(),
+            source: e.error,
+        })?;
+        Ok(false)
+    }
+
+    /// The unpacked tree of the cached wheel `sha256` and its bytes, unpacking it the first
+    /// time (at most `max` bytes and [`MAX_ENTRIES`] entries; no absolute or `..` path, no
+    /// link). What a wheel's `.data/purelib` and `.data/platlib` hold goes to the top, as pip
+    /// installs it; its scripts, headers and data are not installed (nothing here runs them).
+    pub fn tree(&self, name: &str, sha256: &str, max: u64) -> Result<(PathBuf, u64), PackageError> {
+        let tree = self.tree_path(sha256);
+        if tree.is_dir() {
+            return Ok((tree.clone(), tree_bytes(&tree)));
+        }
+        let whl = self.wheel_path(sha256);
+        let bad = |reason: String| PackageError::BadWheel {
+            name: name.to_string(),
+            reason,
+        };
+        let f = File::open(&whl).map_err(|source| PackageError::Io {
+            what: "could not read",
+            path: whl.clone(),
+            source,
+        })?;
+        let mut zip = zip::ZipArchive::new(f).map_err(|e| bad(format!("not a zip archive: {e}")))?;
+        if zip.len() > MAX_ENTRIES {
+            return Err(bad(format!(
+                "{} entries, more than {MAX_ENTRIES}",
+                zip.len()
+            )));
+        }
+        let work = tempfile::Builder::new()
+            .prefix("tree-")
+            .tempdir_in(self.dir("tmp"))
+            .map_err(|source| PackageError::Io {
+                what: "could not make a directory in",
+                path: self.dir("tmp"),
+                source,
+            })?;
+        let mut total = 0u64;
+        for i in 0..zip.len() {
+            let mut entry = zip
+                .by_index(i)
+                .map_err(|e| bad(format!("entry {i} cannot be read: {e}")))?;
+            let raw = entry.name().to_string();
+            if entry.is_symlink() {
+                return Err(bad(format!("{raw:?} is a symbolic link")));
+            }
+            let Some(rel) = entry.enclosed_name() else {
+                return Err(bad(format!("{raw:?} leaves the install directory")));
+            };
+            let Some(rel) = install_path(&rel) else {
+                continue;
+            };
+            let dest = work.path().join(&rel);
+            if entry.is_dir() {
+                std::fs::create_dir_all(&dest).map_err(|source| PackageError::Io {
+                    what: "could not make",
+                    path: dest.clone(),
+                    source,
+                })?;
+                continue;
+            }
+            let declared = entry.size();
+            if total.saturating_add(declared) > max {
+                return Err(PackageError::TooLarge {
+                    what: format!("{name} unpacked"),
+                    size: total.saturating_add(declared),
+                    max,
+                });
+            }
+            if let Some(parent) = dest.parent() {
+                std::fs::create_dir_all(parent).map_err(|source| PackageError::Io {
+                    what: "could not make",
+                    path: parent.to_path_buf(),
+                    source,
+                })?;
+            }
+            let mut out = File::create(&dest).map_err(|source| PackageError::Io {
+                what: "could not write",
+                path: dest.clone(),
+                source,
+            })?;
+            // The declared size is the compressed stream's claim: no more is read.
+            let n = std::io::copy(&mut (&mut entry).take(declared + 1), &mut out)
+                .map_err(|e| bad(format!("{raw:?} cannot be unpacked: {e}")))?;
+            if n > declared {
+                return Err(bad(format!("{raw:?} holds more than its declared {declared} bytes")));
+            }
+            total += n;
+            set_mode(&dest, 0o444);
+        }
+        let tmp = work.keep();
+        match std::fs::rename(&tmp, &tree) {
+            Ok(()) => {}
+            // Another bridge unpacked it first: theirs is the same bytes.
+            Err(_) if tree.is_dir() => {
+                let _ = std::fs::remove_dir_all(&tmp);
+            }
+            Err(source) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                return Err(PackageError::Io {
+                    what: "could not keep",
+                    path: tree,
+                    source,
+                });
+            }
+        }
+        Ok((tree, total))
+    }
+
+    /// Every cached wheel: file name (from its tree's `.dist-info`), size, last use.
+    pub fn list(&self) -> Vec<Cached> {
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(self.dir("wheels")) else {
+            return out;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(sha) = name.strip_suffix(".whl") else { continue };
+            let Ok(meta) = e.metadata() else { continue };
+            let tree = self.tree_path(sha);
+            out.push(Cached {
+                sha256: sha.to_string(),
+                dist: dist_info(&tree).unwrap_or_default(),
+                size: meta.len() + if tree.is_dir() { tree_bytes(&tree) } else { 0 },
+                used: meta.modified().ok(),
+            });
+        }
+        out.sort_by(|a, b| a.dist.cmp(&b.dist));
+        out
+    }
+
+    /// Remove the least recently used wheels (and their trees) until the cache holds at most
+    /// `keep` bytes (0: everything), and every saved resolution. Under the exclusive lock;
+    /// `None` when another bridge is installing now.
+    pub fn prune(&self, keep: u64) -> Result<Option<(usize, u64)>, PackageError> {
+        if !self.root.is_dir() {
+            return Ok(Some((0, 0)));
+        }
+        let lock = self.lock_file()?;
+        let locked = crate::flock::try_lock_exclusive(&lock).map_err(|source| PackageError::Io {
+            what: "could not lock",
+            path: self.root.join(".lock"),
+            source,
+        })?;
+        if !locked {
+            return Ok(None);
+        }
+        let mut all = self.list();
+        let mut total: u64 = all.iter().map(|c| c.size).sum();
+        all.sort_by_key(|c| c.used);
+        let (mut removed, mut freed) = (0, 0);
+        for c in all {
+            if total <= keep && keep > 0 {
+                break;
+            }
+            let _ = std::fs::remove_file(self.wheel_path(&c.sha256));
+            let _ = std::fs::remove_dir_all(self.tree_path(&c.sha256));
+            total -= c.size;
+            freed += c.size;
+            removed += 1;
+        }
+        if removed > 0
+            && let Ok(plans) = std::fs::read_dir(self.dir("plans"))
+        {
+            for p in plans.flatten() {
+                let _ = std::fs::remove_file(p.path());
+            }
+        }
+        if keep == 0 {
+            let _ = std::fs::remove_dir_all(self.uv_cache());
+        }
+        drop(lock);
+        Ok(Some((removed, freed)))
+    }
+}
+
+/// One wheel of the cache.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Cached {
+    pub sha256: String,
+    /// `name-version`, from the unpacked tree's `.dist-info` (empty when not unpacked).
+    pub dist: String,
+    pub size: u64,
+    #[serde(skip)]
+    pub used: Option<std::time::SystemTime>,
+}
+
+/// The path an entry of a wheel is installed at, or `None` when it is not installed.
+fn install_path(rel: &Path) -> Option<PathBuf> {
+    let mut comps = rel.components();
+    let first = comps.next()?.as_os_str().to_str()?.to_string();
+    if first.ends_with(".data") {
+        let kind = comps.next()?.as_os_str().to_str()?;
+        return matches!(kind, "purelib" | "platlib").then(|| comps.as_path().to_path_buf());
+    }
+    Some(rel.to_path_buf())
+}
+
+fn dist_info(tree: &Path) -> Option<String> {
+    std::fs::read_dir(tree).ok()?.flatten().find_map(|e| {
+        e.file_name()
+            .to_str()
+            .and_then(|n| n.strip_suffix(".dist-info"))
+            .map(str::to_string)
+    })
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
+}
+
+/// Bytes of the files under `dir` (links not followed).
+pub fn tree_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let Ok(t) = e.file_type() else { continue };
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                total += e.metadata().map_or(0, |m| m.len());
+            }
+        }
+    }
+    total
+}
+
+/// Mark a cached wheel used now (pruning goes by it).
+fn touch(path: &Path) {
+    if let Ok(f) = File::options().write(true).open(path) {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
+}
+
+/// Write `bytes` to `path` whole: a file in `tmp` renamed over it.
+pub fn write_atomic(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = tempfile::NamedTempFile::new_in(tmp)?;
+    f.write_all(bytes)?;
+    f.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// Hard-link every file of `tree` into `dest` (its directories made), listing in `created`
+/// what it made so that a failed install can take it back. A file already at a path is a
+/// conflict between two distributions: refused, never overwritten.
+pub fn link_tree(tree: &Path, dest: &Path, created: &mut Vec<PathBuf>) -> Result<(), PackageError> {
+    let io = |what: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| PackageError::Io { what, path, source }
+    };
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let src_dir = tree.join(&rel);
+        for e in std::fs::read_dir(&src_dir).map_err(io("could not read", &src_dir))? {
+            let e = e.map_err(io("could not read", &src_dir))?;
+            let r = rel.join(e.file_name());
+            let to = dest.join(&r);
+            let t = e.file_type().map_err(io("could not read", &e.path()))?;
+            if t.is_dir() {
+                match std::fs::create_dir(&to) {
+                    Ok(()) => {
+                        set_mode(&to, 0o755);
+                        created.push(to);
+                    }
+                    Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists && to.is_dir() => {}
+                    Err(source) => return Err(io("could not make", &to)(source)),
+                }
+                stack.push(r);
+            } else if t.is_file() {
+                if std::fs::symlink_metadata(&to).is_ok() {
+                    return Err(PackageError::FileConflict(r.display().to_string()));
+                }
+                match std::fs::hard_link(e.path(), &to) {
+                    Ok(()) => {}
+                    // Another file system: a copy, read-only as the tree's.
+                    Err(_) => {
+                        std::fs::copy(e.path(), &to).map_err(io("could not copy to", &to))?;
+                        set_mode(&to, 0o444);
+                    }
+                }
+                created.push(to);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Take back what [`link_tree`] made: files, then directories, deepest first.
+pub fn unlink_created(created: &[PathBuf]) {
+    for p in created.iter().rev() {
+        if p.is_dir() {
+            let _ = std::fs::remove_dir(p);
+        } else {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wheel(entries: &[(&str, &[u8])], symlink: Option<&str>) -> Vec<u8> {
+        let mut buf = std::io::Cursor::new(Vec::new());
+        {
+            let mut z = zip::ZipWriter::new(&mut buf);
+            let opts = zip::write::SimpleFileOptions::default()
+                .compression_method(zip::CompressionMethod::Deflated);
+            for (name, data) in entries {
+                z.start_file(*name, opts).unwrap();
+                z.write_all(data).unwrap();
+            }
+            if let Some(l) = symlink {
+                z.add_symlink(l, "/etc/passwd", opts).unwrap();
+            }
+            z.finish().unwrap();
+        }
+        buf.into_inner()
+    }
+
+    fn cached(store: &Store, bytes: &[u8]) -> String {
+        let sha = hex::encode(Sha256::digest(bytes));
+        std::fs::write(store.wheel_path(&sha), bytes).unwrap();
+        sha
+    }
+
+    #[test]
+    fn a_wheel_unpacks_to_its_install_layout_read_only() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path().join("packages"));
+        let _l = store.open_shared().unwrap();
+        let sha = cached(
+            &store,
+            &wheel(
+                &[
+                    ("pkg/__init__.py", b"X = 1\n"),
+                    ("pkg-1.0.dist-info/METADATA", b"Name: pkg\n"),
+                    ("pkg-1.0.data/platlib/fast.so", b"\x7fELF"),
+                    ("pkg-1.0.data/scripts/run", b"#!/bin/sh\n"),
+                ],
+                None,
+            ),
+        );
+        let (tree, bytes) = store.tree("pkg", &sha, 1 << 20).unwrap();
+        assert!(tree.join("pkg/__init__.py").is_file());
+        assert!(tree.join("fast.so").is_file());
+        assert!(!tree.join("run").exists() && !tree.join("pkg-1.0.data").exists());
+        assert_eq!(bytes, 6 + 10 + 4);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(tree.join("pkg/__init__.py")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o444);
+        let dest = d.path().join("session");
+        std::fs::create_dir(&dest).unwrap();
+        let mut created = Vec::new();
+        link_tree(&tree, &dest, &mut created).unwrap();
+        assert!(dest.join("pkg/__init__.py").is_file());
+        // The same files again conflict, and nothing is overwritten.
+        let mut again = Vec::new();
+        assert!(matches!(
+            link_tree(&tree, &dest, &mut again),
+            Err(PackageError::FileConflict(_))
+        ));
+        unlink_created(&again);
+        unlink_created(&created);
+        assert_eq!(std::fs::read_dir(&dest).unwrap().count(), 0);
+        assert_eq!(store.list().len(), 1);
+        assert_eq!(store.list()[0].dist, "pkg-1.0");
+        // Not while a bridge holds the cache (this test's own shared lock)...
+        assert_eq!(store.prune(0).unwrap(), None);
+        drop(_l);
+        assert_eq!(store.prune(0).unwrap().map(|(n, _)| n), Some(1));
+        assert!(store.list().is_empty());
+    }
+
+    #[test]
+    fn hostile_wheels_are_refused_and_leave_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path().join("packages"));
+        let _l = store.open_shared().unwrap();
+        for (bytes, why) in [
+            (wheel(&[("../../escape.py", b"x")], None), "leaves"),
+            (wheel(&[("/etc/evil.py", b"x")], None), "leaves"),
+            (wheel(&[("ok.py", b"x")], Some("link")), "symbolic link"),
+            (wheel(&[("big.bin", &vec![0u8; 4096])], None), "above"),
+        ] {
+            let sha = cached(&store, &bytes);
+            let err = store.tree("evil", &sha, 1024).unwrap_err();
+            let msg = crate::error::Hinted::message(&err);
+            assert!(
+                msg.contains(why) || matches!(err, PackageError::TooLarge { .. }),
+                "{msg}"
+            );
+            assert!(!store.tree_path(&sha).exists());
+        }
+        let left: Vec<_> = std::fs::read_dir(store.dir("tmp")).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
