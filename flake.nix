@@ -59,7 +59,8 @@
       # `final.callPackage`, so that cross-compilation splices build-time inputs (nativeBuildInputs
       # from the build platform). `or`: the offline evaluation stub of nixpkgs (docs/nix.md) has no
       # callPackage (every nixpkgs has, so there the fallback is never taken); the image leaves out
-      # the Python packages the stub lacks only there (nix/eval-stub.nix).
+      # the Python packages the stub lacks, and the wrapper's uv is a stand-in, only there
+      # (nix/eval-stub.nix).
       overlays.default =
         final: _prev:
         let
@@ -69,7 +70,9 @@
         {
           mcp-code-bridge = callPackage ./nix/package.nix { };
           mcp-code-bridge-sandbox-image = callPackage ./image { evaluationStub = stub.isStub; };
-          mcp-code-bridge-with-image = callPackage ./nix/with-image.nix { };
+          mcp-code-bridge-with-image = callPackage ./nix/with-image.nix {
+            uv = stub.lookup final "uv" (final.writeShellScriptBin "uv" "exit 1");
+          };
         };
 
       packages = forAllSystems (

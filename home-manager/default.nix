@@ -144,6 +144,7 @@ in
 
         assertions =
           common.serverAssertions opt cfg.servers
+          ++ common.packagesAssertions opt cfg
           ++ common.gvisorAssertions opt cfg (
             lib.elem (common.engineOf (cfg.settings.runtime or null)) [
               "auto"

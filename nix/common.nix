@@ -154,8 +154,9 @@ let
 
   nonEmpty = lib.filterAttrs (_: v: v != null && v != [ ] && v != { });
 
-  # `mkDefault` on each value, and on each key of a section (`policy`, `audit`, `oauth`), so a
-  # key set by hand in `settings` wins over a typed option without dropping its neighbours.
+  # `mkDefault` on each value, and on each key of a section (`policy`, `audit`, `packages`,
+  # `oauth`), so a key set by hand in `settings` wins over a typed option without dropping its
+  # neighbours.
   withDefaults = lib.mapAttrs (
     _: v: if lib.isAttrs v && !lib.isDerivation v then lib.mapAttrs (_: lib.mkDefault) v else lib.mkDefault v
   );
@@ -460,6 +461,76 @@ rec {
       };
     };
 
+    # Packages on demand: `runtime.install` in the sandbox, resolved by uv on the host
+    # (`[packages]`, configuration.md's key table). The other keys (`ask_fallback`, `index_url`,
+    # `offline`, `max_size`, `cache_max_size`, `timeout`) go in `settings.packages`.
+    packages = {
+      allow = mkOption {
+        type = types.nullOr (types.listOf types.str);
+        default = null;
+        example = [
+          "tabulate"
+          "scikit-*"
+        ];
+        description = ''
+          Distribution-name globs (normalized names: `scikit-*`) the code may install with
+          `runtime.install` without asking (`packages.allow`).
+        '';
+      };
+      deny = mkOption {
+        type = types.nullOr (types.listOf types.str);
+        default = null;
+        example = [ "*" ];
+        description = ''
+          Distribution-name globs refused (`packages.deny`; `PackageDenied` in Python); deny wins
+          over allow, and a name neither matches is asked.
+        '';
+      };
+      preinstall = mkOption {
+        type = types.nullOr (types.listOf types.str);
+        default = null;
+        example = [
+          "tabulate==0.9.0"
+          "openpyxl"
+        ];
+        description = ''
+          Requirements (a name, extras, version clauses) installed into every new session before
+          its first call (`packages.preinstall`).
+        '';
+      };
+      wheelhouse = mkOption {
+        type = types.nullOr types.path;
+        default = null;
+        example = literalExpression ''
+          pkgs.runCommand "wheels" { } '''
+            mkdir $out
+            cp ''${pkgs.fetchurl {
+              url = "https://files.pythonhosted.org/packages/40/44/4a5f08c96eb108af5cb50b41f76142f0afa346dfa99d5296fe7202a11854/tabulate-0.9.0-py3-none-any.whl";
+              hash = "sha256-AkykeN8i6TQGYUhvhSmM/19tzboU84E+iDABW57RlI8=";
+            }} $out/tabulate-0.9.0-py3-none-any.whl
+          '''
+        '';
+        description = ''
+          A directory of wheel files built or fetched by Nix, written as `packages.find_links`
+          (its store path): the host's uv resolves from it besides the index, or alone with
+          `settings.packages.offline = true`. The wheels must be files of the directory itself,
+          under their wheel file names: the bridge installs no file whose real path lies outside
+          `find_links`, so a directory of symlinks (`linkFarm`, `symlinkJoin`) does not do; copy
+          them (`cp -L`). Do not also set `settings.packages.find_links`.
+        '';
+      };
+      uv = mkOption {
+        type = types.nullOr types.package;
+        default = stub.lookup pkgs "uv" (pkgs.writeShellScriptBin "uv" "exit 1");
+        defaultText = literalExpression "pkgs.uv";
+        description = ''
+          The uv the bridge resolves and downloads packages with, written as `packages.uv`
+          (`<uv>/bin/uv`), so every bridge that reads this config.toml finds it whatever its
+          `PATH`. `null` writes nothing: the bridge then runs `uv` from its `PATH`.
+        '';
+      };
+    };
+
     outputMode = mkOption {
       type = types.nullOr (
         types.enum [
@@ -617,8 +688,33 @@ rec {
       env_file = s.envFile;
     };
 
-  # Typed options -> settings with `mkDefault` on each value, a section's (`policy`, `audit`) on
-  # each of its keys, so `settings.policy.deny` set by hand keeps the typed `policy.allow`.
+  # packages.wheelhouse as `packages.find_links`: its store path (a Nix path value is copied into
+  # the store here), or null.
+  wheelhouseOf = cfg: if cfg.packages.wheelhouse == null then null else "${cfg.packages.wheelhouse}";
+
+  # The wheelhouse is written as `packages.find_links` with `mkDefault`, so a find_links set by
+  # hand would silently win over it: refused instead, saying which to keep.
+  packagesAssertions =
+    opt: cfg:
+    let
+      wheelhouse = wheelhouseOf cfg;
+      given = cfg.settings.packages.find_links or null;
+    in
+    [
+      {
+        assertion = wheelhouse == null || given == wheelhouse;
+        message = ''
+          ${opt}.packages.wheelhouse and ${opt}.settings.packages.find_links both name the
+          directory of wheels the bridge installs from (packages.find_links), which is one. Keep
+          the wheelhouse (remove settings.packages.find_links), or remove packages.wheelhouse to
+          use "${toString given}".
+        '';
+      }
+    ];
+
+  # Typed options -> settings with `mkDefault` on each value, a section's (`policy`, `audit`,
+  # `packages`) on each of its keys, so `settings.policy.deny` set by hand keeps the typed
+  # `policy.allow`.
   typedDefaults = cfg: withDefaults (typedSettings cfg);
 
   # Typed options -> settings.
@@ -649,6 +745,11 @@ rec {
       audit = nonEmpty {
         inherit (cfg.audit) path code keep;
         max_size = cfg.audit.maxSize;
+      };
+      packages = nonEmpty {
+        inherit (cfg.packages) allow deny preinstall;
+        find_links = wheelhouseOf cfg;
+        uv = if cfg.packages.uv == null then null else lib.getExe' cfg.packages.uv "uv";
       };
     }
     // lib.optionalAttrs cfg.gvisor.enable {

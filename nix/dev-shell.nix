@@ -1,6 +1,6 @@
 # The development shell (`nix develop`): the Rust toolchain, podman, Python with the MCP SDK and
 # pytest (the VM test's client, scripts), Node.js and mcp-server-time (upstream servers for the
-# integration tests), nixfmt.
+# integration tests), uv (the host's resolver of `runtime.install`, which the tests run), nixfmt.
 { pkgs }:
 
 let
@@ -26,6 +26,7 @@ mkShell {
     ]))
     pkgs.nodejs
     pkgs.mcp-server-time
+    pkgs.uv
     pkgs.nixfmt
   ];
   RUST_SRC_PATH = "${pkgs.rustPlatform.rustLibSrc}";

@@ -149,8 +149,10 @@ let
   script = drv: drv.buildCommand or drv.cmd or "";
   withoutImage = s: removeAttrs s [ "image" "image_archive" ];
 
+  # No image and no uv (both are written by default): the settings hold what a test sets.
   noImage = {
     image = null;
+    packages.uv = null;
   };
 
   tests = {
@@ -160,7 +162,7 @@ let
       expected = { };
     };
     testImageIsWrittenWithItsArchive = {
-      expr = lib.attrNames (nixos { }).services.mcp-code-bridge.settings;
+      expr = lib.attrNames (nixos { packages.uv = null; }).services.mcp-code-bridge.settings;
       expected = [
         "image"
         "image_archive"
@@ -239,6 +241,118 @@ let
         };
       };
     };
+    # Packages on demand: uv, which resolves runtime.install's packages on the host, is written
+    # by its store path, so every bridge reading the file finds it whatever its PATH; the `nix
+    # run` wrapper has the same uv last on PATH. A packages.uv of your own wins, keeping the
+    # typed keys beside it.
+    testPackagesUvIsReachable =
+      let
+        uvOf = c: c.services.mcp-code-bridge.packages.uv;
+        c = nixos { image = null; };
+        h = homeWithoutMcp {
+          programs.mcp-code-bridge = {
+            enable = true;
+            image = null;
+          };
+        };
+        own = nixos {
+          image = null;
+          packages.allow = [ "tabulate" ];
+          settings.packages.uv = "/opt/uv/bin/uv";
+        };
+      in
+      {
+        expr = {
+          name = lib.getName (uvOf c);
+          nixos = c.services.mcp-code-bridge.settings;
+          home = h.programs.mcp-code-bridge.settings;
+          wrapper = lib.hasInfix (builtins.unsafeDiscardStringContext "--suffix PATH : ${uvOf c}/bin") (
+            script pkgs.mcp-code-bridge-with-image
+          );
+          own = own.services.mcp-code-bridge.settings;
+        };
+        expected = {
+          name = "uv";
+          nixos.packages.uv = "${uvOf c}/bin/uv";
+          home.packages.uv = "${h.programs.mcp-code-bridge.packages.uv}/bin/uv";
+          wrapper = true;
+          own.packages = {
+            allow = [ "tabulate" ];
+            uv = "/opt/uv/bin/uv";
+          };
+        };
+      };
+    # The typed [packages] keys, and a Nix-built wheelhouse written as find_links (its store
+    # path), beside keys of settings.packages.
+    testPackagesWheelhouseIsFindLinks =
+      let
+        wheels = pkgs.runCommand "wheels" { } "mkdir $out";
+        packages = {
+          allow = [ "tabulate" ];
+          deny = [ "*-nightly" ];
+          preinstall = [ "tabulate==0.9.0" ];
+          wheelhouse = wheels;
+          uv = null;
+        };
+        c = nixos (
+          noImage
+          // {
+            inherit packages;
+            settings.packages.offline = true;
+          }
+        );
+        h = homeWithoutMcp {
+          programs.mcp-code-bridge = {
+            enable = true;
+            image = null;
+            inherit packages;
+          };
+        };
+      in
+      {
+        expr = {
+          nixos = c.services.mcp-code-bridge.settings;
+          home = h.programs.mcp-code-bridge.settings;
+          failed = failed c ++ failed h;
+        };
+        expected = {
+          nixos.packages = {
+            allow = [ "tabulate" ];
+            deny = [ "*-nightly" ];
+            preinstall = [ "tabulate==0.9.0" ];
+            find_links = "${wheels}";
+            offline = true;
+          };
+          home.packages = {
+            allow = [ "tabulate" ];
+            deny = [ "*-nightly" ];
+            preinstall = [ "tabulate==0.9.0" ];
+            find_links = "${wheels}";
+          };
+          failed = [ ];
+        };
+      };
+    # Both would set find_links, and settings' would silently win: refused, saying which to keep.
+    testPackagesWheelhouseAndFindLinksSaysWhichToKeep =
+      let
+        needle = opt: "${opt}.packages.wheelhouse and ${opt}.settings.packages.find_links both name the";
+        both = {
+          packages.wheelhouse = pkgs.runCommand "wheels" { } "mkdir $out";
+          settings.packages.find_links = "/srv/wheels";
+        };
+      in
+      {
+        expr = {
+          nixos = saying (needle "services.mcp-code-bridge") (failed (nixos both));
+          home = saying (needle "programs.mcp-code-bridge") (
+            failed (homeWithoutMcp { programs.mcp-code-bridge = both // { enable = true; }; })
+          );
+        };
+        expected = {
+          nixos = needle "services.mcp-code-bridge";
+          home = needle "programs.mcp-code-bridge";
+        };
+      };
     testSettingsWinOverTypedOptions = {
       expr =
         (nixos (
@@ -704,6 +818,7 @@ let
           programs.mcp-code-bridge = {
             enable = true;
             image = null;
+            packages.uv = null;
             registerWithMcp = true;
           };
         };
@@ -718,31 +833,32 @@ let
           registered = true;
         };
       };
-    testHomeWithoutProgramsMcpEvaluates = {
-      expr =
-        let
-          c = homeWithoutMcp {
-            programs.mcp-code-bridge = {
-              enable = true;
-              limits.memory = "1g";
-              servers.docs.url = "https://mcp.example.com/mcp";
-            };
+    testHomeWithoutProgramsMcpEvaluates =
+      let
+        c = homeWithoutMcp {
+          programs.mcp-code-bridge = {
+            enable = true;
+            limits.memory = "1g";
+            servers.docs.url = "https://mcp.example.com/mcp";
           };
-        in
-        {
+        };
+      in
+      {
+        expr = {
           inherit (c.programs.mcp-code-bridge) settings;
           failed = failed c;
         };
-      expected = {
-        settings = {
-          image = (pkgs.mcp-code-bridge-sandbox-image).imageName + ":" + pkgs.mcp-code-bridge-sandbox-image.imageTag;
-          image_archive = "${pkgs.mcp-code-bridge-sandbox-image}";
-          memory = "1g";
-          servers.docs.url = "https://mcp.example.com/mcp";
+        expected = {
+          settings = {
+            image = (pkgs.mcp-code-bridge-sandbox-image).imageName + ":" + pkgs.mcp-code-bridge-sandbox-image.imageTag;
+            image_archive = "${pkgs.mcp-code-bridge-sandbox-image}";
+            memory = "1g";
+            packages.uv = "${c.programs.mcp-code-bridge.packages.uv}/bin/uv";
+            servers.docs.url = "https://mcp.example.com/mcp";
+          };
+          failed = [ ];
         };
-        failed = [ ];
       };
-    };
     # An older home-manager: programs.mcp with free-form servers, no lib.hm.mcp.
     testHomeOlderProgramsMcpWarnsAndImportsNothing =
       let
@@ -762,6 +878,7 @@ let
             mcp-code-bridge = {
               enable = true;
               image = null;
+              packages.uv = null;
             };
           };
         };
@@ -783,6 +900,7 @@ let
           programs.mcp-code-bridge = {
             enable = true;
             image = null;
+            packages.uv = null;
             http = {
               enable = true;
               listen = "0.0.0.0:8931";
@@ -878,6 +996,7 @@ let
           programs.mcp-code-bridge = {
             enable = true;
             image = null;
+            packages.uv = null;
             http = {
               enable = true;
               tokenFile = pathLiteral;
@@ -962,6 +1081,7 @@ let
           programs.mcp-code-bridge = {
             enable = true;
             image = null;
+            packages.uv = null;
             stateDir = "/home/alice/state";
             audit.path = "/home/alice/audit/bridge.jsonl";
           };
@@ -980,6 +1100,7 @@ let
           programs.mcp-code-bridge = {
             enable = true;
             image = null;
+            packages.uv = null;
             http.enable = true;
           };
         };
@@ -1054,6 +1175,7 @@ let
           programs.mcp-code-bridge = {
             enable = true;
             image = null;
+            packages.uv = null;
             http = {
               enable = true;
               tlsCertFile = "/home/alice/tls/cert.pem";
@@ -1270,6 +1392,7 @@ let
           programs.mcp-code-bridge = {
             enable = true;
             image = null;
+            packages.uv = null;
             gvisor.enable = true;
           };
         };

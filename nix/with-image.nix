@@ -1,7 +1,9 @@
 # The bridge with the sandbox image baked in: a wrapper that sets MCP_BRIDGE_IMAGE,
 # MCP_BRIDGE_IMAGE_ARCHIVE and MCP_BRIDGE_IMAGE_SHA256 (computed here, at build time, from the
 # archive's bytes), so `nix run` loads the image into podman on the first call with no set-up.
-# The variables are set only when unset (--set-default): your own MCP_BRIDGE_IMAGE* win.
+# The variables are set only when unset (--set-default): your own MCP_BRIDGE_IMAGE* win. nixpkgs'
+# uv, which resolves `runtime.install`'s packages on the host, goes last on PATH (--suffix): a uv
+# of your own on PATH, or `packages.uv` in config.toml, wins.
 # Because the environment ranks above config.toml, use the unwrapped package (passthru.unwrapped)
 # when config.toml should choose the image (the NixOS and home-manager modules do that).
 {
@@ -10,6 +12,7 @@
   makeWrapper,
   mcp-code-bridge,
   mcp-code-bridge-sandbox-image,
+  uv,
 }:
 
 let
@@ -35,5 +38,6 @@ runCommand "mcp-code-bridge-with-image-${bridge.version}"
     makeWrapper ${lib.getExe bridge} $out/bin/mcp-code-bridge \
       --set-default MCP_BRIDGE_IMAGE ${lib.escapeShellArg imageRef} \
       --set-default MCP_BRIDGE_IMAGE_ARCHIVE ${image} \
-      --set-default MCP_BRIDGE_IMAGE_SHA256 "$sha"
+      --set-default MCP_BRIDGE_IMAGE_SHA256 "$sha" \
+      --suffix PATH : ${lib.makeBinPath [ uv ]}
   ''

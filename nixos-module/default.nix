@@ -134,6 +134,7 @@ in
 
     assertions =
       common.serverAssertions opt cfg.servers
+      ++ common.packagesAssertions opt cfg
       ++ common.gvisorAssertions opt cfg (engine == "podman" || (engine == "auto" && podmanOn))
       ++ [
         {

@@ -20,15 +20,10 @@ PACKAGES_DIR = "/opt/packages"
 MAX_DISTS = 4000
 
 
-class PackageError(rpc.McpError):
-    """An install failed: the message says what was wrong (an unknown package, no wheel for this
-    interpreter, a conflict with the image's packages, the index unreachable...) and what to do.
-    Nothing of a failed install is left in the session."""
-
-
-class PackageDenied(PermissionError):
-    """The user's `[packages]` policy, or the user when asked, refused an install. Retrying the
-    same install is refused the same way without asking again."""
+# What a refused or failed install raises: defined by `rpc`, which raises them from the bridge's
+# answer (`kind` "package_denied" / "package") and imports no module above it.
+PackageError = rpc.PackageError
+PackageDenied = rpc.PackageDenied
 
 
 def _dist_of(entry):

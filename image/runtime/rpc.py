@@ -3,7 +3,8 @@ and the exceptions a refusal becomes.
 
 A request names the running exec (there is none between calls, and none in a forked child) and
 must fit in one frame; an answer with `ok:false` raises `McpError`, or `ToolDenied` when the
-host says the user's policy refused it.
+host says the user's policy refused it (`PackageDenied` and `PackageError` for an install,
+which `installs` names).
 """
 
 import asyncio
@@ -29,6 +30,17 @@ class ToolDenied(PermissionError):
     """The user's policy, or the user when asked, refused a tool call. The message names the
     tool, the rule and where it is set; catch it and go on without that call (retrying is
     refused the same way)."""
+
+
+class PackageError(McpError):
+    """An install failed: the message says what was wrong (an unknown package, no wheel for this
+    interpreter, a conflict with the image's packages, the index unreachable...) and what to do.
+    Nothing of a failed install is left in the session."""
+
+
+class PackageDenied(PermissionError):
+    """The user's `[packages]` policy, or the user when asked, refused an install. Retrying the
+    same install is refused the same way without asking again."""
 
 
 _ids = itertools.count(1)
@@ -65,9 +77,7 @@ def _unwrap(msg):
     if kind == "denied":
         raise ToolDenied(str(err) if err else "the tool call was denied by the user's policy")
     if kind in ("package", "package_denied"):
-        from . import installs  # imports this module: bound late
-
-        cls = installs.PackageDenied if kind == "package_denied" else installs.PackageError
+        cls = PackageDenied if kind == "package_denied" else PackageError
         raise cls(str(err) if err else "the install was refused")
     raise McpError(str(err) if err else "the bridge refused the request")
 

@@ -14,6 +14,7 @@ mod audit;
 mod doctor;
 mod exec;
 mod image;
+mod packages;
 mod servers;
 mod show;
 mod skills;
@@ -109,6 +110,27 @@ pub enum Command {
     Skills {
         #[command(subcommand)]
         command: SkillsCommand,
+    },
+    /// The host's cache of installed packages (runtime.install), <state_dir>/packages.
+    Packages {
+        #[command(subcommand)]
+        command: PackagesCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PackagesCommand {
+    /// List the cached wheels (distribution, size, sha256).
+    List {
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove cached wheels, least recently used first, down to packages.cache_max_size
+    /// (or all of them with --all). Sessions keep what they installed.
+    Prune {
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -248,6 +270,10 @@ pub async fn main(cli: Cli) -> ExitCode {
         Command::Image {
             command: ImageCommand::Load { archive },
         } => image::image_load(config, archive).await,
+        Command::Packages { command } => match command {
+            PackagesCommand::List { json } => packages::list(&config, json),
+            PackagesCommand::Prune { all } => packages::prune(&config, all),
+        },
         Command::Skills { command } => match command {
             SkillsCommand::List { json } => skills::list(&config, json),
             SkillsCommand::Show { name } => skills::show(&config, &name),

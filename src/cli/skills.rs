@@ -53,7 +53,7 @@ pub(super) fn list(config: &Config, json: bool) -> ExitCode {
         .max()
         .unwrap_or(4)
         .max(4);
-    println!("{:width$}  {:20}  DESCRIPTION", "NAME", "SAVED");
+    println!("{:width$}  {:20}  {:12}  {:32}  DESCRIPTION", "NAME", "SAVED", "SHA256", "BY");
     for s in &listing.skills {
         let first = s.description.split('\n').next().unwrap_or("").trim();
         let first: String = visible(first).chars().take(DESCRIPTION_WIDTH).collect();
@@ -62,7 +62,15 @@ pub(super) fn list(config: &Config, json: bool) -> ExitCode {
         } else {
             visible(&s.saved_at)
         };
-        println!("{:width$}  {saved:20}  {first}", visible(&s.name));
+        let by: String = visible(if s.saved_by.is_empty() { "-" } else { &s.saved_by })
+            .chars()
+            .take(32)
+            .collect();
+        println!(
+            "{:width$}  {saved:20}  {:12}  {by:32}  {first}",
+            visible(&s.name),
+            s.sha256.get(..12).unwrap_or("")
+        );
     }
     for b in &listing.broken {
         println!(
@@ -93,7 +101,7 @@ fn listing_json(listing: &Listing) -> serde_json::Value {
     let skills: Vec<_> = listing
         .skills
         .iter()
-        .map(|s| serde_json::json!({"name": s.name, "description": s.description, "saved_at": s.saved_at}))
+        .map(|s| serde_json::json!({"name": s.name, "description": s.description, "saved_at": s.saved_at, "saved_by": s.saved_by, "sha256": s.sha256}))
         .collect();
     serde_json::json!({"skills": skills, "broken": listing.broken})
 }

@@ -62,6 +62,8 @@ pub enum PackageError {
     Resolver { uv: PathBuf, reason: String },
     #[error("the requirements could not be resolved:\n{0}")]
     Unresolvable(String),
+    #[error("the package index could not be reached:\n{0}")]
+    IndexUnreachable(String),
     #[error("{name} {version} has no wheel for this interpreter, only a source distribution")]
     NoWheel { name: String, version: String },
     #[error("the install took longer than packages.timeout{}", if *.0 > 0 { format!(" ({} s)", .0) } else { String::new() })]
@@ -109,6 +111,7 @@ impl PackageError {
             PackageError::UnknownTarget(_) => "unknown_target",
             PackageError::Resolver { .. } => "resolver",
             PackageError::Unresolvable(_) => "unresolvable",
+            PackageError::IndexUnreachable(_) => "index_unreachable",
             PackageError::NoWheel { .. } => "no_wheel",
             PackageError::Timeout(_) => "timeout",
             PackageError::Download { .. } => "download",
@@ -145,7 +148,9 @@ impl Hinted for PackageError {
             PackageError::Timeout(_) => {
                 "Try again later (the index may be slow), or ask for fewer packages".into()
             }
-            PackageError::Download { .. } => "Try again; the index may be unreachable".into(),
+            PackageError::Download { .. } | PackageError::IndexUnreachable(_) => {
+                "Try again later; if it persists, the user's host cannot reach its packages.index_url".into()
+            }
             PackageError::HashMismatch { .. } | PackageError::BadWheel { .. } => {
                 "Ask for another version; nothing of it was installed".into()
             }
@@ -654,6 +659,59 @@ impl Packages {
                 }
             }
         });
+    }
+}
+
+/// Import names whose distribution is named otherwise, for the hint of a missing module.
+const IMPORT_NAMES: &[(&str, &str)] = &[
+    ("sklearn", "scikit-learn"),
+    ("skimage", "scikit-image"),
+    ("cv2", "opencv-python-headless"),
+    ("PIL", "pillow"),
+    ("yaml", "pyyaml"),
+    ("bs4", "beautifulsoup4"),
+    ("dateutil", "python-dateutil"),
+    ("docx", "python-docx"),
+    ("pptx", "python-pptx"),
+    ("Bio", "biopython"),
+    ("Crypto", "pycryptodome"),
+    ("jwt", "pyjwt"),
+    ("dotenv", "python-dotenv"),
+];
+
+impl Packages {
+    /// What the model is told when its code failed with `ModuleNotFoundError: No module named
+    /// 'x'`: the call that installs it, when `[packages]` would allow it or ask the user (and the
+    /// user can be asked, or the fallback allows); nothing when it would be refused.
+    pub fn missing_module_hint(&self, message: &str, can_ask: bool) -> Option<String> {
+        use crate::config::policy::Action;
+        let module = message
+            .strip_prefix("No module named '")?
+            .split('\'')
+            .next()?
+            .split('.')
+            .next()?;
+        if module.is_empty()
+            || module.len() > 64
+            || !module.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            || module == "mcp"
+        {
+            return None;
+        }
+        let dist = IMPORT_NAMES
+            .iter()
+            .find(|(m, _)| *m == module)
+            .map_or_else(|| crate::config::packages::normalize(module), |(_, d)| d.to_string());
+        let how = match self.rule_for(&dist) {
+            Action::Deny => return None,
+            Action::Allow => "allowed by packages.allow",
+            Action::Ask if can_ask => "the user is asked first",
+            Action::Ask if self.fallback() == Fallback::Allow => "allowed by packages.ask_fallback",
+            Action::Ask => return None,
+        };
+        Some(format!(
+            "{module} is not in the sandbox's image; `await runtime.install(\"{dist}\")` installs it into this session ({how}), then import it again."
+        ))
     }
 }
 

@@ -145,7 +145,12 @@ pub async fn resolve(
             cmd.env(key, v);
         }
     }
+    // The host's own certificate store, as every other program of the host uses (an index
+    // behind the organisation's proxy included): `UV_SYSTEM_CERTS` in today's uv,
+    // `UV_NATIVE_TLS` in older ones.
     cmd.env("UV_PYTHON_DOWNLOADS", "never")
+        .env("UV_SYSTEM_CERTS", "1")
+        .env("UV_NATIVE_TLS", "1")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -163,6 +168,12 @@ pub async fn resolve(
     };
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
+        let unreachable = ["Failed to fetch", "error sending request", "Could not connect", "dns error"]
+            .iter()
+            .any(|m| stderr.contains(m));
+        if unreachable {
+            return Err(PackageError::IndexUnreachable(tail(&stderr, 2000)));
+        }
         return Err(PackageError::Unresolvable(tail(&stderr, 2000)));
     }
     let text = std::fs::read_to_string(&out).map_err(io("could not read uv's lock", &out))?;

@@ -94,6 +94,9 @@ pub struct Sandbox {
     lost: Lost,
     /// Itself, for the background tasks it spawns (warm-up, refill).
     this: Weak<Sandbox>,
+    /// What the last sandbox to boot said of its interpreter (the image's Python and
+    /// distributions), for the capabilities resource.
+    seen_target: std::sync::Mutex<Option<crate::protocol::Target>>,
     /// What makes every new sandbox ready after its boot (`packages.preinstall`).
     provision: std::sync::OnceLock<Arc<dyn crate::protocol::Provision>>,
 }
@@ -115,6 +118,7 @@ impl Sandbox {
             serial: AtomicU64::new(0),
             load_progress: std::sync::OnceLock::new(),
             provision: std::sync::OnceLock::new(),
+            seen_target: std::sync::Mutex::new(None),
             pool: Pool::new(),
             closing: tokio_util::sync::CancellationToken::new(),
             lost: Lost::default(),
@@ -229,6 +233,7 @@ impl Sandbox {
                 false
             }
             Ok(s) => {
+                self.saw(&s);
                 self.pool.filled(Some(s));
                 true
             }
@@ -247,6 +252,17 @@ impl Sandbox {
             .values()
             .filter(|s| !s.is_dead())
             .count()
+    }
+
+    /// What the last sandbox to boot said of its interpreter; `None` before any booted.
+    pub fn seen_target(&self) -> Option<crate::protocol::Target> {
+        self.seen_target.lock().unwrap().clone()
+    }
+
+    fn saw(&self, s: &Session) {
+        if let Some(t) = &s.interpreter.target {
+            *self.seen_target.lock().unwrap() = Some(t.clone());
+        }
     }
 
     /// Run `p` on every new sandbox after its boot, before it serves a call.
@@ -379,6 +395,7 @@ impl Sandbox {
             .await?,
         );
         self.pool.cold_took(t0.elapsed());
+        self.saw(&s);
         let claim = s.claim();
         self.sessions.lock().await.insert(name.clone(), s);
         Ok((claim, true, notices))

@@ -105,6 +105,31 @@ impl Bridge {
         &self.audit
     }
 
+    /// The capabilities' "Packages" section: how to install, what `[packages]` allows, and what
+    /// the image has (as the last sandbox to boot said).
+    fn packages_markdown(&self) -> String {
+        let p = &self.config.packages;
+        let mut s = String::from("\n\n## Packages\n\n`await runtime.install(\"name\", \"other==1.2\")` installs distributions into this session: the bridge resolves and downloads them on the host (the sandbox stays offline), from wheels only, never replacing the image's own packages. It returns `[{name, version, cached, size}]`; `runtime.installed()` lists the session's installs. A refusal raises `PackageDenied` (a `PermissionError`: do not retry), a failure `PackageError`.\n");
+        let globs = |l: &crate::config::packages::NameGlobs| {
+            l.0.iter().map(|g| format!("`{g}`")).collect::<Vec<_>>().join(", ")
+        };
+        if !p.allow.0.is_empty() {
+            s.push_str(&format!("- installed without asking: {}\n", globs(&p.allow)));
+        }
+        if !p.deny.0.is_empty() {
+            s.push_str(&format!("- refused: {}\n", globs(&p.deny)));
+        }
+        s.push_str("- anything else: the user is asked, shown every dependency that comes with it\n");
+        if !p.preinstall.0.is_empty() {
+            s.push_str(&format!("- in every session already: {}\n", p.preinstall.0.iter().map(|r| format!("`{r}`")).collect::<Vec<_>>().join(", ")));
+        }
+        if let Some(t) = self.sandbox.seen_target() {
+            let names: Vec<String> = t.dists.iter().take(200).map(|(n, v)| format!("{n} {v}")).collect();
+            s.push_str(&format!("\nThe image has Python {} and: {}.", t.python, names.join(", ")));
+        }
+        s
+    }
+
     /// The capability summary resource: the tool description, how to load servers, and the
     /// names of the servers discovered (no schemas).
     pub fn capabilities_markdown(&self) -> String {
@@ -114,6 +139,7 @@ impl Bridge {
         s.push_str(HELPERS);
         s.push_str("\n\n## Files out\n\nFiles the code writes under `/workspace/out/` (make it first: `os.makedirs(\"/workspace/out\", exist_ok=True)`) come back after the call as resource links (new or changed ones only) that the client reads with `resources/read`; images among them are also shown. Only regular files; they last as long as the session.");
         s.push_str(&format!("\n\n## Long output\n\nA result carries at most {} tokens of output. Past that, each part too long (stdout, stderr, the value, the traceback) comes back as its head and tail with a line saying how much was left out, and the whole part is a file: `{}/{}/<call>.<part>.txt`, readable by the next call's code (`open(...)`: grep, slice or summarize it there) and as the resource link in the result. Displayed images past the result's limits are files with links too.", self.config.output_budget, crate::sandbox::files::OUT_DIR, crate::sandbox::files::KEPT_DIR));
+        s.push_str(&self.packages_markdown());
         if !self.config.inputs.is_empty() {
             s.push_str("\n\n## Files in\n\nThe user's files, copied into every new session (read-only on the host's side: changes stay in the sandbox, a reset brings the originals back):\n");
             for i in &self.config.inputs {

@@ -76,19 +76,29 @@ impl Bridge {
             }
         };
         let asker = approver.clone();
+        let can_ask = approver.as_ref().is_some_and(|a| a.can_ask());
         let call = CallContext {
             session: key.clone(),
             approver,
             relay,
             audit: self.audit.clone(),
         };
+        let gate = skills::rpc::SaveGate {
+            rule: self.config.skills.save,
+            fallback: self.config.policy.ask_fallback,
+            approver: asker.clone(),
+            audit: self.audit.clone(),
+            session: key.to_string(),
+            identity: key.owner().name().map(str::to_string),
+        };
         let binding = match self.upstreams.load_for(&args.servers, call).await {
             Ok(b) => match key.owner() {
                 Identity::Named(id) => skills::rpc::SkillRpc::bind(
                     &Arc::new(skills::Store::for_identity(&self.config, id)),
                     b,
+                    gate,
                 ),
-                Identity::Local => skills::rpc::SkillRpc::bind(&self.skills, b),
+                Identity::Local => skills::rpc::SkillRpc::bind(&self.skills, b, gate),
             },
             Err(e) => {
                 record("setup_error", Some(e.kind()));
@@ -122,7 +132,12 @@ impl Bridge {
             }),
         };
         match self.sandbox.run(key, args.reset, req).await {
-            Ok(outcome) => {
+            Ok(mut outcome) => {
+                if let Some(e) = outcome.error.as_ref().filter(|e| e.kind == "ModuleNotFoundError")
+                    && let Some(hint) = self.packages.missing_module_hint(&e.message, can_ask)
+                {
+                    outcome.notices.push(hint);
+                }
                 let status = serde_json::to_value(outcome.outcome).unwrap_or_default();
                 let error_type = outcome.error.as_ref().map(|e| e.kind.as_str());
                 record(status.as_str().unwrap_or("unknown"), error_type);

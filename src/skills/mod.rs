@@ -119,6 +119,11 @@ pub struct Skill {
     pub source: String,
     /// When it was saved (RFC 3339), empty when its metadata is missing.
     pub saved_at: String,
+    /// Who saved it: the session (`identity/session` under `serve`) and how the save was
+    /// decided (`skills.save`); empty for a skill saved before this was kept.
+    pub saved_by: String,
+    /// SHA-256 of its source, as the audit record of its save names it.
+    pub sha256: String,
 }
 
 /// A file of the store that is not loaded, and why.
@@ -150,6 +155,8 @@ struct Meta {
     description: String,
     #[serde(default)]
     saved_at: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    saved_by: String,
 }
 
 /// The skills of one identity: one directory and its bounds. Opening touches no file.
@@ -225,19 +232,18 @@ impl Store {
     /// identifier, the skill is larger than `max_size`, its source is not exactly one function
     /// that runs nothing when defined ([`check::check`]) or the store is full.
     pub fn save(&self, name: &str, source: &str, description: &str) -> Result<Saved, SkillError> {
-        Self::check_name(name)?;
-        let size = (source.len() + description.len()) as u64;
-        if size > self.max_size {
-            return Err(SkillError::TooLarge {
-                name: name.into(),
-                size,
-                max: self.max_size,
-            });
-        }
-        check::check(name, source).map_err(|reason| SkillError::NotOneFunction {
-            name: name.into(),
-            reason,
-        })?;
+        self.save_by(name, source, description, "")
+    }
+
+    /// [`Store::save`], noting who saved it (`saved_by`).
+    pub fn save_by(
+        &self,
+        name: &str,
+        source: &str,
+        description: &str,
+        by: &str,
+    ) -> Result<Saved, SkillError> {
+        self.check_save(name, source, description)?;
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -256,6 +262,7 @@ impl Store {
         let meta = Meta {
             description: description.into(),
             saved_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            saved_by: by.chars().take(256).collect(),
         };
         let meta = serde_json::to_vec_pretty(&meta).expect("metadata serializes");
         self.write_atomically(&self.meta_path(name), &meta)?;
@@ -263,6 +270,24 @@ impl Store {
         Ok(Saved {
             replaced,
             count: names.len() + usize::from(!replaced),
+        })
+    }
+
+    /// Whether `name`, `source` and `description` could be saved (name, size, one function),
+    /// before anyone is asked about it.
+    pub fn check_save(&self, name: &str, source: &str, description: &str) -> Result<(), SkillError> {
+        Self::check_name(name)?;
+        let size = (source.len() + description.len()) as u64;
+        if size > self.max_size {
+            return Err(SkillError::TooLarge {
+                name: name.into(),
+                size,
+                max: self.max_size,
+            });
+        }
+        check::check(name, source).map_err(|reason| SkillError::NotOneFunction {
+            name: name.into(),
+            reason,
         })
     }
 
@@ -407,8 +432,10 @@ impl Store {
         Ok(Some(Skill {
             name: name.into(),
             description: meta.description,
+            sha256: crate::audit::code_sha256(&source),
             source,
             saved_at: meta.saved_at,
+            saved_by: meta.saved_by,
         }))
     }
 

@@ -21,31 +21,158 @@ pub const LOAD_BUDGET: usize = 16 << 20;
 /// An exec's RPC handler with the skills' methods in front of `inner`.
 pub struct SkillRpc {
     store: Arc<Store>,
+    gate: Option<SaveGate>,
     inner: Arc<dyn RpcHandler>,
+}
+
+/// What decides a `save_skill` (`skills.save`): a saved skill runs in every later session, so
+/// a prompt injection could persist through one. `ask` shows the user the skill's name,
+/// description and the start of its source; every decision is audited.
+#[derive(Clone)]
+pub struct SaveGate {
+    pub rule: crate::config::policy::Action,
+    /// What `ask` means when the client cannot be asked (`policy.ask_fallback`).
+    pub fallback: crate::config::policy::Fallback,
+    pub approver: Option<Arc<dyn crate::policy::Approver>>,
+    pub audit: crate::audit::Audit,
+    /// The session's key as logs show it (`identity/session`), kept as `saved_by`.
+    pub session: String,
+    pub identity: Option<String>,
+}
+
+/// Lines of a skill's source the question shows, and characters of each.
+const PREVIEW_LINES: usize = 40;
+const PREVIEW_WIDTH: usize = 160;
+
+impl SaveGate {
+    /// Allowed (with the decision's name), or refused (with the message for the code).
+    async fn decide(&self, name: &str, description: &str, source: &str) -> Result<String, (String, String)> {
+        use crate::config::policy::{Action, Fallback};
+        use crate::policy::{Approval, ApprovalRequest};
+        let fallback = |path: &str| match self.fallback {
+            Fallback::Allow => Ok(format!("ask:unavailable ({path})")),
+            Fallback::Deny => Err((
+                "ask:unavailable".to_string(),
+                "saving the skill was refused: skills.save is ask and the client cannot be asked (policy.ask_fallback = deny)".to_string(),
+            )),
+        };
+        match self.rule {
+            Action::Allow => Ok("allow".into()),
+            Action::Deny => Err((
+                "deny".into(),
+                "saving skills is turned off by the user (skills.save = deny); keep the function in this session's code instead".into(),
+            )),
+            Action::Ask => {
+                let Some(approver) = self.approver.as_ref().filter(|a| a.can_ask()) else {
+                    return fallback("fallback");
+                };
+                let mut preview = String::new();
+                let lines: Vec<&str> = source.lines().collect();
+                for l in lines.iter().take(PREVIEW_LINES) {
+                    let shown: String = crate::text::visible(l).chars().take(PREVIEW_WIDTH).collect();
+                    preview.push_str(&format!("  | {shown}\n"));
+                }
+                if lines.len() > PREVIEW_LINES {
+                    preview.push_str(&format!("  ... {} more lines\n", lines.len() - PREVIEW_LINES));
+                }
+                let text = format!(
+                    "Code running in run_python wants to save the skill {}: a function every later session will have defined, and may run.\nDescription: {}\nSource ({} lines, sha256 {}):\n{preview}(end of source)",
+                    crate::policy::shown_name(name),
+                    crate::policy::shown_name(description.lines().next().unwrap_or("")),
+                    lines.len(),
+                    &crate::audit::code_sha256(source)[..16],
+                );
+                let request = ApprovalRequest::other(
+                    "Save this skill?",
+                    text,
+                    "skills.save = ask".into(),
+                    "the bridge's configuration".into(),
+                );
+                let path = approver.path();
+                match approver.ask(&request).await {
+                    Approval::Once | Approval::Session => Ok(format!("ask:allowed ({path})")),
+                    Approval::Denied => Err((
+                        "ask:denied".into(),
+                        "saving the skill was refused by the user; do not save it again".into(),
+                    )),
+                    Approval::Unavailable(_) => fallback("fallback"),
+                }
+            }
+        }
+    }
 }
 
 impl SkillRpc {
     /// `binding` with the skills' methods in front of its handler and its `skills` flag saying
     /// whether the store holds any (what `run_python` and `exec` both hand the sandbox).
-    pub fn bind(store: &Arc<Store>, binding: ExecBinding) -> ExecBinding {
+    pub fn bind(store: &Arc<Store>, binding: ExecBinding, gate: SaveGate) -> ExecBinding {
         ExecBinding {
-            rpc: Self::wrap(store.clone(), binding.rpc),
+            rpc: Arc::new(SkillRpc {
+                store: store.clone(),
+                gate: Some(gate),
+                inner: binding.rpc,
+            }),
             skills: store.any(),
             ..binding
         }
     }
 
+    /// The handler with every save allowed (the tests of the store's methods).
     pub fn wrap(store: Arc<Store>, inner: Arc<dyn RpcHandler>) -> Arc<dyn RpcHandler> {
-        Arc::new(SkillRpc { store, inner })
+        Arc::new(SkillRpc {
+            store,
+            gate: None,
+            inner,
+        })
     }
 
-    async fn own(&self, method: &str, params: Value) -> Result<Value, String> {
+    async fn own(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
+        let mut by = String::new();
+        if method == "save_skill"
+            && let Some(gate) = &self.gate
+        {
+            let name = params.get("name").and_then(Value::as_str).unwrap_or("");
+            let source = params.get("source").and_then(Value::as_str).unwrap_or("");
+            let description = params.get("description").and_then(Value::as_str).unwrap_or("");
+            // What could never be saved is refused before anyone is asked about it.
+            let store = self.store.clone();
+            let (n, s, d) = (name.to_string(), source.to_string(), description.to_string());
+            tokio::task::spawn_blocking(move || store.check_save(&n, &s, &d))
+                .await
+                .map_err(|e| RpcFailure::from(format!("the skill store failed: {e}")))?
+                .map_err(|e| RpcFailure::from(crate::error::Hinted::message(&e)))?;
+            let decided = gate.decide(name, description, source).await;
+            let record = |decision: &str, status: &str| {
+                gate.audit.skill_save(crate::audit::SkillSaveRecord {
+                    session: gate.session.clone(),
+                    identity: gate.identity.clone(),
+                    skill: name.to_string(),
+                    source_sha256: crate::audit::code_sha256(source),
+                    decision: decision.to_string(),
+                    ask: None,
+                    status: status.to_string(),
+                })
+            };
+            match decided {
+                Ok(decision) => {
+                    record(&decision, "ok");
+                    by = format!("{} ({decision})", gate.session);
+                }
+                Err((decision, message)) => {
+                    record(&decision, "denied");
+                    return Err(RpcFailure {
+                        message,
+                        kind: Some(crate::protocol::RPC_DENIED),
+                    });
+                }
+            }
+        }
         let store = self.store.clone();
         let method = method.to_string();
-        tokio::task::spawn_blocking(move || answer(&store, &method, &params))
+        tokio::task::spawn_blocking(move || answer(&store, &method, &params, &by))
             .await
-            .map_err(|e| format!("the skill store failed: {e}"))?
-            .map_err(|e| crate::error::Hinted::message(&e))
+            .map_err(|e| RpcFailure::from(format!("the skill store failed: {e}")))?
+            .map_err(|e| RpcFailure::from(crate::error::Hinted::message(&e)))
     }
 }
 
@@ -58,7 +185,7 @@ fn string_param<'a>(params: &'a Value, key: &str, method: &str) -> Result<&'a st
         })
 }
 
-fn answer(store: &Store, method: &str, params: &Value) -> Result<Value, SkillError> {
+fn answer(store: &Store, method: &str, params: &Value, by: &str) -> Result<Value, SkillError> {
     match method {
         "save_skill" => {
             let name = string_param(params, "name", method)?;
@@ -67,7 +194,7 @@ fn answer(store: &Store, method: &str, params: &Value) -> Result<Value, SkillErr
                 .get("description")
                 .and_then(Value::as_str)
                 .unwrap_or("");
-            let saved = store.save(name, source, description)?;
+            let saved = store.save_by(name, source, description, by)?;
             Ok(json!({"name": name, "replaced": saved.replaced, "count": saved.count}))
         }
         "delete_skill" => {
@@ -80,7 +207,7 @@ fn answer(store: &Store, method: &str, params: &Value) -> Result<Value, SkillErr
             let skills: Vec<Value> = listing
                 .skills
                 .iter()
-                .map(|s| json!({"name": s.name, "description": s.description, "saved_at": s.saved_at}))
+                .map(|s| json!({"name": s.name, "description": s.description, "saved_at": s.saved_at, "saved_by": s.saved_by, "sha256": s.sha256}))
                 .collect();
             Ok(json!({"skills": skills, "broken": listing.broken}))
         }
@@ -115,7 +242,7 @@ fn answer(store: &Store, method: &str, params: &Value) -> Result<Value, SkillErr
 impl RpcHandler for SkillRpc {
     async fn handle(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
         if METHODS.contains(&method) {
-            return self.own(method, params).await.map_err(RpcFailure::from);
+            return self.own(method, params).await;
         }
         self.inner.handle(method, params).await
     }

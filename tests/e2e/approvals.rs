@@ -49,7 +49,13 @@ fn audit_tool_calls(home: &Home) -> Vec<Value> {
 }
 
 /// Run the Python SDK client fixture; one JSON value per step.
-fn python(home: &Home, mode: &str, target: &str, steps: Value, extra: &[&str]) -> Vec<Value> {
+pub(crate) fn python(
+    home: &Home,
+    mode: &str,
+    target: &str,
+    steps: Value,
+    extra: &[&str],
+) -> Vec<Value> {
     let out = std::process::Command::new(server_bin("mcp-python"))
         .arg(common::fixture("sdk_rounds_client.py"))
         .args([mode, target, &steps.to_string()])

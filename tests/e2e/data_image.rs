@@ -130,6 +130,7 @@ async fn sales_in_trend_and_files_out_skill_kept_and_notebook_with_the_data_imag
         "MCP_BRIDGE_STATE_DIR".into(),
         state.path().display().to_string(),
     ));
+    env.push(("MCP_BRIDGE_SKILLS_SAVE".into(), "allow".into()));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
 
     let b = Bridge::start_with(home_with_sales(&sales), &env, None).await;

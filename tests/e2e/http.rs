@@ -113,6 +113,7 @@ async fn bearer_tokens_admit_their_identity_and_keep_identities_apart() {
             ("MCP_BRIDGE_TOKEN_FILE", &tokens),
             ("MCP_BRIDGE_AUDIT_PATH", &audit.display().to_string()),
             ("MCP_BRIDGE_POOL_SIZE", "0"),
+            ("MCP_BRIDGE_SKILLS_SAVE", "allow"),
         ],
         &[],
     );

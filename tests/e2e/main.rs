@@ -23,6 +23,7 @@ mod http;
 mod inputs;
 mod isolation;
 mod notebook;
+mod packages;
 mod oauth;
 mod policy;
 mod pool;

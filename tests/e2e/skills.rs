@@ -21,7 +21,11 @@ runtime.save_skill(sales_total)";
 
 async fn bridge(state: &Path, env: &[(&str, &str)]) -> Bridge {
     let state = state.display().to_string();
-    let mut all = vec![("MCP_BRIDGE_STATE_DIR", state.as_str())];
+    // Saving is what these tests are about: allowed, as a user who wants skills sets it.
+    let mut all = vec![
+        ("MCP_BRIDGE_STATE_DIR", state.as_str()),
+        ("MCP_BRIDGE_SKILLS_SAVE", "allow"),
+    ];
     all.extend_from_slice(env);
     Bridge::start_with(Home::new(), &all, None).await
 }

@@ -1,0 +1,64 @@
+//! `packages list|prune`: the host's cache of the wheels sessions installed
+//! (`runtime.install`), read and pruned in the same store the bridge uses
+//! (`crate::packages::store`). Pruning never touches a session's installed files: they are
+//! hard links, which outlive the cache's.
+
+use std::process::ExitCode;
+
+use crate::config::Config;
+use crate::error::Hinted;
+use crate::packages::store::Store;
+
+fn store(config: &Config) -> Store {
+    Store::new(config.state_dir.join("packages").join("cache"))
+}
+
+pub(super) fn list(config: &Config, json: bool) -> ExitCode {
+    let store = store(config);
+    let wheels = store.list();
+    let total: u64 = wheels.iter().map(|w| w.size).sum();
+    if json {
+        let v = serde_json::json!({"wheels": wheels, "bytes": total, "max_bytes": config.packages.cache_max_size.0});
+        println!("{v}");
+        return ExitCode::SUCCESS;
+    }
+    println!("{:40}  {:>10}  SHA256", "DISTRIBUTION", "BYTES");
+    for w in &wheels {
+        let dist = if w.dist.is_empty() { "(not unpacked)" } else { &w.dist };
+        println!(
+            "{:40}  {:>10}  {}",
+            crate::text::visible(dist),
+            w.size,
+            w.sha256
+        );
+    }
+    println!(
+        "{} wheel(s), {} bytes in {} (packages.cache_max_size {})",
+        wheels.len(),
+        total,
+        store.root().display(),
+        config.packages.cache_max_size
+    );
+    ExitCode::SUCCESS
+}
+
+pub(super) fn prune(config: &Config, all: bool) -> ExitCode {
+    let store = store(config);
+    let keep = if all { 0 } else { config.packages.cache_max_size.0 };
+    match store.prune(keep) {
+        Ok(Some((n, freed))) => {
+            println!("removed {n} wheel(s), {freed} bytes");
+            ExitCode::SUCCESS
+        }
+        Ok(None) => {
+            eprintln!(
+                "error: a bridge is installing packages now\nhint: run it again in a moment"
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {}", e.report());
+            ExitCode::FAILURE
+        }
+    }
+}
