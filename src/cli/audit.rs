@@ -233,7 +233,13 @@ fn row(r: &Value) -> String {
         "install" => {
             let requested = r["requested"]
                 .as_array()
-                .map(|a| a.iter().filter_map(Value::as_str).map(visible).collect::<Vec<_>>().join(","))
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(visible)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
                 .unwrap_or_default();
             let n = r["resolved"].as_array().map_or(0, Vec::len);
             let mut result = format!("{} → {}", s("decision"), s("status"));

@@ -24,7 +24,11 @@ pub(super) fn list(config: &Config, json: bool) -> ExitCode {
     }
     println!("{:40}  {:>10}  SHA256", "DISTRIBUTION", "BYTES");
     for w in &wheels {
-        let dist = if w.dist.is_empty() { "(not unpacked)" } else { &w.dist };
+        let dist = if w.dist.is_empty() {
+            "(not unpacked)"
+        } else {
+            &w.dist
+        };
         println!(
             "{:40}  {:>10}  {}",
             crate::text::visible(dist),
@@ -44,16 +48,18 @@ pub(super) fn list(config: &Config, json: bool) -> ExitCode {
 
 pub(super) fn prune(config: &Config, all: bool) -> ExitCode {
     let store = store(config);
-    let keep = if all { 0 } else { config.packages.cache_max_size.0 };
+    let keep = if all {
+        0
+    } else {
+        config.packages.cache_max_size.0
+    };
     match store.prune(keep) {
         Ok(Some((n, freed))) => {
             println!("removed {n} wheel(s), {freed} bytes");
             ExitCode::SUCCESS
         }
         Ok(None) => {
-            eprintln!(
-                "error: a bridge is installing packages now\nhint: run it again in a moment"
-            );
+            eprintln!("error: a bridge is installing packages now\nhint: run it again in a moment");
             ExitCode::FAILURE
         }
         Err(e) => {

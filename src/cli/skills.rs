@@ -53,7 +53,10 @@ pub(super) fn list(config: &Config, json: bool) -> ExitCode {
         .max()
         .unwrap_or(4)
         .max(4);
-    println!("{:width$}  {:20}  {:12}  {:32}  DESCRIPTION", "NAME", "SAVED", "SHA256", "BY");
+    println!(
+        "{:width$}  {:20}  {:12}  {:32}  DESCRIPTION",
+        "NAME", "SAVED", "SHA256", "BY"
+    );
     for s in &listing.skills {
         let first = s.description.split('\n').next().unwrap_or("").trim();
         let first: String = visible(first).chars().take(DESCRIPTION_WIDTH).collect();
@@ -62,10 +65,14 @@ pub(super) fn list(config: &Config, json: bool) -> ExitCode {
         } else {
             visible(&s.saved_at)
         };
-        let by: String = visible(if s.saved_by.is_empty() { "-" } else { &s.saved_by })
-            .chars()
-            .take(32)
-            .collect();
+        let by: String = visible(if s.saved_by.is_empty() {
+            "-"
+        } else {
+            &s.saved_by
+        })
+        .chars()
+        .take(32)
+        .collect();
         println!(
             "{:width$}  {saved:20}  {:12}  {by:32}  {first}",
             visible(&s.name),

@@ -31,9 +31,9 @@ pub mod inputs;
 pub mod keys;
 pub mod load;
 pub mod oauth;
+pub mod packages;
 pub mod policy;
 pub mod servers;
-pub mod packages;
 pub mod skills;
 mod source;
 pub mod values;
@@ -54,9 +54,9 @@ pub use load::{
     load,
 };
 pub use oauth::OAuthConfig;
+pub use packages::{PackagesConfig, Requirement};
 pub use policy::PolicyConfig;
 pub use servers::ServerEntry;
-pub use packages::{PackagesConfig, Requirement};
 pub use skills::SkillsConfig;
 pub use values::{Isolation, LogLevel, ModuleList, OutputMode, Runtime, Secs, Size};
 use values::{empty_as_none, empty_as_none_f64, flexible_bool, flexible_u32};

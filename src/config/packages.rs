@@ -29,7 +29,8 @@ impl NameGlobs {
                 "{pattern:?} is not a distribution-name glob (letters, digits, '-', '_', '.', and * ? [ ] {{ }})"
             ));
         }
-        globset::Glob::new(&normalized).map_err(|e| format!("{pattern:?} is not a glob: {}", e.kind()))
+        globset::Glob::new(&normalized)
+            .map_err(|e| format!("{pattern:?} is not a glob: {}", e.kind()))
     }
 }
 
@@ -127,7 +128,10 @@ impl Default for PackagesConfig {
 impl PackagesConfig {
     /// Range and syntax checks, as `Config::validate` reports them: the key at fault and why.
     pub(super) fn check(&self) -> Result<(), (&'static str, String)> {
-        for (key, list) in [("packages.allow", &self.allow), ("packages.deny", &self.deny)] {
+        for (key, list) in [
+            ("packages.allow", &self.allow),
+            ("packages.deny", &self.deny),
+        ] {
             for p in &list.0 {
                 NameGlobs::compile(p).map_err(|why| (key, why))?;
             }
@@ -138,15 +142,25 @@ impl PackagesConfig {
         if self.preinstall.0.len() > MAX_REQUIREMENTS {
             return Err((
                 "packages.preinstall",
-                format!("{} requirements; at most {MAX_REQUIREMENTS}", self.preinstall.0.len()),
+                format!(
+                    "{} requirements; at most {MAX_REQUIREMENTS}",
+                    self.preinstall.0.len()
+                ),
             ));
         }
-        let url = url::Url::parse(&self.index_url)
-            .map_err(|e| ("packages.index_url", format!("{:?} is not a URL: {e}", self.index_url)))?;
+        let url = url::Url::parse(&self.index_url).map_err(|e| {
+            (
+                "packages.index_url",
+                format!("{:?} is not a URL: {e}", self.index_url),
+            )
+        })?;
         if !matches!(url.scheme(), "https" | "http") {
             return Err((
                 "packages.index_url",
-                format!("{:?} is not an http(s) URL of a simple index", self.index_url),
+                format!(
+                    "{:?} is not an http(s) URL of a simple index",
+                    self.index_url
+                ),
             ));
         }
         if let Some(dir) = &self.find_links
@@ -154,11 +168,17 @@ impl PackagesConfig {
         {
             return Err((
                 "packages.find_links",
-                format!("{} is not an absolute path of a directory of wheels", dir.display()),
+                format!(
+                    "{} is not an absolute path of a directory of wheels",
+                    dir.display()
+                ),
             ));
         }
         if self.max_size.0 < 1 << 20 {
-            return Err(("packages.max_size", format!("{} is too small; use at least 1m", self.max_size)));
+            return Err((
+                "packages.max_size",
+                format!("{} is too small; use at least 1m", self.max_size),
+            ));
         }
         if self.cache_max_size.0 < self.max_size.0 {
             return Err((
@@ -205,21 +225,31 @@ impl Requirement {
             return bad(&format!("longer than {MAX_REQUIREMENT_LEN} bytes"));
         }
         if t.starts_with('-') {
-            return bad("options are not accepted; name a distribution, e.g. \"tabulate\" or \"tabulate==0.9.0\"");
+            return bad(
+                "options are not accepted; name a distribution, e.g. \"tabulate\" or \"tabulate==0.9.0\"",
+            );
         }
         if t.contains("://") || t.contains('@') || t.contains('/') || t.contains('\\') {
             return bad("URLs and paths are not accepted; name a distribution of the index");
         }
         if t.contains(';') {
-            return bad("environment markers are not accepted; the sandbox's interpreter is the target");
+            return bad(
+                "environment markers are not accepted; the sandbox's interpreter is the target",
+            );
         }
         let name_end = t
             .find(|c: char| !(c.is_ascii_alphanumeric() || "-_.".contains(c)))
             .unwrap_or(t.len());
         let name = &t[..name_end];
         let ok_name = !name.is_empty()
-            && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-            && name.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
+            && name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphanumeric())
+            && name
+                .chars()
+                .last()
+                .is_some_and(|c| c.is_ascii_alphanumeric());
         if !ok_name {
             return bad("it must start with a distribution name (letters, digits, '-', '_', '.')");
         }
@@ -230,7 +260,11 @@ impl Requirement {
             };
             for extra in r[..close].split(',') {
                 let e = extra.trim();
-                if e.is_empty() || !e.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+                if e.is_empty()
+                    || !e
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                {
                     return bad("an extra is a name");
                 }
             }
@@ -247,7 +281,11 @@ impl Requirement {
                     return bad("a version clause starts with ==, !=, <=, >=, ~=, <, > or ===");
                 };
                 let v = c[op_len..].trim();
-                if v.is_empty() || !v.chars().all(|ch| ch.is_ascii_alphanumeric() || ".*+!_-".contains(ch)) {
+                if v.is_empty()
+                    || !v
+                        .chars()
+                        .all(|ch| ch.is_ascii_alphanumeric() || ".*+!_-".contains(ch))
+                {
                     return bad("a version is letters, digits and . * + ! _ -");
                 }
             }

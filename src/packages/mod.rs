@@ -52,7 +52,9 @@ pub enum PackageError {
     BadRequirement(String),
     #[error("install refused: {what}, by {rule}")]
     Denied { what: String, rule: String },
-    #[error("install refused: the same install was refused before in this session (by {rule}); it is not asked again")]
+    #[error(
+        "install refused: the same install was refused before in this session (by {rule}); it is not asked again"
+    )]
     RefusedBefore { rule: String },
     #[error("no install is possible in this sandbox: {0}")]
     Unavailable(String),
@@ -70,13 +72,17 @@ pub enum PackageError {
     Timeout(u64),
     #[error("the wheel of {name} could not be downloaded: {reason}")]
     Download { name: String, reason: String },
-    #[error("the wheel of {name} does not match the index's sha256 (expected {expected}, got {got}); it was not installed")]
+    #[error(
+        "the wheel of {name} does not match the index's sha256 (expected {expected}, got {got}); it was not installed"
+    )]
     HashMismatch {
         name: String,
         expected: String,
         got: String,
     },
-    #[error("{what} is {size} bytes, above the {max} bytes this install may still use (packages.max_size)")]
+    #[error(
+        "{what} is {size} bytes, above the {max} bytes this install may still use (packages.max_size)"
+    )]
     TooLarge { what: String, size: u64, max: u64 },
     #[error("the wheel of {name} is refused: {reason}")]
     BadWheel { name: String, reason: String },
@@ -99,7 +105,10 @@ pub enum PackageError {
 impl PackageError {
     /// Whether it is a refusal (`PackageDenied` in Python) rather than a failure.
     pub fn is_refusal(&self) -> bool {
-        matches!(self, PackageError::Denied { .. } | PackageError::RefusedBefore { .. })
+        matches!(
+            self,
+            PackageError::Denied { .. } | PackageError::RefusedBefore { .. }
+        )
     }
 
     /// The audit's `error_type`: a kind, never a message.
@@ -338,7 +347,9 @@ impl Packages {
             decision: "none".into(),
             ..Default::default()
         };
-        let result = self.install_inner(interpreter, requirements, &who, &mut record).await;
+        let result = self
+            .install_inner(interpreter, requirements, &who, &mut record)
+            .await;
         record.duration_ms = t0.elapsed().as_millis() as u64;
         match &result {
             Ok(_) => record.status = "ok".into(),
@@ -387,7 +398,10 @@ impl Packages {
         // What the code names is refused before anything is resolved when a deny rule says so.
         for r in &reqs {
             if self.deny.is_match(&r.name) && !who.preinstall {
-                let rule = format!("packages.deny (matches {})", crate::policy::shown_name(&r.name));
+                let rule = format!(
+                    "packages.deny (matches {})",
+                    crate::policy::shown_name(&r.name)
+                );
                 record.decision = "deny".into();
                 record.rule = Some(rule.clone());
                 remember_refusal(&mut state, &key, &rule, dir, self.store.root());
@@ -419,7 +433,9 @@ impl Packages {
                 )
                 .await
                 .map_err(|e| match e {
-                    PackageError::Timeout(_) => PackageError::Timeout(self.config.timeout.0.as_secs()),
+                    PackageError::Timeout(_) => {
+                        PackageError::Timeout(self.config.timeout.0.as_secs())
+                    }
                     e => e,
                 })?;
                 (w, false)
@@ -462,7 +478,8 @@ impl Packages {
             return Ok(Vec::new());
         }
 
-        let requested: std::collections::HashSet<&str> = reqs.iter().map(|r| r.name.as_str()).collect();
+        let requested: std::collections::HashSet<&str> =
+            reqs.iter().map(|r| r.name.as_str()).collect();
         let ruling = if who.preinstall {
             Ruling {
                 decision: "preinstall".into(),
@@ -476,7 +493,13 @@ impl Packages {
                     record.decision = r.decision;
                     record.rule = r.rule.clone();
                     record.ask = r.ask;
-                    remember_refusal(&mut state, &key, r.rule.as_deref().unwrap_or("the user"), dir, self.store.root());
+                    remember_refusal(
+                        &mut state,
+                        &key,
+                        r.rule.as_deref().unwrap_or("the user"),
+                        dir,
+                        self.store.root(),
+                    );
                     return Err(e);
                 }
             }
@@ -491,13 +514,18 @@ impl Packages {
         let outcome: Result<(), PackageError> = async {
             for mut w in new {
                 let left = budget.saturating_sub(done.iter().map(|i: &Installed| i.size).sum());
-                let cached = tokio::time::timeout_at(deadline, self.store.fetch(&self.client, &mut w, left, deadline))
-                    .await
-                    .map_err(|_| PackageError::Timeout(self.config.timeout.0.as_secs()))?
-                    .map_err(|e| match e {
-                        PackageError::Timeout(_) => PackageError::Timeout(self.config.timeout.0.as_secs()),
-                        e => e,
-                    })?;
+                let cached = tokio::time::timeout_at(
+                    deadline,
+                    self.store.fetch(&self.client, &mut w, left, deadline),
+                )
+                .await
+                .map_err(|_| PackageError::Timeout(self.config.timeout.0.as_secs()))?
+                .map_err(|e| match e {
+                    PackageError::Timeout(_) => {
+                        PackageError::Timeout(self.config.timeout.0.as_secs())
+                    }
+                    e => e,
+                })?;
                 let sha = w.sha256.clone().unwrap_or_default();
                 let (tree, size) = {
                     let store = Store::new(self.store.root().to_path_buf());
@@ -572,7 +600,10 @@ impl Packages {
     ) -> Result<Ruling, (Ruling, PackageError)> {
         use crate::config::policy::Action;
         if let Some(w) = new.iter().find(|w| self.deny.is_match(&w.name)) {
-            let rule = format!("packages.deny (matches {})", crate::policy::shown_name(&w.name));
+            let rule = format!(
+                "packages.deny (matches {})",
+                crate::policy::shown_name(&w.name)
+            );
             return Err((
                 Ruling {
                     decision: "deny".into(),
@@ -580,12 +611,18 @@ impl Packages {
                     ask: None,
                 },
                 PackageError::Denied {
-                    what: format!("{} (a dependency of what was asked)", crate::policy::shown_name(&w.name)),
+                    what: format!(
+                        "{} (a dependency of what was asked)",
+                        crate::policy::shown_name(&w.name)
+                    ),
                     rule,
                 },
             ));
         }
-        let unallowed: Vec<&Wheel> = new.iter().filter(|w| self.rule_for(&w.name) != Action::Allow).collect();
+        let unallowed: Vec<&Wheel> = new
+            .iter()
+            .filter(|w| self.rule_for(&w.name) != Action::Allow)
+            .collect();
         if unallowed.is_empty() {
             return Ok(Ruling {
                 decision: "allow".into(),
@@ -597,7 +634,10 @@ impl Packages {
         let fallback = |why: &str| {
             let r = Ruling {
                 decision: "ask:unavailable".into(),
-                rule: Some(format!("{rule}; packages.ask_fallback = {}", self.fallback().action())),
+                rule: Some(format!(
+                    "{rule}; packages.ask_fallback = {}",
+                    self.fallback().action()
+                )),
                 ask: Some(why.to_string()),
             };
             match self.fallback() {
@@ -653,7 +693,11 @@ impl Packages {
             let total: u64 = store.list().iter().map(|c| c.size).sum();
             if total > max {
                 match store.prune(max) {
-                    Ok(Some((n, freed))) => tracing::info!(wheels = n, freed, "package cache pruned to packages.cache_max_size"),
+                    Ok(Some((n, freed))) => tracing::info!(
+                        wheels = n,
+                        freed,
+                        "package cache pruned to packages.cache_max_size"
+                    ),
                     Ok(None) => {}
                     Err(e) => tracing::warn!("could not prune the package cache: {}", e.message()),
                 }
@@ -693,15 +737,17 @@ impl Packages {
             .next()?;
         if module.is_empty()
             || module.len() > 64
-            || !module.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            || !module
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
             || module == "mcp"
         {
             return None;
         }
-        let dist = IMPORT_NAMES
-            .iter()
-            .find(|(m, _)| *m == module)
-            .map_or_else(|| crate::config::packages::normalize(module), |(_, d)| d.to_string());
+        let dist = IMPORT_NAMES.iter().find(|(m, _)| *m == module).map_or_else(
+            || crate::config::packages::normalize(module),
+            |(_, d)| d.to_string(),
+        );
         let how = match self.rule_for(&dist) {
             Action::Deny => return None,
             Action::Allow => "allowed by packages.allow",
@@ -731,7 +777,11 @@ fn question(new: &[Wheel], requested: &std::collections::HashSet<&str>) -> Strin
             crate::policy::shown_name(&w.name),
             crate::policy::shown_name(&w.version),
             w.size.map_or("size unknown".into(), human),
-            if requested.contains(w.name.as_str()) { ", asked for" } else { ", a dependency" }
+            if requested.contains(w.name.as_str()) {
+                ", asked for"
+            } else {
+                ", a dependency"
+            }
         ));
     }
     if new.len() > 64 {
@@ -742,8 +792,16 @@ fn question(new: &[Wheel], requested: &std::collections::HashSet<&str>) -> Strin
 }
 
 fn listing_names(ws: &[&Wheel]) -> String {
-    let names: Vec<String> = ws.iter().take(8).map(|w| crate::policy::shown_name(&w.name)).collect();
-    let more = if ws.len() > 8 { format!(" and {} more", ws.len() - 8) } else { String::new() };
+    let names: Vec<String> = ws
+        .iter()
+        .take(8)
+        .map(|w| crate::policy::shown_name(&w.name))
+        .collect();
+    let more = if ws.len() > 8 {
+        format!(" and {} more", ws.len() - 8)
+    } else {
+        String::new()
+    };
     format!("{}{more}", names.join(", "))
 }
 

@@ -58,9 +58,13 @@ pub fn platform_args(target: &Target) -> Result<(String, String), PackageError> 
     let platform = match target.libc.strip_prefix("glibc ") {
         // uv names manylinux_2_17 to _2_40; a newer glibc runs every wheel of an older one.
         Some(v) => {
-            let minor: u32 = v.split('.').nth(1).and_then(|m| m.parse().ok()).ok_or_else(|| {
-                PackageError::UnknownTarget(format!("its libc is {:?}", target.libc))
-            })?;
+            let minor: u32 = v
+                .split('.')
+                .nth(1)
+                .and_then(|m| m.parse().ok())
+                .ok_or_else(|| {
+                    PackageError::UnknownTarget(format!("its libc is {:?}", target.libc))
+                })?;
             format!("{arch}-manylinux_2_{}", minor.clamp(17, 40))
         }
         None => format!("{arch}-unknown-linux-musl"),
@@ -75,7 +79,9 @@ pub fn constraints(target: &Target) -> String {
     for (name, version) in &target.dists {
         let v = version.split('+').next().unwrap_or("");
         let ok = |s: &str, extra: &str| {
-            !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
         };
         if ok(name, "-_.") && ok(v, ".!-_") {
             out.push_str(&format!("{name}=={v}\n"));
@@ -101,7 +107,10 @@ pub async fn resolve(
         move |source| PackageError::Io { what, path, source }
     };
     let input = work.join("requirements.in");
-    let text: String = requirements.iter().map(|r| format!("{}\n", r.text)).collect();
+    let text: String = requirements
+        .iter()
+        .map(|r| format!("{}\n", r.text))
+        .collect();
     std::fs::write(&input, text).map_err(io("could not write", &input))?;
     let cons = work.join("constraints.txt");
     std::fs::write(&cons, constraints(target)).map_err(io("could not write", &cons))?;
@@ -111,7 +120,14 @@ pub async fn resolve(
     cmd.arg("pip")
         .arg("compile")
         .arg(&input)
-        .args(["--format", "pylock.toml", "--no-header", "--quiet", "--color", "never"])
+        .args([
+            "--format",
+            "pylock.toml",
+            "--no-header",
+            "--quiet",
+            "--color",
+            "never",
+        ])
         .args(["--no-config", "--no-progress", "--only-binary", ":all:"])
         .args(["--python-version", &python, "--python-platform", &platform])
         .arg("--constraint")
@@ -138,8 +154,17 @@ pub async fn resolve(
     // reaches an index: PATH for itself, HOME for nothing else, proxies and certificates.
     cmd.env_clear();
     for key in [
-        "PATH", "HOME", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY",
-        "no_proxy", "ALL_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR",
+        "PATH",
+        "HOME",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "NO_PROXY",
+        "no_proxy",
+        "ALL_PROXY",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
     ] {
         if let Some(v) = std::env::var_os(key) {
             cmd.env(key, v);
@@ -168,9 +193,14 @@ pub async fn resolve(
     };
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
-        let unreachable = ["Failed to fetch", "error sending request", "Could not connect", "dns error"]
-            .iter()
-            .any(|m| stderr.contains(m));
+        let unreachable = [
+            "Failed to fetch",
+            "error sending request",
+            "Could not connect",
+            "dns error",
+        ]
+        .iter()
+        .any(|m| stderr.contains(m));
         if unreachable {
             return Err(PackageError::IndexUnreachable(tail(&stderr, 2000)));
         }
@@ -182,13 +212,19 @@ pub async fn resolve(
 
 /// The last `max` bytes of uv's message, without its colour or blank lines.
 fn tail(s: &str, max: usize) -> String {
-    let lines: Vec<&str> = s.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()).collect();
+    let lines: Vec<&str> = s
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.trim().is_empty())
+        .collect();
     let joined = lines.join("\n");
     if joined.len() <= max {
         return joined;
     }
     let start = joined.len() - max;
-    let start = (start..joined.len()).find(|i| joined.is_char_boundary(*i)).unwrap_or(0);
+    let start = (start..joined.len())
+        .find(|i| joined.is_char_boundary(*i))
+        .unwrap_or(0);
     format!("…{}", &joined[start..])
 }
 
@@ -262,12 +298,11 @@ pub fn parse_lock(
             }
             (None, Some(p)) => {
                 let full = work.join(&p);
-                let inside = find_links.is_some_and(|d| {
-                    match (full.canonicalize(), d.canonicalize()) {
+                let inside =
+                    find_links.is_some_and(|d| match (full.canonicalize(), d.canonicalize()) {
                         (Ok(f), Ok(d)) => f.starts_with(d),
                         _ => false,
-                    }
-                });
+                    });
                 if !inside {
                     return Err(PackageError::Unresolvable(format!(
                         "the wheel of {name} is a file outside packages.find_links: {p:?}"
@@ -282,7 +317,11 @@ pub fn parse_lock(
             .or_else(|| {
                 url.as_deref()
                     .and_then(|u| u.rsplit('/').next())
-                    .or_else(|| path.as_deref().and_then(|p| p.file_name()).and_then(|f| f.to_str()))
+                    .or_else(|| {
+                        path.as_deref()
+                            .and_then(|p| p.file_name())
+                            .and_then(|f| f.to_str())
+                    })
                     .map(|f| f.split('#').next().unwrap_or(f).to_string())
             })
             .unwrap_or_default();
@@ -365,7 +404,8 @@ wheels = [{ url = "https://files.example/python_slugify-8.0.4-py2.py3-none-any.w
         assert!(parse_lock(nohash, Path::new("/"), None).is_err());
         let file = "[[packages]]\nname = \"x\"\nversion = \"1\"\nwheels = [{ url = \"file:///etc/x-1-py3-none-any.whl\", hashes = { sha256 = \"00\" } }]\n";
         assert!(parse_lock(file, Path::new("/"), None).is_err());
-        let outside = "[[packages]]\nname = \"x\"\nversion = \"1\"\nwheels = [{ path = \"/etc/passwd\" }]\n";
+        let outside =
+            "[[packages]]\nname = \"x\"\nversion = \"1\"\nwheels = [{ path = \"/etc/passwd\" }]\n";
         assert!(parse_lock(outside, Path::new("/"), Some(Path::new("/srv/wheels"))).is_err());
     }
 }

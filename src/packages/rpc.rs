@@ -71,13 +71,21 @@ impl RpcHandler for PackagesRpc {
                     approver: self.approver.as_ref(),
                     preinstall: false,
                 };
-                match self.packages.install(&self.current(), &requirements, who).await {
+                match self
+                    .packages
+                    .install(&self.current(), &requirements, who)
+                    .await
+                {
                     Ok(done) => Ok(json!({"installed": done.iter().map(|i| json!({
                         "name": i.name, "version": i.version, "cached": i.cached, "size": i.size,
                     })).collect::<Vec<_>>()})),
                     Err(e) => Err(RpcFailure {
                         message: e.message(),
-                        kind: Some(if e.is_refusal() { RPC_PACKAGE_DENIED } else { RPC_PACKAGE }),
+                        kind: Some(if e.is_refusal() {
+                            RPC_PACKAGE_DENIED
+                        } else {
+                            RPC_PACKAGE
+                        }),
                     }),
                 }
             }

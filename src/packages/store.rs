@@ -109,12 +109,18 @@ impl Store {
         let wheels: Vec<Wheel> = serde_json::from_str(&text).ok()?;
         wheels
             .iter()
-            .all(|w| w.sha256.as_ref().is_some_and(|h| self.wheel_path(h).is_file()))
+            .all(|w| {
+                w.sha256
+                    .as_ref()
+                    .is_some_and(|h| self.wheel_path(h).is_file())
+            })
             .then_some(wheels)
     }
 
     pub fn save_plan(&self, key: &str, wheels: &[Wheel]) {
-        let Ok(text) = serde_json::to_string(wheels) else { return };
+        let Ok(text) = serde_json::to_string(wheels) else {
+            return;
+        };
         let path = self.dir("plans").join(format!("{key}.json"));
         let _ = write_atomic(&self.dir("tmp"), &path, text.as_bytes());
     }
@@ -219,11 +225,12 @@ impl Store {
                     return Err(too_large(w, got));
                 }
                 hasher.update(&buf[..n]);
-                tmp.write_all(&buf[..n]).map_err(|source| PackageError::Io {
-                    what: "could not write",
-                    path: tmp.path().to_path_buf(),
-                    source,
-                })?;
+                tmp.write_all(&buf[..n])
+                    .map_err(|source| PackageError::Io {
+                        what: "could not write",
+                        path: tmp.path().to_path_buf(),
+                        source,
+                    })?;
             }
         }
         let digest = hex::encode(hasher.finalize());
@@ -272,7 +279,8 @@ impl Store {
             path: whl.clone(),
             source,
         })?;
-        let mut zip = zip::ZipArchive::new(f).map_err(|e| bad(format!("not a zip archive: {e}")))?;
+        let mut zip =
+            zip::ZipArchive::new(f).map_err(|e| bad(format!("not a zip archive: {e}")))?;
         if zip.len() > MAX_ENTRIES {
             return Err(bad(format!(
                 "{} entries, more than {MAX_ENTRIES}",
@@ -335,7 +343,9 @@ impl Store {
             let n = std::io::copy(&mut (&mut entry).take(declared + 1), &mut out)
                 .map_err(|e| bad(format!("{raw:?} cannot be unpacked: {e}")))?;
             if n > declared {
-                return Err(bad(format!("{raw:?} holds more than its declared {declared} bytes")));
+                return Err(bad(format!(
+                    "{raw:?} holds more than its declared {declared} bytes"
+                )));
             }
             total += n;
             set_mode(&dest, 0o444);
@@ -367,7 +377,9 @@ impl Store {
         };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let Some(sha) = name.strip_suffix(".whl") else { continue };
+            let Some(sha) = name.strip_suffix(".whl") else {
+                continue;
+            };
             let Ok(meta) = e.metadata() else { continue };
             let tree = self.tree_path(sha);
             out.push(Cached {
@@ -389,11 +401,12 @@ impl Store {
             return Ok(Some((0, 0)));
         }
         let lock = self.lock_file()?;
-        let locked = crate::flock::try_lock_exclusive(&lock).map_err(|source| PackageError::Io {
-            what: "could not lock",
-            path: self.root.join(".lock"),
-            source,
-        })?;
+        let locked =
+            crate::flock::try_lock_exclusive(&lock).map_err(|source| PackageError::Io {
+                what: "could not lock",
+                path: self.root.join(".lock"),
+                source,
+            })?;
         if !locked {
             return Ok(None);
         }
@@ -467,7 +480,9 @@ pub fn tree_bytes(dir: &Path) -> u64 {
     let mut total = 0;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in entries.flatten() {
             let Ok(t) = e.file_type() else { continue };
             if t.is_dir() {
@@ -602,7 +617,10 @@ mod tests {
         assert!(!tree.join("run").exists() && !tree.join("pkg-1.0.data").exists());
         assert_eq!(bytes, 6 + 10 + 4);
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(tree.join("pkg/__init__.py")).unwrap().permissions().mode();
+        let mode = std::fs::metadata(tree.join("pkg/__init__.py"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o444);
         let dest = d.path().join("session");
         std::fs::create_dir(&dest).unwrap();

@@ -299,7 +299,12 @@ pub enum Asked {
 
 impl ApprovalRequest {
     /// A question about something other than a tool call.
-    pub fn other(title: &'static str, text: String, rule: String, origin: String) -> ApprovalRequest {
+    pub fn other(
+        title: &'static str,
+        text: String,
+        rule: String,
+        origin: String,
+    ) -> ApprovalRequest {
         ApprovalRequest {
             server: String::new(),
             tool: String::new(),

@@ -210,7 +210,11 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
 /// `protocol::PACKAGES_DIR`: the bridge writes it (`crate::packages`), the sandbox's user can
 /// only read and execute it, and it goes with the container.
 pub fn packages_dir(config: &Config, cname: &str) -> std::path::PathBuf {
-    config.state_dir.join("packages").join("sandboxes").join(cname)
+    config
+        .state_dir
+        .join("packages")
+        .join("sandboxes")
+        .join(cname)
 }
 
 /// Mount `dir` read-only at `protocol::PACKAGES_DIR`: a bind mount, so it is the same files on
@@ -220,13 +224,15 @@ pub fn packages_dir(config: &Config, cname: &str) -> std::path::PathBuf {
 /// can write (`/tmp`, `/workspace`, `/run`, `/var/tmp`) is `noexec`.
 pub fn mount_packages(body: &mut ContainerCreateBody, dir: &std::path::Path) {
     let host = body.host_config.get_or_insert_with(Default::default);
-    host.mounts.get_or_insert_with(Vec::new).push(bollard::models::Mount {
-        target: Some(crate::protocol::PACKAGES_DIR.to_string()),
-        source: Some(dir.to_string_lossy().into_owned()),
-        typ: Some(bollard::models::MountType::BIND),
-        read_only: Some(true),
-        ..Default::default()
-    });
+    host.mounts
+        .get_or_insert_with(Vec::new)
+        .push(bollard::models::Mount {
+            target: Some(crate::protocol::PACKAGES_DIR.to_string()),
+            source: Some(dir.to_string_lossy().into_owned()),
+            typ: Some(bollard::models::MountType::BIND),
+            read_only: Some(true),
+            ..Default::default()
+        });
 }
 
 /// Remove the package directories of containers whose bridge is gone (their names start

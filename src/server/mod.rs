@@ -109,23 +109,50 @@ impl Bridge {
     /// the image has (as the last sandbox to boot said).
     fn packages_markdown(&self) -> String {
         let p = &self.config.packages;
-        let mut s = String::from("\n\n## Packages\n\n`await runtime.install(\"name\", \"other==1.2\")` installs distributions into this session: the bridge resolves and downloads them on the host (the sandbox stays offline), from wheels only, never replacing the image's own packages. It returns `[{name, version, cached, size}]`; `runtime.installed()` lists the session's installs. A refusal raises `PackageDenied` (a `PermissionError`: do not retry), a failure `PackageError`.\n");
+        let mut s = String::from(
+            "\n\n## Packages\n\n`await runtime.install(\"name\", \"other==1.2\")` installs distributions into this session: the bridge resolves and downloads them on the host (the sandbox stays offline), from wheels only, never replacing the image's own packages. It returns `[{name, version, cached, size}]`; `runtime.installed()` lists the session's installs. A refusal raises `PackageDenied` (a `PermissionError`: do not retry), a failure `PackageError`.\n",
+        );
         let globs = |l: &crate::config::packages::NameGlobs| {
-            l.0.iter().map(|g| format!("`{g}`")).collect::<Vec<_>>().join(", ")
+            l.0.iter()
+                .map(|g| format!("`{g}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
         };
         if !p.allow.0.is_empty() {
-            s.push_str(&format!("- installed without asking: {}\n", globs(&p.allow)));
+            s.push_str(&format!(
+                "- installed without asking: {}\n",
+                globs(&p.allow)
+            ));
         }
         if !p.deny.0.is_empty() {
             s.push_str(&format!("- refused: {}\n", globs(&p.deny)));
         }
-        s.push_str("- anything else: the user is asked, shown every dependency that comes with it\n");
+        s.push_str(
+            "- anything else: the user is asked, shown every dependency that comes with it\n",
+        );
         if !p.preinstall.0.is_empty() {
-            s.push_str(&format!("- in every session already: {}\n", p.preinstall.0.iter().map(|r| format!("`{r}`")).collect::<Vec<_>>().join(", ")));
+            s.push_str(&format!(
+                "- in every session already: {}\n",
+                p.preinstall
+                    .0
+                    .iter()
+                    .map(|r| format!("`{r}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
         }
         if let Some(t) = self.sandbox.seen_target() {
-            let names: Vec<String> = t.dists.iter().take(200).map(|(n, v)| format!("{n} {v}")).collect();
-            s.push_str(&format!("\nThe image has Python {} and: {}.", t.python, names.join(", ")));
+            let names: Vec<String> = t
+                .dists
+                .iter()
+                .take(200)
+                .map(|(n, v)| format!("{n} {v}"))
+                .collect();
+            s.push_str(&format!(
+                "\nThe image has Python {} and: {}.",
+                t.python,
+                names.join(", ")
+            ));
         }
         s
     }

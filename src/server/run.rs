@@ -133,7 +133,10 @@ impl Bridge {
         };
         match self.sandbox.run(key, args.reset, req).await {
             Ok(mut outcome) => {
-                if let Some(e) = outcome.error.as_ref().filter(|e| e.kind == "ModuleNotFoundError")
+                if let Some(e) = outcome
+                    .error
+                    .as_ref()
+                    .filter(|e| e.kind == "ModuleNotFoundError")
                     && let Some(hint) = self.packages.missing_module_hint(&e.message, can_ask)
                 {
                     outcome.notices.push(hint);

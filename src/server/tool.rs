@@ -21,10 +21,11 @@ use crate::sandbox::DEFAULT_SESSION;
 /// descriptions, the output schema and the annotations share that budget; the rest of the helper
 /// summary is in the capabilities resource (`HELPERS`).
 pub const TOOL_DESCRIPTION: &str = "\
-Persistent Python sandbox (pandas, numpy; no network; top-level await; display(obj) returns \
-images). Long output returns a preview; the whole is a file in /workspace/out/.outputs/. MCP \
-servers: `from mcp import runtime`; await runtime.search_tool_docs('query'); load with servers, \
-then await mcp_<name>.<tool>(...).";
+Persistent Python sandbox (pandas, numpy; no network: other packages via \
+await runtime.install('pkg'); top-level await; display(obj) returns images). Long output \
+returns a preview; the whole is a file in /workspace/out/.outputs/. MCP servers: \
+`from mcp import runtime`; await runtime.search_tool_docs('query'); load with servers, then \
+await mcp_<name>.<tool>(...).";
 
 /// What the tool description leaves out for the budget, in the capabilities resource.
 pub const HELPERS: &str = "\
@@ -34,7 +35,8 @@ State persists across calls of a session; the last expression is shown like a no
 proxied tools have real signatures (`help(mcp_<name>.<tool>)`) and return Python values. \
 `runtime.export_notebook()` writes the session so far as a Jupyter notebook \
 (`/workspace/out/session.ipynb`). `runtime.save_skill(func)` keeps a function for every later \
-session; `runtime.list_skills()` lists them.";
+session; `runtime.list_skills()` lists them. `await runtime.install(\"pkg\", \"other==1.2\")` \
+installs packages into the session (the bridge downloads them; the user's policy may ask first).";
 
 /// The tool's human-readable name (`title`), which clients show instead of `run_python`.
 pub const TOOL_TITLE: &str = "Python sandbox";

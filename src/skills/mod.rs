@@ -275,7 +275,12 @@ impl Store {
 
     /// Whether `name`, `source` and `description` could be saved (name, size, one function),
     /// before anyone is asked about it.
-    pub fn check_save(&self, name: &str, source: &str, description: &str) -> Result<(), SkillError> {
+    pub fn check_save(
+        &self,
+        name: &str,
+        source: &str,
+        description: &str,
+    ) -> Result<(), SkillError> {
         Self::check_name(name)?;
         let size = (source.len() + description.len()) as u64;
         if size > self.max_size {

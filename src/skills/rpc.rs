@@ -46,15 +46,22 @@ const PREVIEW_WIDTH: usize = 160;
 
 impl SaveGate {
     /// Allowed (with the decision's name), or refused (with the message for the code).
-    async fn decide(&self, name: &str, description: &str, source: &str) -> Result<String, (String, String)> {
+    async fn decide(
+        &self,
+        name: &str,
+        description: &str,
+        source: &str,
+    ) -> Result<String, (String, String)> {
         use crate::config::policy::{Action, Fallback};
         use crate::policy::{Approval, ApprovalRequest};
-        let fallback = |path: &str| match self.fallback {
+        let fallback = |path: &str| {
+            match self.fallback {
             Fallback::Allow => Ok(format!("ask:unavailable ({path})")),
             Fallback::Deny => Err((
                 "ask:unavailable".to_string(),
                 "saving the skill was refused: skills.save is ask and the client cannot be asked (policy.ask_fallback = deny)".to_string(),
             )),
+        }
         };
         match self.rule {
             Action::Allow => Ok("allow".into()),
@@ -133,10 +140,17 @@ impl SkillRpc {
         {
             let name = params.get("name").and_then(Value::as_str).unwrap_or("");
             let source = params.get("source").and_then(Value::as_str).unwrap_or("");
-            let description = params.get("description").and_then(Value::as_str).unwrap_or("");
+            let description = params
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             // What could never be saved is refused before anyone is asked about it.
             let store = self.store.clone();
-            let (n, s, d) = (name.to_string(), source.to_string(), description.to_string());
+            let (n, s, d) = (
+                name.to_string(),
+                source.to_string(),
+                description.to_string(),
+            );
             tokio::task::spawn_blocking(move || store.check_save(&n, &s, &d))
                 .await
                 .map_err(|e| RpcFailure::from(format!("the skill store failed: {e}")))?

@@ -42,7 +42,10 @@ impl Index {
             &mut line,
         )
         .unwrap();
-        assert!(line.starts_with("http://127.0.0.1:"), "the index said {line:?}");
+        assert!(
+            line.starts_with("http://127.0.0.1:"),
+            "the index said {line:?}"
+        );
         Index {
             child,
             url: line.trim().to_string(),
@@ -98,7 +101,15 @@ fn audit_installs(home: &Home) -> Vec<Value> {
 const ALLOW: &str = "allow = [\"tabulate\", \"python-slugify\", \"text-unidecode\", \"msgpack\", \"evil-*\", \"onlysdist\"]";
 
 async fn bridge(home: Home) -> Bridge {
-    Bridge::start_with(home, &[("MCP_BRIDGE_TIMEOUT", "120"), ("MCP_BRIDGE_MAX_TIMEOUT", "300")], None).await
+    Bridge::start_with(
+        home,
+        &[
+            ("MCP_BRIDGE_TIMEOUT", "120"),
+            ("MCP_BRIDGE_MAX_TIMEOUT", "300"),
+        ],
+        None,
+    )
+    .await
 }
 
 /// An allowed install is usable at once, a C extension loads, the image's numpy is the same,
@@ -140,17 +151,25 @@ print("MOUNT", {m: mounts.get(m) for m in ["/opt/packages", "/tmp", "/workspace"
         .ok();
     let t = o.text();
     assert!(
-        t.contains("GOT [('msgpack', False), ('python-slugify', False), ('text-unidecode', False)]"),
+        t.contains(
+            "GOT [('msgpack', False), ('python-slugify', False), ('text-unidecode', False)]"
+        ),
         "{t}"
     );
     assert!(t.contains("SLUG hello-world"), "{t}");
     assert!(t.contains("C-EXT /opt/packages/msgpack/_cmsgpack"), "{t}");
     assert!(t.contains("ROUNDTRIP {'a': [1, 2]}"), "{t}");
-    assert!(t.contains("INSTALLED ['msgpack', 'python-slugify', 'text-unidecode']"), "{t}");
+    assert!(
+        t.contains("INSTALLED ['msgpack', 'python-slugify', 'text-unidecode']"),
+        "{t}"
+    );
     assert!(t.contains("OWNER-IS-NOT-ME True WRITABLE False"), "{t}");
     assert!(!t.contains("WROTE"), "{t}");
     assert_eq!(t.matches("REFUSED").count(), 2, "{t}");
-    let mounts = t.lines().find(|l| l.starts_with("MOUNT")).unwrap_or_default();
+    let mounts = t
+        .lines()
+        .find(|l| l.starts_with("MOUNT"))
+        .unwrap_or_default();
     let opts = |m: &str| {
         mounts
             .split(&format!("'{m}': '"))
@@ -160,7 +179,10 @@ print("MOUNT", {m: mounts.get(m) for m in ["/opt/packages", "/tmp", "/workspace"
             .to_string()
     };
     assert!(opts("/opt/packages").starts_with("ro"), "{mounts}");
-    assert!(!opts("/opt/packages").contains("noexec"), "C extensions must load: {mounts}");
+    assert!(
+        !opts("/opt/packages").contains("noexec"),
+        "C extensions must load: {mounts}"
+    );
     for m in ["/tmp", "/workspace"] {
         assert!(opts(m).contains("noexec"), "{m}: {mounts}");
     }
@@ -177,7 +199,12 @@ print("MOUNT", {m: mounts.get(m) for m in ["/opt/packages", "/tmp", "/workspace"
     assert_eq!(r["decision"], "allow", "{r:#}");
     assert_eq!(r["status"], "ok", "{r:#}");
     assert_eq!(r["requested"], json!(["python-slugify", "msgpack"]));
-    let names: Vec<&str> = r["resolved"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = r["resolved"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names.len(), 3, "{r:#}");
     for d in r["resolved"].as_array().unwrap() {
         assert_eq!(d["sha256"].as_str().unwrap().len(), 64, "{d:#}");
@@ -198,18 +225,40 @@ async fn a_second_session_installs_from_the_cache_with_no_index_request() {
     assert!(first.contains("GOT [('tabulate', False)]"), "{first}");
     let served = index.requests().len();
     assert!(served > 0);
-    let second = Outcome(b.call(json!({"code": code, "session": "two"})).await).ok().text();
+    let second = Outcome(b.call(json!({"code": code, "session": "two"})).await)
+        .ok()
+        .text();
     assert!(second.contains("GOT [('tabulate', True)]"), "{second}");
     assert!(second.contains("OK"), "{second}");
     assert_eq!(index.requests().len(), served, "{:?}", index.requests());
     let home = b.shutdown_clean().await;
-    let out = home.command().args(["packages", "list", "--json"]).output().unwrap();
+    let out = home
+        .command()
+        .args(["packages", "list", "--json"])
+        .output()
+        .unwrap();
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let dists: Vec<&str> = listed["wheels"].as_array().unwrap().iter().map(|w| w["dist"].as_str().unwrap()).collect();
-    assert!(dists.iter().any(|d| d.starts_with("tabulate-")), "{listed:#}");
-    let out = home.command().args(["packages", "prune", "--all"]).output().unwrap();
+    let dists: Vec<&str> = listed["wheels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["dist"].as_str().unwrap())
+        .collect();
+    assert!(
+        dists.iter().any(|d| d.starts_with("tabulate-")),
+        "{listed:#}"
+    );
+    let out = home
+        .command()
+        .args(["packages", "prune", "--all"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let out = home.command().args(["packages", "list", "--json"]).output().unwrap();
+    let out = home
+        .command()
+        .args(["packages", "list", "--json"])
+        .output()
+        .unwrap();
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(listed["wheels"], json!([]), "{listed:#}");
 }
@@ -252,15 +301,28 @@ print("LOOP", refused, time.monotonic() - t < 60)
     // The import error names the install that works; a name that would be refused is not
     // suggested.
     let o = b.py("import tabulate").await;
-    assert!(o.text().contains("`await runtime.install(\"tabulate\")` installs it"), "{}", o.text());
+    assert!(
+        o.text()
+            .contains("`await runtime.install(\"tabulate\")` installs it"),
+        "{}",
+        o.text()
+    );
     let o = b.py("import msgpack").await;
     assert!(!o.text().contains("runtime.install"), "{}", o.text());
     b.still_serving().await;
     let home = b.shutdown_clean().await;
     let installs = audit_installs(&home);
     assert_eq!(installs.len(), 1003, "one record per install call");
-    assert!(installs.iter().all(|r| r["status"] == "denied"), "{:#}", installs[0]);
-    assert_eq!(installs[2]["decision"], "ask:unavailable", "{:#}", installs[2]);
+    assert!(
+        installs.iter().all(|r| r["status"] == "denied"),
+        "{:#}",
+        installs[0]
+    );
+    assert_eq!(
+        installs[2]["decision"], "ask:unavailable",
+        "{:#}",
+        installs[2]
+    );
 }
 
 /// Hostile wheels and bad requests fail with PackageError, each saying why, and leave nothing:
@@ -270,7 +332,9 @@ print("LOOP", refused, time.monotonic() - t < 60)
 async fn hostile_wheels_and_bad_requests_leave_nothing_behind() {
     let index = Index::start(&["--hostile"]);
     let home = home_with(&index, &format!("{ALLOW}\nmax_size = \"64m\""));
-    let state = home.path().join(".local/state/mcp-code-bridge/packages/cache/tmp");
+    let state = home
+        .path()
+        .join(".local/state/mcp-code-bridge/packages/cache/tmp");
     let b = bridge(home).await;
     let o = b
         .py(r#"from mcp import runtime
@@ -306,7 +370,10 @@ print("INSTALLED-LIST", runtime.installed())
         ("no-such-package-anywhere", "not found"),
         ("tabulate==99.0", "could not be resolved"),
         ("numpy<2", "numpy==2"),
-        ("x @ https://example.com/x.whl", "URLs and paths are not accepted"),
+        (
+            "x @ https://example.com/x.whl",
+            "URLs and paths are not accepted",
+        ),
         ("--index-url=http://evil/simple", "options are not accepted"),
         ("-e .", "options are not accepted"),
         ("/tmp/x.whl", "URLs and paths are not accepted"),
@@ -314,16 +381,27 @@ print("INSTALLED-LIST", runtime.installed())
     ] {
         let line = t
             .lines()
-            .find(|l| l.starts_with(&format!("FAILED {spec:?}")) || l.starts_with(&format!("FAILED '{spec}'")))
+            .find(|l| {
+                l.starts_with(&format!("FAILED {spec:?}"))
+                    || l.starts_with(&format!("FAILED '{spec}'"))
+            })
             .unwrap_or_else(|| panic!("no failure line for {spec}: {t}"));
         assert!(line.contains(why), "{spec}: {line}");
     }
-    assert!(t.contains("TYPE install() takes requirement strings"), "{t}");
-    assert!(t.contains("LEFT []") || t.contains("LEFT ['.mcp-code-bridge-installs.json']"), "{t}");
+    assert!(
+        t.contains("TYPE install() takes requirement strings"),
+        "{t}"
+    );
+    assert!(
+        t.contains("LEFT []") || t.contains("LEFT ['.mcp-code-bridge-installs.json']"),
+        "{t}"
+    );
     assert!(t.contains("INSTALLED-LIST []"), "{t}");
     b.still_serving().await;
     b.shutdown().await;
-    let left: Vec<_> = std::fs::read_dir(&state).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    let left: Vec<_> = std::fs::read_dir(&state)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
     assert!(left.is_empty(), "the cache's work area kept {left:?}");
 }
 
@@ -340,7 +418,10 @@ async fn a_slow_index_meets_the_deadline() {
         .ok();
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
     let t = o.text();
-    assert!(t.contains("FAILED the install took longer than packages.timeout (3 s)"), "{t}");
+    assert!(
+        t.contains("FAILED the install took longer than packages.timeout (3 s)"),
+        "{t}"
+    );
     assert!(t.contains("[]"), "{t}");
     b.still_serving().await;
     b.shutdown().await;
@@ -354,18 +435,29 @@ async fn preinstalled_packages_are_there_at_the_first_call() {
     let b = bridge(home).await;
     for session in ["a", "b"] {
         let o = Outcome(b.call(json!({"code": "import tabulate\nprint('HAVE', tabulate.__file__)", "session": session})).await).ok();
-        assert!(o.text().contains("HAVE /opt/packages/tabulate"), "{}", o.text());
+        assert!(
+            o.text().contains("HAVE /opt/packages/tabulate"),
+            "{}",
+            o.text()
+        );
     }
     let home = b.shutdown_clean().await;
     let installs = audit_installs(&home);
-    assert!(installs.iter().any(|r| r["decision"] == "preinstall" && r["status"] == "ok"), "{installs:#?}");
+    assert!(
+        installs
+            .iter()
+            .any(|r| r["decision"] == "preinstall" && r["status"] == "ok"),
+        "{installs:#?}"
+    );
 }
 
 /// The steps of an asked install through the Python SDK's client: asked and allowed (the
 /// question names the dependency with its version), then asked and denied.
 fn asked_steps() -> Value {
     let code = |spec: &str| {
-        format!("from mcp import runtime\ntry:\n    got = await runtime.install({spec:?})\n    print('GOT', sorted(g['name'] for g in got))\nexcept PermissionError as e:\n    print('DENIED', type(e).__name__, e)")
+        format!(
+            "from mcp import runtime\ntry:\n    got = await runtime.install({spec:?})\n    print('GOT', sorted(g['name'] for g in got))\nexcept PermissionError as e:\n    print('DENIED', type(e).__name__, e)"
+        )
     };
     json!([
         {"code": code("python-slugify"), "answers": ["allow_once"]},
@@ -381,12 +473,24 @@ fn assert_asked(steps: &[Value], protocol: &str) {
     let q = &steps[0]["asked"][0];
     let message = q["message"].as_str().unwrap_or_default();
     assert!(message.contains("install Python packages"), "{message}");
-    assert!(message.contains("\"python-slugify\" \"9.2.0\""), "{message}");
-    assert!(message.contains("\"text-unidecode\" \"1.3\""), "the dependency is named: {message}");
+    assert!(
+        message.contains("\"python-slugify\" \"9.2.0\""),
+        "{message}"
+    );
+    assert!(
+        message.contains("\"text-unidecode\" \"1.3\""),
+        "the dependency is named: {message}"
+    );
     assert!(message.contains("a dependency"), "{message}");
-    assert_eq!(q["schema"]["properties"]["decision"]["title"], "Allow this install?", "{q:#}");
+    assert_eq!(
+        q["schema"]["properties"]["decision"]["title"], "Allow this install?",
+        "{q:#}"
+    );
     let t0 = steps[0]["text"].as_str().unwrap_or("");
-    assert!(t0.contains("GOT ['python-slugify', 'text-unidecode']"), "{t0}");
+    assert!(
+        t0.contains("GOT ['python-slugify', 'text-unidecode']"),
+        "{t0}"
+    );
     let t1 = steps[1]["text"].as_str().unwrap_or("");
     assert!(t1.contains("DENIED PackageDenied"), "{t1}");
 }
@@ -401,10 +505,23 @@ fn an_asked_install_reaches_the_python_sdk_client_in_both_revisions() {
         let installs = audit_installs(&home);
         let decisions: Vec<(&str, &str)> = installs
             .iter()
-            .map(|r| (r["decision"].as_str().unwrap_or(""), r["ask"].as_str().unwrap_or("")))
+            .map(|r| {
+                (
+                    r["decision"].as_str().unwrap_or(""),
+                    r["ask"].as_str().unwrap_or(""),
+                )
+            })
             .collect();
-        let path = if mode == "auto" { "input_required" } else { "elicitation" };
-        assert_eq!(decisions, [("ask:allowed", path), ("ask:denied", path)], "{installs:#?}");
+        let path = if mode == "auto" {
+            "input_required"
+        } else {
+            "elicitation"
+        };
+        assert_eq!(
+            decisions,
+            [("ask:allowed", path), ("ask:denied", path)],
+            "{installs:#?}"
+        );
     }
 }
 
@@ -416,8 +533,15 @@ fn an_asked_install_over_http_reaches_the_client() {
     let url = served.url.clone();
     let got = crate::approvals::python(&served.home, "auto", &url, asked_steps(), &[]);
     assert_asked(&got, "2026-07-28");
-    let got = crate::approvals::python(&served.home, "legacy", &url, json!([asked_steps()[1]]), &[]);
-    assert!(got[0]["text"].as_str().unwrap_or("").contains("DENIED PackageDenied"), "{got:#?}");
+    let got =
+        crate::approvals::python(&served.home, "legacy", &url, json!([asked_steps()[1]]), &[]);
+    assert!(
+        got[0]["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("DENIED PackageDenied"),
+        "{got:#?}"
+    );
 }
 
 /// `skills.save = ask` (the default) asks the user with the skill's name, description and
@@ -438,13 +562,29 @@ fn saving_a_skill_asks_the_user_first() {
     assert!(q.contains("save the skill \"twice\""), "{q}");
     assert!(q.contains("Description: \"Double it.\""), "{q}");
     assert!(q.contains("  | def twice(x):"), "{q}");
-    assert!(got[0]["text"].as_str().unwrap_or("").contains("REFUSED saving the skill was refused by the user"), "{got:#?}");
-    assert!(got[1]["text"].as_str().unwrap_or("").contains("SAVED"), "{got:#?}");
-    let out = home.command().args(["skills", "list", "--json"]).output().unwrap();
+    assert!(
+        got[0]["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("REFUSED saving the skill was refused by the user"),
+        "{got:#?}"
+    );
+    assert!(
+        got[1]["text"].as_str().unwrap_or("").contains("SAVED"),
+        "{got:#?}"
+    );
+    let out = home
+        .command()
+        .args(["skills", "list", "--json"])
+        .output()
+        .unwrap();
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     let s = &listed["skills"][0];
     assert_eq!(s["name"], "twice", "{listed:#}");
-    assert!(s["saved_by"].as_str().unwrap_or("").contains("ask:allowed"), "{s:#}");
+    assert!(
+        s["saved_by"].as_str().unwrap_or("").contains("ask:allowed"),
+        "{s:#}"
+    );
     assert_eq!(s["sha256"].as_str().unwrap_or("").len(), 64, "{s:#}");
     let saves: Vec<Value> = std::fs::read_to_string(home.path().join("audit.jsonl"))
         .unwrap_or_default()
@@ -452,7 +592,10 @@ fn saving_a_skill_asks_the_user_first() {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|v| v["kind"] == "skill_save")
         .collect();
-    let d: Vec<&str> = saves.iter().map(|r| r["decision"].as_str().unwrap_or("")).collect();
+    let d: Vec<&str> = saves
+        .iter()
+        .map(|r| r["decision"].as_str().unwrap_or(""))
+        .collect();
     assert_eq!(d.len(), 2, "{saves:#?}");
     assert_eq!(d[0], "ask:denied");
     assert!(d[1].starts_with("ask:allowed"), "{d:?}");
@@ -465,7 +608,11 @@ async fn an_install_from_the_public_index() {
     let home = Home::new();
     let dir = home.path().join(".config/mcp-code-bridge");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("config.toml"), "[packages]\nallow = [\"tabulate\"]\n").unwrap();
+    std::fs::write(
+        dir.join("config.toml"),
+        "[packages]\nallow = [\"tabulate\"]\n",
+    )
+    .unwrap();
     let b = bridge(home).await;
     let o = b
         .py("from mcp import runtime\ngot = await runtime.install('tabulate')\nimport tabulate, socket\nprint('GOT', got[0]['name'], tabulate.__file__)\ntry:\n    socket.create_connection(('pypi.org', 443), timeout=3)\n    print('ONLINE')\nexcept OSError:\n    print('OFFLINE')")
