@@ -12,6 +12,7 @@
 //! BENCH_ONLY=audit cargo bench --bench bridge                     # the audit log: writer cost, calls with it on and off
 //! BENCH_ONLY=hostile-http cargo bench --bench bridge              # section 9's HTTP rows only (connections, queued tasks, MCP sessions)
 //! BENCH_ONLY=results cargo bench --bench bridge                   # section 12: result size, tokens and time for prints of 1 KB, 100 KB, 10 MB
+//! BENCH_ONLY=packages cargo bench --bench bridge                  # section 13: installs from a local index, from the cache, statsmodels from PyPI
 //! BENCH_ONLY=capacity cargo bench --bench bridge                  # section 11: sandboxes' memory and idle CPU, serve at 1/5/20 identities (~8 min)
 //! BENCH_ONLY=capacity-sandboxes cargo bench --bench bridge        # section 11's sandbox rows alone (memory, idle CPU)
 //! BENCH_ONLY=capacity-bounds cargo bench --bench bridge           # section 11's bounds alone: max_sessions, a busy session, 429
@@ -39,6 +40,7 @@ mod hostile;
 mod http_bounds;
 mod load;
 mod opts;
+mod packages;
 mod pool;
 mod proxy;
 mod raw;
@@ -74,6 +76,7 @@ use hostile::*;
 use http_bounds::*;
 use load::*;
 use opts::*;
+use packages::*;
 use pool::*;
 use proxy::*;
 use raw::*;
@@ -186,6 +189,10 @@ async fn main() {
     if o.wants("results") {
         eprintln!("bench: results that fit the client…");
         results_section(&o, &mut t).await;
+    }
+    if o.wants("packages") {
+        eprintln!("bench: packages on demand…");
+        packages_section(&o, &mut t).await;
     }
     println!();
     println!(

@@ -591,7 +591,9 @@ impl Packages {
         Ok(done)
     }
 
-    /// deny > allow > ask over every distribution that would come.
+    /// deny > allow > ask over every distribution that would come. The refusal carries the
+    /// ruling for the audit beside the error (once per install: its size is no cost).
+    #[allow(clippy::result_large_err)]
     async fn decide(
         &self,
         new: &[Wheel],
