@@ -202,55 +202,48 @@ impl<W: Write> Printer<'_, W> {
 fn row(r: &Value) -> String {
     let s = |k: &str| visible(r[k].as_str().unwrap_or(""));
     let time: String = s("ts").replacen('T', " ", 1).chars().take(19).collect();
+    // A list of names, each made visible.
+    let names = |k: &str| -> Vec<String> {
+        r[k].as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(|v| visible(v).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // `decision → status`, and the error type when there is one.
+    let decided = |first: &str| {
+        let mut result = first.to_string();
+        if let Some(e) = r["error_type"].as_str() {
+            result.push_str(&format!(" {}", visible(e)));
+        }
+        result
+    };
     let (what, result) = match r["kind"].as_str().unwrap_or("") {
         "exec" => {
-            let servers = r["servers"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(visible)
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default();
+            let servers = names("servers");
             let mut what = format!("exec {}", s("code_sha256").get(..12).unwrap_or(""));
             if !servers.is_empty() {
                 what.push_str(&format!(" [{}]", servers.join(",")));
             }
-            let mut result = s("status").into_owned();
-            if let Some(e) = r["error_type"].as_str() {
-                result.push_str(&format!(" {}", visible(e)));
-            }
-            (what, result)
+            (what, decided(&s("status")))
         }
-        "tool_call" => {
-            let mut result = format!("{} → {}", s("decision"), s("status"));
-            if let Some(e) = r["error_type"].as_str() {
-                result.push_str(&format!(" {}", visible(e)));
-            }
-            (format!("{}.{}", s("server"), s("tool")), result)
-        }
+        "tool_call" => (
+            format!("{}.{}", s("server"), s("tool")),
+            decided(&format!("{} → {}", s("decision"), s("status"))),
+        ),
         "install" => {
-            let requested = r["requested"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(visible)
-                        .collect::<Vec<_>>()
-                        .join(",")
-                })
-                .unwrap_or_default();
             let n = r["resolved"].as_array().map_or(0, Vec::len);
-            let mut result = format!("{} → {}", s("decision"), s("status"));
-            if let Some(e) = r["error_type"].as_str() {
-                result.push_str(&format!(" {}", visible(e)));
-            }
-            (format!("install {requested} ({n} dists)"), result)
+            (
+                format!("install {} ({n} dists)", names("requested").join(",")),
+                decided(&format!("{} → {}", s("decision"), s("status"))),
+            )
         }
         "skill_save" => (
             format!("save_skill {}", s("skill")),
-            format!("{} → {}", s("decision"), s("status")),
+            decided(&format!("{} → {}", s("decision"), s("status"))),
         ),
         _ => (s("kind").into_owned(), s("status").into_owned()),
     };

@@ -382,6 +382,11 @@ fn make_packages_dir(dir: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent)?;
+        // `<state_dir>/packages` is the user's alone, as the state directory is; each
+        // sandbox's own directory inside is what its mount shows.
+        if let Some(root) = parent.parent() {
+            let _ = std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700));
+        }
     }
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;

@@ -89,6 +89,13 @@ fn home_with(index: &Index, packages: &str) -> Home {
     home
 }
 
+/// `mcp-code-bridge <args>` in the home, its stdout as JSON.
+fn cli_json(home: &Home, args: &[&str]) -> Value {
+    let out = home.command().args(args).output().unwrap();
+    assert!(out.status.success(), "{args:?}: {out:?}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {out:?}"))
+}
+
 fn audit_installs(home: &Home) -> Vec<Value> {
     std::fs::read_to_string(home.path().join("audit.jsonl"))
         .unwrap_or_default()
@@ -232,12 +239,7 @@ async fn a_second_session_installs_from_the_cache_with_no_index_request() {
     assert!(second.contains("OK"), "{second}");
     assert_eq!(index.requests().len(), served, "{:?}", index.requests());
     let home = b.shutdown_clean().await;
-    let out = home
-        .command()
-        .args(["packages", "list", "--json"])
-        .output()
-        .unwrap();
-    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed = cli_json(&home, &["packages", "list", "--json"]);
     let dists: Vec<&str> = listed["wheels"]
         .as_array()
         .unwrap()
@@ -254,12 +256,7 @@ async fn a_second_session_installs_from_the_cache_with_no_index_request() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let out = home
-        .command()
-        .args(["packages", "list", "--json"])
-        .output()
-        .unwrap();
-    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed = cli_json(&home, &["packages", "list", "--json"]);
     assert_eq!(listed["wheels"], json!([]), "{listed:#}");
 }
 
@@ -573,12 +570,7 @@ fn saving_a_skill_asks_the_user_first() {
         got[1]["text"].as_str().unwrap_or("").contains("SAVED"),
         "{got:#?}"
     );
-    let out = home
-        .command()
-        .args(["skills", "list", "--json"])
-        .output()
-        .unwrap();
-    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed = cli_json(&home, &["skills", "list", "--json"]);
     let s = &listed["skills"][0];
     assert_eq!(s["name"], "twice", "{listed:#}");
     assert!(
