@@ -282,7 +282,18 @@ pub fn parse_lock(
                 "the index gave {name} a sha256 that is not one: {h:?}"
             )));
         }
-        let (url, path) = match (w.url, w.path) {
+        // A `find_links` wheel is a `file://` URL in uv's lock: a path like any other.
+        let (w_url, w_path) = match w.url {
+            Some(u) if u.starts_with("file://") => {
+                let p = url::Url::parse(&u)
+                    .ok()
+                    .and_then(|u| u.to_file_path().ok())
+                    .map(|p| p.display().to_string());
+                (None, p.or(Some(u)))
+            }
+            u => (u, w.path),
+        };
+        let (url, path) = match (w_url, w_path) {
             (Some(u), _) => {
                 if !(u.starts_with("https://") || u.starts_with("http://")) {
                     return Err(PackageError::Unresolvable(format!(
@@ -402,8 +413,18 @@ wheels = [{ url = "https://files.example/python_slugify-8.0.4-py2.py3-none-any.w
         ));
         let nohash = "[[packages]]\nname = \"x\"\nversion = \"1\"\nwheels = [{ url = \"https://e/x-1-py3-none-any.whl\" }]\n";
         assert!(parse_lock(nohash, Path::new("/"), None).is_err());
-        let file = "[[packages]]\nname = \"x\"\nversion = \"1\"\nwheels = [{ url = \"file:///etc/x-1-py3-none-any.whl\", hashes = { sha256 = \"00\" } }]\n";
-        assert!(parse_lock(file, Path::new("/"), None).is_err());
+        let file = "[[packages]]\nname = \"x\"\nversion = \"1\"\nwheels = [{ url = \"file:///etc/passwd\" }]\n";
+        assert!(parse_lock(file, Path::new("/"), Some(Path::new("/srv/wheels"))).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let whl = dir.path().join("x-1-py3-none-any.whl");
+        std::fs::write(&whl, b"zip").unwrap();
+        let inside = format!(
+            "[[packages]]\nname = \"x\"\nversion = \"1\"\nwheels = [{{ url = \"file://{}\" }}]\n",
+            whl.display()
+        );
+        let w = parse_lock(&inside, Path::new("/"), Some(dir.path())).unwrap();
+        assert_eq!(w[0].path.as_deref(), Some(whl.as_path()));
+        assert_eq!(w[0].filename, "x-1-py3-none-any.whl");
         let outside =
             "[[packages]]\nname = \"x\"\nversion = \"1\"\nwheels = [{ path = \"/etc/passwd\" }]\n";
         assert!(parse_lock(outside, Path::new("/"), Some(Path::new("/srv/wheels"))).is_err());

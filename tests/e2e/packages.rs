@@ -615,3 +615,34 @@ async fn an_install_from_the_public_index() {
     assert!(t.contains("OFFLINE"), "{t}");
     b.shutdown().await;
 }
+
+/// `packages.offline` with a wheelhouse (`find_links`): installs come from that directory alone,
+/// each wheel's digest computed from the file, and what it lacks is a clear failure.
+#[tokio::test]
+async fn offline_installs_come_from_the_wheelhouse_alone() {
+    let wheels = std::env::var("MCP_BRIDGE_TEST_WHEELHOUSE").unwrap();
+    let home = Home::new();
+    let dir = home.path().join(".config/mcp-code-bridge");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("config.toml"),
+        format!("[packages]\noffline = true\nfind_links = {wheels:?}\nallow = [\"*\"]\n"),
+    )
+    .unwrap();
+    let b = bridge(home).await;
+    let o = b
+        .py("from mcp import runtime\ngot = await runtime.install('python-slugify')\nprint('GOT', sorted(g['name'] for g in got))\nimport slugify\nprint(slugify.slugify('A B'))\ntry:\n    await runtime.install('tabulate==0.9.0')\nexcept runtime.PackageError as e:\n    print('FAILED', str(e).replace(chr(10), ' | ')[:300])")
+        .await
+        .ok();
+    let t = o.text();
+    assert!(
+        t.contains("GOT ['python-slugify', 'text-unidecode']"),
+        "{t}"
+    );
+    assert!(t.contains("a-b"), "{t}");
+    assert!(
+        t.contains("FAILED the requirements could not be resolved"),
+        "{t}"
+    );
+    b.shutdown().await;
+}
