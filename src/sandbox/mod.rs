@@ -14,6 +14,7 @@ pub mod files;
 pub mod image;
 mod images;
 pub mod inputs;
+pub mod kernel;
 mod output;
 mod pool;
 mod runtime;
