@@ -310,6 +310,19 @@ pub enum ExecStatus {
     Interrupted,
 }
 
+/// The kernel a sandbox runs on, as its runtime read it at boot (`ready`): `uname`'s release
+/// and version, and the first line of `/proc/version`. Under `isolation = "gvisor"` the host
+/// refuses a sandbox whose kernel is not gVisor's (`sandbox::kernel`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct KernelSeen {
+    #[serde(default)]
+    pub release: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub proc_version: String,
+}
+
 /// Sandbox -> host.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -321,6 +334,9 @@ pub enum SandboxFrame {
         /// runtime's frame).
         #[serde(default)]
         target: Option<Target>,
+        /// The kernel the runtime saw at boot, before any code of the user's ran.
+        #[serde(default)]
+        kernel: Option<KernelSeen>,
     },
     Output {
         id: u64,

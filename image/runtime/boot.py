@@ -4,8 +4,8 @@ In order: take the host's constants from the boot frame; install the seccomp fil
 is the only thread (a failure of either stops here: the reason goes to stderr, which the host
 names in the start's error, and there is no `ready`); move the frame channel off fd 0/1 and
 capture fd 1/2; build the `mcp` package and the user's `__main__`; start the frame reader, the
-pipe readers and the interrupt watchdog; import the preload list; say `ready`; then run execs
-for ever (`execute.serve`).
+pipe readers and the interrupt watchdog; import the preload list; say `ready`, with the kernel
+read first of all; then run execs for ever (`execute.serve`).
 """
 
 import builtins
@@ -93,10 +93,24 @@ def _preload():
         output.drain()
 
 
+def kernel():
+    """The kernel this sandbox runs on, as the kernel says it: `uname`'s release and version and
+    the first line of /proc/version, read at boot, before any code of the user's runs. Under
+    isolation = "gvisor" the host refuses a sandbox whose kernel is not gVisor's."""
+    u = os.uname()
+    try:
+        with open("/proc/version", "rb") as f:
+            proc_version = f.read(4096).decode("utf-8", "replace").split("\n")[0].strip()
+    except OSError:
+        proc_version = ""
+    return {"release": u.release, "version": u.version, "proc_version": proc_version}
+
+
 def main(frame, frames_in):
     """Run the runtime: `frame` is the boot frame (docs/protocol.md), `frames_in` the buffered
     reader it was read from, where the host's next frames are. Never returns."""
     state.main_ident = threading.get_ident()
+    seen = kernel()
     wrong = constants.apply(frame.get("constants"))
     if wrong:
         fail("the boot frame lacks the host's constants %s" % ", ".join(wrong))
@@ -138,6 +152,6 @@ def main(frame, frames_in):
     threading.Thread(target=interrupts.watchdog, name="mcp-bridge-interrupts", daemon=True).start()
     installs.add_to_path()
     _preload()
-    channel.send({"type": "ready", "python": platform.python_version(), "pid": os.getpid(),
+    channel.send({"type": "ready", "python": platform.python_version(), "pid": os.getpid(), "kernel": seen,
                   "target": installs.target()})
     execute.serve()

@@ -579,16 +579,21 @@ def test_images_are_known_by_their_bytes(rt):
 # --------------------------------------------------------------------------------- seccomp
 
 
-def _verdict(prog, arch, nr, arg0=0):
+def _verdict(prog, arch, nr, *args):
     """What the classic-BPF program answers for one call (seccomp_data: nr at 0, arch at 4,
-    args[0] at 16; little-endian)."""
+    args[i] at 16 + 8 * i, low half first; little-endian)."""
     s = rt_seccomp_codes
-    words = {0: nr & 0xFFFFFFFF, 4: arch, 16: arg0 & 0xFFFFFFFF}
+    words = {0: nr & 0xFFFFFFFF, 4: arch}
+    for i in range(6):
+        a = args[i] if i < len(args) else 0
+        words[16 + 8 * i], words[20 + 8 * i] = a & 0xFFFFFFFF, (a >> 32) & 0xFFFFFFFF
     pc = acc = 0
     for _ in range(len(prog)):
         code, jt, jf, k = prog[pc]
         if code == s["LD_ABS"]:
             acc, pc = words[k], pc + 1
+        elif code == s["AND"]:
+            acc, pc = acc & k, pc + 1
         elif code == s["RET"]:
             return k
         else:
@@ -597,16 +602,18 @@ def _verdict(prog, arch, nr, arg0=0):
     raise AssertionError("the program did not return")
 
 
-rt_seccomp_codes = {"LD_ABS": 0x20, "JEQ": 0x15, "JGE": 0x35, "JSET": 0x45, "RET": 0x06}
+rt_seccomp_codes = {"LD_ABS": 0x20, "JEQ": 0x15, "JGE": 0x35, "JSET": 0x45, "AND": 0x54, "RET": 0x06}
 ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x00050001, 0x00050026
 # Independent of the runtime's table: (AUDIT_ARCH, {call: number}) of the kernel's ABI.
 ARCHES = {
     "x86_64": (0xC000003E, {"read": 0, "write": 1, "clone": 56, "clone3": 435, "unshare": 272, "setns": 308,
                             "ptrace": 101, "keyctl": 250, "add_key": 248, "request_key": 249, "bpf": 321,
-                            "perf_event_open": 298, "userfaultfd": 323, "mount": 165}),
+                            "perf_event_open": 298, "userfaultfd": 323, "mount": 165,
+                            "mknod": 133, "mknodat": 259}),
     "aarch64": (0xC00000B7, {"read": 63, "write": 64, "clone": 220, "clone3": 435, "unshare": 97, "setns": 268,
                              "ptrace": 117, "keyctl": 219, "add_key": 217, "request_key": 218, "bpf": 280,
-                             "perf_event_open": 241, "userfaultfd": 282, "mount": 40}),
+                             "perf_event_open": 241, "userfaultfd": 282, "mount": 40,
+                             "mknodat": 33}),
 }
 CLONE_NEW = {"NS": 0x00020000, "CGROUP": 0x02000000, "UTS": 0x04000000, "IPC": 0x08000000,
              "USER": 0x10000000, "PID": 0x20000000, "NET": 0x40000000}
@@ -631,6 +638,16 @@ def test_the_seccomp_program_refuses_exactly_what_it_says(rt, machine):
     assert _verdict(prog, arch, nrs["clone"], THREAD_FLAGS) == ALLOW  # a thread
     for name in ("read", "write", "mount"):  # the engine's profile decides those
         assert _verdict(prog, arch, nrs[name]) == ALLOW, name
+    # A device node is refused wherever it is asked for (gVisor's kernel would make one);
+    # fifos, sockets and regular files are the engine's profile's to decide.
+    dev = (1 << 8) | 3
+    for mode, want in ((0o020666, EPERM), (0o060600, EPERM), (0o010644, ALLOW),
+                       (0o140755, ALLOW), (0o100644, ALLOW), (0o644, ALLOW)):
+        if "mknod" in nrs:
+            assert _verdict(prog, arch, nrs["mknod"], 0x1000, mode, dev) == want, oct(mode)
+        assert _verdict(prog, arch, nrs["mknodat"], -100, 0x1000, mode, dev) == want, oct(mode)
+        # The mode's bits above the type do not hide it.
+        assert _verdict(prog, arch, nrs["mknodat"], -100, 0x1000, mode | (1 << 40), dev) == want
     assert _verdict(prog, arch, 0x40000000 | 1) == EPERM  # x32 ABI
     other = ARCHES["aarch64" if machine == "x86_64" else "x86_64"][0]
     assert _verdict(prog, other, 0) == EPERM and _verdict(prog, 0x40000003, 0) == EPERM  # i386

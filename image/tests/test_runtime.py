@@ -320,6 +320,16 @@ def test_ready_frame(sb):
     assert isinstance(sb.ready["pid"], int)
 
 
+def test_ready_frame_says_the_kernel_read_at_boot(sb):
+    # What the host checks under isolation = "gvisor": the kernel as uname and /proc/version
+    # give it, read before any exec.
+    u = os.uname()
+    kernel = sb.ready["kernel"]
+    assert kernel["release"] == u.release and kernel["version"] == u.version, kernel
+    with open("/proc/version") as f:
+        assert kernel["proc_version"] == f.readline().strip(), kernel
+
+
 def test_every_module_is_loaded_at_boot_and_the_public_api_is_mcp_runtime(sb):
     # The loader compiles a module when it is first imported: boot imports all of them, so none
     # is left to be compiled later (or never, unnoticed).

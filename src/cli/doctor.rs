@@ -249,7 +249,7 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
                 ));
                 // The proof that the isolation asked for is the one in force: under gVisor the
                 // code sees gVisor's kernel, not the host's.
-                let host = host_kernel();
+                let host = crate::sandbox::kernel::host().release;
                 match config.isolation {
                     config::Isolation::Gvisor if kernel == host => c.bad(
                         &format!(
@@ -289,13 +289,6 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
         println!("{} check(s) failed", c.failed);
         ExitCode::FAILURE
     }
-}
-
-/// The host's kernel release, as `uname -r` prints it.
-fn host_kernel() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
 }
 
 /// `, runsc version …, platform …` of a gVisor runtime at `path` on this host: its version as

@@ -294,6 +294,15 @@ impl Config {
                 format!("{} is too small for Python; use at least 8", self.pids),
             );
         }
+        if self.isolation == Isolation::Gvisor && self.pids < GVISOR_MIN_PIDS {
+            return bad(
+                "pids",
+                format!(
+                    "{} is too small under isolation = \"gvisor\": the pids limit holds gVisor's own kernel too (some 40 host threads at rest; below that its start fails or hangs); use at least {GVISOR_MIN_PIDS}",
+                    self.pids
+                ),
+            );
+        }
         if self.output_budget < MIN_OUTPUT_BUDGET {
             return bad(
                 "output_budget",
@@ -412,9 +421,29 @@ impl Config {
     }
 }
 
+/// The smallest `pids` under `isolation = "gvisor"`: the container's pids cgroup holds the whole
+/// gVisor sandbox, whose kernel runs some 40 host threads at rest (Debian's runsc 2022, ptrace);
+/// `pids = 32` failed its start, or left `runsc start` hanging with podman's lock held.
+pub const GVISOR_MIN_PIDS: u32 = 64;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn under_gvisor_pids_leave_room_for_gvisors_own_threads() {
+        let mut c = Config {
+            pids: 32,
+            ..Config::default()
+        };
+        assert!(c.validate().is_ok());
+        c.isolation = Isolation::Gvisor;
+        let (key, why) = c.validate().unwrap_err();
+        assert_eq!(key, "pids");
+        assert!(why.contains("use at least 64"), "{why}");
+        c.pids = GVISOR_MIN_PIDS;
+        assert!(c.validate().is_ok());
+    }
 
     #[test]
     fn timeouts_clamp() {

@@ -22,6 +22,12 @@ pub enum SandboxError {
     /// `isolation = "gvisor"` and the engine has no such runtime: never a fallback.
     #[error("{0}")]
     Isolation(#[from] super::engine::SandboxIsolationMissing),
+    /// `isolation = "gvisor"`, and the kernel a sandbox saw at boot was not gVisor's: it was
+    /// removed before it took a call.
+    #[error(
+        "isolation = \"gvisor\", but the sandbox's kernel is not gVisor's: {why}; the sandbox was removed before any code ran in it"
+    )]
+    NotGvisor { runtime: String, why: String },
     /// The image is missing and could not be loaded or pulled.
     #[error("{0}")]
     Image(#[from] ImageError),
@@ -85,6 +91,9 @@ impl Hinted for SandboxError {
                 crate::config::env_name(key)
             ))),
             SandboxError::Isolation(e) => e.hint(),
+            SandboxError::NotGvisor { runtime, .. } => Some(Hint::sentence(format!(
+                "The engine's runtime {runtime:?} (gvisor_runtime) did not run it under gVisor: register runsc under that name (`sudo scripts/setup-debian.sh --isolation gvisor`) and check with `mcp-code-bridge doctor`. No code runs until it does; there is no fallback to runc."
+            ))),
             SandboxError::Create { .. }
             | SandboxError::Start(_)
             | SandboxError::ExitedAtStart { .. } => Some(Hint::sentence(
@@ -133,5 +142,18 @@ mod tests {
             "the sandbox's runtime refused to start: the seccomp filter could not be installed (EINVAL)"
         );
         assert!(SandboxError::NotReady(60).hint().is_none());
+        let e = SandboxError::NotGvisor {
+            runtime: "runsc".into(),
+            why: "it is the host's kernel (6.1.0 #1 SMP)".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "isolation = \"gvisor\", but the sandbox's kernel is not gVisor's: it is the host's kernel (6.1.0 #1 SMP); the sandbox was removed before any code ran in it"
+        );
+        let hint = e.hint().unwrap().to_string();
+        assert!(
+            hint.contains("\"runsc\" (gvisor_runtime)") && hint.contains("no fallback to runc"),
+            "{hint}"
+        );
     }
 }

@@ -14,6 +14,7 @@ pub mod files;
 pub mod image;
 mod images;
 pub mod inputs;
+pub mod kernel;
 mod output;
 mod pool;
 mod runtime;
@@ -228,6 +229,11 @@ impl Sandbox {
                 if self.pool.closed.load(Ordering::SeqCst)
                     || self.pool.idle_for() >= self.config.runtime_idle_timeout.0 =>
             {
+                // Said as the reaper says it of a waiting one: a boot that outlasted the idle
+                // timeout (seconds under gVisor's ptrace platform) ends the same way.
+                if !self.pool.closed.load(Ordering::SeqCst) {
+                    tracing::info!(container = %s.container_id, "removing a pooled sandbox: no call for {}s", self.pool.idle_for().as_secs());
+                }
                 s.destroy().await;
                 self.pool.filled(None);
                 false

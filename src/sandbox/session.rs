@@ -244,10 +244,14 @@ impl Session {
         } = Channel::open(attached.output, attached.input, name);
 
         let _ = writer.send(super::runtime::boot_line().to_vec()).await;
-        let (python, target) = match tokio::time::timeout(START_TIMEOUT, async {
+        let (python, kernel, target) = match tokio::time::timeout(START_TIMEOUT, async {
             loop {
                 match frame_rx.recv().await.map(|q| q.frame) {
-                    Some(SandboxFrame::Ready { python, target }) => return Some((python, target)),
+                    Some(SandboxFrame::Ready {
+                        python,
+                        kernel,
+                        target,
+                    }) => return Some((python, kernel, target)),
                     Some(_) => continue,
                     None => return None,
                 }
@@ -264,7 +268,18 @@ impl Session {
             }
             Err(_) => return Err(SandboxError::NotReady(START_TIMEOUT.as_secs())),
         };
-        tracing::info!(session = name, container = %short(id), %python, ms = t0.elapsed().as_millis() as u64, "sandbox ready");
+        // The proof of the isolation asked for, sandbox by sandbox: the kernel the runtime saw
+        // at boot, before any code of the user's ran, is gVisor's (the caller removes the
+        // container otherwise).
+        if config.isolation == crate::config::Isolation::Gvisor
+            && let Err(why) = super::kernel::gvisor(kernel.as_ref(), &super::kernel::host())
+        {
+            return Err(SandboxError::NotGvisor {
+                runtime: config.gvisor_runtime.clone(),
+                why,
+            });
+        }
+        tracing::info!(session = name, container = %short(id), %python, kernel = %super::kernel::describe(kernel.as_ref()), ms = t0.elapsed().as_millis() as u64, "sandbox ready");
         let start_notices = super::inputs::copy_in(docker, id, config).await;
         Ok(Session {
             start_notices: std::sync::Mutex::new(start_notices),

@@ -378,7 +378,12 @@ print("link" if os.path.islink(out) else "dir" if os.path.isdir(out) else "other
         .py("f = open('/workspace/out/sparse.bin', 'wb'); f.truncate(1 << 40); f.close()")
         .await
         .ok();
-    assert!(o.text().contains("the rest was not read"), "{}", o.text());
+    // Under gVisor the runtime sends the tar through its channel, within the same bytes and
+    // its own 25 s: on a busy machine (ptrace platform) the time bound can come first.
+    let gave_up = o.text().contains("the rest was not read")
+        || (common::isolation().as_deref() == Some("gvisor")
+            && o.text().contains("stopped sending /workspace/out early"));
+    assert!(gave_up, "{}", o.text());
     let cpu = engine_cpu(b.pid, 3).await;
     eprintln!("after the sparse file: {cpu}% of a CPU");
     assert!(

@@ -11,7 +11,11 @@ use common::{Bridge, Outcome, containers_of, podman, vm_kib};
 use serde_json::json;
 
 /// Python that finds the runtime and its real stdout (the frame channel).
-const RT: &str = "import sys, os, json, threading, time\nrt = sys.modules['__mcp_bridge_runtime__']\nfd = rt.state.frame_out\n";
+/// `write_all(b)` writes all of `b` to the channel, under the runtime's write lock: a write to
+/// it may be short (under gVisor a write to the container's stdout takes at most 64 KiB), and a
+/// frame cut there would be garbage, not the attack meant.
+const RT: &str = "import sys, os, json, threading, time\nrt = sys.modules['__mcp_bridge_runtime__']\nfd = rt.state.frame_out\n\
+def write_all(b):\n    v = memoryview(b)\n    with rt.channel.write_lock:\n        while v:\n            v = v[os.write(fd, v):]\n";
 
 /// What one session can make the bridge hold above idle, in MiB, with the default output cap
 /// (SECURITY.md, "The host does not pay").
@@ -203,7 +207,7 @@ async fn images_are_checked_and_text_displays_are_kept() {
     let b = Bridge::start().await;
     let code = format!(
         "{RT}eid = rt.state.running.id\n\
-def forge(mime, data):\n    os.write(fd, (json.dumps({{'type': 'display', 'id': eid, 'mime': mime, 'data': data}}) + '\\n').encode())\n\
+def forge(mime, data):\n    write_all((json.dumps({{'type': 'display', 'id': eid, 'mime': mime, 'data': data}}) + '\\n').encode())\n\
 forge('image/svg+xml', 'PHN2Zz48L3N2Zz4=')\nforge('image/png', '!!! not base64 !!!')\nforge('image/png', 'aGVsbG8=')\n\
 display('some text')\ndisplay({{'a': 1}})"
     );
@@ -234,7 +238,7 @@ async fn replies_stay_readable_images_are_capped_in_total_bytes() {
     let code = format!(
         "{RT}import base64\neid = rt.state.running.id\n\
 png = base64.b64encode(b'\\x89PNG\\r\\n\\x1a\\n' + b'\\0' * ((6 << 20) - 8)).decode()\n\
-for _ in range(16):\n    os.write(fd, (json.dumps({{'type': 'display', 'id': eid, 'mime': 'image/png', 'data': png}}) + '\\n').encode())\n\
+for _ in range(16):\n    write_all((json.dumps({{'type': 'display', 'id': eid, 'mime': 'image/png', 'data': png}}) + '\\n').encode())\n\
 print('sent')"
     );
     b.py("pass").await.ok();

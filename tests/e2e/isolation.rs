@@ -83,7 +83,53 @@ async fn under_gvisor_every_sandbox_runs_on_gvisors_kernel() {
         "{out}"
     );
     assert!(out.contains("noexec"), "{out}");
+    // The sandbox that served these calls proved its kernel at boot, before it took a call (the
+    // one refilling the pool may still be booting).
+    let log = b.home.log();
+    let proved = log
+        .lines()
+        .filter(|l| {
+            l.contains("sandbox ready") && l.contains("4.4.0 #1 SMP Sun Jan 10 15:06:54 PST 2016")
+        })
+        .count();
+    assert!(proved >= 1, "{log}");
     b.shutdown_clean().await;
+}
+
+/// A runtime registered as gVisor's that is not (here runc, under the name `gvisor_runtime`
+/// gives): the engine runs the container, but the kernel its runtime saw at boot is the host's,
+/// so the sandbox is removed before any code runs, pooled or not, and the reply says why and
+/// what to do.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_whose_kernel_is_not_gvisors_is_refused_before_any_code_runs() {
+    let b = Bridge::start_with(
+        Home::new(),
+        &[
+            ("MCP_BRIDGE_ISOLATION", "gvisor"),
+            ("MCP_BRIDGE_GVISOR_RUNTIME", "runc"),
+            ("MCP_BRIDGE_POOL_SIZE", "1"),
+        ],
+        None,
+    )
+    .await;
+    let r = b
+        .py("open('/workspace/ran', 'w').write('x'); print('ran')")
+        .await;
+    assert!(r.is_error(), "{}", r.text());
+    let text = r.text();
+    assert!(!text.contains("ran\n"), "{text}");
+    assert!(
+        text.contains("the sandbox's kernel is not gVisor's: it is the host's kernel")
+            && text.contains(&host_kernel()),
+        "{text}"
+    );
+    assert!(text.contains("\"runc\" (gvisor_runtime)"), "{text}");
+    assert!(text.contains("no fallback to runc"), "{text}");
+    // The refused sandboxes are gone (the pool's too), and the bridge keeps answering.
+    let left = common::wait_no_containers(b.pid, Duration::from_secs(30)).await;
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(b.client.list_all_tools().await.unwrap().len(), 1);
+    b.shutdown().await;
 }
 
 #[test]

@@ -142,12 +142,37 @@ async fn out_of_memory_is_named_and_the_bridge_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn pids_limit_is_reported() {
-    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_PIDS", "32")], None).await;
+    // Under gVisor the pids cgroup holds the whole gVisor sandbox, whose kernel alone runs some
+    // 40 host threads: 32 is refused (below). Its code's threads are gVisor's tasks,
+    // bounded by nproc (pids × 4, at most 1000), which the bridge names the same way.
+    let pids = if gvisor() { "128" } else { "32" };
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_PIDS", pids)], None).await;
     let code = "import threading, time\nts = []\nwhile True:\n    t = threading.Thread(target=time.sleep, args=(3,), daemon=True)\n    t.start()\n    ts.append(t)";
     let r = b.py(code).await;
     assert_eq!(r.status(), "error", "{}", r.text());
-    assert!(r.text().contains("limit of 32"), "{}", r.text());
+    assert!(
+        r.text().contains(&format!("limit of {pids}")),
+        "{}",
+        r.text()
+    );
     b.shutdown().await;
+    if gvisor() {
+        // A limit gVisor's own threads would exhaust is refused before any start (such a start
+        // failed, or hung in `runsc start` with podman's lock held).
+        let out = Home::new()
+            .command()
+            .env("MCP_BRIDGE_PIDS", "32")
+            .args(["exec", "print('ran')"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("too small under isolation = \"gvisor\"") && err.contains("at least 64"),
+            "{err}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -192,6 +217,7 @@ async fn the_sandbox_is_isolated() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let b = Bridge::start().await;
+    let gvisor = if gvisor() { "True" } else { "False" };
     let code = format!(
         r#"
 import os, socket
@@ -212,7 +238,8 @@ except OSError as e:
 print("uid", os.getuid(), os.getgid())
 st = open("/proc/self/status").read()
 print("capeff", [l.split()[1] for l in st.splitlines() if l.startswith("CapEff")][0])
-print("nnp", [l.split()[1] for l in st.splitlines() if l.startswith("NoNewPrivs")][0])
+import ctypes
+print("nnp", ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))  # PR_GET_NO_NEW_PRIVS: gVisor's status has no line
 root = [l.split() for l in open("/proc/mounts") if l.split()[1] == "/"][0]
 print("rootro", "ro" in root[3].split(","))
 for p in ["/etc/x", "/usr/x", "/x"]:
@@ -221,7 +248,9 @@ for p in ["/etc/x", "/usr/x", "/x"]:
     except OSError as e:
         print("refused", p)
 tmp = [l.split() for l in open("/proc/mounts") if l.split()[1] in ("/tmp", "/workspace")]
-print("tmpfs", sorted((m[1], all(o in m[3].split(",") for o in ("noexec", "nosuid", "nodev"))) for m in tmp))
+# gVisor's /proc/mounts shows noexec only (security::filesystem_exec_from_writable_mounts_is_refused).
+flags = ("noexec",) if {gvisor} else ("noexec", "nosuid", "nodev")
+print("tmpfs", sorted((m[1], all(o in m[3].split(",") for o in flags)) for m in tmp))
 "#
     );
     let r = b.py(&code).await.ok();
@@ -272,11 +301,69 @@ import resource
 print("nofile", resource.getrlimit(resource.RLIMIT_NOFILE))
 "#;
     let out = b.py(code).await.ok().stdout().to_string();
-    assert!(out.contains(&format!("mem {}", 200 * 1024 * 1024)), "{out}");
-    assert!(out.contains("pids 77"), "{out}");
-    assert!(out.contains("cpu 50000"), "{out}");
+    if gvisor() {
+        // gVisor's kernel shows no cgroup files inside: the limits are on the whole gVisor
+        // sandbox, on the host (below).
+        assert!(
+            out.contains("mem missing\npids missing\ncpu missing\n"),
+            "{out}"
+        );
+    } else {
+        assert!(out.contains(&format!("mem {}", 200 * 1024 * 1024)), "{out}");
+        assert!(out.contains("pids 77"), "{out}");
+        assert!(out.contains("cpu 50000"), "{out}");
+    }
     assert!(out.contains("nofile (1024, 1024)"), "{out}");
+    // What the host's kernel enforces, read from the cgroup of each container's process (under
+    // gVisor: the sandbox's, its kernel included), whatever the sandbox shows inside.
+    let ids = common::containers_of(b.pid).await;
+    assert!(!ids.is_empty());
+    for id in &ids {
+        let pid = common::podman(&["inspect", "--format", "{{.State.Pid}}", id]).await;
+        let pid: u32 = pid.trim().parse().unwrap();
+        let (mem, pids, cpu) = host_cgroup_limits(pid);
+        assert_eq!(mem, (200 * 1024 * 1024).to_string(), "{id}");
+        assert_eq!(pids, "77", "{id}");
+        assert!(cpu == "50000" || cpu.starts_with("50000 "), "{id}: {cpu}");
+    }
     b.shutdown().await;
+}
+
+/// Whether this run's sandboxes are under gVisor (`MCP_BRIDGE_TEST_ISOLATION=gvisor`).
+fn gvisor() -> bool {
+    common::isolation().as_deref() == Some("gvisor")
+}
+
+/// The memory, pids and cpu limits of the cgroup host process `pid` is in, as the host's
+/// kernel has them (cgroup v1, or v2 where v1 has no such controller).
+fn host_cgroup_limits(pid: u32) -> (String, String, String) {
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let read = |controller: &str, v1: &str, v2: &str| -> String {
+        let mut unified = None;
+        for l in cg.lines() {
+            let mut f = l.splitn(3, ':');
+            let (_, ctrls, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+            if ctrls.is_empty() {
+                unified = Some(format!("/sys/fs/cgroup{path}/{v2}"));
+            } else if ctrls.split(',').any(|c| c == controller) {
+                let file = format!("/sys/fs/cgroup/{ctrls}{path}/{v1}");
+                return std::fs::read_to_string(&file)
+                    .unwrap_or_else(|e| panic!("{file}: {e}"))
+                    .trim()
+                    .to_string();
+            }
+        }
+        let file = unified.unwrap_or_else(|| panic!("no {controller} cgroup: {cg}"));
+        std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{file}: {e}"))
+            .trim()
+            .to_string()
+    };
+    (
+        read("memory", "memory.limit_in_bytes", "memory.max"),
+        read("pids", "pids.max", "pids.max"),
+        read("cpu", "cpu.cfs_quota_us", "cpu.max"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,0 +1,134 @@
+//! Which kernel a sandbox runs on, proved at its boot. The runtime reads it before any code of the
+//! user's runs (the `ready` frame's `kernel`: `uname` and `/proc/version`, docs/protocol.md);
+//! under `isolation = "gvisor"` a sandbox whose kernel is not gVisor's is removed before it takes
+//! a call ([`gvisor`]). The code runs only afterwards, so what it could forge later on the
+//! channel (a second `ready` is dropped, `channel.rs`) changes nothing here.
+
+use crate::protocol::KernelSeen;
+
+/// The version gVisor's kernel gives in `uname` and `/proc/version`: a constant of gVisor's
+/// (`pkg/abi/linux`, with the release `4.4.0`), the same under every platform (ptrace, kvm,
+/// systrap) and in every runsc release since its first. No Linux build of the host prints it.
+pub const GVISOR_VERSION: &str = "#1 SMP Sun Jan 10 15:06:54 PST 2016";
+
+/// The host's kernel, as `uname -r` and `uname -v` print it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostKernel {
+    pub release: String,
+    pub version: String,
+}
+
+/// The kernel the bridge itself runs on.
+pub fn host() -> HostKernel {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    HostKernel {
+        release: read("/proc/sys/kernel/osrelease"),
+        version: read("/proc/sys/kernel/version"),
+    }
+}
+
+/// Whether the kernel a sandbox reported at boot is gVisor's: `Err` says why not. It must say
+/// gVisor's version both through `uname` and in `/proc/version`, and not be the host's own.
+pub fn gvisor(seen: Option<&KernelSeen>, host: &HostKernel) -> Result<(), String> {
+    let Some(k) = seen else {
+        return Err("its runtime reported no kernel".into());
+    };
+    if !host.release.is_empty() && k.release == host.release && k.version == host.version {
+        return Err(format!(
+            "it is the host's kernel ({} {})",
+            k.release, k.version
+        ));
+    }
+    if k.version.trim() != GVISOR_VERSION {
+        return Err(format!(
+            "uname says {:?} {:?}, not gVisor's version {GVISOR_VERSION:?}",
+            k.release, k.version
+        ));
+    }
+    if !k.proc_version.contains(GVISOR_VERSION) {
+        return Err(format!(
+            "/proc/version says {:?}, not gVisor's version {GVISOR_VERSION:?}",
+            k.proc_version
+        ));
+    }
+    Ok(())
+}
+
+/// How a reported kernel reads in a message: `4.4.0 #1 SMP …`.
+pub fn describe(seen: Option<&KernelSeen>) -> String {
+    match seen {
+        Some(k) => format!("{} {}", k.release, k.version),
+        None => "unknown".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(release: &str, version: &str, proc_version: &str) -> KernelSeen {
+        KernelSeen {
+            release: release.into(),
+            version: version.into(),
+            proc_version: proc_version.into(),
+        }
+    }
+
+    fn host() -> HostKernel {
+        HostKernel {
+            release: "6.1.0-26-amd64".into(),
+            version: "#1 SMP PREEMPT_DYNAMIC Debian 6.1.112-1 (2024-09-30)".into(),
+        }
+    }
+
+    #[test]
+    fn gvisors_kernel_is_recognised_by_uname_and_proc_version() {
+        let g = seen(
+            "4.4.0",
+            GVISOR_VERSION,
+            "Linux version 4.4.0 #1 SMP Sun Jan 10 15:06:54 PST 2016",
+        );
+        assert_eq!(gvisor(Some(&g), &host()), Ok(()));
+    }
+
+    #[test]
+    fn the_hosts_kernel_or_any_other_is_refused_and_the_reason_names_it() {
+        let h = host();
+        let runc = seen(
+            &h.release,
+            &h.version,
+            "Linux version 6.1.0-26-amd64 (debian-kernel@lists.debian.org) ...",
+        );
+        let why = gvisor(Some(&runc), &h).unwrap_err();
+        assert!(why.contains("the host's kernel (6.1.0-26-amd64"), "{why}");
+        // Another kernel (a VM runtime, a wrong registration) is not gVisor's either.
+        let kata = seen(
+            "5.15.0",
+            "#1 SMP Tue Oct 1 2024",
+            "Linux version 5.15.0 ...",
+        );
+        let why = gvisor(Some(&kata), &h).unwrap_err();
+        assert!(why.contains("not gVisor's version"), "{why}");
+        // Both sources must agree: uname alone is not enough.
+        let half = seen("4.4.0", GVISOR_VERSION, "Linux version 6.1.0-26-amd64 ...");
+        let why = gvisor(Some(&half), &h).unwrap_err();
+        assert!(why.starts_with("/proc/version says"), "{why}");
+        // A `ready` without the kernel proves nothing.
+        assert_eq!(
+            gvisor(None, &h).unwrap_err(),
+            "its runtime reported no kernel"
+        );
+    }
+
+    #[test]
+    fn the_host_the_bridge_runs_on_is_read() {
+        let h = super::host();
+        assert!(!h.release.is_empty() && !h.version.is_empty(), "{h:?}");
+        // The machine that runs the tests is no gVisor sandbox.
+        assert_ne!(h.version, GVISOR_VERSION);
+    }
+}
