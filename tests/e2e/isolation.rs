@@ -216,7 +216,11 @@ fn doctor_warns_when_serve_reaches_beyond_the_machine_on_the_hosts_kernel() {
         String::from_utf8_lossy(&out.stdout).to_string()
     };
     let warning = "beyond this machine, and its sandboxes share the host's kernel";
-    let text = doctor(&[("MCP_BRIDGE_LISTEN", "0.0.0.0:8931")]);
+    // `container` named: the gVisor pass of scripts/test.sh sets gvisor for every bridge.
+    let text = doctor(&[
+        ("MCP_BRIDGE_LISTEN", "0.0.0.0:8931"),
+        ("MCP_BRIDGE_ISOLATION", "container"),
+    ]);
     assert!(text.contains(warning), "{text}");
     // On loopback (the default), or under gVisor, there is nothing to warn of.
     assert!(!doctor(&[]).contains(warning));
