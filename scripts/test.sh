@@ -95,9 +95,12 @@ cargo test --release --locked --no-fail-fast --test e2e -- --test-threads=2 root
 # - hostile:: the channel is a host file under gVisor (short writes, other fd names).
 # - policy::, proxy::, files:: every proxied call crosses the channel; files out come back
 #   through it under gVisor, not through the engine.
+# - packages::an_allowed_install_works_and_changes_nothing_else: the install directory is a
+#   bind mount served by gVisor's gofer (read-only, C extensions load), not the host's kernel.
 # Not here yet: faults:: and faults_lifecycle:: (resource exhaustion and the engine's and the
 # bridge's lifecycle; not yet run under gVisor), isolation:: (above: it asks for gVisor itself).
-gvisor_suites=(security:: sandbox:: pool:: hostile:: policy:: proxy:: files::)
+gvisor_suites=(security:: sandbox:: pool:: hostile:: policy:: proxy:: files::
+    packages::an_allowed_install_works_and_changes_nothing_else)
 step "under gVisor: ${gvisor_suites[*]} (MCP_BRIDGE_TEST_ISOLATION=gvisor)"
 gvisor_start=$(date +%s)
 MCP_BRIDGE_TEST_ISOLATION=gvisor cargo test --release --locked --no-fail-fast --test e2e -- \
