@@ -59,7 +59,10 @@ pub(super) fn prune(config: &Config, all: bool) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(None) => {
-            eprintln!("error: a bridge is installing packages now\nhint: run it again in a moment");
+            eprintln!(
+                "error: {}",
+                crate::packages::PackageError::CacheBusy.report()
+            );
             ExitCode::FAILURE
         }
         Err(e) => {

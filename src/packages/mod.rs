@@ -94,6 +94,8 @@ pub enum PackageError {
         have: String,
         want: String,
     },
+    #[error("a bridge is installing packages now, so the cache is not pruned")]
+    CacheBusy,
     #[error("{what} {}: {source}", path.display())]
     Io {
         what: &'static str,
@@ -128,7 +130,7 @@ impl PackageError {
             PackageError::TooLarge { .. } => "too_large",
             PackageError::BadWheel { .. } => "bad_wheel",
             PackageError::FileConflict(_) | PackageError::VersionConflict { .. } => "conflict",
-            PackageError::Io { .. } => "io",
+            PackageError::CacheBusy | PackageError::Io { .. } => "io",
         }
     }
 }
@@ -169,6 +171,7 @@ impl Hinted for PackageError {
             PackageError::FileConflict(_) | PackageError::VersionConflict { .. } => {
                 "A session keeps what it installed; start a new session (reset) to install another version".into()
             }
+            PackageError::CacheBusy => "Run it again in a moment".into(),
             PackageError::Io { .. } => {
                 "Check that the bridge's state_dir is writable and has room".into()
             }
@@ -413,7 +416,7 @@ impl Packages {
         }
 
         let cache_lock = {
-            let store = Store::new(self.store.root().to_path_buf());
+            let store = self.store.clone();
             tokio::task::spawn_blocking(move || store.open_shared())
                 .await
                 .map_err(|e| PackageError::Unavailable(e.to_string()))??
@@ -528,7 +531,7 @@ impl Packages {
                 })?;
                 let sha = w.sha256.clone().unwrap_or_default();
                 let (tree, size) = {
-                    let store = Store::new(self.store.root().to_path_buf());
+                    let store = self.store.clone();
                     let (name, sha) = (w.name.clone(), sha.clone());
                     tokio::task::spawn_blocking(move || store.tree(&name, &sha, left))
                         .await
@@ -689,7 +692,7 @@ impl Packages {
 
     /// Prune the cache to `cache_max_size` when it is over, unless someone is installing.
     fn prune_quietly(&self) {
-        let store = Store::new(self.store.root().to_path_buf());
+        let store = self.store.clone();
         let max = self.config.cache_max_size.0;
         tokio::task::spawn_blocking(move || {
             let total: u64 = store.list().iter().map(|c| c.size).sum();

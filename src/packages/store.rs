@@ -22,6 +22,7 @@ use super::resolve::Wheel;
 /// Most entries one wheel may have: a large package has a few thousand files.
 pub const MAX_ENTRIES: usize = 100_000;
 
+#[derive(Clone)]
 pub struct Store {
     root: PathBuf,
 }
@@ -133,6 +134,20 @@ impl Store {
         self.dir("trees").join(sha256)
     }
 
+    /// Where a tree's byte count is kept, written when it is unpacked: an install from the
+    /// cache and the cache's listing read it instead of walking every file of the tree.
+    fn size_path(&self, sha256: &str) -> PathBuf {
+        self.dir("trees").join(format!("{sha256}.bytes"))
+    }
+
+    /// The bytes of the unpacked tree `sha256`: its count, or a walk when there is none.
+    fn tree_size(&self, sha256: &str) -> u64 {
+        std::fs::read_to_string(self.size_path(sha256))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or_else(|| tree_bytes(&self.tree_path(sha256)))
+    }
+
     /// The wheel `w` in the cache, downloaded (or copied from `find_links`) and checked if it
     /// is not there yet: its sha256 set (computed for a `find_links` file). `true` when it was
     /// cached already. At most `max` bytes are read.
@@ -205,33 +220,21 @@ impl Store {
                 Err(_) => return Err(PackageError::Timeout(0)),
             }
         } else if let Some(path) = w.path.clone() {
-            let mut f = File::open(&path).map_err(|source| PackageError::Io {
-                what: "could not read",
-                path: path.clone(),
-                source,
-            })?;
-            let mut buf = vec![0u8; 1 << 16];
-            loop {
-                let n = f.read(&mut buf).map_err(|source| PackageError::Io {
-                    what: "could not read",
-                    path: path.clone(),
-                    source,
-                })?;
-                if n == 0 {
-                    break;
-                }
-                got += n as u64;
-                if got > max {
-                    return Err(too_large(w, got));
-                }
-                hasher.update(&buf[..n]);
-                tmp.write_all(&buf[..n])
-                    .map_err(|source| PackageError::Io {
-                        what: "could not write",
-                        path: tmp.path().to_path_buf(),
-                        source,
-                    })?;
-            }
+            // A file of `find_links`: read on the blocking pool, not on a runtime thread.
+            let name = (w.name.clone(), w.version.clone());
+            let copied = tokio::task::spawn_blocking(move || {
+                copy_hashing(&path, tmp, hasher, max).map_err(|e| match e {
+                    Copy::Io(what, path, source) => PackageError::Io { what, path, source },
+                    Copy::TooLarge(size) => PackageError::TooLarge {
+                        what: format!("the wheel of {} {}", name.0, name.1),
+                        size,
+                        max,
+                    },
+                })
+            })
+            .await
+            .map_err(|e| PackageError::Unavailable(e.to_string()))??;
+            (tmp, hasher, got) = copied;
         }
         let digest = hex::encode(hasher.finalize());
         match &w.sha256 {
@@ -267,7 +270,7 @@ impl Store {
     pub fn tree(&self, name: &str, sha256: &str, max: u64) -> Result<(PathBuf, u64), PackageError> {
         let tree = self.tree_path(sha256);
         if tree.is_dir() {
-            return Ok((tree.clone(), tree_bytes(&tree)));
+            return Ok((tree.clone(), self.tree_size(sha256)));
         }
         let whl = self.wheel_path(sha256);
         let bad = |reason: String| PackageError::BadWheel {
@@ -352,7 +355,13 @@ impl Store {
         }
         let tmp = work.keep();
         match std::fs::rename(&tmp, &tree) {
-            Ok(()) => {}
+            Ok(()) => {
+                let _ = write_atomic(
+                    &self.dir("tmp"),
+                    &self.size_path(sha256),
+                    total.to_string().as_bytes(),
+                );
+            }
             // Another bridge unpacked it first: theirs is the same bytes.
             Err(_) if tree.is_dir() => {
                 let _ = std::fs::remove_dir_all(&tmp);
@@ -385,7 +394,12 @@ impl Store {
             out.push(Cached {
                 sha256: sha.to_string(),
                 dist: dist_info(&tree).unwrap_or_default(),
-                size: meta.len() + if tree.is_dir() { tree_bytes(&tree) } else { 0 },
+                size: meta.len()
+                    + if tree.is_dir() {
+                        self.tree_size(sha)
+                    } else {
+                        0
+                    },
                 used: meta.modified().ok(),
             });
         }
@@ -420,6 +434,7 @@ impl Store {
             }
             let _ = std::fs::remove_file(self.wheel_path(&c.sha256));
             let _ = std::fs::remove_dir_all(self.tree_path(&c.sha256));
+            let _ = std::fs::remove_file(self.size_path(&c.sha256));
             total -= c.size;
             freed += c.size;
             removed += 1;
@@ -436,6 +451,40 @@ impl Store {
         }
         drop(lock);
         Ok(Some((removed, freed)))
+    }
+}
+
+/// Why [`copy_hashing`] stopped.
+enum Copy {
+    Io(&'static str, PathBuf, std::io::Error),
+    TooLarge(u64),
+}
+
+/// `path` appended to `tmp` and `hasher`, at most `max` bytes: the file, the hasher and the
+/// bytes read.
+fn copy_hashing(
+    path: &Path,
+    mut tmp: tempfile::NamedTempFile,
+    mut hasher: Sha256,
+    max: u64,
+) -> Result<(tempfile::NamedTempFile, Sha256, u64), Copy> {
+    let mut f = File::open(path).map_err(|e| Copy::Io("could not read", path.to_path_buf(), e))?;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut got = 0u64;
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| Copy::Io("could not read", path.to_path_buf(), e))?;
+        if n == 0 {
+            return Ok((tmp, hasher, got));
+        }
+        got += n as u64;
+        if got > max {
+            return Err(Copy::TooLarge(got));
+        }
+        hasher.update(&buf[..n]);
+        tmp.write_all(&buf[..n])
+            .map_err(|e| Copy::Io("could not write", tmp.path().to_path_buf(), e))?;
     }
 }
 
