@@ -13,6 +13,7 @@
 //! BENCH_ONLY=hostile-http cargo bench --bench bridge              # section 9's HTTP rows only (connections, queued tasks, MCP sessions)
 //! BENCH_ONLY=results cargo bench --bench bridge                   # section 12: result size, tokens and time for prints of 1 KB, 100 KB, 10 MB
 //! BENCH_ONLY=packages cargo bench --bench bridge                  # section 13: installs from a local index, from the cache, statsmodels from PyPI
+//! BENCH_ONLY=isolation cargo bench --bench bridge                 # section 14: runc and gVisor side by side (needs runsc)
 //! BENCH_ONLY=capacity cargo bench --bench bridge                  # section 11: sandboxes' memory and idle CPU, serve at 1/5/20 identities (~8 min)
 //! BENCH_ONLY=capacity-sandboxes cargo bench --bench bridge        # section 11's sandbox rows alone (memory, idle CPU)
 //! BENCH_ONLY=capacity-bounds cargo bench --bench bridge           # section 11's bounds alone: max_sessions, a busy session, 429
@@ -38,6 +39,7 @@ mod footprint;
 mod harness;
 mod hostile;
 mod http_bounds;
+mod isolation;
 mod load;
 mod opts;
 mod packages;
@@ -74,6 +76,7 @@ use footprint::*;
 use harness::*;
 use hostile::*;
 use http_bounds::*;
+use isolation::*;
 use load::*;
 use opts::*;
 use packages::*;
@@ -193,6 +196,10 @@ async fn main() {
     if o.wants("packages") {
         eprintln!("bench: packages on demand…");
         packages_section(&o, &mut t).await;
+    }
+    if o.wants("isolation") {
+        eprintln!("bench: the isolation levels side by side…");
+        isolation_section(&o, &fx, &mut t).await;
     }
     println!();
     println!(

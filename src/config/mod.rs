@@ -294,15 +294,6 @@ impl Config {
                 format!("{} is too small for Python; use at least 8", self.pids),
             );
         }
-        if self.isolation == Isolation::Gvisor && self.pids < GVISOR_MIN_PIDS {
-            return bad(
-                "pids",
-                format!(
-                    "{} is too small under isolation = \"gvisor\": the pids limit holds gVisor's own kernel too (some 40 host threads at rest; below that its start fails or hangs); use at least {GVISOR_MIN_PIDS}",
-                    self.pids
-                ),
-            );
-        }
         if self.output_budget < MIN_OUTPUT_BUDGET {
             return bad(
                 "output_budget",
@@ -421,28 +412,54 @@ impl Config {
     }
 }
 
-/// The smallest `pids` under `isolation = "gvisor"`: the container's pids cgroup holds the whole
-/// gVisor sandbox, whose kernel runs some 40 host threads at rest (Debian's runsc 2022, ptrace);
-/// `pids = 32` failed its start, or left `runsc start` hanging with podman's lock held.
-pub const GVISOR_MIN_PIDS: u32 = 64;
+/// Under `isolation = "gvisor"` the container's pids cgroup holds the whole gVisor sandbox: its
+/// kernel's own host threads (some 40 at rest, Debian's runsc 2022, ptrace) and, for each task of
+/// the code, the host threads and processes that run it (5 to 6 per process under ptrace: a
+/// fork bomb of 64 processes needed between 300 and 400). The code's own tasks are held to
+/// `pids` by gVisor's kernel (nproc, which it counts per user inside the sandbox); the host's
+/// cgroup gets `pids × GVISOR_HOST_PIDS_PER_TASK + GVISOR_HOST_PIDS_BASE`, room for gVisor's
+/// share, still a bound the host's kernel enforces. With `pids` alone on the cgroup a fork bomb
+/// ended the whole sandbox (gVisor's kernel could not make a thread) instead of failing a fork.
+pub const GVISOR_HOST_PIDS_PER_TASK: u32 = 8;
+/// See [`GVISOR_HOST_PIDS_PER_TASK`].
+pub const GVISOR_HOST_PIDS_BASE: u32 = 64;
+
+impl Config {
+    /// The pids cgroup limit of a sandbox container, as the host's kernel enforces it.
+    pub fn host_pids_limit(&self) -> i64 {
+        match self.isolation {
+            Isolation::Gvisor => {
+                self.pids as i64 * GVISOR_HOST_PIDS_PER_TASK as i64 + GVISOR_HOST_PIDS_BASE as i64
+            }
+            _ => self.pids as i64,
+        }
+    }
+
+    /// The nproc rlimit of a sandbox's processes. Under runc it counts per uid on the host
+    /// (every sandbox runs as the same user), so it is loose and the pids cgroup is the real cap;
+    /// under gVisor it counts the code's tasks in gVisor's kernel alone, so it is `pids` itself.
+    pub fn nproc_limit(&self) -> i64 {
+        match self.isolation {
+            Isolation::Gvisor => self.pids as i64,
+            _ => 1000.min(self.pids as i64 * 4).max(64),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn under_gvisor_pids_leave_room_for_gvisors_own_threads() {
+    fn under_gvisor_the_code_gets_pids_and_the_host_cgroup_room_for_gvisor() {
         let mut c = Config {
             pids: 32,
             ..Config::default()
         };
-        assert!(c.validate().is_ok());
+        assert_eq!((c.host_pids_limit(), c.nproc_limit()), (32, 128));
         c.isolation = Isolation::Gvisor;
-        let (key, why) = c.validate().unwrap_err();
-        assert_eq!(key, "pids");
-        assert!(why.contains("use at least 64"), "{why}");
-        c.pids = GVISOR_MIN_PIDS;
         assert!(c.validate().is_ok());
+        assert_eq!((c.host_pids_limit(), c.nproc_limit()), (32 * 8 + 64, 32));
     }
 
     #[test]

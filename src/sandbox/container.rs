@@ -151,7 +151,7 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
         memory: Some(memory),
         // Equal to `memory`: no swap on top of the limit.
         memory_swap: Some(memory),
-        pids_limit: Some(config.pids as i64),
+        pids_limit: Some(config.host_pids_limit()),
         nano_cpus: config.cpus.map(|c| (c * 1e9) as i64),
         ulimits: Some(vec![
             ResourcesUlimits {
@@ -159,11 +159,10 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
                 soft: Some(config.nofile as i64),
                 hard: Some(config.nofile as i64),
             },
-            // nproc counts per uid on the host; the pids limit is the real per-container cap.
             ResourcesUlimits {
                 name: Some("nproc".into()),
-                soft: Some(1000.min(config.pids as i64 * 4).max(64)),
-                hard: Some(1000.min(config.pids as i64 * 4).max(64)),
+                soft: Some(config.nproc_limit()),
+                hard: Some(config.nproc_limit()),
             },
         ]),
         tmpfs: Some(tmpfs),
@@ -489,7 +488,7 @@ mod tests {
     }
 
     #[test]
-    fn under_gvisor_every_container_names_the_gvisor_runtime_and_changes_nothing_else() {
+    fn under_gvisor_every_container_names_the_gvisor_runtime_and_changes_only_the_pids_bounds() {
         let runc = Config::default();
         let gvisor = Config {
             isolation: crate::config::Isolation::Gvisor,
@@ -501,6 +500,16 @@ mod tests {
             let b = serde_json::to_value(spec(&gvisor, role, "1:2")).unwrap();
             assert_eq!(b["HostConfig"]["Runtime"], "runsc-test");
             a["HostConfig"]["Runtime"] = "runsc-test".into();
+            // The code's tasks held to `pids` inside gVisor, the host's cgroup with room for
+            // gVisor's own threads (Config::host_pids_limit).
+            assert_eq!(b["HostConfig"]["PidsLimit"], 128 * 8 + 64);
+            let nproc = &b["HostConfig"]["Ulimits"][1];
+            assert_eq!(
+                (&nproc["Name"], &nproc["Soft"]),
+                (&"nproc".into(), &128.into())
+            );
+            a["HostConfig"]["PidsLimit"] = b["HostConfig"]["PidsLimit"].clone();
+            a["HostConfig"]["Ulimits"] = b["HostConfig"]["Ulimits"].clone();
             assert_eq!(a, b);
         }
     }

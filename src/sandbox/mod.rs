@@ -602,6 +602,15 @@ impl Sandbox {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()
         };
+        if stale.is_empty() {
+            return;
+        }
+        // Closed under `starting`, as `make_room` closes: a session leaves the table before its
+        // container is gone, and a start meanwhile would count one container fewer than there
+        // are, so `max_sessions` would bound the table, not the containers (a hundred sessions
+        // under load showed 7 of 6). They are removed together, so a start waits for one removal.
+        let _starting = self.starting.lock().await;
+        let mut closing = Vec::new();
         for (name, s) in stale {
             let mut sessions = self.sessions.lock().await;
             if !s.is_dead() && s.is_busy() {
@@ -617,8 +626,9 @@ impl Sandbox {
             }
             drop(sessions);
             tracing::info!(session = %name, "removing idle sandbox");
-            s.destroy().await;
+            closing.push(s);
         }
+        futures::future::join_all(closing.iter().map(|s| s.destroy())).await;
     }
 
     /// Remove containers of this bridge that no live session uses. A removal that failed while

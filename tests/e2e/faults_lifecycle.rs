@@ -178,20 +178,26 @@ async fn lifecycle_a_hundred_sessions_are_created_and_reaped() {
         max_alive = max_alive.max(common::containers_of(b.pid).await.len());
     }
     let left = common::wait_no_containers(b.pid, Duration::from_secs(30)).await;
-    assert!(left.is_empty(), "not reaped: {left:?}");
     let log = b.home.log();
-    assert_eq!(log.matches("sandbox ready").count(), 100);
+    // What went wrong, if anything did: the bridge's warnings and errors.
+    let trouble: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .collect();
+    assert!(left.is_empty(), "not reaped: {left:?}\n{trouble:#?}");
+    assert_eq!(log.matches("sandbox ready").count(), 100, "{trouble:#?}");
     // Each one closed once: by the idle reaper or to stay within max_sessions.
     assert_eq!(
         log.matches("removing idle sandbox").count()
             + log
                 .matches("closing the least recently used session")
                 .count(),
-        100
+        100,
+        "{trouble:#?}"
     );
     assert!(
         max_alive <= 6,
-        "{max_alive} containers alive at once, above max_sessions = 6"
+        "{max_alive} containers alive at once, above max_sessions = 6\n{trouble:#?}"
     );
     Outcome(b.call(json!({"code": "print('after')"})).await).ok();
 }

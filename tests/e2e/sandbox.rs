@@ -142,37 +142,16 @@ async fn out_of_memory_is_named_and_the_bridge_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn pids_limit_is_reported() {
-    // Under gVisor the pids cgroup holds the whole gVisor sandbox, whose kernel alone runs some
-    // 40 host threads: 32 is refused (below). Its code's threads are gVisor's tasks,
-    // bounded by nproc (pids × 4, at most 1000), which the bridge names the same way.
-    let pids = if gvisor() { "128" } else { "32" };
-    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_PIDS", pids)], None).await;
+    // The same limit under both: under gVisor the code's threads are gVisor's tasks, held to
+    // `pids` by its kernel (nproc), and the host's cgroup leaves room for gVisor's own threads.
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_PIDS", "32")], None).await;
     let code = "import threading, time\nts = []\nwhile True:\n    t = threading.Thread(target=time.sleep, args=(3,), daemon=True)\n    t.start()\n    ts.append(t)";
     let r = b.py(code).await;
     assert_eq!(r.status(), "error", "{}", r.text());
-    assert!(
-        r.text().contains(&format!("limit of {pids}")),
-        "{}",
-        r.text()
-    );
+    assert!(r.text().contains("limit of 32"), "{}", r.text());
+    // The session lived through it: the limit failed a thread, it did not end the sandbox.
+    assert_eq!(b.py("print(len(ts) < 32)").await.ok().stdout(), "True\n");
     b.shutdown().await;
-    if gvisor() {
-        // A limit gVisor's own threads would exhaust is refused before any start (such a start
-        // failed, or hung in `runsc start` with podman's lock held).
-        let out = Home::new()
-            .command()
-            .env("MCP_BRIDGE_PIDS", "32")
-            .args(["exec", "print('ran')"])
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("too small under isolation = \"gvisor\"") && err.contains("at least 64"),
-            "{err}"
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -319,11 +298,12 @@ print("nofile", resource.getrlimit(resource.RLIMIT_NOFILE))
     let ids = common::containers_of(b.pid).await;
     assert!(!ids.is_empty());
     for id in &ids {
-        let pid = common::podman(&["inspect", "--format", "{{.State.Pid}}", id]).await;
-        let pid: u32 = pid.trim().parse().unwrap();
-        let (mem, pids, cpu) = host_cgroup_limits(pid);
+        let (mem, pids, cpu) = host_cgroup_limits(common::container_pid(id).await);
         assert_eq!(mem, (200 * 1024 * 1024).to_string(), "{id}");
-        assert_eq!(pids, "77", "{id}");
+        // Under gVisor the cgroup holds gVisor's own threads too: room for them on top
+        // (Config::host_pids_limit); the code's tasks are held to 77 inside.
+        let host_pids = if gvisor() { 77 * 8 + 64 } else { 77 };
+        assert_eq!(pids, host_pids.to_string(), "{id}");
         assert!(cpu == "50000" || cpu.starts_with("50000 "), "{id}: {cpu}");
     }
     b.shutdown().await;
@@ -335,34 +315,12 @@ fn gvisor() -> bool {
 }
 
 /// The memory, pids and cpu limits of the cgroup host process `pid` is in, as the host's
-/// kernel has them (cgroup v1, or v2 where v1 has no such controller).
+/// kernel has them.
 fn host_cgroup_limits(pid: u32) -> (String, String, String) {
-    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
-    let read = |controller: &str, v1: &str, v2: &str| -> String {
-        let mut unified = None;
-        for l in cg.lines() {
-            let mut f = l.splitn(3, ':');
-            let (_, ctrls, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
-            if ctrls.is_empty() {
-                unified = Some(format!("/sys/fs/cgroup{path}/{v2}"));
-            } else if ctrls.split(',').any(|c| c == controller) {
-                let file = format!("/sys/fs/cgroup/{ctrls}{path}/{v1}");
-                return std::fs::read_to_string(&file)
-                    .unwrap_or_else(|e| panic!("{file}: {e}"))
-                    .trim()
-                    .to_string();
-            }
-        }
-        let file = unified.unwrap_or_else(|| panic!("no {controller} cgroup: {cg}"));
-        std::fs::read_to_string(&file)
-            .unwrap_or_else(|e| panic!("{file}: {e}"))
-            .trim()
-            .to_string()
-    };
     (
-        read("memory", "memory.limit_in_bytes", "memory.max"),
-        read("pids", "pids.max", "pids.max"),
-        read("cpu", "cpu.cfs_quota_us", "cpu.max"),
+        common::host_cgroup(pid, "memory", "memory.limit_in_bytes", "memory.max"),
+        common::host_cgroup(pid, "pids", "pids.max", "pids.max"),
+        common::host_cgroup(pid, "cpu", "cpu.cfs_quota_us", "cpu.max"),
     )
 }
 

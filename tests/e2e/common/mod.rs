@@ -730,6 +730,38 @@ fn read_proc_status_kib(pid: u32, key: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{path} has no {key} line with a number:\n{status}"))
 }
 
+/// File `v1` of `controller` (cgroup v1), or `v2` of the unified hierarchy where v1 has no such
+/// controller, for the cgroup host process `pid` is in: what the host's kernel enforces and
+/// counts for a container, whatever the sandbox shows inside (gVisor shows no cgroup files).
+pub fn host_cgroup(pid: u32, controller: &str, v1: &str, v2: &str) -> String {
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let mut unified = None;
+    let mut file = None;
+    for l in cg.lines() {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrls, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+        if ctrls.is_empty() {
+            unified = Some(format!("/sys/fs/cgroup{path}/{v2}"));
+        } else if ctrls.split(',').any(|c| c == controller) {
+            file = Some(format!("/sys/fs/cgroup/{ctrls}{path}/{v1}"));
+            break;
+        }
+    }
+    let file = file
+        .or(unified)
+        .unwrap_or_else(|| panic!("no {controller} cgroup: {cg}"));
+    std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("{file}: {e}"))
+        .trim()
+        .to_string()
+}
+
+/// The host pid of container `id`'s first process.
+pub async fn container_pid(id: &str) -> u32 {
+    let pid = podman(&["inspect", "--format", "{{.State.Pid}}", id]).await;
+    pid.trim().parse().unwrap()
+}
+
 /// A `podman system service` the test owns, on a socket in `dir`.
 pub struct Service {
     child: tokio::process::Child,
@@ -741,7 +773,15 @@ impl Service {
         let sock = dir.join("podman.sock");
         let _ = std::fs::remove_file(&sock);
         let url = format!("unix://{}", sock.display());
+        // Under gVisor, a service whose default runtime is gVisor's: podman's API ignores a
+        // container's own runtime, so the bridge takes no other (SECURITY.md).
+        let runtime: &[&str] = if isolation().as_deref() == Some("gvisor") {
+            &["--runtime", "runsc"]
+        } else {
+            &[]
+        };
         let child = tokio::process::Command::new("podman")
+            .args(runtime)
             .args(["system", "service", "--time=0", &url])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
