@@ -98,16 +98,7 @@ async fn level_rows(o: &Opts, fx: &Fixtures, level: &str, t: &mut Table) {
         Target::None,
     );
     let n = o.proxy_calls;
-    let code = format!(
-        "import time, json\n\
-         await mcp_everything.echo(message='warm')\n\
-         ts = []\n\
-         for i in range({n}):\n    \
-             t0 = time.perf_counter()\n    \
-             await mcp_everything.echo(message=f'm{{i}}')\n    \
-             ts.append(time.perf_counter() - t0)\n\
-         print(json.dumps(ts))"
-    );
+    let code = echo_loop(n);
     let (mut proxied, mut proxied_cpu) = (Vec::new(), Vec::new());
     for _ in 0..o.proxy_runs.min(3) {
         let (ts, cpu) = sandbox_loop(&live, &code, "proxy").await;

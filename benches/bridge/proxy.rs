@@ -2,9 +2,10 @@
 
 use super::*;
 
-pub(crate) async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
-    let n = o.proxy_calls;
-    let code = format!(
+/// Code that times `n` proxied `echo` calls to the `everything` server from inside the sandbox
+/// (after one untimed call) and prints their durations in seconds as JSON.
+pub(crate) fn echo_loop(n: usize) -> String {
+    format!(
         "import time, json\n\
          await mcp_everything.echo(message='warm')\n\
          ts = []\n\
@@ -13,7 +14,12 @@ pub(crate) async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
              await mcp_everything.echo(message=f'm{{i}}')\n    \
              ts.append(time.perf_counter() - t0)\n\
          print(json.dumps(ts))"
-    );
+    )
+}
+
+pub(crate) async fn proxy(o: &Opts, live: &Live, t: &mut Table) {
+    let n = o.proxy_calls;
+    let code = echo_loop(n);
     // The sandbox <-> bridge channel alone: an RPC the bridge answers itself.
     let channel_code = format!(
         "import time, json\n\
