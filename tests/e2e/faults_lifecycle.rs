@@ -692,6 +692,8 @@ impl RootlessBridge {
             .arg("MCP_BRIDGE_LOG_LEVEL=debug")
             // No system config file either, as for every bridge a test starts.
             .arg("MCP_BRIDGE_SYSTEM_CONFIG=none")
+            // Its own service, which goes with it (the lingering one is tested rootful).
+            .arg("MCP_BRIDGE_ENGINE_LINGER=0")
             .arg(&bin)
             .arg("run")
             .current_dir(dir.path())
