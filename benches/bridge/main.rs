@@ -16,6 +16,7 @@
 //! BENCH_ONLY=capacity cargo bench --bench bridge                  # section 11: sandboxes' memory and idle CPU, serve at 1/5/20 identities (~8 min)
 //! BENCH_ONLY=capacity-sandboxes cargo bench --bench bridge        # section 11's sandbox rows alone (memory, idle CPU)
 //! BENCH_ONLY=capacity-bounds cargo bench --bench bridge           # section 11's bounds alone: max_sessions, a busy session, 429
+//! BENCH_ONLY=capacity-max-sessions cargo bench --bench bridge     # section 11's load run with max_sessions = 20 alone
 //! BENCH_CAPACITY_GVISOR=1 BENCH_ONLY=capacity-sandboxes …         # the sandbox rows under gVisor too (needs runsc)
 //! BENCH_PROXY_RUNS=50 BENCH_ONLY=proxy cargo bench --bench bridge # more of one (also LOAD_RUNS, LOAD_CALLS, WARM,
 //!                                                                 # CAPACITY_SECS, IDLE_SECS, CAPACITY_SANDBOXES)
@@ -177,9 +178,14 @@ async fn main() {
         eprintln!("bench: hostile clients of serve…");
         http_bounds(&mut t).await;
     }
-    if ["capacity", "capacity-sandboxes", "capacity-bounds"]
-        .iter()
-        .any(|s| o.wants(s))
+    if [
+        "capacity",
+        "capacity-sandboxes",
+        "capacity-bounds",
+        "capacity-max-sessions",
+    ]
+    .iter()
+    .any(|s| o.wants(s))
     {
         eprintln!("bench: capacity…");
         capacity(&o, &fx, &mut t).await;

@@ -643,7 +643,11 @@ mod tests {
         );
         assert_eq!(
             keep_alive_every(Duration::from_secs(3)),
-            Duration::from_secs(1)
+            Duration::from_millis(750)
+        );
+        assert_eq!(
+            keep_alive_every(Duration::from_secs(1)),
+            Duration::from_millis(250)
         );
         assert_eq!(
             keep_alive_every(Duration::from_secs(20)),
