@@ -138,7 +138,7 @@ pub const KEYS: &[Key] = &[
     },
     Key {
         name: "engine_linger",
-        doc: "How long the bridge's own podman service outlives its last bridge, idle, for the next bridge to find; 0 stops it with the bridge.",
+        doc: "How long the bridge's own podman service outlives its last user (run, serve, exec, doctor, image load), idle, for the next one to find; 0 stops it with the bridge.",
     },
     Key {
         name: "output_mode",

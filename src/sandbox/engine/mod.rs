@@ -49,12 +49,15 @@ pub struct Engine {
     keep_alive: Option<KeepAlive>,
 }
 
-/// A task aborted when dropped.
-struct KeepAlive(tokio::task::JoinHandle<()>);
+/// A task aborted when dropped, and the linger of the service it keeps alive.
+struct KeepAlive {
+    task: tokio::task::JoinHandle<()>,
+    linger: Duration,
+}
 
 impl Drop for KeepAlive {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
     }
 }
 
@@ -64,14 +67,15 @@ impl KeepAlive {
     fn start(docker: &Docker, linger: Duration) -> KeepAlive {
         let docker = docker.clone();
         let every = keep_alive_every(linger);
-        KeepAlive(tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
                 if let Ok(Err(e)) = tokio::time::timeout(PING_TIMEOUT, docker.ping()).await {
                     tracing::debug!("the lingering podman service did not answer a ping: {e}");
                 }
             }
-        }))
+        });
+        KeepAlive { task, linger }
     }
 }
 
@@ -599,10 +603,18 @@ impl Engine {
             .map_err(|e| format!("GET {path} from {endpoint}: the body is not JSON: {e}"))
     }
 
+    /// On the bridge's own podman service that outlives its bridges (`engine_linger`): how long
+    /// it stays, idle, once this process and every other bridge using it are gone. `None` for
+    /// any other engine, and for a service that goes with its bridge. Every command that
+    /// connects the engine (`run`, `serve`, `exec`, `doctor`, `image load`) may leave it so.
+    pub fn linger(&self) -> Option<Duration> {
+        self.keep_alive.as_ref().map(|k| k.linger)
+    }
+
     /// Stop the podman service we started, if any; a lingering one is left to its idle timer.
     pub async fn shutdown(&self) {
         if let Some(k) = &self.keep_alive {
-            k.0.abort();
+            k.task.abort();
         }
         if let Some(service) = self.service.lock().await.take() {
             service.stop().await;
