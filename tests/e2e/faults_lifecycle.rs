@@ -577,7 +577,7 @@ async fn lifecycle_linger_a_sigkilled_bridge_leaves_no_service_past_its_idle_per
     let mut b = RawBridge::start(Home::new(), &[("MCP_BRIDGE_ENGINE_LINGER", LINGER)]).await;
     let r = b.run_python(1, json!({"code": "print('up')"})).await;
     assert_eq!(
-        r["result"]["structuredContent"]["stdout"],
+        common::structured(&r["result"])["stdout"],
         json!("up\n"),
         "{r}\n{}",
         b.home.log()
@@ -599,6 +599,55 @@ async fn lifecycle_linger_a_sigkilled_bridge_leaves_no_service_past_its_idle_per
         "the service outlived its idle period after a SIGKILLed bridge:\n{}\nlog:\n{}",
         left.join("\n"),
         b.home.log()
+    );
+    assert!(
+        wait_gone(guard, Duration::from_secs(5)).await,
+        "its guard is left"
+    );
+}
+
+/// `doctor` and `exec` leave the service lingering as a bridge does, and `doctor` says so: the
+/// `exec` after it finds the same service, and once both are gone it ends within its idle period.
+#[tokio::test(flavor = "multi_thread")]
+async fn lifecycle_linger_doctor_and_exec_leave_the_service_for_the_next_and_doctor_says_so() {
+    let home = Home::new();
+    let run = |args: &[&str]| {
+        let out = home
+            .command()
+            .args(args)
+            .env("MCP_BRIDGE_ENGINE_LINGER", LINGER)
+            .env("MCP_BRIDGE_LOG_LEVEL", "info")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{args:?}\n{stdout}\n{stderr}");
+        (stdout, stderr)
+    };
+    let (stdout, _) = run(&["doctor"]);
+    assert!(
+        stdout.contains(&format!(
+            "this podman service is the bridge's own: it stays for {LINGER} after the last bridge"
+        )),
+        "{stdout}"
+    );
+    let (sock, guard) = lingering_service(&home);
+    assert!(
+        common::process_alive(guard),
+        "the service went with doctor despite engine_linger"
+    );
+    let (stdout, stderr) = run(&["exec", "print('after doctor')"]);
+    assert_eq!(stdout, "after doctor\n", "{stderr}");
+    assert!(
+        stderr.contains("found the podman service an earlier bridge left"),
+        "{stderr}"
+    );
+    assert_eq!(lingering_service(&home).1, guard, "another service started");
+    let left = wait_no_process_mentioning(&sock, Duration::from_secs(20)).await;
+    assert!(
+        left.is_empty(),
+        "the service doctor and exec left outlived its idle period:\n{}",
+        left.join("\n")
     );
     assert!(
         wait_gone(guard, Duration::from_secs(5)).await,
