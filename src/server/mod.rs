@@ -88,9 +88,11 @@ impl Bridge {
         }
     }
 
-    /// Start the engine, the image and the pool in the background (see `Sandbox::warm_up`).
+    /// Start the engine, the image and the pool in the background (see `Sandbox::warm_up`),
+    /// and load the tokenizer the budget counts with (`budget::prepare`) on a blocking thread.
     pub fn warm_up(&self) {
         self.sandbox.warm_up();
+        tokio::task::spawn_blocking(budget::prepare);
     }
 
     /// The audit log, for whoever records proxied calls (a clone shares the one writer).
