@@ -616,40 +616,39 @@ impl Sandbox {
                 s.destroy().await;
             }
         }
-        let stale: Vec<(SessionKey, Arc<Session>)> = {
-            let sessions = self.sessions.lock().await;
-            sessions
-                .iter()
-                .filter(|(_, s)| s.is_dead() || (!s.is_busy() && s.idle_for() >= idle))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        };
-        if stale.is_empty() {
+        let stale = |s: &Arc<Session>| s.is_dead() || (!s.is_busy() && s.idle_for() >= idle);
+        // A look first, so that a tick with nothing to close never waits for a start.
+        if !self.sessions.lock().await.values().any(stale) {
             return;
         }
         // Closed under `starting`, as `make_room` closes: a session leaves the table before its
         // container is gone, and a start meanwhile would count one container fewer than there
-        // are, so `max_sessions` would bound the table, not the containers (a hundred sessions
-        // under load showed 7 of 6). They are removed together, so a start waits for one removal.
+        // are, so `max_sessions` would bound the table, not the containers. Chosen again under
+        // it, and taken out of the table in the same step (under `sessions`, where calls claim
+        // theirs): one that `make_room` closed while this waited is no longer there, and one a
+        // call claimed is busy, so each session is closed once.
         let _starting = self.starting.lock().await;
-        let mut closing = Vec::new();
-        for (name, s) in stale {
+        let closing: Vec<Arc<Session>> = {
             let mut sessions = self.sessions.lock().await;
-            if !s.is_dead() && s.is_busy() {
-                // A call claimed it since it was found idle.
-                continue;
-            }
-            if sessions.get(&name).is_some_and(|cur| Arc::ptr_eq(cur, &s)) {
-                sessions.remove(&name);
-                if s.is_dead() {
-                    self.lost
-                        .note(&name, "its sandbox stopped between calls".into());
-                }
-            }
-            drop(sessions);
-            tracing::info!(session = %name, "removing idle sandbox");
-            closing.push(s);
-        }
+            let names: Vec<SessionKey> = sessions
+                .iter()
+                .filter(|(_, s)| stale(s))
+                .map(|(k, _)| k.clone())
+                .collect();
+            names
+                .into_iter()
+                .filter_map(|name| {
+                    let s = sessions.remove(&name)?;
+                    if s.is_dead() {
+                        self.lost
+                            .note(&name, "its sandbox stopped between calls".into());
+                    }
+                    tracing::info!(session = %name, "removing idle sandbox");
+                    Some(s)
+                })
+                .collect()
+        };
+        // Together, so a start waits for one removal, not for each.
         futures::future::join_all(closing.iter().map(|s| s.destroy())).await;
     }
 
