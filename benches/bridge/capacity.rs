@@ -863,6 +863,12 @@ pub(crate) async fn capacity(o: &Opts, fx: &Fixtures, t: &mut Table) {
         if o.wants("capacity-bounds") {
             bounds_probe(t).await;
         }
+        if o.wants("capacity-max-sessions") {
+            // The load run with max_sessions below the sessions wanted, alone.
+            let ids = 20;
+            let run = http_load(o, fx, ids, Some(ids * SESSIONS_PER_IDENTITY / 2)).await;
+            load_tables(&[run], t);
+        }
         return;
     }
     sandbox_figures(o, t).await;

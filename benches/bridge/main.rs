@@ -9,6 +9,7 @@
 //! BENCH_ONLY=proxy,load cargo bench --bench bridge               # a subset of the sections
 //! BENCH_ONLY=catalog cargo bench --bench bridge                  # first search, cold and warm catalog (also CATALOG_RUNS)
 //! BENCH_ONLY=pool cargo bench --bench bridge                      # first calls with and without the pool
+//! BENCH_ONLY=first-call cargo bench --bench bridge                # section 8's rows with no pause after initialize
 //! BENCH_ONLY=audit cargo bench --bench bridge                     # the audit log: writer cost, calls with it on and off
 //! BENCH_ONLY=hostile-http cargo bench --bench bridge              # section 9's HTTP rows only (connections, queued tasks, MCP sessions)
 //! BENCH_ONLY=results cargo bench --bench bridge                   # section 12: result size, tokens and time for prints of 1 KB, 100 KB, 10 MB
@@ -17,6 +18,7 @@
 //! BENCH_ONLY=capacity cargo bench --bench bridge                  # section 11: sandboxes' memory and idle CPU, serve at 1/5/20 identities (~8 min)
 //! BENCH_ONLY=capacity-sandboxes cargo bench --bench bridge        # section 11's sandbox rows alone (memory, idle CPU)
 //! BENCH_ONLY=capacity-bounds cargo bench --bench bridge           # section 11's bounds alone: max_sessions, a busy session, 429
+//! BENCH_ONLY=capacity-max-sessions cargo bench --bench bridge     # section 11's load run with max_sessions = 20 alone
 //! BENCH_CAPACITY_GVISOR=1 BENCH_ONLY=capacity-sandboxes …         # the sandbox rows under gVisor too (needs runsc)
 //! BENCH_PROXY_RUNS=50 BENCH_ONLY=proxy cargo bench --bench bridge # more of one (also LOAD_RUNS, LOAD_CALLS, WARM,
 //!                                                                 # CAPACITY_SECS, IDLE_SECS, CAPACITY_SANDBOXES)
@@ -118,7 +120,7 @@ async fn main() {
         eprintln!("bench: context cost and start-up…");
         context_and_startup(&o, &fx, &mut t).await;
     }
-    if o.wants("pool") {
+    if o.wants("pool") || o.wants("first-call") {
         eprintln!("bench: first calls and the pool…");
         pool_section(&o, &mut t).await;
     }
@@ -182,9 +184,14 @@ async fn main() {
         eprintln!("bench: hostile clients of serve…");
         http_bounds(&mut t).await;
     }
-    if ["capacity", "capacity-sandboxes", "capacity-bounds"]
-        .iter()
-        .any(|s| o.wants(s))
+    if [
+        "capacity",
+        "capacity-sandboxes",
+        "capacity-bounds",
+        "capacity-max-sessions",
+    ]
+    .iter()
+    .any(|s| o.wants(s))
     {
         eprintln!("bench: capacity…");
         capacity(&o, &fx, &mut t).await;

@@ -74,7 +74,77 @@ pub(crate) async fn first_calls(o: &Opts, pool: &str, t: &mut Table) {
     live.shutdown().await;
 }
 
+/// The first call sent as soon as `initialize` is answered, as an agent that has its code
+/// already sends it: on a cold host (a fresh state dir, so no engine service of an earlier
+/// bridge to find) and right after another bridge ran in the same state dir and exited (its
+/// podman service lingers for `engine_linger`, 60 s here, and the next bridge takes it). The
+/// figure is the `tools/call` round trip; `initialize` takes a few ms more (section 2).
+pub(crate) async fn no_pause(o: &Opts, pool: &str, t: &mut Table) {
+    let linger = "60s";
+    let mut cold = Vec::new();
+    for _ in 0..o.pool_fresh {
+        let env = [
+            ("MCP_BRIDGE_POOL_SIZE", pool),
+            ("MCP_BRIDGE_ENGINE_LINGER", "0"),
+        ];
+        let live = Live::start_with(Home::new(&[]), &env).await;
+        cold.push(live.ok(json!({"code": "print(1+1)"})).await.1);
+        live.shutdown().await;
+    }
+    t.samples(
+        &format!(
+            "first `print(1+1)` with no pause after `initialize`, cold host: no engine service running (pool_size = {pool})"
+        ),
+        &cold,
+        Unit::Ms,
+        Target::AtMost(400.0),
+    );
+    let env = [
+        ("MCP_BRIDGE_POOL_SIZE", pool),
+        ("MCP_BRIDGE_ENGINE_LINGER", linger),
+    ];
+    // A first bridge runs once and exits; each sample is the next bridge in the same state dir.
+    let live = Live::start_with(Home::new(&[]), &env).await;
+    live.ok(json!({"code": "pass"})).await;
+    let mut home = live.shutdown().await;
+    let mut recent = Vec::new();
+    for _ in 0..o.pool_fresh {
+        let live = Live::start_with(home, &env).await;
+        recent.push(live.ok(json!({"code": "print(1+1)"})).await.1);
+        home = live.shutdown().await;
+    }
+    t.samples(
+        &format!(
+            "first `print(1+1)` with no pause after `initialize`, a bridge ran and exited just before (engine_linger = {linger}; pool_size = {pool})"
+        ),
+        &recent,
+        Unit::Ms,
+        Target::AtMost(50.0),
+    );
+    stop_lingering_service(&home).await;
+}
+
+/// The engine service a bench bridge left lingering in `home`, stopped rather than left to
+/// its idle timeout: the bench leaves nothing running behind it.
+pub(crate) async fn stop_lingering_service(home: &Home) {
+    let state = home.path().join(".local/state/mcp-code-bridge/engine");
+    let Ok(pid) = std::fs::read_to_string(state.join("podman.pid")) else {
+        return;
+    };
+    if let Ok(pid) = pid.trim().parse::<i32>() {
+        // The guard leads the service's process group.
+        unsafe { libc::kill(-pid, libc::SIGTERM) };
+    }
+}
+
 pub(crate) async fn pool_section(o: &Opts, t: &mut Table) {
+    if !o.wants("pool") {
+        // `BENCH_ONLY=first-call`: the rows with no pause alone.
+        t.section(8, "8. First calls: warm-up and the pool");
+        no_pause(o, "1", t).await;
+        no_pause(o, "0", t).await;
+        return;
+    }
     t.section(
         8,
         &format!(
@@ -84,4 +154,6 @@ pub(crate) async fn pool_section(o: &Opts, t: &mut Table) {
     );
     first_calls(o, "1", t).await;
     first_calls(o, "0", t).await;
+    no_pause(o, "1", t).await;
+    no_pause(o, "0", t).await;
 }

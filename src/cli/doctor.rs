@@ -83,6 +83,14 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
                 "container engine: {:?} {} at {} ({})",
                 e.kind, e.version, e.endpoint, e.origin
             ));
+            if let Some(linger) = e.linger() {
+                c.note(&format!(
+                    "this podman service is the bridge's own: it stays for {} after the last \
+                     bridge using it exits (doctor's run included), so the next bridge or `exec` \
+                     skips its start; engine_linger = 0 stops it with its bridge",
+                    config::Secs(linger)
+                ));
+            }
             Some(e)
         }
         Err(e) => {
@@ -280,7 +288,8 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             ),
         }
     }
-    // Stops the engine's own podman service too, when the sandbox had to start one.
+    // Stops the engine's own podman service too, when the sandbox had to start one, unless it
+    // lingers (`engine_linger`, said above): then it stays for the next bridge, as after `run`.
     sandbox.shutdown().await;
     if c.failed == 0 {
         println!("all checks passed");

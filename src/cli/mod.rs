@@ -197,6 +197,10 @@ pub async fn main(cli: Cli) -> ExitCode {
             let ups = Upstreams::from_loaded(&loaded);
             ups.log_discovery();
             let bridge = Bridge::new(config.clone(), sandbox, ups);
+            // At process start, not at `initialized`: an agent that sends its first call at
+            // once finds the engine (and the image check) under way. In the background: the
+            // answers to `initialize` and `tools/list` never wait for it.
+            bridge.warm_up();
             match server::serve_stdio(bridge).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

@@ -126,7 +126,7 @@ pub const KEYS: &[Key] = &[
     },
     Key {
         name: "warm_start",
-        doc: "After initialize, connect the engine, make the image present and fill the pool in the background; false waits for the first call.",
+        doc: "At start, connect the engine, make the image present and fill the pool in the background; false waits for the first call.",
     },
     Key {
         name: "preload",
@@ -135,6 +135,10 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "state_dir",
         doc: "Where the bridge keeps its own podman socket and state (the tool catalog, catalog.json). Never shared with the sandbox.",
+    },
+    Key {
+        name: "engine_linger",
+        doc: "How long the bridge's own podman service outlives its last user (run, serve, exec, doctor, image load), idle, for the next one to find; 0 stops it with the bridge.",
     },
     Key {
         name: "output_mode",

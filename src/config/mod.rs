@@ -90,6 +90,7 @@ pub struct Config {
     pub warm_start: bool,
     pub preload: ModuleList,
     pub state_dir: PathBuf,
+    pub engine_linger: Secs,
     pub output_mode: OutputMode,
     pub output_cap: Size,
     /// cl100k tokens one result may put into the model's context; past them it carries a
@@ -166,6 +167,7 @@ impl Default for Config {
             warm_start: true,
             preload: ModuleList(vec!["numpy".into(), "pandas".into()]),
             state_dir: default_state_dir(),
+            engine_linger: Secs(Duration::from_secs(300)),
             output_mode: OutputMode::Compact,
             output_cap: Size(4 << 20),
             output_budget: 8000,
@@ -300,6 +302,15 @@ impl Config {
                 format!(
                     "{} tokens leave no room for a preview; use at least {MIN_OUTPUT_BUDGET}",
                     self.output_budget
+                ),
+            );
+        }
+        if self.engine_linger.0 > Duration::from_secs(86_400) {
+            return bad(
+                "engine_linger",
+                format!(
+                    "{} is more than a day: the service outlives its last bridge by this much; use a day or less (0 stops it with the bridge)",
+                    self.engine_linger
                 ),
             );
         }

@@ -93,6 +93,10 @@ pub struct Sandbox {
     /// (under gVisor's ptrace platform a boot takes seconds) and swept with the rest.
     closing: tokio_util::sync::CancellationToken,
     lost: Lost,
+    /// Calls between asking for their session and getting it: the warm-up does not start a
+    /// pooled sandbox while one waits, since that call would either wait for it (its boot and
+    /// preload) or start beside it on the same cores.
+    pending: std::sync::atomic::AtomicUsize,
     /// Itself, for the background tasks it spawns (warm-up, refill).
     this: Weak<Sandbox>,
     /// What the last sandbox to boot said of its interpreter (the image's Python and
@@ -123,6 +127,7 @@ impl Sandbox {
             pool: Pool::new(),
             closing: tokio_util::sync::CancellationToken::new(),
             lost: Lost::default(),
+            pending: Default::default(),
             this: this.clone(),
         });
         let weak = Arc::downgrade(&sb);
@@ -139,7 +144,8 @@ impl Sandbox {
         sb
     }
 
-    /// The server is up (after `initialize`): keep a pool of ready sandboxes from now on and,
+    /// The server is up (`run` calls it at process start, before `initialize`; again at
+    /// `initialized`, which finds it done): keep a pool of ready sandboxes from now on and,
     /// with `warm_start`, connect the engine, make the image present and fill the pool in the
     /// background. Never waits and never fails: what goes wrong here is logged, and the first
     /// call meets it again and reports it.
@@ -162,7 +168,11 @@ impl Sandbox {
                         ms = t0.elapsed().as_millis() as u64,
                         "warm-up: engine connected and image present"
                     );
-                    sb.refill();
+                    // A call that came meanwhile (an agent that sent its code at once) starts
+                    // its own sandbox now; the pool fills after it.
+                    if sb.pending.load(Ordering::SeqCst) == 0 {
+                        sb.refill();
+                    }
                 }
                 Err(e) => {
                     tracing::info!("warm-up did not finish; the first call will try again: {e}")
@@ -284,14 +294,23 @@ impl Sandbox {
     /// The engine, connected at first use. A failure is not cached: the next call tries again.
     pub async fn engine(&self) -> Result<Arc<Engine>, SandboxError> {
         init_once(&self.engine, &self.engine_failed, || async {
-            let engine = Engine::connect(&self.config).await?;
-            let reaped = container::reap_orphans(&engine).await;
-            if reaped > 0 {
-                tracing::info!(reaped, "removed containers left by bridges that are gone");
-            }
-            files::reap_orphans(&self.config.state_dir);
-            container::sweep_packages_dirs(&self.config);
-            Ok::<_, SandboxError>(Arc::new(engine))
+            let engine = Arc::new(Engine::connect(&self.config).await?);
+            // Off the first call's path: what bridges that are gone left behind is no
+            // container of this one's, and a start need not wait for its removal.
+            let reaping = Arc::clone(&engine);
+            let config = Arc::clone(&self.config);
+            tokio::spawn(async move {
+                let reaped = container::reap_orphans(&reaping).await;
+                if reaped > 0 {
+                    tracing::info!(reaped, "removed containers left by bridges that are gone");
+                }
+                let _ = tokio::task::spawn_blocking(move || {
+                    files::reap_orphans(&config.state_dir);
+                    container::sweep_packages_dirs(&config);
+                })
+                .await;
+            });
+            Ok::<_, SandboxError>(engine)
         })
         .await
     }
@@ -300,9 +319,17 @@ impl Sandbox {
     async fn prepare(&self) -> Result<Arc<Engine>, SandboxError> {
         let engine = self.engine().await?;
         init_once(&self.image_ready, &self.image_failed, || async {
-            let enf = Enforcement::query(&engine.docker)
-                .await
-                .map_err(|e| SandboxError::EngineQuery(e.to_string()))?;
+            let report = |bytes: u64| match self.load_progress.get() {
+                Some(f) => f(bytes),
+                None => tracing::info!(mib = bytes >> 20, "loading sandbox image…"),
+            };
+            // Independent questions to the engine, asked at once: what it can enforce, and
+            // whether the image is there (loaded if not). The limits are judged first.
+            let (enf, image) = tokio::join!(
+                Enforcement::query(&engine.docker),
+                image::ensure(&engine.docker, &self.config, &report)
+            );
+            let enf = enf.map_err(|e| SandboxError::EngineQuery(e.to_string()))?;
             // Before the limits: `allow_unenforced_limits` never excuses a missing isolation.
             enf.isolation(&self.config)?;
             let missing = enf.missing(&self.config);
@@ -316,14 +343,7 @@ impl Sandbox {
                     return Err(SandboxError::Unenforceable(missing));
                 }
             }
-            let report = |bytes: u64| match self.load_progress.get() {
-                Some(f) => f(bytes),
-                None => tracing::info!(mib = bytes >> 20, "loading sandbox image…"),
-            };
-            image::ensure(&engine.docker, &self.config, &report)
-                .await
-                .map(|_| ())
-                .map_err(SandboxError::from)
+            image.map(|_| ()).map_err(SandboxError::from)
         })
         .await?;
         Ok(engine)
@@ -337,6 +357,8 @@ impl Sandbox {
         reset: bool,
     ) -> Result<(Claim, bool, Vec<String>), SandboxError> {
         self.pool.touch();
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        let _pending = Pending(&self.pending);
         let engine = self.prepare().await?;
         // A live session is claimed without waiting for `starting`, which is held while a
         // container starts or one is closed to make room (a second or more): calls to running
@@ -695,6 +717,15 @@ impl Sandbox {
         if let Some(engine) = self.engine.get() {
             engine.shutdown().await;
         }
+    }
+}
+
+/// One call waiting for its session, counted in [`Sandbox::pending`] until dropped.
+struct Pending<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

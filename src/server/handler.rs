@@ -30,8 +30,8 @@ use crate::upstream::{CallRelay, ClientLink};
 
 impl ServerHandler for Bridge {
     /// The client has its answer to `initialize`: warm up in the background (engine, image,
-    /// pool, the budget's tokenizer) while the model writes its first code. Returns at once and
-    /// fails nothing.
+    /// pool, the budget's tokenizer) while the model writes its first code, if the process
+    /// start did not already (`run` does). Returns at once and fails nothing.
     async fn on_initialized(&self, _context: rmcp::service::NotificationContext<RoleServer>) {
         self.warm_up();
     }

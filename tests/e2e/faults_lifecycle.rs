@@ -491,6 +491,181 @@ async fn a_service_left_by_a_dead_bridge_is_stopped_by_the_next() {
     assert!(left.is_empty(), "{}", left.join("\n"));
 }
 
+// ---- engine_linger: the service outlives its bridge for a bounded idle period ----
+
+/// The linger the tests give the service: short, so that its end is seen within the test.
+const LINGER: &str = "3s";
+
+/// The lingering service's socket and its guard's pid (the leader of its process group), as
+/// the bridge of `home` recorded them.
+fn lingering_service(home: &Home) -> (String, u32) {
+    let dir = home.path().join(".local/state/mcp-code-bridge/engine");
+    let pid = std::fs::read_to_string(dir.join("podman.pid"))
+        .unwrap_or_else(|e| panic!("no podman.pid in {}: {e}\n{}", dir.display(), home.log()));
+    let sock = dir.join("podman.sock");
+    (
+        sock.display().to_string(),
+        pid.trim().parse().expect("podman.pid holds a pid"),
+    )
+}
+
+/// Mode bits of `path`.
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// With `engine_linger`, the bridge's own podman service stays after its bridge exits; the next
+/// bridge on the same state dir finds it and starts none; while that bridge lives (idle, for
+/// several lingers) the service stays; once the last bridge is gone the service ends by itself
+/// within the linger, and with it every process of its group. The socket is the user's alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn lifecycle_linger_the_next_bridge_reuses_the_service_which_ends_when_idle() {
+    let env = [("MCP_BRIDGE_ENGINE_LINGER", LINGER)];
+    let first = Bridge::start_with(Home::new(), &env, None).await;
+    assert_eq!(first.out("print('first')").await, "first\n");
+    let (sock, guard) = lingering_service(&first.home);
+    let dir = Path::new(&sock).parent().unwrap().to_path_buf();
+    assert_eq!(mode_of(&dir), 0o700, "the engine directory");
+    assert_eq!(mode_of(Path::new(&sock)), 0o600, "the socket");
+    let first_pid = first.pid;
+    let home = first.shutdown_clean().await;
+    assert!(wait_gone(first_pid, Duration::from_secs(20)).await);
+    assert!(
+        common::process_alive(guard),
+        "the service went with its bridge despite engine_linger:\n{}",
+        home.log()
+    );
+    assert!(
+        processes_mentioning(&sock)
+            .iter()
+            .any(|p| p.contains(" system service ")),
+        "no podman service on {sock}"
+    );
+
+    let second = Bridge::start_with(home, &env, None).await;
+    assert_eq!(second.out("print('second')").await, "second\n");
+    let log = second.home.log();
+    assert!(
+        log.contains("found the podman service an earlier bridge left"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("starting the bridge's own `podman system service`"),
+        "{log}"
+    );
+    assert_eq!(
+        lingering_service(&second.home).1,
+        guard,
+        "another service started"
+    );
+    // Idle for three lingers: the bridge keeps the service from idling out under it.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    assert!(
+        common::process_alive(guard),
+        "the service idled out under a live bridge"
+    );
+    assert_eq!(second.out("print('still')").await, "still\n");
+
+    let home = second.shutdown_clean().await;
+    let left = wait_no_process_mentioning(&sock, Duration::from_secs(20)).await;
+    assert!(
+        left.is_empty(),
+        "the lingering service outlived its idle period:\n{}\nlog:\n{}",
+        left.join("\n"),
+        home.log()
+    );
+    assert!(
+        wait_gone(guard, Duration::from_secs(5)).await,
+        "its guard is left"
+    );
+}
+
+/// A bridge killed outright (SIGKILL) leaves the lingering service, which still ends after its
+/// idle period: nothing of the bridge holds it open.
+#[tokio::test(flavor = "multi_thread")]
+async fn lifecycle_linger_a_sigkilled_bridge_leaves_no_service_past_its_idle_period() {
+    let mut b = RawBridge::start(Home::new(), &[("MCP_BRIDGE_ENGINE_LINGER", LINGER)]).await;
+    let r = b.run_python(1, json!({"code": "print('up')"})).await;
+    assert_eq!(
+        common::structured(&r["result"])["stdout"],
+        json!("up\n"),
+        "{r}\n{}",
+        b.home.log()
+    );
+    let (sock, guard) = lingering_service(&b.home);
+    end_bridge(End::Signal(libc::SIGKILL), b.pid, &mut b.stdin);
+    assert!(b.wait_exit(Duration::from_secs(30)).await.is_some());
+    // Its container, which the next bridge would reap, goes first: the idle period counts
+    // from then (a running container's attach stream was the last connection).
+    for id in common::containers_of(b.pid).await {
+        let _ = tokio::process::Command::new("podman")
+            .args(["rm", "-f", &id])
+            .output()
+            .await;
+    }
+    let left = wait_no_process_mentioning(&sock, Duration::from_secs(20)).await;
+    assert!(
+        left.is_empty(),
+        "the service outlived its idle period after a SIGKILLed bridge:\n{}\nlog:\n{}",
+        left.join("\n"),
+        b.home.log()
+    );
+    assert!(
+        wait_gone(guard, Duration::from_secs(5)).await,
+        "its guard is left"
+    );
+}
+
+/// `doctor` and `exec` leave the service lingering as a bridge does, and `doctor` says so: the
+/// `exec` after it finds the same service, and once both are gone it ends within its idle period.
+#[tokio::test(flavor = "multi_thread")]
+async fn lifecycle_linger_doctor_and_exec_leave_the_service_for_the_next_and_doctor_says_so() {
+    let home = Home::new();
+    let run = |args: &[&str]| {
+        let out = home
+            .command()
+            .args(args)
+            .env("MCP_BRIDGE_ENGINE_LINGER", LINGER)
+            .env("MCP_BRIDGE_LOG_LEVEL", "info")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{args:?}\n{stdout}\n{stderr}");
+        (stdout, stderr)
+    };
+    let (stdout, _) = run(&["doctor"]);
+    assert!(
+        stdout.contains(&format!(
+            "this podman service is the bridge's own: it stays for {LINGER} after the last bridge"
+        )),
+        "{stdout}"
+    );
+    let (sock, guard) = lingering_service(&home);
+    assert!(
+        common::process_alive(guard),
+        "the service went with doctor despite engine_linger"
+    );
+    let (stdout, stderr) = run(&["exec", "print('after doctor')"]);
+    assert_eq!(stdout, "after doctor\n", "{stderr}");
+    assert!(
+        stderr.contains("found the podman service an earlier bridge left"),
+        "{stderr}"
+    );
+    assert_eq!(lingering_service(&home).1, guard, "another service started");
+    let left = wait_no_process_mentioning(&sock, Duration::from_secs(20)).await;
+    assert!(
+        left.is_empty(),
+        "the service doctor and exec left outlived its idle period:\n{}",
+        left.join("\n")
+    );
+    assert!(
+        wait_gone(guard, Duration::from_secs(5)).await,
+        "its guard is left"
+    );
+}
+
 /// The pid of a child of `parent`, waited for (bounded).
 async fn child_of(parent: u32) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -577,6 +752,8 @@ impl RootlessBridge {
             .arg("MCP_BRIDGE_LOG_LEVEL=debug")
             // No system config file either, as for every bridge a test starts.
             .arg("MCP_BRIDGE_SYSTEM_CONFIG=none")
+            // Its own service, which goes with it (the lingering one is tested rootful).
+            .arg("MCP_BRIDGE_ENGINE_LINGER=0")
             .arg(&bin)
             .arg("run")
             .current_dir(dir.path())

@@ -80,6 +80,8 @@ impl Rootless {
                 common::NO_SYSTEM_CONFIG.0,
                 common::NO_SYSTEM_CONFIG.1
             ),
+            // Its service goes with it, as every test bridge's (common::private_home_env).
+            "MCP_BRIDGE_ENGINE_LINGER=0".to_string(),
         ];
         env.extend(extra_env.iter().map(|(k, v)| format!("{k}={v}")));
         let (transport, _) =

@@ -17,7 +17,7 @@ mod service;
 
 pub use enforcement::{Enforcement, SandboxIsolationMissing};
 pub use service::own_socket;
-use service::{OwnService, reap_stale_services};
+use service::{Lingering, OwnService, keep_alive_every, reap_stale_services};
 
 /// Seconds bollard waits for one API request. Image loads of a few hundred MB need a while.
 const REQUEST_TIMEOUT_SECS: u64 = 600;
@@ -44,6 +44,39 @@ pub struct Engine {
     service: tokio::sync::Mutex<Option<OwnService>>,
     /// For [`Engine::get_json`]; see [`Engine::http`].
     http: std::sync::OnceLock<(reqwest::Client, String)>,
+    /// On a lingering service (`engine_linger`): the task that keeps it from idling out while
+    /// this engine lives; aborted by [`Engine::shutdown`] and when the engine is dropped.
+    keep_alive: Option<KeepAlive>,
+}
+
+/// A task aborted when dropped, and the linger of the service it keeps alive.
+struct KeepAlive {
+    task: tokio::task::JoinHandle<()>,
+    linger: Duration,
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl KeepAlive {
+    /// A request to the service every [`keep_alive_every`]`(linger)`: podman's `--time` counts
+    /// from the last active connection, so the service never ends under a live bridge.
+    fn start(docker: &Docker, linger: Duration) -> KeepAlive {
+        let docker = docker.clone();
+        let every = keep_alive_every(linger);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Ok(Err(e)) = tokio::time::timeout(PING_TIMEOUT, docker.ping()).await {
+                    tracing::debug!("the lingering podman service did not answer a ping: {e}");
+                }
+            }
+        });
+        KeepAlive { task, linger }
+    }
 }
 
 /// Why no engine could be had. The message says what was tried; [`EngineError::hint`] says what
@@ -187,8 +220,38 @@ fn connect(url: &str) -> Result<Docker, String> {
     }
 }
 
+/// Podman's version as its `/_ping` answer names it (`Libpod-Api-Version`), `None` from an
+/// engine that is not podman or did not answer. Podman 4's `/version` runs `conmon` and the OCI
+/// runtime to print their versions (0.45-0.8 s on the measured host), `/_ping` answers in a
+/// few ms with the same facts in its headers, so podman is recognised there.
+async fn podman_ping(url: &str) -> Option<String> {
+    let path = url
+        .strip_prefix("unix://")
+        .or_else(|| url.starts_with('/').then_some(url))?;
+    let client = reqwest::Client::builder().unix_socket(path).build().ok()?;
+    let reply = client
+        .get("http://engine/_ping")
+        .timeout(PING_TIMEOUT)
+        .send()
+        .await
+        .ok()?;
+    if !reply.status().is_success() {
+        return None;
+    }
+    let version = reply
+        .headers()
+        .get("Libpod-Api-Version")?
+        .to_str()
+        .ok()?
+        .to_string();
+    Some(version)
+}
+
 async fn probe(url: &str) -> Result<(Docker, EngineKind, String), String> {
     let docker = connect(url)?;
+    if let Some(version) = podman_ping(url).await {
+        return Ok((docker, EngineKind::Podman, version));
+    }
     match tokio::time::timeout(PING_TIMEOUT, docker.version()).await {
         Err(_) => Err("did not answer within 3s".into()),
         Ok(Err(e)) => Err(e.to_string()),
@@ -294,6 +357,7 @@ impl Engine {
                         version,
                         service: Default::default(),
                         http: Default::default(),
+                        keep_alive: None,
                     });
                 }
                 Err(e) => tried.push(format!("  {} ({}): {e}", c.url, c.origin)),
@@ -302,6 +366,11 @@ impl Engine {
         if choice.wants_podman()
             && let Some(podman) = on_path("podman")
         {
+            // Under gVisor the service's own default runtime is the isolation (podman's API
+            // ignores a container's), so such a bridge keeps a service of its own.
+            if !config.engine_linger.0.is_zero() && config.oci_runtime().is_none() {
+                return Self::lingering_service(&podman, config, tried).await;
+            }
             return Self::start_service(&podman, config, tried).await;
         }
         Err(EngineError::NoneAnswered {
@@ -366,6 +435,7 @@ impl Engine {
                     version,
                     service: tokio::sync::Mutex::new(Some(service)),
                     http: Default::default(),
+                    keep_alive: None,
                 });
             }
             if tokio::time::Instant::now() > deadline {
@@ -375,7 +445,96 @@ impl Engine {
                 ));
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Err(EngineError::ServiceSilent { tried })
+    }
+
+    /// The service that outlives its bridges for `engine_linger` ([`Lingering`]): the one a
+    /// bridge left in the state dir when it still answers, else one started now, with podman's
+    /// own idle timer set to the linger.
+    async fn lingering_service(
+        podman: &Path,
+        config: &Config,
+        mut tried: Vec<String>,
+    ) -> Result<Engine, EngineError> {
+        let linger = config.engine_linger.0;
+        let shared = Lingering::new(&config.state_dir);
+        std::fs::create_dir_all(&config.state_dir).map_err(|source| EngineError::StateDir {
+            dir: config.state_dir.clone(),
+            source,
+        })?;
+        // Held until this bridge knows the service answers: a second bridge waits for it and
+        // then finds the service instead of starting another.
+        let _lock = shared
+            .lock(Duration::from_secs(30))
+            .await
+            .map_err(|source| EngineError::StateDir {
+                dir: shared.dir.clone(),
+                source,
+            })?;
+        let url = shared.url();
+        let engine = |docker: Docker, kind, version, origin: &str| {
+            let keep_alive = Some(KeepAlive::start(&docker, linger));
+            Engine {
+                docker,
+                kind,
+                endpoint: url.clone(),
+                origin: origin.into(),
+                version,
+                service: Default::default(),
+                http: Default::default(),
+                keep_alive,
+            }
+        };
+        if shared.socket().exists() {
+            match probe(&url).await {
+                Ok((docker, kind, version)) => {
+                    tracing::info!(%url, %version, "found the podman service an earlier bridge left (engine_linger)");
+                    return Ok(engine(docker, kind, version, "lingering podman service"));
+                }
+                Err(e) => tracing::debug!(%url, "no lingering podman service answers: {e}"),
+            }
+        }
+        tracing::info!(
+            %url,
+            linger_secs = linger.as_secs(),
+            "starting the bridge's own `podman system service` (no podman or docker socket is listening; enabling podman.socket saves this start); it stays for engine_linger after the last bridge"
+        );
+        let time = format!("--time={}", linger.as_secs().max(1));
+        let mut guard = shared
+            .spawn(podman, &["system", "service", &time, &url])
+            .map_err(|source| EngineError::ServiceSpawn {
+                podman: podman.to_path_buf(),
+                source,
+            })?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(_)) = guard.try_wait() {
+                tried.push(format!(
+                    "  {url} (own podman service): exited before answering: {}",
+                    shared.log_tail()
+                ));
+                break;
+            }
+            if shared.socket().exists()
+                && let Ok((docker, kind, version)) = probe(&url).await
+            {
+                shared.restrict_socket();
+                tracing::info!(%url, %version, "own podman service is up");
+                return Ok(engine(docker, kind, version, "own podman service"));
+            }
+            if tokio::time::Instant::now() > deadline {
+                // Its guard leads the group: stop all of it.
+                if let Some(pid) = guard.id() {
+                    unsafe { libc::kill(-(pid as i32), libc::SIGTERM) };
+                }
+                tried.push(format!(
+                    "  {url} (own podman service): no answer within 20s"
+                ));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
         }
         Err(EngineError::ServiceSilent { tried })
     }
@@ -444,8 +603,19 @@ impl Engine {
             .map_err(|e| format!("GET {path} from {endpoint}: the body is not JSON: {e}"))
     }
 
-    /// Stop the podman service we started, if any.
+    /// On the bridge's own podman service that outlives its bridges (`engine_linger`): how long
+    /// it stays, idle, once this process and every other bridge using it are gone. `None` for
+    /// any other engine, and for a service that goes with its bridge. Every command that
+    /// connects the engine (`run`, `serve`, `exec`, `doctor`, `image load`) may leave it so.
+    pub fn linger(&self) -> Option<Duration> {
+        self.keep_alive.as_ref().map(|k| k.linger)
+    }
+
+    /// Stop the podman service we started, if any; a lingering one is left to its idle timer.
     pub async fn shutdown(&self) {
+        if let Some(k) = &self.keep_alive {
+            k.task.abort();
+        }
         if let Some(service) = self.service.lock().await.take() {
             service.stop().await;
             if let Some(path) = self.endpoint.strip_prefix("unix://") {
@@ -474,6 +644,31 @@ mod tests {
         ] {
             assert_eq!(own_socket_pid(dir, other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn a_lingering_service_is_kept_alive_well_within_its_idle_timer() {
+        use super::service::keep_alive_every;
+        assert_eq!(
+            keep_alive_every(Duration::from_secs(300)),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            keep_alive_every(Duration::from_secs(3)),
+            Duration::from_millis(750)
+        );
+        assert_eq!(
+            keep_alive_every(Duration::from_secs(1)),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            keep_alive_every(Duration::from_secs(20)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            keep_alive_every(Duration::from_secs(86_400)),
+            Duration::from_secs(60)
+        );
     }
 
     #[test]

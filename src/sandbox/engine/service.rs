@@ -50,6 +50,20 @@ echo "podman system service exited with status $?" >&2
 kill -KILL 0
 "#;
 
+/// The guard of a lingering service ([`Lingering`]): no lifeline, since the service is meant to
+/// outlive the bridge that started it; podman's own idle timer (`--time`) ends it, and when it
+/// ends (that way or any other) the guard kills what is left of its process group, as [`GUARD`]
+/// does. It ignores SIGTERM, SIGHUP and SIGPIPE (its bridge may be gone); podman keeps the
+/// defaults, so a SIGTERM to the group stops the service and then the guard.
+const LINGER_GUARD: &str = r#"exec </dev/null
+"$@" &
+svc=$!
+trap '' TERM HUP PIPE
+wait "$svc"
+echo "podman system service exited with status $?" >&2
+kill -KILL 0
+"#;
+
 /// How long [`OwnService::stop`] waits for the guard (its own grace is 5s) before it kills the
 /// group itself.
 const GUARD_WAIT: Duration = Duration::from_secs(10);
@@ -203,4 +217,149 @@ pub(super) async fn reap_stale_services(state_dir: &Path) -> usize {
         }
     }
     stale.len()
+}
+
+/// The podman service that outlives its bridge for `engine_linger`, shared by the user's bridges
+/// on one state dir: everything about it is in `<state_dir>/engine/`, a directory of mode 0700:
+/// `podman.sock` (mode 0600 once it is up), `podman.pid` (its guard, the leader of its process
+/// group), `podman.log` (its stderr, truncated at each start) and `podman.lock`, held while a
+/// bridge looks for it and, finding none that answers, starts one, so that two bridges starting
+/// at once start one service.
+///
+/// Bounded: podman's `--time=<linger>` ends the service once no connection has been active for
+/// that long; a bridge keeps it active while it runs ([`keep_alive`]), and a bridge that is
+/// gone, however it went, holds no connection any more.
+pub(super) struct Lingering {
+    pub(super) dir: PathBuf,
+}
+
+impl Lingering {
+    pub(super) fn new(state_dir: &Path) -> Lingering {
+        Lingering {
+            dir: state_dir.join("engine"),
+        }
+    }
+
+    pub(super) fn socket(&self) -> PathBuf {
+        self.dir.join("podman.sock")
+    }
+
+    pub(super) fn url(&self) -> String {
+        format!("unix://{}", self.socket().display())
+    }
+
+    /// Make `engine/` (mode 0700, this user's, not a link) and take its lock, waiting at most
+    /// `wait` for another bridge that is starting the service; released when the file is closed.
+    pub(super) async fn lock(&self, wait: Duration) -> std::io::Result<std::fs::File> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+        match std::fs::DirBuilder::new().mode(0o700).create(&self.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let meta = std::fs::symlink_metadata(&self.dir)?;
+        if !meta.is_dir() || meta.uid() != unsafe { libc::geteuid() } {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} is not a directory of this user's", self.dir.display()),
+            ));
+        }
+        if meta.mode() & 0o077 != 0 {
+            std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+        let file = crate::statefile::open(
+            &self.dir.join("podman.lock"),
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600),
+        )?;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(file);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK)
+                && e.kind() != std::io::ErrorKind::Interrupted
+            {
+                return Err(e);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "another bridge held {} for {}s",
+                        self.dir.join("podman.lock").display(),
+                        wait.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Start `program args` under a [`LINGER_GUARD`], its stderr into `podman.log`, and note
+    /// the guard's pid in `podman.pid`. The child is not waited for by anyone once the bridge
+    /// is gone: init reaps it.
+    pub(super) fn spawn(&self, program: &Path, args: &[&str]) -> std::io::Result<Child> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::remove_file(self.socket());
+        let log = crate::statefile::open(
+            &self.dir.join("podman.log"),
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .mode(0o600),
+        )?;
+        let guard = Command::new("/bin/sh")
+            .args(["-c", LINGER_GUARD, "mcp-code-bridge-podman-linger"])
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .process_group(0)
+            .spawn()?;
+        let mut pid = crate::statefile::open(
+            &self.dir.join("podman.pid"),
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .mode(0o600),
+        )?;
+        writeln!(pid, "{}", guard.id().unwrap_or(0))?;
+        Ok(guard)
+    }
+
+    /// The end of `podman.log`, for an error naming why the service did not come up.
+    pub(super) fn log_tail(&self) -> String {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut f) = crate::statefile::open_read(&self.dir.join("podman.log")) else {
+            return String::new();
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(2000)));
+        let mut buf = Vec::new();
+        let _ = f.take(2000).read_to_end(&mut buf);
+        crate::text::visible_lines(String::from_utf8_lossy(&buf).trim()).into_owned()
+    }
+
+    /// The socket is the user's alone: mode 0600 (the directory is 0700 already).
+    pub(super) fn restrict_socket(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(self.socket(), std::fs::Permissions::from_mode(0o600));
+    }
+}
+
+/// How often a bridge using a lingering service makes a request to it, so that podman's idle
+/// timer (`--time = linger`) never ends it under a live bridge: four times per `linger`,
+/// within 250 ms to 60 s.
+pub(super) fn keep_alive_every(linger: Duration) -> Duration {
+    (linger / 4).clamp(Duration::from_millis(250), Duration::from_secs(60))
 }

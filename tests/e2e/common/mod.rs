@@ -121,9 +121,13 @@ pub fn isolation() -> Option<String> {
 /// The environment of a bridge that sees nothing of the machine's or the user's configuration:
 /// HOME and the XDG directories under `h` (which must hold `.config`, `.local/state` and
 /// `.cache`), PATH, and no system config file. The tests and the bench both start bridges so.
+/// Their podman service goes with its bridge (`engine_linger = 0`): every test has a state dir
+/// of its own, so a lingering service would never be found again, only left running; the tests
+/// of the linger (`lifecycle_linger_*`) and the bench's rows set it themselves.
 pub fn private_home_env(h: &Path) -> Vec<(String, String)> {
     vec![
         (NO_SYSTEM_CONFIG.0.into(), NO_SYSTEM_CONFIG.1.into()),
+        ("MCP_BRIDGE_ENGINE_LINGER".into(), "0".into()),
         ("HOME".into(), h.display().to_string()),
         (
             "XDG_CONFIG_HOME".into(),
