@@ -103,7 +103,8 @@ cargo test --release --locked --no-fail-fast --test e2e -- --test-threads=2 root
 #   killed differently; where it answers differently the test asserts gVisor's answer. 13 tests,
 #   under a minute alone.
 # Not here: faults::upstream_/client_ (the bridge's side of the channel, no sandbox kernel in
-# them), faults_lifecycle::own_service_ (podman's service, not the sandbox), the hundred
+# them), faults_lifecycle::own_service_ (podman's service, not the sandbox; its linger is not
+# used under gVisor, whose service runs runsc by default and goes with its bridge), the hundred
 # sessions (the bridge's accounting, the same under both; 100 gVisor starts would cost minutes),
 # isolation:: (above: it asks for gVisor itself).
 gvisor_suites=(security:: sandbox:: pool:: hostile:: policy:: proxy:: files::

@@ -520,7 +520,7 @@ fn mode_of(path: &Path) -> u32 {
 /// several lingers) the service stays; once the last bridge is gone the service ends by itself
 /// within the linger, and with it every process of its group. The socket is the user's alone.
 #[tokio::test(flavor = "multi_thread")]
-async fn lifecycle_linger_the_next_bridge_reuses_the_service_which_ends_when_idle() {
+async fn own_service_linger_the_next_bridge_reuses_the_service_which_ends_when_idle() {
     let env = [("MCP_BRIDGE_ENGINE_LINGER", LINGER)];
     let first = Bridge::start_with(Home::new(), &env, None).await;
     assert_eq!(first.out("print('first')").await, "first\n");
@@ -584,7 +584,7 @@ async fn lifecycle_linger_the_next_bridge_reuses_the_service_which_ends_when_idl
 /// A bridge killed outright (SIGKILL) leaves the lingering service, which still ends after its
 /// idle period: nothing of the bridge holds it open.
 #[tokio::test(flavor = "multi_thread")]
-async fn lifecycle_linger_a_sigkilled_bridge_leaves_no_service_past_its_idle_period() {
+async fn own_service_linger_a_sigkilled_bridge_leaves_no_service_past_its_idle_period() {
     let mut b = RawBridge::start(Home::new(), &[("MCP_BRIDGE_ENGINE_LINGER", LINGER)]).await;
     let r = b.run_python(1, json!({"code": "print('up')"})).await;
     assert_eq!(
@@ -620,7 +620,7 @@ async fn lifecycle_linger_a_sigkilled_bridge_leaves_no_service_past_its_idle_per
 /// `doctor` and `exec` leave the service lingering as a bridge does, and `doctor` says so: the
 /// `exec` after it finds the same service, and once both are gone it ends within its idle period.
 #[tokio::test(flavor = "multi_thread")]
-async fn lifecycle_linger_doctor_and_exec_leave_the_service_for_the_next_and_doctor_says_so() {
+async fn own_service_linger_doctor_and_exec_leave_the_service_for_the_next_and_doctor_says_so() {
     let home = Home::new();
     let run = |args: &[&str]| {
         let out = home

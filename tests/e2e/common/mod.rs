@@ -123,7 +123,7 @@ pub fn isolation() -> Option<String> {
 /// `.cache`), PATH, and no system config file. The tests and the bench both start bridges so.
 /// Their podman service goes with its bridge (`engine_linger = 0`): every test has a state dir
 /// of its own, so a lingering service would never be found again, only left running; the tests
-/// of the linger (`lifecycle_linger_*`) and the bench's rows set it themselves.
+/// of the linger (`own_service_linger_*`) and the bench's rows set it themselves.
 pub fn private_home_env(h: &Path) -> Vec<(String, String)> {
     vec![
         (NO_SYSTEM_CONFIG.0.into(), NO_SYSTEM_CONFIG.1.into()),
