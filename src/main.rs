@@ -6,6 +6,10 @@ use mcp_code_bridge::cli::{self, Cli};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A keeper of a parked sandbox needs no configuration and no async runtime.
+    if matches!(cli.command, Some(cli::Command::KeepParked { .. })) {
+        return mcp_code_bridge::sandbox::park::keeper_main();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -74,6 +74,8 @@ pub(super) async fn exec(
     };
     let session = format!("exec-{}", std::process::id());
     let sandbox = Sandbox::new(config.clone());
+    // A sandbox the bridge before this one parked serves this call, if it is there.
+    sandbox.adopt_parked();
     let bar = load_bar(&config);
     if let Some((_, report)) = &bar {
         sandbox.set_load_progress(report.clone());

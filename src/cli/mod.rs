@@ -106,6 +106,13 @@ pub enum Command {
         #[command(subcommand)]
         command: ImageCommand,
     },
+    /// Hold a parked sandbox for the next bridge: started by a bridge as it exits, never by
+    /// hand (`sandbox::park`).
+    #[command(name = "keep-parked", hide = true)]
+    KeepParked {
+        /// The container kept (only shown, in the process list).
+        container: Option<String>,
+    },
     /// The functions sessions saved (runtime.save_skill), which every new session defines.
     Skills {
         #[command(subcommand)]
@@ -278,6 +285,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             PackagesCommand::List { json } => packages::list(&config, json),
             PackagesCommand::Prune { all } => packages::prune(&config, all),
         },
+        Command::KeepParked { .. } => crate::sandbox::park::keeper_main(),
         Command::Skills { command } => match command {
             SkillsCommand::List { json } => skills::list(&config, json),
             SkillsCommand::Show { name } => skills::show(&config, &name),

@@ -58,8 +58,15 @@ pub(super) struct Channel {
 }
 
 impl Channel {
-    /// Start the reader and writer tasks over an attached container's streams.
-    pub fn open(output: AttachOutput, mut input: AttachInput, session: &str) -> Channel {
+    /// Start the reader and writer tasks over an attached container's streams. `booted`: the
+    /// runtime said `ready` already (a parked sandbox, adopted), so no `ready` is taken from it
+    /// any more.
+    pub fn open(
+        output: AttachOutput,
+        mut input: AttachInput,
+        session: &str,
+        booted: bool,
+    ) -> Channel {
         let (frame_tx, frames) = mpsc::channel(FRAME_QUEUE);
         let dead = Arc::new(AtomicBool::new(false));
         let current = Arc::new(AtomicU64::new(0));
@@ -72,7 +79,7 @@ impl Channel {
                 dead: dead.clone(),
                 stderr_tail: stderr_tail.clone(),
                 session: session.to_string(),
-                booted: false,
+                booted,
                 log: crate::logging::LogBudget::new("lines from the sandbox", LOG_LINES_PER_MINUTE),
                 bad: 0,
                 stale: 0,

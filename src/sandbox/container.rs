@@ -22,6 +22,12 @@ pub const LABEL_POOL: &str = "io.mcp-code-bridge.pool";
 /// What a pooled container's name has until a session takes it: a session's container name never
 /// holds a `.` ([`container_name`] replaces it).
 pub const POOL_NAME_MARK: &str = ".pool-";
+/// What a parked container's name holds (`sandbox::park`): the bridge that made it is gone and a
+/// keeper holds it for the next bridge, so no reaper takes it while it runs.
+pub const PARKED_MARK: &str = ".parked-";
+/// What an adopted container's name holds, followed by its owner (`pid_starttime`): its
+/// [`LABEL_OWNER`] names the bridge that made and parked it (labels never change).
+pub const ADOPTED_MARK: &str = ".adopted-by-";
 /// Modules the runtime imports before it says `ready` (image/runtime/boot.py, `_preload`); set only on
 /// pooled containers, where that time is spent before any call waits for it.
 pub const ENV_PRELOAD: &str = "MCP_BRIDGE_PRELOAD";
@@ -55,6 +61,12 @@ pub fn container_name(role: Role<'_>, serial: u64) -> String {
             format!("mcp-code-bridge-{pid}-{clean}-{serial}")
         }
     }
+}
+
+/// The name of a container that bridge `owner` adopted (`sandbox::park`): `base`, as
+/// [`container_name`] makes it, and the owner, which the reapers read before the label.
+pub fn adopted_name(base: &str, owner: &str) -> String {
+    format!("{base}{ADOPTED_MARK}{}", owner.replace(':', "_"))
 }
 
 /// The loader: the container's whole command. It reads the runtime's source from the first frame.
@@ -235,28 +247,43 @@ pub fn mount_packages(body: &mut ContainerCreateBody, dir: &std::path::Path) {
 }
 
 /// Remove the package directories of containers whose bridge is gone (their names start
-/// `mcp-code-bridge-<pid>-`): what a killed bridge left. Best effort; nothing else is touched.
+/// `mcp-code-bridge-<pid>`), and of parked sandboxes past their time: what a killed bridge or
+/// keeper left. Best effort; nothing else is touched.
 pub fn sweep_packages_dirs(config: &Config) {
     let root = config.state_dir.join("packages").join("sandboxes");
     let Ok(entries) = std::fs::read_dir(&root) else {
         return;
     };
     let me = std::process::id();
+    let now = super::park::now_secs();
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let pid = name
-            .strip_prefix("mcp-code-bridge-")
-            .and_then(|r| r.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok());
-        let gone = match pid {
-            Some(p) => p != me && crate::procfs::running_since(p).is_none(),
-            None => false,
+        let gone = if let Some(rest) = name.strip_prefix(PARKED_DIR) {
+            // A parked sandbox's, named with the time its keeper removes it: past that (and a
+            // minute for the removal), nothing mounts it any more.
+            let expires = rest.split('-').next().and_then(|t| t.parse::<u64>().ok());
+            expires.is_some_and(|t| now > t + 60)
+        } else {
+            // `mcp-code-bridge-<pid>-...` (a session's) or `mcp-code-bridge-<pid>.pool-...`
+            // (a pooled or adopted one's): the bridge is its leading digits.
+            let pid = name.strip_prefix("mcp-code-bridge-").and_then(|r| {
+                let digits: String = r.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse::<u32>().ok()
+            });
+            match pid {
+                Some(p) => p != me && crate::procfs::running_since(p).is_none(),
+                None => false,
+            }
         };
         if gone {
             remove_packages_dir(&e.path());
         }
     }
 }
+
+/// The name a parked sandbox's package directory starts with, before the time its keeper
+/// removes it (`parked-<expires>-<container>`).
+pub const PARKED_DIR: &str = "parked-";
 
 /// Remove a package directory whose container is gone. The bridge made its directories
 /// read-only for the sandbox, not for itself, so a plain recursive removal does it.
@@ -318,9 +345,39 @@ pub struct Listed {
     pub labels: Option<HashMap<String, String>>,
     #[serde(rename = "Names", default)]
     pub names: Option<Vec<String>>,
+    /// `running`, `exited`, ... (podman 4 also says `stopped`, `configured`).
+    #[serde(rename = "State", default)]
+    pub state: Option<serde_json::Value>,
+}
+
+/// Who answers for a listed container.
+#[derive(Debug, PartialEq, Eq)]
+enum Holder {
+    /// A bridge, as `pid:starttime`: the adopter its name says, else the one its label says.
+    Bridge(String),
+    /// A keeper, while the parked container runs (`sandbox::park`).
+    Keeper,
 }
 
 impl Listed {
+    fn holder(&self) -> Holder {
+        let names = self.names.iter().flatten();
+        for n in names {
+            if let Some((_, owner)) = n.split_once(ADOPTED_MARK) {
+                return Holder::Bridge(owner.replacen('_', ":", 1));
+            }
+            let running = self
+                .state
+                .as_ref()
+                .and_then(|s| s.as_str())
+                .is_some_and(|s| s.eq_ignore_ascii_case("running"));
+            if n.contains(PARKED_MARK) && running {
+                return Holder::Keeper;
+            }
+        }
+        Holder::Bridge(self.label(LABEL_OWNER).to_string())
+    }
+
     fn label(&self, key: &str) -> &str {
         self.labels
             .as_ref()
@@ -375,8 +432,9 @@ pub struct Census {
 pub async fn census(engine: &Engine) -> Result<Census, String> {
     let mut c = Census::default();
     for l in list(engine, &format!("{LABEL_MANAGED}=true")).await? {
-        if !owner_alive(l.label(LABEL_OWNER)) {
-            continue;
+        match l.holder() {
+            Holder::Bridge(owner) if owner_alive(&owner) => {}
+            _ => continue,
         }
         let waiting = l.label(LABEL_POOL) == "true"
             && l.names.iter().flatten().any(|n| n.contains(POOL_NAME_MARK));
@@ -400,10 +458,11 @@ pub async fn reap_orphans(engine: &Engine) -> usize {
     };
     let mut reaped = 0;
     for c in list {
-        let owner = c.label(LABEL_OWNER);
-        if owner_alive(owner) {
-            continue;
-        }
+        let owner = match c.holder() {
+            Holder::Keeper => continue,
+            Holder::Bridge(o) if owner_alive(&o) => continue,
+            Holder::Bridge(o) => o,
+        };
         tracing::info!(container = %c.id, %owner, "removing container orphaned by a bridge that is gone");
         remove(&engine.docker, &c.id).await;
         reaped += 1;
@@ -431,6 +490,41 @@ mod tests {
         assert_eq!(list[2].id, "ccc");
         let bad = parse_list(serde_json::json!({"message": "oops"})).unwrap_err();
         assert!(bad.contains("container list"), "{bad}");
+    }
+
+    #[test]
+    fn a_containers_holder_is_its_adopter_its_keeper_or_its_label() {
+        let listed = |name: &str, state: &str| Listed {
+            id: "x".into(),
+            labels: Some(HashMap::from([(
+                LABEL_OWNER.to_string(),
+                "1:2".to_string(),
+            )])),
+            names: Some(vec![format!("/{name}")]),
+            state: Some(serde_json::json!(state)),
+        };
+        assert_eq!(
+            listed("mcp-code-bridge-1-default-3", "running").holder(),
+            Holder::Bridge("1:2".into())
+        );
+        assert_eq!(
+            listed("mcp-code-bridge-1.parked-0123456789ab", "running").holder(),
+            Holder::Keeper
+        );
+        // A parked container that no longer runs (its keeper is gone) is its dead maker's.
+        assert_eq!(
+            listed("mcp-code-bridge-1.parked-0123456789ab", "exited").holder(),
+            Holder::Bridge("1:2".into())
+        );
+        let adopted = adopted_name("mcp-code-bridge-7.pool-4", "7:99");
+        assert_eq!(
+            listed(&adopted, "running").holder(),
+            Holder::Bridge("7:99".into())
+        );
+        assert!(
+            adopted.contains(POOL_NAME_MARK),
+            "still pooled for the census"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! started), or being removed; `shutdown` removes all of them, and the next bridge reaps any left
 //! by a killed one. Sessions plus pooled containers stay within `max_sessions`.
 
+mod attach;
 mod channel;
 pub mod container;
 pub mod engine;
@@ -16,6 +17,7 @@ mod images;
 pub mod inputs;
 pub mod kernel;
 mod output;
+pub mod park;
 mod pool;
 mod runtime;
 pub mod session;
@@ -104,7 +106,17 @@ pub struct Sandbox {
     seen_target: std::sync::Mutex<Option<crate::protocol::Target>>,
     /// What makes every new sandbox ready after its boot (`packages.preinstall`).
     provision: std::sync::OnceLock<Arc<dyn crate::protocol::Provision>>,
+    /// The container this bridge parked as it shut down (`park`): a keeper holds it now, so the
+    /// shutdown's sweep of this bridge's containers leaves it.
+    parked: std::sync::Mutex<Option<String>>,
+    /// Whether [`Sandbox::adopt_parked`] ran (the warm-up runs twice).
+    adopt_tried: std::sync::atomic::AtomicBool,
 }
+
+/// How long a bridge that exits waits for a pooled sandbox still booting, to park it: within
+/// what an MCP client waits after closing a server's stdin before it sends SIGTERM (2 s for the
+/// official Python SDK; SIGTERM does not cut a shutdown short).
+const PARK_WAIT: Duration = Duration::from_millis(1500);
 
 /// A reporter of image-load progress: bytes streamed so far.
 pub type LoadProgress = Arc<dyn Fn(u64) + Send + Sync>;
@@ -129,6 +141,8 @@ impl Sandbox {
             lost: Lost::default(),
             pending: Default::default(),
             this: this.clone(),
+            parked: std::sync::Mutex::new(None),
+            adopt_tried: Default::default(),
         });
         let weak = Arc::downgrade(&sb);
         let idle = sb.config.runtime_idle_timeout.0;
@@ -157,6 +171,7 @@ impl Sandbox {
             return;
         }
         self.pool.touch();
+        self.adopt_parked();
         let Some(sb) = self.this.upgrade() else {
             return;
         };
@@ -220,6 +235,10 @@ impl Sandbox {
             self.pool.reserve();
         }
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        // Attached on a connection of its own when it may be parked at exit (`park`).
+        let socket = engine
+            .unix_socket()
+            .filter(|_| park::eligible(&self.config));
         let start = Session::start(
             &engine.docker,
             &self.config,
@@ -227,6 +246,7 @@ impl Sandbox {
             &self.owner,
             serial,
             self.provision.get(),
+            socket.as_deref(),
         );
         // Given up when the bridge shuts down; the container it may have created is removed by
         // the shutdown's sweep of every container this bridge owns.
@@ -359,7 +379,10 @@ impl Sandbox {
         self.pool.touch();
         self.pending.fetch_add(1, Ordering::SeqCst);
         let _pending = Pending(&self.pending);
-        let engine = self.prepare().await?;
+        // The engine and the image are made ready below, before a start: a live session, a
+        // pooled sandbox and one adopted from the bridge before (`park`, made by a bridge that
+        // had passed the same checks on the same engine) need neither, and an agent's first call
+        // sent at once must not wait for the engine's answers about them.
         // A live session is claimed without waiting for `starting`, which is held while a
         // container starts or one is closed to make room (a second or more): calls to running
         // sessions must not queue behind another's start. Claimed under the `sessions` lock, so
@@ -408,6 +431,7 @@ impl Sandbox {
             self.sessions.lock().await.insert(name.clone(), s);
             return Ok((claim, true, Vec::new()));
         }
+        let engine = self.prepare().await?;
         let notices = self.make_room(name).await?;
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let t0 = std::time::Instant::now();
@@ -419,6 +443,7 @@ impl Sandbox {
                 &self.owner,
                 serial,
                 self.provision.get(),
+                None,
             )
             .await?,
         );
@@ -685,6 +710,9 @@ impl Sandbox {
                 return;
             }
         };
+        if let Some(parked) = self.parked.lock().unwrap().clone() {
+            live.insert(parked);
+        }
         for id in ids.into_iter().filter(|id| !live.contains(id)) {
             tracing::info!(container = %id, "removing a container no session uses");
             container::remove(&engine.docker, &id).await;
@@ -693,6 +721,7 @@ impl Sandbox {
 
     /// Remove every container (sessions and pool) and stop our podman service.
     pub async fn shutdown(&self) {
+        self.park_one().await;
         self.pool.closed.store(true, Ordering::SeqCst);
         self.closing.cancel();
         // A refill that checked `closed` before this reserves its start under `starting`: let
@@ -717,6 +746,198 @@ impl Sandbox {
         if let Some(engine) = self.engine.get() {
             engine.shutdown().await;
         }
+    }
+}
+
+impl Sandbox {
+    /// Take the sandbox a bridge before this one parked on the same state dir (`park`), if a
+    /// keeper holds one, as a pooled sandbox: the first call waits for it as for a pooled one
+    /// being started (counted now, before any call can look). Never fails: a sandbox that
+    /// cannot be taken, or was made with other settings, is removed and the call starts its own.
+    pub fn adopt_parked(&self) {
+        if !park::eligible(&self.config)
+            || self.adopt_tried.swap(true, Ordering::SeqCst)
+            || !park::socket(&self.config.state_dir).exists()
+        {
+            return;
+        }
+        let Some(sb) = self.this.upgrade() else {
+            return;
+        };
+        self.pool.reserve();
+        tokio::spawn(async move {
+            let t0 = std::time::Instant::now();
+            let adopted = sb.adopt().await;
+            if let Some(s) = &adopted {
+                sb.saw(s);
+                tracing::info!(container = %&s.container_id[..12.min(s.container_id.len())], ms = t0.elapsed().as_millis() as u64, "took the sandbox the previous bridge parked");
+            }
+            sb.pool.filled(adopted);
+        });
+    }
+
+    async fn adopt(&self) -> Option<Session> {
+        let state = self.config.state_dir.clone();
+        let (claimed, engine) = tokio::join!(
+            tokio::task::spawn_blocking(move || park::claim(&state)),
+            self.engine()
+        );
+        let (meta, fd) = claimed.ok().flatten()?;
+        let engine = match engine {
+            Ok(e) => e,
+            Err(e) => {
+                // Its connection closes with `fd`: the runtime exits; the next reaper removes it.
+                tracing::info!("could not take the parked sandbox: {e}");
+                return None;
+            }
+        };
+        let remove = |why: String| {
+            let docker = engine.docker.clone();
+            let (id, dir) = (meta.container_id.clone(), meta.packages.clone());
+            async move {
+                tracing::info!(container = %id, "removing the sandbox the previous bridge parked: {why}");
+                container::remove(&docker, &id).await;
+                let _ =
+                    tokio::task::spawn_blocking(move || container::remove_packages_dir(&dir)).await;
+            }
+        };
+        if meta.spec != park::spec_digest(&self.config) {
+            drop(fd);
+            remove("it was made with other settings (or by another version)".into()).await;
+            return None;
+        }
+        if meta.endpoint != engine.endpoint || meta.expires <= park::now_secs() {
+            drop(fd);
+            remove("it runs on another engine, or its time is over".into()).await;
+            return None;
+        }
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        let base = container::container_name(Role::Pool, serial);
+        let name = container::adopted_name(&base, &self.owner);
+        let suffix = name[base.len()..].to_string();
+        let packages = container::packages_dir(&self.config, &name);
+        // Renamed first: from now on the reapers see this bridge as its owner.
+        let opts = bollard::query_parameters::RenameContainerOptionsBuilder::default()
+            .name(&name)
+            .build();
+        let renamed = tokio::time::timeout(
+            Duration::from_secs(10),
+            engine.docker.rename_container(&meta.container_id, opts),
+        )
+        .await;
+        if !matches!(renamed, Ok(Ok(()))) {
+            drop(fd);
+            remove(format!("could not rename it: {renamed:?}")).await;
+            return None;
+        }
+        let (from, to) = (meta.packages.clone(), packages.clone());
+        let moved = tokio::task::spawn_blocking(move || std::fs::rename(from, to)).await;
+        if !matches!(moved, Ok(Ok(()))) {
+            drop(fd);
+            remove(format!("could not move its package directory: {moved:?}")).await;
+            return None;
+        }
+        match Session::adopt(
+            &engine.docker,
+            &self.config,
+            &meta,
+            fd,
+            &name,
+            &suffix,
+            packages,
+        ) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                remove(e.to_string()).await;
+                None
+            }
+        }
+    }
+
+    /// At shutdown, with `park::eligible`: hand a pooled sandbox (ready, or ready within
+    /// [`PARK_WAIT`]) to a keeper for the next bridge, instead of removing it.
+    async fn park_one(&self) {
+        if !park::eligible(&self.config) || !self.pool.enabled.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(engine) = self.engine.get() else {
+            return;
+        };
+        let wait = if self.pool.filling() > 0 {
+            PARK_WAIT
+        } else {
+            Duration::ZERO
+        };
+        let Some(s) = self.pool.take(wait).await else {
+            return;
+        };
+        match self.park(engine, &s).await {
+            Ok(()) => {
+                *self.parked.lock().unwrap() = Some(s.container_id.clone());
+                tracing::info!(container = %&s.container_id[..12.min(s.container_id.len())], linger = ?self.config.engine_linger.0, "parked a ready sandbox for the next bridge");
+            }
+            Err(e) => {
+                tracing::info!("could not park a ready sandbox (removed): {e}");
+                s.destroy().await;
+            }
+        }
+    }
+
+    async fn park(&self, engine: &Engine, s: &Session) -> Result<(), String> {
+        let fd = s
+            .take_park_fd()
+            .ok_or("it was not attached on a connection of its own")?;
+        let expires = park::now_secs() + self.config.engine_linger.0.as_secs().max(1);
+        let id = s.container_id.clone();
+        let short = &id[..12.min(id.len())];
+        let name = format!(
+            "mcp-code-bridge-{}{}{short}",
+            std::process::id(),
+            container::PARKED_MARK
+        );
+        let opts = bollard::query_parameters::RenameContainerOptionsBuilder::default()
+            .name(&name)
+            .build();
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            engine.docker.rename_container(&id, opts),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            other => return Err(format!("could not rename it: {other:?}")),
+        }
+        let from = s
+            .interpreter
+            .packages
+            .clone()
+            .ok_or("it has no package directory")?;
+        let to = from.with_file_name(format!("{}{expires}-{short}", container::PARKED_DIR));
+        std::fs::rename(&from, &to)
+            .map_err(|e| format!("could not move its package directory: {e}"))?;
+        let meta = park::Meta {
+            container_id: id,
+            name,
+            python: s.python.clone(),
+            target: s.interpreter.target.clone(),
+            packages: to.clone(),
+            spec: park::spec_digest(&self.config),
+            endpoint: engine.endpoint.clone(),
+            expires,
+            podman: (engine.kind == engine::EngineKind::Podman)
+                .then(|| engine::on_path("podman"))
+                .flatten(),
+        };
+        let state = self.config.state_dir.clone();
+        let handed = tokio::task::spawn_blocking(move || park::hand_to_keeper(&state, &meta, fd))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+        if let Err(e) = handed {
+            let _ = std::fs::rename(&to, &from);
+            return Err(e);
+        }
+        Ok(())
     }
 }
 

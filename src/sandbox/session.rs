@@ -94,6 +94,12 @@ pub struct Session {
     /// The interpreter as RPC handlers are told of it: its id, its package directory (removed
     /// with it) and what it said of itself at boot.
     pub interpreter: Interpreter,
+    /// A pooled sandbox attached through `sandbox::attach`: its attach connection, for
+    /// `sandbox::park` to hand to a keeper when the bridge exits.
+    park_fd: std::sync::Mutex<Option<std::os::fd::OwnedFd>>,
+    /// What follows its engine-side name: the adopter's mark on a sandbox adopted from a bridge
+    /// that is gone (`container::adopted_name`), kept when a session takes it.
+    name_suffix: String,
 }
 
 /// A call's hold on a session, from hand-out until the call is done; see [`Session::claim`].
@@ -136,6 +142,7 @@ impl Session {
         owner: &str,
         serial: u64,
         provision: Option<&Arc<dyn Provision>>,
+        park_via: Option<&std::path::Path>,
     ) -> Result<Session, SandboxError> {
         let t0 = Instant::now();
         let mut body = container::spec(config, role, owner);
@@ -170,7 +177,9 @@ impl Session {
         };
         let id = created.id;
         tracing::debug!(session = %name, ms = t0.elapsed().as_millis() as u64, "container created");
-        match Self::attach_and_boot(docker, config, &name, &id, t0, packages.clone()).await {
+        match Self::attach_and_boot(docker, config, &name, &id, t0, packages.clone(), park_via)
+            .await
+        {
             Ok(s) => {
                 if let Some(p) = provision {
                     let notices = p.provision(&s.interpreter).await;
@@ -193,7 +202,11 @@ impl Session {
         self.name = name.to_string();
         let docker = self.docker.clone();
         let id = self.container_id.clone();
-        let new_name = container::container_name(Role::Session(name), serial);
+        let new_name = format!(
+            "{}{}",
+            container::container_name(Role::Session(name), serial),
+            self.name_suffix
+        );
         tokio::spawn(async move {
             let opts = bollard::query_parameters::RenameContainerOptionsBuilder::default()
                 .name(&new_name)
@@ -214,17 +227,29 @@ impl Session {
         id: &str,
         t0: Instant,
         packages: std::path::PathBuf,
+        park_via: Option<&std::path::Path>,
     ) -> Result<Session, SandboxError> {
-        let opts = AttachContainerOptionsBuilder::default()
-            .stdin(true)
-            .stdout(true)
-            .stderr(true)
-            .stream(true)
-            .build();
-        let attached = docker
-            .attach_container(id, Some(opts))
-            .await
-            .map_err(|e| SandboxError::Attach(e.to_string()))?;
+        let (output, input, park_fd) = match park_via {
+            Some(socket) => {
+                let (o, i, fd) = super::attach::attach(socket, id)
+                    .await
+                    .map_err(SandboxError::Attach)?;
+                (o, i, Some(fd))
+            }
+            None => {
+                let opts = AttachContainerOptionsBuilder::default()
+                    .stdin(true)
+                    .stdout(true)
+                    .stderr(true)
+                    .stream(true)
+                    .build();
+                let attached = docker
+                    .attach_container(id, Some(opts))
+                    .await
+                    .map_err(|e| SandboxError::Attach(e.to_string()))?;
+                (attached.output, attached.input, None)
+            }
+        };
         docker
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
             .await
@@ -241,7 +266,7 @@ impl Session {
             current,
             dead,
             stderr_tail,
-        } = Channel::open(attached.output, attached.input, name);
+        } = Channel::open(output, input, name, false);
 
         let _ = writer.send(super::runtime::boot_line().to_vec()).await;
         let (python, kernel, target) = match tokio::time::timeout(START_TIMEOUT, async {
@@ -281,8 +306,71 @@ impl Session {
         }
         tracing::info!(session = name, container = %short(id), %python, kernel = %super::kernel::describe(kernel.as_ref()), ms = t0.elapsed().as_millis() as u64, "sandbox ready");
         let start_notices = super::inputs::copy_in(docker, id, config).await;
-        Ok(Session {
-            start_notices: std::sync::Mutex::new(start_notices),
+        let channel = Channel {
+            writer,
+            frames: frame_rx,
+            current,
+            dead,
+            stderr_tail,
+        };
+        let mut s = Self::assemble(docker, config, name, id, channel, python, target, packages);
+        s.start_notices = std::sync::Mutex::new(start_notices);
+        s.park_fd = std::sync::Mutex::new(park_fd);
+        Ok(s)
+    }
+
+    /// A sandbox a bridge that is gone parked (`sandbox::park`), on its attach connection
+    /// `fd`: it booted and said `ready` then, so its channel starts past the boot. `name` is the
+    /// engine-side name it was given (with [`container::adopted_name`]'s mark), `packages` its
+    /// package directory, renamed for this bridge.
+    pub fn adopt(
+        docker: &Docker,
+        config: &Config,
+        meta: &super::park::Meta,
+        fd: std::os::fd::OwnedFd,
+        name: &str,
+        suffix: &str,
+        packages: std::path::PathBuf,
+    ) -> Result<Session, SandboxError> {
+        let (output, input) =
+            super::attach::from_fd(fd).map_err(|e| SandboxError::Attach(e.to_string()))?;
+        let channel = Channel::open(output, input, name, true);
+        let mut s = Self::assemble(
+            docker,
+            config,
+            name,
+            &meta.container_id,
+            channel,
+            meta.python.clone(),
+            meta.target.clone(),
+            packages,
+        );
+        s.name_suffix = suffix.to_string();
+        Ok(s)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        docker: &Docker,
+        config: &Config,
+        name: &str,
+        id: &str,
+        channel: Channel,
+        python: String,
+        target: Option<crate::protocol::Target>,
+        packages: std::path::PathBuf,
+    ) -> Session {
+        let Channel {
+            writer,
+            frames: frame_rx,
+            current,
+            dead,
+            stderr_tail,
+        } = channel;
+        Session {
+            start_notices: std::sync::Mutex::new(Vec::new()),
+            park_fd: std::sync::Mutex::new(None),
+            name_suffix: String::new(),
             name: name.to_string(),
             container_id: id.to_string(),
             python,
@@ -307,7 +395,12 @@ impl Session {
                 packages: Some(packages),
                 target,
             },
-        })
+        }
+    }
+
+    /// The attach connection of a pooled sandbox that may be parked (taken once).
+    pub fn take_park_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        self.park_fd.lock().unwrap().take()
     }
 
     /// Whether the container is gone or the channel broke.

@@ -666,6 +666,310 @@ async fn own_service_linger_doctor_and_exec_leave_the_service_for_the_next_and_d
     );
 }
 
+// ---- a ready sandbox parked for the next bridge (`sandbox::park`) ----
+
+/// How long the parking tests give a parked sandbox (`engine_linger`): long enough for the next
+/// bridge to start, short enough to see its end.
+const PARK_LINGER: &str = "8s";
+
+/// The `container=<id>` of the first log line containing `what`.
+fn logged_container(log: &str, what: &str) -> Option<String> {
+    let line = log.lines().find(|l| l.contains(what))?;
+    let at = line.find("container=")? + "container=".len();
+    Some(
+        line[at..]
+            .trim_start_matches('"')
+            .chars()
+            .take_while(|c| c.is_ascii_hexdigit())
+            .collect(),
+    )
+}
+
+/// A bridge whose pool holds a ready sandbox, shut down cleanly: that sandbox is parked. Returns
+/// its home and the parked container's short id.
+async fn bridge_that_parks(env: &[(&str, &str)]) -> (Home, String, String) {
+    let first = Bridge::start_with(Home::new(), env, None).await;
+    assert_eq!(first.out("print('first')").await, "first\n");
+    let log = first.home.log();
+    let used = logged_container(&log, "serves the session")
+        .or_else(|| logged_container(&log, "sandbox ready session=\"default\""))
+        .or_else(|| logged_container(&log, "sandbox ready session=default"))
+        .unwrap_or_else(|| panic!("no container served the first call:\n{log}"));
+    // The pool refills after the call: wait until a second pooled sandbox is ready.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while first
+        .home
+        .log()
+        .matches("sandbox ready session=\"pool-")
+        .count()
+        + first
+            .home
+            .log()
+            .matches("sandbox ready session=pool-")
+            .count()
+        < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the pool did not refill:\n{}",
+            first.home.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = first.pid;
+    let home = first.shutdown_clean().await;
+    assert!(wait_gone(pid, Duration::from_secs(20)).await);
+    let log = home.log();
+    let parked = logged_container(&log, "parked a ready sandbox for the next bridge")
+        .unwrap_or_else(|| panic!("nothing parked:\n{log}"));
+    assert!(
+        !used.starts_with(&parked) && !parked.starts_with(&used),
+        "the sandbox that ran code was parked ({used})"
+    );
+    (home, parked, used)
+}
+
+fn parked_socket(home: &Home) -> std::path::PathBuf {
+    home.path()
+        .join(".local/state/mcp-code-bridge/engine/parked.sock")
+}
+
+/// `podman inspect`'s `{{.State.Status}} {{.Name}}` of container `id`; empty when it is gone.
+async fn container_state(id: &str) -> String {
+    let out = tokio::process::Command::new("podman")
+        .args(["inspect", "--format", "{{.State.Status}} {{.Name}}", id])
+        .output()
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+async fn wait_container_gone(id: &str, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let state = container_state(id).await;
+        if state.is_empty() || Instant::now() > deadline {
+            return state;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// With `engine_linger`, a bridge that exits parks its pooled sandbox (never one that ran code):
+/// a keeper of its own session holds it, the socket is the user's alone, and no reaper takes it.
+/// The next bridge's first call runs in it (pandas already imported by the pool's preload), under
+/// a name that makes this bridge its owner; the keeper is then gone. The next bridge parks one
+/// in turn, and that one is removed, with its keeper and package directory, at the end of its
+/// time.
+#[tokio::test(flavor = "multi_thread")]
+async fn own_service_linger_a_parked_sandbox_serves_the_next_bridge_and_ends_with_its_time() {
+    let env = [
+        ("MCP_BRIDGE_ENGINE_LINGER", PARK_LINGER),
+        ("MCP_BRIDGE_POOL_SIZE", "1"),
+    ];
+    let (home, parked, _) = bridge_that_parks(&env).await;
+    let sock = parked_socket(&home);
+    assert_eq!(mode_of(&sock), 0o600, "the keeper's socket");
+    let keeper = processes_mentioning(&format!("keep-parked {parked}"));
+    assert_eq!(keeper.len(), 1, "one keeper: {keeper:?}");
+    let state = container_state(&parked).await;
+    assert!(
+        state.starts_with("running ") && state.contains(".parked-"),
+        "{state}"
+    );
+    // Another bridge's reaper (on another state dir) leaves it: its keeper holds it.
+    let other = Bridge::start_with(Home::new(), &[], None).await;
+    assert_eq!(other.out("print(1)").await, "1\n");
+    other.shutdown_clean().await;
+    assert!(container_state(&parked).await.starts_with("running "));
+
+    let second = Bridge::start_with(home, &env, None).await;
+    let r = second
+        .out("import sys; print('pandas' in sys.modules, sys.version_info[:2] >= (3, 11))")
+        .await;
+    assert_eq!(r, "True True\n");
+    let log = second.home.log();
+    let took = logged_container(&log, "took the sandbox the previous bridge parked")
+        .unwrap_or_else(|| panic!("the parked sandbox was not taken:\n{log}"));
+    assert_eq!(took, parked, "{log}");
+    let state = container_state(&parked).await;
+    assert!(
+        state.contains(&format!(".adopted-by-{}_", second.pid)),
+        "{state}"
+    );
+    assert!(
+        wait_no_process_mentioning(&format!("keep-parked {parked}"), Duration::from_secs(5))
+            .await
+            .is_empty(),
+        "the keeper outlived its hand-over"
+    );
+    // The session is this bridge's as any other: it keeps state, and goes with the bridge.
+    assert_eq!(second.out("x = 41").await, "");
+    assert_eq!(second.out("print(x + 1)").await, "42\n");
+    // Its package directory was renamed for this bridge and is still what the sandbox mounts.
+    let dirs: Vec<String> = std::fs::read_dir(
+        second
+            .home
+            .path()
+            .join(".local/state/mcp-code-bridge/packages/sandboxes"),
+    )
+    .unwrap()
+    .flatten()
+    .map(|e| e.file_name().to_string_lossy().into_owned())
+    .collect();
+    assert!(
+        dirs.iter()
+            .any(|d| d.contains(&format!(".adopted-by-{}_", second.pid))),
+        "{dirs:?}"
+    );
+    assert!(dirs.iter().all(|d| !d.starts_with("parked-")), "{dirs:?}");
+
+    // The second bridge parks one of its own, which ends with its time.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while second
+        .home
+        .log()
+        .matches("sandbox ready session=\"pool-")
+        .count()
+        + second
+            .home
+            .log()
+            .matches("sandbox ready session=pool-")
+            .count()
+        < 1
+    {
+        assert!(Instant::now() < deadline, "{}", second.home.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let second_pid = second.pid;
+    let home = second.shutdown_clean().await;
+    assert!(wait_gone(second_pid, Duration::from_secs(20)).await);
+    assert_eq!(
+        wait_container_gone(&parked, Duration::from_secs(20)).await,
+        "",
+        "the adopted sandbox outlived its bridge"
+    );
+    let log = home.log();
+    let again = logged_container(
+        &log[log.find("took the sandbox").unwrap()..],
+        "parked a ready sandbox for the next bridge",
+    )
+    .unwrap_or_else(|| panic!("the second bridge parked nothing:\n{log}"));
+    assert!(container_state(&again).await.starts_with("running "));
+    let left = wait_container_gone(&again, Duration::from_secs(40)).await;
+    assert_eq!(left, "", "the parked sandbox outlived its time");
+    assert!(
+        wait_no_process_mentioning(&format!("keep-parked {again}"), Duration::from_secs(10))
+            .await
+            .is_empty(),
+        "its keeper outlived its time"
+    );
+    assert!(
+        !parked_socket(&home).exists(),
+        "the keeper's socket is left"
+    );
+    let sandboxes = home
+        .path()
+        .join(".local/state/mcp-code-bridge/packages/sandboxes");
+    let parked_dirs: Vec<_> = std::fs::read_dir(&sandboxes)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("parked-"))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(parked_dirs.is_empty(), "{parked_dirs:?}");
+}
+
+/// A parked sandbox is taken only by a bridge that would have made the very same one: another
+/// memory limit, and the next bridge removes it and starts its own. A keeper killed outright
+/// closes the sandbox's stdin: the runtime exits, and the next bridge's reaper removes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn own_service_linger_a_parked_sandbox_of_other_settings_or_a_killed_keeper_is_removed() {
+    let env = [
+        ("MCP_BRIDGE_ENGINE_LINGER", PARK_LINGER),
+        ("MCP_BRIDGE_POOL_SIZE", "1"),
+    ];
+    let (home, parked, _) = bridge_that_parks(&env).await;
+    let other = [
+        ("MCP_BRIDGE_ENGINE_LINGER", PARK_LINGER),
+        ("MCP_BRIDGE_POOL_SIZE", "1"),
+        ("MCP_BRIDGE_MEMORY", "384m"),
+    ];
+    let second = Bridge::start_with(home, &other, None).await;
+    assert_eq!(second.out("print('own')").await, "own\n");
+    let log = second.home.log();
+    assert!(
+        log.contains(
+            "removing the sandbox the previous bridge parked: it was made with other settings"
+        ),
+        "{log}"
+    );
+    assert!(
+        !log.contains("took the sandbox the previous bridge parked"),
+        "{log}"
+    );
+    assert_eq!(
+        wait_container_gone(&parked, Duration::from_secs(20)).await,
+        ""
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while second
+        .home
+        .log()
+        .matches("sandbox ready session=\"pool-")
+        .count()
+        + second
+            .home
+            .log()
+            .matches("sandbox ready session=pool-")
+            .count()
+        < 1
+    {
+        assert!(Instant::now() < deadline, "{}", second.home.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let home = second.shutdown_clean().await;
+    let log = home.log();
+    let again = logged_container(
+        &log[log.find("other settings").unwrap()..],
+        "parked a ready sandbox for the next bridge",
+    )
+    .unwrap_or_else(|| panic!("nothing parked:\n{log}"));
+    // Its keeper killed: the sandbox's stdin closes with the connection, and the runtime exits.
+    let keeper = processes_mentioning(&format!("keep-parked {again}"));
+    let pid: i32 = keeper
+        .first()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no keeper: {keeper:?}"));
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let state = container_state(&again).await;
+        if !state.starts_with("running ") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running after its keeper died: {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The next bridge finds no keeper, starts its own, and its reaper removes the stopped one.
+    let third = Bridge::start_with(home, &other, None).await;
+    assert_eq!(third.out("print('third')").await, "third\n");
+    assert_eq!(
+        wait_container_gone(&again, Duration::from_secs(20)).await,
+        "",
+        "{}",
+        third.home.log()
+    );
+    assert!(!third.home.log().contains("took the sandbox"));
+    third.shutdown().await;
+}
+
 /// The pid of a child of `parent`, waited for (bounded).
 async fn child_of(parent: u32) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -566,6 +566,14 @@ impl Engine {
         Ok(self.http.get_or_init(|| (client, built.1)))
     }
 
+    /// The engine's Unix socket, when it is reached through one (`sandbox::attach` connects to
+    /// it itself).
+    pub fn unix_socket(&self) -> Option<std::path::PathBuf> {
+        self.endpoint
+            .strip_prefix("unix://")
+            .map(std::path::PathBuf::from)
+    }
+
     /// GET `path` (with `query`) from the engine's API and return the body as untyped JSON.
     ///
     /// Only for answers bollard's typed models cannot read. Podman 4 lists a container whose

@@ -457,15 +457,21 @@ pub async fn owned_containers(pid: u32, label: &str, format: &str) -> Vec<String
         .collect()
 }
 
-/// Containers the engine has for this bridge process (by owner label prefix `pid:`).
+/// Containers the engine has for this bridge process (by owner label prefix `pid:`), but for
+/// one it parked as it exited (`engine_linger`): a keeper holds that one for the next bridge,
+/// and removes it at the end of its time.
 pub async fn containers_of(pid: u32) -> Vec<String> {
     owned_containers(
         pid,
         "label=io.mcp-code-bridge.managed=true",
-        "{{.ID}} {{.Labels}}",
+        "{{.ID}} {{.Names}} {{.Labels}}",
     )
     .await
     .iter()
+    .filter(|l| {
+        let name = l.split_whitespace().nth(1).unwrap_or("");
+        !name.contains(".parked-")
+    })
     .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
     .collect()
 }

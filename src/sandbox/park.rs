@@ -1,0 +1,519 @@
+//! A ready sandbox handed from a bridge that exits to the next bridge on the same state dir,
+//! so that the next bridge's first call finds an interpreter booted and preloaded.
+//!
+//! A bridge whose pool holds a sandbox (one that never served a session, so no code of anyone's
+//! ran in it) parks it when it exits, with `engine_linger` set: the container is renamed with
+//! [`container::PARKED_MARK`], and a **keeper** (this binary, `keep-parked`, a process of its
+//! own session) holds the container's attach connection (`sandbox::attach`: podman closes a
+//! container's stdin when the connection that carried it ends, so the connection itself must
+//! outlive the bridge) and listens on `<state_dir>/engine/parked.sock` (mode 0600 in the
+//! user's 0700 directory). The next bridge connects, receives the connection's descriptor
+//! (`SCM_RIGHTS`) with what the sandbox said at boot, and uses it as a pooled sandbox of its own,
+//! but only if the sandbox was created with exactly the container settings this bridge would
+//! use ([`spec_digest`]) on the same engine; otherwise it removes it. Nothing else is trusted
+//! from the keeper: it is the user's own process, in the user's own directory.
+//!
+//! Bounded: one parked sandbox per state dir (a lock the keeper holds), for at most
+//! `engine_linger`; then the keeper closes the connection (the runtime reads the end of its
+//! stdin and exits) and removes the container. A keeper killed meanwhile closes the connection
+//! the same way, and the container, no longer running, is reaped by the next bridge
+//! (`container::reap_orphans`).
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sha2::{Digest, Sha256};
+
+use super::container::{self, Role};
+use crate::config::{Config, Isolation};
+
+/// The hidden command that runs a keeper.
+pub const KEEPER_COMMAND: &str = "keep-parked";
+/// The descriptors a keeper is started with: the attach connection, the listening socket and
+/// the lock that says a sandbox is parked.
+const KEEPER_FDS: [RawFd; 3] = [3, 4, 5];
+/// What the keeper sends (and is given on stdin) is a small JSON object.
+const MAX_META: usize = 64 << 10;
+/// How long a claim waits for the keeper's answer.
+const CLAIM_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the next bridge is told of a parked sandbox.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Meta {
+    pub container_id: String,
+    /// Its engine-side name while parked.
+    pub name: String,
+    pub python: String,
+    pub target: Option<crate::protocol::Target>,
+    /// Its package directory (mounted at `/opt/packages`), renamed with it.
+    pub packages: PathBuf,
+    /// [`spec_digest`] of the settings it was created with.
+    pub spec: String,
+    /// The engine it runs on, as `Engine::endpoint` says it.
+    pub endpoint: String,
+    /// Seconds since the epoch after which the keeper removes it.
+    pub expires: u64,
+    /// The `podman` the keeper removes it with (none on Docker: the keeper asks the engine).
+    pub podman: Option<PathBuf>,
+}
+
+/// Whether this bridge's sandboxes may be parked and adopted: with `engine_linger` (the same
+/// promise as the engine service's, for the same time), under runc (gVisor's bridges keep a
+/// service of their own that goes with them), and with no declared inputs (copied in at start
+/// from host files that may have changed since).
+pub fn eligible(config: &Config) -> bool {
+    !config.engine_linger.0.is_zero()
+        && config.isolation == Isolation::Container
+        && config.inputs.is_empty()
+}
+
+/// The keeper's socket in `state_dir`.
+pub fn socket(state_dir: &Path) -> PathBuf {
+    state_dir.join("engine").join("parked.sock")
+}
+
+fn lock_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("engine").join("parked.lock")
+}
+
+/// The digest of everything a sandbox was made with: the container settings of a pooled
+/// sandbox (labels naming the bridge left out), the runtime the boot sent, the packages
+/// installed before its first call and this bridge's version. A sandbox is adopted only by a
+/// bridge whose digest is the same, so it is exactly the sandbox that bridge would start.
+pub fn spec_digest(config: &Config) -> String {
+    let mut body = container::spec(config, Role::Pool, "");
+    if let Some(labels) = body.labels.as_mut() {
+        labels.remove(container::LABEL_OWNER);
+    }
+    let value = serde_json::to_value(&body).unwrap_or_default();
+    let mut h = Sha256::new();
+    h.update(env!("CARGO_PKG_VERSION").as_bytes());
+    h.update([0]);
+    canonical(&value, &mut h);
+    h.update([0]);
+    h.update(super::runtime::boot_line());
+    h.update([0]);
+    for r in &config.packages.preinstall.0 {
+        h.update(r.as_bytes());
+        h.update([0]);
+    }
+    hex::encode(h.finalize())
+}
+
+/// `v` with every object's keys in order, whatever map serde_json was built with.
+fn canonical(v: &serde_json::Value, h: &mut Sha256) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            h.update(b"{");
+            for k in keys {
+                h.update(serde_json::to_string(k).unwrap_or_default().as_bytes());
+                h.update(b":");
+                canonical(&m[k], h);
+                h.update(b",");
+            }
+            h.update(b"}");
+        }
+        Value::Array(a) => {
+            h.update(b"[");
+            for x in a {
+                canonical(x, h);
+                h.update(b",");
+            }
+            h.update(b"]");
+        }
+        other => h.update(other.to_string().as_bytes()),
+    }
+}
+
+pub fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Start a keeper for the sandbox `meta` describes, holding `attach` (its attach connection).
+/// Fails when a sandbox is parked in `state_dir` already (its keeper holds the lock) or the
+/// keeper cannot be started; the caller then removes the sandbox.
+pub fn hand_to_keeper(state_dir: &Path, meta: &Meta, attach: OwnedFd) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = state_dir.join("engine");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
+    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(lock_path(state_dir))
+        .map_err(|e| format!("opening the parking lock: {e}"))?;
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err("a sandbox is parked in this state dir already".into());
+    }
+    let path = socket(state_dir);
+    let _ = std::fs::remove_file(&path);
+    let listener =
+        UnixListener::bind(&path).map_err(|e| format!("listening on {}: {e}", path.display()))?;
+    let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
+    // Above the three the child gets, so that moving them into place overwrites none.
+    let high: Vec<OwnedFd> = [attach.as_raw_fd(), listener.as_raw_fd(), lock.as_raw_fd()]
+        .iter()
+        .map(|&fd| {
+            let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 64) };
+            if d < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(unsafe { OwnedFd::from_raw_fd(d) })
+            }
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("preparing the keeper's descriptors: {e}"))?;
+    let raw: Vec<RawFd> = high.iter().map(|f| f.as_raw_fd()).collect();
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg(KEEPER_COMMAND)
+        .arg(&meta.container_id[..12.min(meta.container_id.len())])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        cmd.env("PATH", path);
+    }
+    // Only async-signal-safe calls between fork and exec: a session of its own (the bridge's
+    // process group and terminal are not its), and the descriptors where it expects them
+    // (dup2 clears close-on-exec on the copy).
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            for (from, to) in raw.iter().zip(KEEPER_FDS) {
+                if libc::dup2(*from, to) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("starting the keeper: {e}"))?;
+    let json = serde_json::to_vec(meta).map_err(|e| e.to_string())?;
+    let sent = child
+        .stdin
+        .take()
+        .map(|mut s| s.write_all(&json))
+        .unwrap_or(Ok(()));
+    if let Err(e) = sent {
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_file(&path);
+        return Err(format!("telling the keeper what it keeps: {e}"));
+    }
+    // Not waited for: it outlives this bridge (its parent becomes init when this one exits).
+    drop(child);
+    Ok(())
+}
+
+/// Take the sandbox parked in `state_dir`, if a keeper there answers: what it said of itself and
+/// its attach connection. Blocking (a local socket, answered at once or within
+/// [`CLAIM_TIMEOUT`]).
+pub fn claim(state_dir: &Path) -> Option<(Meta, OwnedFd)> {
+    let path = socket(state_dir);
+    if !path.exists() {
+        return None;
+    }
+    let stream = match UnixStream::connect(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(socket = %path.display(), "no keeper answers: {e}");
+            return None;
+        }
+    };
+    let _ = stream.set_read_timeout(Some(CLAIM_TIMEOUT));
+    let (mut data, fd) = match recv_fd(&stream) {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::info!("could not take the parked sandbox: {e}");
+            return None;
+        }
+    };
+    let mut rest = Vec::new();
+    let _ = (&stream)
+        .take((MAX_META - data.len().min(MAX_META)) as u64)
+        .read_to_end(&mut rest);
+    data.extend(rest);
+    let fd = fd?;
+    match serde_json::from_slice::<Meta>(&data) {
+        Ok(meta) => Some((meta, fd)),
+        Err(e) => {
+            tracing::info!("the parked sandbox's keeper said something unreadable: {e}");
+            None
+        }
+    }
+}
+
+/// The keeper (`mcp-code-bridge keep-parked`): started by [`hand_to_keeper`] with the attach
+/// connection, the listening socket and the lock on fds 3, 4 and 5, and the sandbox's [`Meta`]
+/// on stdin. Hands the connection to the first bridge of the same user that asks, or at
+/// `expires` closes it and removes the container. Never runs anything else.
+pub fn keeper_main() -> std::process::ExitCode {
+    unsafe {
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    let mut raw = Vec::new();
+    if std::io::stdin()
+        .take(MAX_META as u64)
+        .read_to_end(&mut raw)
+        .is_err()
+    {
+        return std::process::ExitCode::from(2);
+    }
+    let Ok(meta) = serde_json::from_slice::<Meta>(&raw) else {
+        return std::process::ExitCode::from(2);
+    };
+    let [a, l, k] = KEEPER_FDS;
+    // SAFETY: the bridge that started this process put these three there (`hand_to_keeper`);
+    // nothing else in this process opened them.
+    let (attach, listener, _lock) = unsafe {
+        (
+            OwnedFd::from_raw_fd(a),
+            UnixListener::from_raw_fd(l),
+            OwnedFd::from_raw_fd(k),
+        )
+    };
+    let ours = socket_identity(&listener);
+    let me = unsafe { libc::getuid() };
+    loop {
+        let left = meta.expires.saturating_sub(now_secs());
+        if left == 0 {
+            break;
+        }
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = (left.min(60) * 1000) as libc::c_int;
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n <= 0 {
+            continue;
+        }
+        let Ok((conn, _)) = listener.accept() else {
+            continue;
+        };
+        // The socket is the user's alone (0600 in a 0700 directory); checked all the same.
+        if peer_uid(&conn) != Some(me) {
+            continue;
+        }
+        let json = serde_json::to_vec(&meta).unwrap_or_default();
+        if send_fd(&conn, &json, attach.as_raw_fd()).is_ok() {
+            unlink_if_ours(&listener, ours);
+            return std::process::ExitCode::SUCCESS;
+        }
+    }
+    unlink_if_ours(&listener, ours);
+    drop(attach);
+    remove_container(&meta);
+    let _ = std::fs::remove_dir_all(&meta.packages);
+    std::process::ExitCode::SUCCESS
+}
+
+/// Remove the parked container at the end of its time: with `podman rm` on podman (the engine
+/// service may have ended, and asking it would keep it up another linger), else through the
+/// engine's socket. Best effort: a container left is no longer running (its stdin closed) and
+/// the next bridge reaps it.
+fn remove_container(meta: &Meta) {
+    if let Some(podman) = &meta.podman {
+        let _ = std::process::Command::new(podman)
+            .args(["rm", "--force", "--time", "0", &meta.container_id])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        return;
+    }
+    let Some(path) = meta.endpoint.strip_prefix("unix://") else {
+        return;
+    };
+    if let Ok(mut s) = UnixStream::connect(path) {
+        let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+        let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
+        let req = format!(
+            "DELETE /containers/{}?force=true HTTP/1.1\r\nHost: engine\r\nConnection: close\r\n\r\n",
+            meta.container_id
+        );
+        if s.write_all(req.as_bytes()).is_ok() {
+            let mut sink = Vec::new();
+            let _ = (&s).take(1 << 16).read_to_end(&mut sink);
+        }
+    }
+}
+
+/// The (device, inode) of the socket file the listener was bound to, to unlink it only while it
+/// is still this keeper's (a later bridge may have parked another there).
+fn socket_identity(listener: &UnixListener) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let addr = listener.local_addr().ok()?;
+    let m = std::fs::metadata(addr.as_pathname()?).ok()?;
+    Some((m.dev(), m.ino()))
+}
+
+fn unlink_if_ours(listener: &UnixListener, ours: Option<(u64, u64)>) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(addr) = listener.local_addr() else {
+        return;
+    };
+    let Some(path) = addr.as_pathname() else {
+        return;
+    };
+    if let (Ok(m), Some(ours)) = (std::fs::metadata(path), ours)
+        && (m.dev(), m.ino()) == ours
+    {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+fn peer_uid(conn: &UnixStream) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    let r = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.uid)
+}
+
+/// Send `data` with descriptor `fd` attached (`SCM_RIGHTS`), in one message.
+fn send_fd(conn: &UnixStream, data: &[u8], fd: RawFd) -> std::io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+    }
+    let n = unsafe { libc::sendmsg(conn.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if (n as usize) < data.len() {
+        (&*conn).write_all(&data[n as usize..])?;
+    }
+    Ok(())
+}
+
+/// Receive one message and the descriptor attached to it, if any (close-on-exec).
+fn recv_fd(conn: &UnixStream) -> std::io::Result<(Vec<u8>, Option<OwnedFd>)> {
+    let mut buf = vec![0u8; MAX_META];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut fd = None;
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let got = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
+                // Only one is ever sent; a second would be closed with its OwnedFd.
+                if fd.is_none() {
+                    fd = Some(OwnedFd::from_raw_fd(got));
+                } else {
+                    drop(OwnedFd::from_raw_fd(got));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    buf.truncate(n as usize);
+    Ok((buf, fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_descriptor_and_its_message_cross_a_socket_pair() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (mut r, w) = UnixStream::pair().unwrap();
+        send_fd(&a, b"{\"x\":1}", w.as_raw_fd()).unwrap();
+        drop(w);
+        let (data, fd) = recv_fd(&b).unwrap();
+        assert_eq!(data, b"{\"x\":1}");
+        // The received descriptor is the same socket: what is written on it reaches `r`.
+        let mut got = UnixStream::from(fd.expect("a descriptor"));
+        got.write_all(b"hi").unwrap();
+        drop(got);
+        let mut s = String::new();
+        r.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "hi");
+    }
+
+    #[test]
+    fn the_digest_follows_every_container_setting_and_not_the_owner() {
+        let c = Config::default();
+        let d = spec_digest(&c);
+        assert_eq!(d, spec_digest(&c), "stable");
+        let mut m = c.clone();
+        m.memory = crate::config::Size(c.memory.0 * 2);
+        assert_ne!(d, spec_digest(&m), "memory");
+        let mut i = c.clone();
+        i.image = "another:tag".into();
+        assert_ne!(d, spec_digest(&i), "image");
+        let mut p = c.clone();
+        p.packages.preinstall.0.push("tabulate".into());
+        assert_ne!(d, spec_digest(&p), "preinstall");
+    }
+
+    #[test]
+    fn only_runc_with_a_linger_and_no_inputs_parks() {
+        let mut c = Config::default();
+        assert!(eligible(&c), "the defaults park");
+        c.engine_linger = crate::config::Secs(Duration::ZERO);
+        assert!(!eligible(&c));
+        let mut g = Config::default();
+        g.isolation = Isolation::Gvisor;
+        assert!(!eligible(&g));
+    }
+}
