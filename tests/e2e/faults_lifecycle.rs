@@ -685,6 +685,30 @@ fn logged_container(log: &str, what: &str) -> Option<String> {
     )
 }
 
+/// Whether the bridge whose log this is holds a ready pooled sandbox: more pooled sandboxes
+/// booted than sessions took (one taken from the bridge before counts as booted).
+fn pool_holds_one(log: &str) -> bool {
+    let booted = log.matches("sandbox ready session=\"pool-").count()
+        + log.matches("sandbox ready session=pool-").count()
+        + log
+            .matches("took the sandbox the previous bridge parked")
+            .count();
+    booted > log.matches("a pooled sandbox serves the session").count()
+}
+
+/// Wait (bounded) until the bridge in `home` holds a ready pooled sandbox.
+async fn wait_pool_holds_one(home: &Home) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !pool_holds_one(&home.log()) {
+        assert!(
+            Instant::now() < deadline,
+            "the pool did not refill:\n{}",
+            home.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A bridge whose pool holds a ready sandbox, shut down cleanly: that sandbox is parked. Returns
 /// its home and the parked container's short id.
 async fn bridge_that_parks(env: &[(&str, &str)]) -> (Home, String, String) {
@@ -695,27 +719,7 @@ async fn bridge_that_parks(env: &[(&str, &str)]) -> (Home, String, String) {
         .or_else(|| logged_container(&log, "sandbox ready session=\"default\""))
         .or_else(|| logged_container(&log, "sandbox ready session=default"))
         .unwrap_or_else(|| panic!("no container served the first call:\n{log}"));
-    // The pool refills after the call: wait until a second pooled sandbox is ready.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while first
-        .home
-        .log()
-        .matches("sandbox ready session=\"pool-")
-        .count()
-        + first
-            .home
-            .log()
-            .matches("sandbox ready session=pool-")
-            .count()
-        < 2
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the pool did not refill:\n{}",
-            first.home.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_pool_holds_one(&first.home).await;
     let pid = first.pid;
     let home = first.shutdown_clean().await;
     assert!(wait_gone(pid, Duration::from_secs(20)).await);
@@ -825,22 +829,7 @@ async fn own_service_linger_a_parked_sandbox_serves_the_next_bridge_and_ends_wit
     assert!(dirs.iter().all(|d| !d.starts_with("parked-")), "{dirs:?}");
 
     // The second bridge parks one of its own, which ends with its time.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while second
-        .home
-        .log()
-        .matches("sandbox ready session=\"pool-")
-        .count()
-        + second
-            .home
-            .log()
-            .matches("sandbox ready session=pool-")
-            .count()
-        < 1
-    {
-        assert!(Instant::now() < deadline, "{}", second.home.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_pool_holds_one(&second.home).await;
     let second_pid = second.pid;
     let home = second.shutdown_clean().await;
     assert!(wait_gone(second_pid, Duration::from_secs(20)).await);
@@ -914,22 +903,7 @@ async fn own_service_linger_a_parked_sandbox_of_other_settings_or_a_killed_keepe
         wait_container_gone(&parked, Duration::from_secs(20)).await,
         ""
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while second
-        .home
-        .log()
-        .matches("sandbox ready session=\"pool-")
-        .count()
-        + second
-            .home
-            .log()
-            .matches("sandbox ready session=pool-")
-            .count()
-        < 1
-    {
-        assert!(Instant::now() < deadline, "{}", second.home.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_pool_holds_one(&second.home).await;
     let home = second.shutdown_clean().await;
     let log = home.log();
     let again = logged_container(
