@@ -22,8 +22,9 @@ pub const LABEL_POOL: &str = "io.mcp-code-bridge.pool";
 /// What a pooled container's name has until a session takes it: a session's container name never
 /// holds a `.` ([`container_name`] replaces it).
 pub const POOL_NAME_MARK: &str = ".pool-";
-/// What a parked container's name holds (`sandbox::park`): the bridge that made it is gone and a
-/// keeper holds it for the next bridge, so no reaper takes it while it runs.
+/// What a parked container's name holds, before the time its keeper removes it
+/// (`….parked-<expires>-<id>`, `sandbox::park`): the bridge that made it is gone and a keeper
+/// holds it for the next bridge, so no reaper takes it while it runs and its time lasts.
 pub const PARKED_MARK: &str = ".parked-";
 /// What an adopted container's name holds, followed by its owner (`pid_starttime`): its
 /// [`LABEL_OWNER`] names the bridge that made and parked it (labels never change).
@@ -371,8 +372,14 @@ impl Listed {
                 .as_ref()
                 .and_then(|s| s.as_str())
                 .is_some_and(|s| s.eq_ignore_ascii_case("running"));
-            if n.contains(PARKED_MARK) && running {
-                return Holder::Keeper;
+            // `….parked-<expires>-<id>`: its keeper's (or, between a bridge's taking it and
+            // renaming it, that bridge's) while it runs and its time is not over; then its dead
+            // maker's, as the label says.
+            if let Some((_, rest)) = n.split_once(PARKED_MARK) {
+                let expires = rest.split('-').next().and_then(|t| t.parse::<u64>().ok());
+                if running && expires.is_some_and(|t| super::park::now_secs() <= t + 60) {
+                    return Holder::Keeper;
+                }
             }
         }
         Holder::Bridge(self.label(LABEL_OWNER).to_string())
@@ -507,13 +514,17 @@ mod tests {
             listed("mcp-code-bridge-1-default-3", "running").holder(),
             Holder::Bridge("1:2".into())
         );
+        let later = super::super::park::now_secs() + 30;
+        let parked = format!("mcp-code-bridge-1.parked-{later}-0123456789ab");
+        assert_eq!(listed(&parked, "running").holder(), Holder::Keeper);
+        // A parked container that no longer runs (its keeper is gone) is its dead maker's, and
+        // so is one past its time.
         assert_eq!(
-            listed("mcp-code-bridge-1.parked-0123456789ab", "running").holder(),
-            Holder::Keeper
+            listed(&parked, "exited").holder(),
+            Holder::Bridge("1:2".into())
         );
-        // A parked container that no longer runs (its keeper is gone) is its dead maker's.
         assert_eq!(
-            listed("mcp-code-bridge-1.parked-0123456789ab", "exited").holder(),
+            listed("mcp-code-bridge-1.parked-1000-0123456789ab", "running").holder(),
             Holder::Bridge("1:2".into())
         );
         let adopted = adopted_name("mcp-code-bridge-7.pool-4", "7:99");

@@ -247,6 +247,7 @@ impl Sandbox {
             serial,
             self.provision.get(),
             socket.as_deref(),
+            None,
         );
         // Given up when the bridge shuts down; the container it may have created is removed by
         // the shutdown's sweep of every container this bridge owns.
@@ -431,10 +432,13 @@ impl Sandbox {
             self.sessions.lock().await.insert(name.clone(), s);
             return Ok((claim, true, Vec::new()));
         }
-        let engine = self.prepare().await?;
+        let engine = self.engine().await?;
         let notices = self.make_room(name).await?;
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let t0 = std::time::Instant::now();
+        // The engine's checks (begun by the warm-up) finish while the container is created and
+        // started; it boots only once they passed.
+        let gate: session::Gate<'_> = Box::pin(async { self.prepare().await.map(|_| ()) });
         let s = Arc::new(
             Session::start(
                 &engine.docker,
@@ -444,6 +448,7 @@ impl Sandbox {
                 serial,
                 self.provision.get(),
                 None,
+                Some(gate),
             )
             .await?,
         );
@@ -816,20 +821,22 @@ impl Sandbox {
         let name = container::adopted_name(&base, &self.owner);
         let suffix = name[base.len()..].to_string();
         let packages = container::packages_dir(&self.config, &name);
-        // Renamed first: from now on the reapers see this bridge as its owner.
-        let opts = bollard::query_parameters::RenameContainerOptionsBuilder::default()
-            .name(&name)
-            .build();
-        let renamed = tokio::time::timeout(
-            Duration::from_secs(10),
-            engine.docker.rename_container(&meta.container_id, opts),
-        )
-        .await;
-        if !matches!(renamed, Ok(Ok(()))) {
-            drop(fd);
-            remove(format!("could not rename it: {renamed:?}")).await;
-            return None;
-        }
+        // Renamed in the background, off the first call's path: until then its parked name keeps
+        // the reapers off it while it runs (it runs while this bridge holds its stdin), up to
+        // the time in that name; from then on the reapers see this bridge as its owner.
+        let docker = engine.docker.clone();
+        let (id, new_name) = (meta.container_id.clone(), name.clone());
+        tokio::spawn(async move {
+            let opts = bollard::query_parameters::RenameContainerOptionsBuilder::default()
+                .name(&new_name)
+                .build();
+            let renamed =
+                tokio::time::timeout(Duration::from_secs(10), docker.rename_container(&id, opts))
+                    .await;
+            if !matches!(renamed, Ok(Ok(()))) {
+                tracing::warn!(container = %id, "could not rename an adopted sandbox for this bridge (the reapers take it once its parked time is over): {renamed:?}");
+            }
+        });
         let (from, to) = (meta.packages.clone(), packages.clone());
         let moved = tokio::task::spawn_blocking(move || std::fs::rename(from, to)).await;
         if !matches!(moved, Ok(Ok(()))) {
@@ -863,13 +870,18 @@ impl Sandbox {
         let Some(engine) = self.engine.get() else {
             return;
         };
-        let wait = if self.pool.filling() > 0 {
-            PARK_WAIT
-        } else {
-            Duration::ZERO
-        };
-        let Some(s) = self.pool.take(wait).await else {
-            return;
+        // A refill the last call began may not have counted its start yet: wait for it too.
+        let deadline = tokio::time::Instant::now() + PARK_WAIT;
+        let s = loop {
+            if let Some(s) = self.pool.take(Duration::ZERO).await {
+                break s;
+            }
+            if (self.pool.filling() == 0 && !self.pool.refilling())
+                || tokio::time::Instant::now() >= deadline
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         };
         match self.park(engine, &s).await {
             Ok(()) => {
@@ -891,7 +903,7 @@ impl Sandbox {
         let id = s.container_id.clone();
         let short = &id[..12.min(id.len())];
         let name = format!(
-            "mcp-code-bridge-{}{}{short}",
+            "mcp-code-bridge-{}{}{expires}-{short}",
             std::process::id(),
             container::PARKED_MARK
         );

@@ -89,6 +89,11 @@ impl Pool {
         !self.refilling.swap(true, Ordering::SeqCst)
     }
 
+    /// Whether a refill task runs (it may not have counted its start yet).
+    pub fn refilling(&self) -> bool {
+        self.refilling.load(Ordering::SeqCst)
+    }
+
     pub fn end_refill(&self) {
         self.refilling.store(false, Ordering::SeqCst);
     }

@@ -43,6 +43,9 @@ const MAX_CONCURRENT_RPCS: usize = 32;
 const MAX_PENDING_RPCS: usize = 4096;
 /// ... and bytes of their arguments: what an exec can make the host hold in calls not answered yet.
 const MAX_PENDING_RPC_BYTES: u64 = 16 << 20;
+/// What a start waits for before it boots the runtime (see [`Session::start`]).
+pub type Gate<'a> = futures::future::BoxFuture<'a, Result<(), SandboxError>>;
+
 /// What a caller asks of one exec.
 pub struct ExecRequest {
     pub code: String,
@@ -135,6 +138,12 @@ impl Session {
     /// Create, attach and start a container, inject the runtime and wait for `ready`. A pooled
     /// one (`Role::Pool`) also imports the preload list first; its name is `pool-<serial>` until
     /// [`Session::hand_to`] gives it a session's.
+    ///
+    /// `gate`, when given, is awaited before the runtime is sent: the engine's checks (what it
+    /// can enforce, the image) run meanwhile, and a container they refuse is removed before
+    /// anything runs in it (until the boot frame its loader only reads stdin). A create that
+    /// fails before the gate passed (the image still loading) is tried once more after it.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         docker: &Docker,
         config: &Config,
@@ -143,6 +152,7 @@ impl Session {
         serial: u64,
         provision: Option<&Arc<dyn Provision>>,
         park_via: Option<&std::path::Path>,
+        mut gate: Option<Gate<'_>>,
     ) -> Result<Session, SandboxError> {
         let t0 = Instant::now();
         let mut body = container::spec(config, role, owner);
@@ -165,7 +175,19 @@ impl Session {
         let opts = CreateContainerOptionsBuilder::default()
             .name(&cname)
             .build();
-        let created = match docker.create_container(Some(opts), body).await {
+        let mut created = docker
+            .create_container(Some(opts.clone()), body.clone())
+            .await;
+        if created.is_err()
+            && let Some(g) = gate.take()
+        {
+            if let Err(e) = g.await {
+                container::remove_packages_dir(&packages);
+                return Err(e);
+            }
+            created = docker.create_container(Some(opts), body).await;
+        }
+        let created = match created {
             Ok(c) => c,
             Err(e) => {
                 container::remove_packages_dir(&packages);
@@ -177,8 +199,17 @@ impl Session {
         };
         let id = created.id;
         tracing::debug!(session = %name, ms = t0.elapsed().as_millis() as u64, "container created");
-        match Self::attach_and_boot(docker, config, &name, &id, t0, packages.clone(), park_via)
-            .await
+        match Self::attach_and_boot(
+            docker,
+            config,
+            &name,
+            &id,
+            t0,
+            packages.clone(),
+            park_via,
+            gate,
+        )
+        .await
         {
             Ok(s) => {
                 if let Some(p) = provision {
@@ -228,6 +259,7 @@ impl Session {
         t0: Instant,
         packages: std::path::PathBuf,
         park_via: Option<&std::path::Path>,
+        gate: Option<Gate<'_>>,
     ) -> Result<Session, SandboxError> {
         let (output, input, park_fd) = match park_via {
             Some(socket) => {
@@ -268,6 +300,9 @@ impl Session {
             stderr_tail,
         } = Channel::open(output, input, name, false);
 
+        if let Some(g) = gate {
+            g.await?;
+        }
         let _ = writer.send(super::runtime::boot_line().to_vec()).await;
         let (python, kernel, target) = match tokio::time::timeout(START_TIMEOUT, async {
             loop {

@@ -796,11 +796,17 @@ async fn own_service_linger_a_parked_sandbox_serves_the_next_bridge_and_ends_wit
     let took = logged_container(&log, "took the sandbox the previous bridge parked")
         .unwrap_or_else(|| panic!("the parked sandbox was not taken:\n{log}"));
     assert_eq!(took, parked, "{log}");
-    let state = container_state(&parked).await;
-    assert!(
-        state.contains(&format!(".adopted-by-{}_", second.pid)),
-        "{state}"
-    );
+    // Renamed for its new owner, in the background.
+    let mark = format!(".adopted-by-{}_", second.pid);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = container_state(&parked).await;
+        if state.contains(&mark) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{state}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(
         wait_no_process_mentioning(&format!("keep-parked {parked}"), Duration::from_secs(5))
             .await
