@@ -436,8 +436,8 @@ impl Sandbox {
         let notices = self.make_room(name).await?;
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let t0 = std::time::Instant::now();
-        // The engine's checks (begun by the warm-up) finish while the container is created and
-        // started; it boots only once they passed.
+        // The engine's checks (begun by the warm-up) finish while the container is created,
+        // started and booted; the user's code reaches it only once they passed.
         let gate: session::Gate<'_> = Box::pin(async { self.prepare().await.map(|_| ()) });
         let s = Arc::new(
             Session::start(

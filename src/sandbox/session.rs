@@ -139,10 +139,11 @@ impl Session {
     /// one (`Role::Pool`) also imports the preload list first; its name is `pool-<serial>` until
     /// [`Session::hand_to`] gives it a session's.
     ///
-    /// `gate`, when given, is awaited before the runtime is sent: the engine's checks (what it
-    /// can enforce, the image) run meanwhile, and a container they refuse is removed before
-    /// anything runs in it (until the boot frame its loader only reads stdin). A create that
-    /// fails before the gate passed (the image still loading) is tried once more after it.
+    /// `gate`, when given, is awaited before the session is handed out: the engine's checks
+    /// (what it can enforce, the image) run while the container is created, started and the
+    /// runtime (the bridge's own code) boots, and a sandbox they refuse is removed before any
+    /// code of the user's reaches it. A create that fails before the gate passed (the image
+    /// still loading) is tried once more after it.
     #[allow(clippy::too_many_arguments)]
     pub async fn start(
         docker: &Docker,
@@ -300,9 +301,6 @@ impl Session {
             stderr_tail,
         } = Channel::open(output, input, name, false);
 
-        if let Some(g) = gate {
-            g.await?;
-        }
         let _ = writer.send(super::runtime::boot_line().to_vec()).await;
         let (python, kernel, target) = match tokio::time::timeout(START_TIMEOUT, async {
             loop {
@@ -338,6 +336,10 @@ impl Session {
                 runtime: config.gvisor_runtime.clone(),
                 why,
             });
+        }
+        // The runtime (the bridge's own code) booted meanwhile; the user's code comes only after.
+        if let Some(g) = gate {
+            g.await?;
         }
         tracing::info!(session = name, container = %short(id), %python, kernel = %super::kernel::describe(kernel.as_ref()), ms = t0.elapsed().as_millis() as u64, "sandbox ready");
         let start_notices = super::inputs::copy_in(docker, id, config).await;
