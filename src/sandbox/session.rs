@@ -46,6 +46,20 @@ const MAX_PENDING_RPC_BYTES: u64 = 16 << 20;
 /// What a start waits for before it boots the runtime (see [`Session::start`]).
 pub type Gate<'a> = futures::future::BoxFuture<'a, Result<(), SandboxError>>;
 
+/// `r`; but when it failed and the gate has not been awaited yet, the gate's failure first: a
+/// start that failed because of a limit the host cannot enforce is reported as that.
+async fn gate_first<T>(
+    gate: &mut Option<Gate<'_>>,
+    r: Result<T, SandboxError>,
+) -> Result<T, SandboxError> {
+    if r.is_err()
+        && let Some(g) = gate.take()
+    {
+        g.await?;
+    }
+    r
+}
+
 /// What a caller asks of one exec.
 pub struct ExecRequest {
     pub code: String,
@@ -260,13 +274,14 @@ impl Session {
         t0: Instant,
         packages: std::path::PathBuf,
         park_via: Option<&std::path::Path>,
-        gate: Option<Gate<'_>>,
+        mut gate: Option<Gate<'_>>,
     ) -> Result<Session, SandboxError> {
         let (output, input, park_fd) = match park_via {
             Some(socket) => {
-                let (o, i, fd) = super::attach::attach(socket, id)
+                let attached = super::attach::attach(socket, id)
                     .await
-                    .map_err(SandboxError::Attach)?;
+                    .map_err(SandboxError::Attach);
+                let (o, i, fd) = gate_first(&mut gate, attached).await?;
                 (o, i, Some(fd))
             }
             None => {
@@ -279,14 +294,16 @@ impl Session {
                 let attached = docker
                     .attach_container(id, Some(opts))
                     .await
-                    .map_err(|e| SandboxError::Attach(e.to_string()))?;
+                    .map_err(|e| SandboxError::Attach(e.to_string()));
+                let attached = gate_first(&mut gate, attached).await?;
                 (attached.output, attached.input, None)
             }
         };
-        docker
+        let started = docker
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
             .await
-            .map_err(|e| SandboxError::Start(e.to_string()))?;
+            .map_err(|e| SandboxError::Start(e.to_string()));
+        gate_first(&mut gate, started).await?;
         tracing::debug!(
             session = name,
             ms = t0.elapsed().as_millis() as u64,
@@ -319,10 +336,11 @@ impl Session {
         {
             Ok(Some(p)) => p,
             Ok(None) => {
-                return Err(SandboxError::ExitedAtStart {
+                let exited = Err(SandboxError::ExitedAtStart {
                     image: config.image.clone(),
                     stderr: stderr_tail.lock().unwrap().iter().cloned().collect(),
                 });
+                return gate_first(&mut gate, exited).await;
             }
             Err(_) => return Err(SandboxError::NotReady(START_TIMEOUT.as_secs())),
         };
