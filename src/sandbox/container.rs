@@ -296,6 +296,24 @@ pub fn remove_packages_dir(dir: &std::path::Path) {
     }
 }
 
+/// Rename container `id` to `name`, within 10 s: names say who holds a pooled, parked or
+/// adopted container ([`Listed::holder`]), and `doctor` shows them.
+pub async fn rename(docker: &Docker, id: &str, name: &str) -> Result<(), String> {
+    let opts = bollard::query_parameters::RenameContainerOptionsBuilder::default()
+        .name(name)
+        .build();
+    match tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        docker.rename_container(id, opts),
+    )
+    .await
+    {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the engine did not answer within 10s".into()),
+    }
+}
+
 /// How long removing a container may take before it is left to the reaper.
 const REMOVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long the SIGKILL before a removal may take; the removal follows whatever it answered.

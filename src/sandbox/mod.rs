@@ -827,14 +827,8 @@ impl Sandbox {
         let docker = engine.docker.clone();
         let (id, new_name) = (meta.container_id.clone(), name.clone());
         tokio::spawn(async move {
-            let opts = bollard::query_parameters::RenameContainerOptionsBuilder::default()
-                .name(&new_name)
-                .build();
-            let renamed =
-                tokio::time::timeout(Duration::from_secs(10), docker.rename_container(&id, opts))
-                    .await;
-            if !matches!(renamed, Ok(Ok(()))) {
-                tracing::warn!(container = %id, "could not rename an adopted sandbox for this bridge (the reapers take it once its parked time is over): {renamed:?}");
+            if let Err(e) = container::rename(&docker, &id, &new_name).await {
+                tracing::warn!(container = %id, "could not rename an adopted sandbox for this bridge (the reapers take it once its parked time is over): {e}");
             }
         });
         let (from, to) = (meta.packages.clone(), packages.clone());
@@ -907,18 +901,9 @@ impl Sandbox {
             std::process::id(),
             container::PARKED_MARK
         );
-        let opts = bollard::query_parameters::RenameContainerOptionsBuilder::default()
-            .name(&name)
-            .build();
-        match tokio::time::timeout(
-            Duration::from_secs(5),
-            engine.docker.rename_container(&id, opts),
-        )
-        .await
-        {
-            Ok(Ok(())) => {}
-            other => return Err(format!("could not rename it: {other:?}")),
-        }
+        container::rename(&engine.docker, &id, &name)
+            .await
+            .map_err(|e| format!("could not rename it: {e}"))?;
         let from = s
             .interpreter
             .packages

@@ -401,19 +401,27 @@ fn peer_uid(conn: &UnixStream) -> Option<u32> {
     (r == 0).then_some(cred.uid)
 }
 
+/// Room for the control message of one descriptor.
+const CONTROL: usize = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+
+/// A message of one buffer, `iov`, and the control buffer `control` ([`CONTROL`] bytes).
+fn message(iov: &mut libc::iovec, control: &mut [u8]) -> libc::msghdr {
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control.len() as _;
+    msg
+}
+
 /// Send `data` with descriptor `fd` attached (`SCM_RIGHTS`), in one message.
 fn send_fd(conn: &UnixStream, data: &[u8], fd: RawFd) -> std::io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
+    let mut control = vec![0u8; CONTROL];
+    let msg = message(&mut iov, &mut control);
     unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
@@ -438,13 +446,9 @@ fn recv_fd(conn: &UnixStream) -> std::io::Result<(Vec<u8>, Option<OwnedFd>)> {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
+    let mut control = vec![0u8; CONTROL];
+    let msg = message(&mut iov, &mut control);
+    let mut msg = msg;
     let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
         return Err(std::io::Error::last_os_error());

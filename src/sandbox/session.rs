@@ -254,14 +254,8 @@ impl Session {
             self.name_suffix
         );
         tokio::spawn(async move {
-            let opts = bollard::query_parameters::RenameContainerOptionsBuilder::default()
-                .name(&new_name)
-                .build();
-            let renamed =
-                tokio::time::timeout(Duration::from_secs(10), docker.rename_container(&id, opts))
-                    .await;
-            if !matches!(renamed, Ok(Ok(()))) {
-                tracing::debug!(container = %short(&id), "could not rename a pooled container for its session: {renamed:?}");
+            if let Err(e) = container::rename(&docker, &id, &new_name).await {
+                tracing::debug!(container = %short(&id), "could not rename a pooled container for its session: {e}");
             }
         });
     }
