@@ -516,8 +516,10 @@ mod tests {
         assert!(eligible(&c), "the defaults park");
         c.engine_linger = crate::config::Secs(Duration::ZERO);
         assert!(!eligible(&c));
-        let mut g = Config::default();
-        g.isolation = Isolation::Gvisor;
+        let g = Config {
+            isolation: Isolation::Gvisor,
+            ..Config::default()
+        };
         assert!(!eligible(&g));
     }
 }

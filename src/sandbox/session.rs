@@ -260,6 +260,7 @@ impl Session {
         });
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn attach_and_boot(
         docker: &Docker,
         config: &Config,
