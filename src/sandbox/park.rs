@@ -146,12 +146,18 @@ pub fn hand_to_keeper(state_dir: &Path, meta: &Meta, attach: OwnedFd) -> Result<
     let dir = state_dir.join("engine");
     std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
     let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(lock_path(state_dir))
-        .map_err(|e| format!("opening the parking lock: {e}"))?;
+    let lock = {
+        use std::os::unix::fs::OpenOptionsExt;
+        crate::statefile::open(
+            &lock_path(state_dir),
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600),
+        )
+        .map_err(|e| format!("opening the parking lock: {e}"))?
+    };
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err("a sandbox is parked in this state dir already".into());
     }

@@ -671,6 +671,11 @@ async fn own_service_linger_doctor_and_exec_leave_the_service_for_the_next_and_d
 /// How long the parking tests give a parked sandbox (`engine_linger`): long enough for the next
 /// bridge to start, short enough to see its end.
 const PARK_LINGER: &str = "8s";
+/// The settings of the bridges that park: the linger and a pool of one.
+const PARK_ENV: [(&str, &str); 2] = [
+    ("MCP_BRIDGE_ENGINE_LINGER", PARK_LINGER),
+    ("MCP_BRIDGE_POOL_SIZE", "1"),
+];
 
 /// The `container=<id>` of the first log line containing `what`.
 fn logged_container(log: &str, what: &str) -> Option<String> {
@@ -767,10 +772,7 @@ async fn wait_container_gone(id: &str, within: Duration) -> String {
 /// time.
 #[tokio::test(flavor = "multi_thread")]
 async fn own_service_linger_a_parked_sandbox_serves_the_next_bridge_and_ends_with_its_time() {
-    let env = [
-        ("MCP_BRIDGE_ENGINE_LINGER", PARK_LINGER),
-        ("MCP_BRIDGE_POOL_SIZE", "1"),
-    ];
+    let env = PARK_ENV;
     let (home, parked, _) = bridge_that_parks(&env).await;
     let sock = parked_socket(&home);
     assert_eq!(mode_of(&sock), 0o600, "the keeper's socket");
@@ -882,10 +884,7 @@ async fn own_service_linger_a_parked_sandbox_serves_the_next_bridge_and_ends_wit
 /// closes the sandbox's stdin: the runtime exits, and the next bridge's reaper removes it.
 #[tokio::test(flavor = "multi_thread")]
 async fn own_service_linger_a_parked_sandbox_of_other_settings_or_a_killed_keeper_is_removed() {
-    let env = [
-        ("MCP_BRIDGE_ENGINE_LINGER", PARK_LINGER),
-        ("MCP_BRIDGE_POOL_SIZE", "1"),
-    ];
+    let env = PARK_ENV;
     let (home, parked, _) = bridge_that_parks(&env).await;
     let other = [
         ("MCP_BRIDGE_ENGINE_LINGER", PARK_LINGER),
