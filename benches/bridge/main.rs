@@ -10,6 +10,7 @@
 //! BENCH_ONLY=catalog cargo bench --bench bridge                  # first search, cold and warm catalog (also CATALOG_RUNS)
 //! BENCH_ONLY=pool cargo bench --bench bridge                      # first calls with and without the pool
 //! BENCH_ONLY=first-call cargo bench --bench bridge                # section 8's rows with no pause after initialize
+//! BENCH_ONLY=first-call BENCH_POOL_FRESH=15 cargo bench --bench bridge  # the same, 15 bridges a row
 //! BENCH_ONLY=audit cargo bench --bench bridge                     # the audit log: writer cost, calls with it on and off
 //! BENCH_ONLY=hostile-http cargo bench --bench bridge              # section 9's HTTP rows only (connections, queued tasks, MCP sessions)
 //! BENCH_ONLY=results cargo bench --bench bridge                   # section 12: result size, tokens and time for prints of 1 KB, 100 KB, 10 MB

@@ -118,6 +118,7 @@ impl Opts {
             ("CAPACITY_SANDBOXES", &mut self.capacity_sandboxes),
             ("CAPACITY_SECS", &mut self.capacity_secs),
             ("IDLE_SECS", &mut self.idle_secs),
+            ("POOL_FRESH", &mut self.pool_fresh),
         ] {
             if let Some(v) = get(k) {
                 *f = v;

@@ -111,7 +111,25 @@ pub struct Sandbox {
     parked: std::sync::Mutex<Option<String>>,
     /// Whether [`Sandbox::adopt_parked`] ran (the warm-up runs twice).
     adopt_tried: std::sync::atomic::AtomicBool,
+    /// Set when the engine, asked again after its kept answer was used (`engine::Kept`), can
+    /// no longer enforce what this bridge needs: why, refused to every call from then on.
+    revoked: std::sync::OnceLock<String>,
+    /// A kept answer in use that the engine has not confirmed yet ([`Sandbox::check_kept`]).
+    unchecked: std::sync::Mutex<Option<Unchecked>>,
 }
+
+/// A kept answer of the engine's in use, to be checked [`engine::CHECK_AFTER`] after it was
+/// used or when the bridge shuts down, whichever comes first: a bridge gone sooner (`exec`)
+/// still checks it, so that no chain of short-lived bridges uses it unchecked.
+struct Unchecked {
+    kept: engine::Kept,
+    used: Enforcement,
+    /// Waits [`engine::CHECK_AFTER`], then checks; aborted by a shutdown that checks first.
+    timer: tokio::task::JoinHandle<()>,
+}
+
+/// The longest the engine gets to answer when asked again.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a bridge that exits waits for a pooled sandbox still booting, to park it: within
 /// what an MCP client waits after closing a server's stdin before it sends SIGTERM (2 s for the
@@ -143,6 +161,8 @@ impl Sandbox {
             this: this.clone(),
             parked: std::sync::Mutex::new(None),
             adopt_tried: Default::default(),
+            revoked: std::sync::OnceLock::new(),
+            unchecked: std::sync::Mutex::new(None),
         });
         let weak = Arc::downgrade(&sb);
         let idle = sb.config.runtime_idle_timeout.0;
@@ -258,11 +278,12 @@ impl Sandbox {
         match started {
             Ok(s)
                 if self.pool.closed.load(Ordering::SeqCst)
+                    || self.revoked.get().is_some()
                     || self.pool.idle_for() >= self.config.runtime_idle_timeout.0 =>
             {
                 // Said as the reaper says it of a waiting one: a boot that outlasted the idle
                 // timeout (seconds under gVisor's ptrace platform) ends the same way.
-                if !self.pool.closed.load(Ordering::SeqCst) {
+                if !self.pool.closed.load(Ordering::SeqCst) && self.revoked.get().is_none() {
                     tracing::info!(container = %s.container_id, "removing a pooled sandbox: no call for {}s", self.pool.idle_for().as_secs());
                 }
                 s.destroy().await;
@@ -338,6 +359,7 @@ impl Sandbox {
 
     /// Connect, check enforceable limits and make the image present.
     async fn prepare(&self) -> Result<Arc<Engine>, SandboxError> {
+        self.not_revoked()?;
         let engine = self.engine().await?;
         init_once(&self.image_ready, &self.image_failed, || async {
             let report = |bytes: u64| match self.load_progress.get() {
@@ -347,27 +369,143 @@ impl Sandbox {
             // Independent questions to the engine, asked at once: what it can enforce, and
             // whether the image is there (loaded if not). The limits are judged first.
             let (enf, image) = tokio::join!(
-                Enforcement::query(&engine.docker),
+                self.enforcement(&engine),
                 image::ensure(&engine.docker, &self.config, &report)
             );
-            let enf = enf.map_err(|e| SandboxError::EngineQuery(e.to_string()))?;
-            // Before the limits: `allow_unenforced_limits` never excuses a missing isolation.
-            enf.isolation(&self.config)?;
-            let missing = enf.missing(&self.config);
-            if !missing.is_empty() {
-                if self.config.allow_unenforced_limits {
-                    tracing::warn!(
-                        "running with limits the host cannot enforce (allow_unenforced_limits): {}",
-                        missing.join("; ")
-                    );
-                } else {
-                    return Err(SandboxError::Unenforceable(missing));
+            let missing = match judge(&self.config, &enf?) {
+                Ok(missing) => missing,
+                Err(e) => {
+                    // A sandbox adopted from the bridge before (`park`) was not checked here:
+                    // it goes, with any session it became.
+                    self.close_all().await;
+                    return Err(e);
                 }
+            };
+            if !missing.is_empty() {
+                tracing::warn!(
+                    "running with limits the host cannot enforce (allow_unenforced_limits): {}",
+                    missing.join("; ")
+                );
             }
             image.map(|_| ()).map_err(SandboxError::from)
         })
         .await?;
         Ok(engine)
+    }
+
+    /// What the engine can enforce: the answer an earlier bridge kept, when everything it is
+    /// computed from is unchanged and it lets the sandbox run (asked again [`engine::CHECK_AFTER`]
+    /// later, off the path), else the engine's answer now, kept for the next bridge.
+    async fn enforcement(&self, engine: &Engine) -> Result<Enforcement, SandboxError> {
+        let kept = engine::Kept::of(engine, &self.config.state_dir).await;
+        if let Some(kept) = &kept
+            && let Some(answer) = kept.answer().await
+            && judge(&self.config, &answer).is_ok()
+        {
+            tracing::debug!("the engine's answer kept by an earlier bridge holds");
+            self.check_kept_later(kept.clone(), answer.clone());
+            return Ok(answer);
+        }
+        let answer = Enforcement::query(&engine.docker)
+            .await
+            .map_err(|e| SandboxError::EngineQuery(e.to_string()))?;
+        if let Some(kept) = kept {
+            kept.keep(&answer).await;
+        }
+        Ok(answer)
+    }
+
+    /// Check the kept answer just used [`engine::CHECK_AFTER`] from now, or at shutdown if
+    /// that comes first ([`Unchecked`]).
+    fn check_kept_later(&self, kept: engine::Kept, used: Enforcement) {
+        let this = self.this.clone();
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(engine::CHECK_AFTER).await;
+            if let Some(sb) = this.upgrade() {
+                sb.check_kept(false).await;
+            }
+        });
+        let old = self
+            .unchecked
+            .lock()
+            .unwrap()
+            .replace(Unchecked { kept, used, timer });
+        if let Some(old) = old {
+            old.timer.abort();
+        }
+    }
+
+    /// Ask the engine again what it can enforce, if a kept answer is in use unchecked; keep
+    /// what it says, and when that no longer lets the sandbox run, [`Sandbox::revoke`].
+    /// `at_shutdown`: called by the shutdown, which stops the timer.
+    async fn check_kept(&self, at_shutdown: bool) {
+        let Some(Unchecked { kept, used, timer }) = self.unchecked.lock().unwrap().take() else {
+            return;
+        };
+        if at_shutdown {
+            timer.abort();
+        }
+        let Some(engine) = self.engine.get().cloned() else {
+            return;
+        };
+        let now =
+            match tokio::time::timeout(CHECK_TIMEOUT, Enforcement::query(&engine.docker)).await {
+                Ok(Ok(now)) => now,
+                Ok(Err(e)) => {
+                    tracing::warn!("asking the engine again what it can enforce failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        "the engine did not say within {}s what it can enforce, asked again",
+                        CHECK_TIMEOUT.as_secs()
+                    );
+                    return;
+                }
+            };
+        kept.keep(&now).await;
+        if now == used {
+            tracing::debug!("the engine's answer, asked again, is the one kept");
+            return;
+        }
+        tracing::warn!(
+            kept = ?used,
+            now = ?now,
+            "the engine's answer changed though nothing it is computed from did"
+        );
+        if let Err(e) = judge(&self.config, &now) {
+            self.revoke(format!(
+                "{} (the engine said so when asked again; the answer an earlier bridge kept had allowed it, and the sandboxes started since were closed)",
+                crate::error::Hinted::message(&e)
+            ))
+            .await;
+        }
+    }
+
+    /// Refuse every call from now on, saying `why`, and close every session and pooled sandbox.
+    async fn revoke(&self, why: String) {
+        tracing::error!("{why}");
+        let _ = self.revoked.set(why);
+        self.close_all().await;
+    }
+
+    /// Close every session and pooled sandbox (the engine refuses what they were started under).
+    async fn close_all(&self) {
+        let pooled = self.pool.drain();
+        let live: Vec<Arc<Session>> = self.sessions.lock().await.drain().map(|(_, s)| s).collect();
+        futures::future::join_all(
+            live.iter()
+                .map(|s| s.destroy())
+                .chain(pooled.iter().map(|s| s.destroy())),
+        )
+        .await;
+    }
+
+    fn not_revoked(&self) -> Result<(), SandboxError> {
+        match self.revoked.get() {
+            Some(why) => Err(SandboxError::Shared(why.clone())),
+            None => Ok(()),
+        }
     }
 
     /// The live session `name`, started if needed; with `reset`, a fresh one. Also returns
@@ -377,6 +515,7 @@ impl Sandbox {
         name: &SessionKey,
         reset: bool,
     ) -> Result<(Claim, bool, Vec<String>), SandboxError> {
+        self.not_revoked()?;
         self.pool.touch();
         self.pending.fetch_add(1, Ordering::SeqCst);
         let _pending = Pending(&self.pending);
@@ -726,6 +865,8 @@ impl Sandbox {
 
     /// Remove every container (sessions and pool) and stop our podman service.
     pub async fn shutdown(&self) {
+        // Before parking: a sandbox is parked only under an answer the engine confirmed.
+        self.check_kept(true).await;
         self.park_one().await;
         self.pool.closed.store(true, Ordering::SeqCst);
         self.closing.cancel();
@@ -858,7 +999,10 @@ impl Sandbox {
     /// At shutdown, with `park::eligible`: hand a pooled sandbox (ready, or ready within
     /// [`PARK_WAIT`]) to a keeper for the next bridge, instead of removing it.
     async fn park_one(&self) {
-        if !park::eligible(&self.config) || !self.pool.enabled.load(Ordering::SeqCst) {
+        if !park::eligible(&self.config)
+            || !self.pool.enabled.load(Ordering::SeqCst)
+            || self.revoked.get().is_some()
+        {
             return;
         }
         let Some(engine) = self.engine.get() else {
@@ -945,6 +1089,18 @@ impl Drop for Pending<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// Whether the sandbox may run with what the engine can enforce: `Err` when the isolation asked
+/// for is missing (never excused) or limits cannot be enforced and `allow_unenforced_limits` is
+/// off; `Ok` with the limits that will go unenforced because it is on.
+fn judge(config: &Config, enf: &Enforcement) -> Result<Vec<String>, SandboxError> {
+    enf.isolation(config)?;
+    let missing = enf.missing(config);
+    if !missing.is_empty() && !config.allow_unenforced_limits {
+        return Err(SandboxError::Unenforceable(missing));
+    }
+    Ok(missing)
 }
 
 /// Failed attempts at one thing, counted, with the last one's message.

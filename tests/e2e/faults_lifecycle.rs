@@ -1301,3 +1301,110 @@ fn lifecycle_stdin_closed_before_initialize_is_a_quiet_exit() {
         "{stderr}"
     );
 }
+
+/// The engine's answer about what it can enforce, as the bridge kept it in `home`'s state dir.
+fn kept_answer_path(home: &Path) -> PathBuf {
+    home.join(".local/state/mcp-code-bridge/engine/enforcement.json")
+}
+
+fn kept_answer(home: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(kept_answer_path(home)).unwrap_or_else(|e| {
+        panic!("no kept answer in {}: {e}", home.display());
+    });
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The kept answer with `field` of what the engine said set to `value`, facts and time kept.
+fn tamper_kept_answer(home: &Path, field: &str, value: serde_json::Value) {
+    let mut kept = kept_answer(home);
+    kept["answer"][field] = value;
+    // Written into the same file: its owner and mode stay the bridge's.
+    std::fs::write(kept_answer_path(home), kept.to_string()).unwrap();
+}
+
+/// A bridge keeps the engine's answer about what it can enforce (podman spends 0.4-0.7 s on
+/// it), the next bridge in the same state dir uses it without asking, asks again off the path
+/// and keeps the engine's answer over a kept one that differs; a kept answer that would refuse
+/// is never used (the engine is asked), and one whose facts changed is not either.
+#[tokio::test(flavor = "multi_thread")]
+async fn kept_engine_answer_serves_the_next_bridge_is_checked_again_and_never_refuses() {
+    let no_pool = [("MCP_BRIDGE_POOL_SIZE", "0")];
+    let first = Bridge::start_with(Home::new(), &no_pool, None).await;
+    assert_eq!(first.out("print('first')").await, "first\n");
+    let home = first.shutdown_clean().await;
+    let path = kept_answer_path(home.path());
+    let kept = kept_answer(home.path());
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "{}", path.display());
+    assert_eq!(kept["answer"]["memory"], json!(true), "{kept}");
+    assert_eq!(kept["answer"]["pids"], json!(true), "{kept}");
+    // Given for an engine: the bridge's own podman service, or a socket that answered.
+    assert!(
+        kept["facts"]["engine"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("own podman service") || e.starts_with("unix://")),
+        "{kept}"
+    );
+
+    // A kept answer that lets the sandbox run is used as it is: here one that says the memory
+    // limit cannot be enforced, with unenforced limits allowed, which the bridge then says.
+    tamper_kept_answer(home.path(), "memory", json!(false));
+    let allow = [
+        ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ("MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS", "1"),
+    ];
+    let second = Bridge::start_with(home, &allow, None).await;
+    assert_eq!(second.out("print('second')").await, "second\n");
+    let log = second.home.log();
+    assert!(
+        log.contains("running with limits the host cannot enforce")
+            && log.contains("memory (512m)"),
+        "the kept answer was not used:\n{log}"
+    );
+    // Asked again off the path: the engine's own answer replaces the kept one.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while kept_answer(second.home.path())["answer"]["memory"] != json!(true) {
+        assert!(
+            Instant::now() < deadline,
+            "the engine was not asked again:\n{}",
+            second.home.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        second.home.log().contains("the engine's answer changed"),
+        "{}",
+        second.home.log()
+    );
+    second.still_serving().await;
+    let home = second.shutdown_clean().await;
+
+    // A kept answer that would refuse is not trusted: the engine is asked, and it runs.
+    tamper_kept_answer(home.path(), "memory", json!(false));
+    let third = Bridge::start_with(home, &no_pool, None).await;
+    assert_eq!(third.out("print('third')").await, "third\n");
+    assert_eq!(
+        kept_answer(third.home.path())["answer"]["memory"],
+        json!(true)
+    );
+    let home = third.shutdown_clean().await;
+
+    // Facts that changed (here the engine it was given for): not used, the engine is asked.
+    let mut kept = kept_answer(home.path());
+    kept["answer"]["memory"] = json!(false);
+    kept["facts"]["engine"] = json!("unix:///elsewhere.sock");
+    std::fs::write(kept_answer_path(home.path()), kept.to_string()).unwrap();
+    let fourth = Bridge::start_with(home, &allow, None).await;
+    assert_eq!(fourth.out("print('fourth')").await, "fourth\n");
+    let log = fourth.home.log();
+    assert!(
+        !log.contains("running with limits the host cannot enforce"),
+        "an answer for other facts was used:\n{log}"
+    );
+    assert_eq!(
+        kept_answer(fourth.home.path())["answer"]["memory"],
+        json!(true)
+    );
+    fourth.shutdown().await;
+}

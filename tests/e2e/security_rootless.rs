@@ -31,8 +31,11 @@ fn cgroup_v2() -> bool {
     Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
 }
 
+/// The rootless tests' turn (`common::rootless::TURN`), held.
+type Turn = tokio::sync::MutexGuard<'static, ()>;
+
 struct Rootless {
-    _turn: tokio::sync::MutexGuard<'static, ()>,
+    _turn: Turn,
     client: RunningService<RoleClient, ()>,
     log: PathBuf,
     user: String,
@@ -42,7 +45,11 @@ struct Rootless {
 
 impl Rootless {
     async fn start(extra_env: &[(&str, &str)]) -> Rootless {
-        let turn = common::rootless::TURN.lock().await;
+        Self::start_in(common::rootless::TURN.lock().await, extra_env).await
+    }
+
+    /// Start it within a turn already held (a test of several bridges one after the other).
+    async fn start_in(turn: Turn, extra_env: &[(&str, &str)]) -> Rootless {
         let (user, home) = common::rootless::user();
         // Containers an earlier rootless test left (a bridge it killed): not this bridge's.
         let before = containers_of_user(&user);
@@ -134,8 +141,19 @@ impl Rootless {
 
     /// Close the client; the bridge removes its containers on the way out. Returns what is left.
     async fn shutdown(self) -> Vec<String> {
+        self.shutdown_in_turn().await.0
+    }
+
+    /// [`Rootless::shutdown`], keeping the turn for the test's next bridge.
+    async fn shutdown_in_turn(self) -> (Vec<String>, Turn) {
         let (user, before) = (self.user.clone(), self.before.clone());
-        let _ = self.client.cancel().await;
+        let Rootless {
+            client,
+            _turn,
+            _dir,
+            ..
+        } = self;
+        let _ = client.cancel().await;
         let left = || -> Vec<String> {
             containers_of_user(&user)
                 .into_iter()
@@ -148,7 +166,7 @@ impl Rootless {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        left()
+        (left(), _turn)
     }
 }
 
@@ -251,4 +269,120 @@ print("noexec", all("noexec" in mounts[m] for m in ("/tmp", "/workspace", "/var/
     }
     let left = b.shutdown().await;
     assert!(left.is_empty(), "containers left: {left:?}");
+}
+
+/// The engine's answer the user's bridges keep (`enforcement.json` in the state dir).
+fn kept_answer_path(home: &Path) -> PathBuf {
+    home.join(".local/state/mcp-code-bridge/engine/enforcement.json")
+}
+
+/// A kept answer that allowed what the engine, asked again, refuses (here: one that says the
+/// user's podman enforces every limit, on a host where rootless limits are dropped): the bridge
+/// used it for its first call, and once the engine answers otherwise it closes the sandbox
+/// started under it, refuses every call after, and keeps the engine's answer for the next
+/// bridge, which refuses at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn rootless_a_kept_answer_the_engine_no_longer_gives_closes_what_ran_under_it() {
+    let allowed = Rootless::start(&[("MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS", "1")]).await;
+    assert_eq!(allowed.py("print('kept')").await.ok().stdout(), "kept\n");
+    // The turn is held throughout: another rootless test must not meet the answer made up below.
+    let (left, turn) = allowed.shutdown_in_turn().await;
+    assert!(left.is_empty(), "containers left: {left:?}");
+    let (_, home) = common::rootless::user();
+    let path = kept_answer_path(&home);
+    let mut kept: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let real = kept["answer"].clone();
+    assert_eq!(real["rootless"], json!(true), "{kept}");
+    let enforced = real["memory"] == json!(true) && real["pids"] == json!(true);
+    // Rootless on cgroup v1 has no limits: the case this test is for.
+    assert!(cgroup_v2() || !enforced, "{kept}");
+    for (field, value) in [
+        ("rootless", json!(false)),
+        ("memory", json!(true)),
+        ("pids", json!(true)),
+        ("cpu", json!(true)),
+    ] {
+        kept["answer"][field] = value;
+    }
+    // Into the same file: it stays the user's, mode 0600.
+    std::fs::write(&path, kept.to_string()).unwrap();
+
+    let b = Rootless::start_in(turn, &[]).await;
+    let first = b.py("print('ran')").await;
+    if enforced {
+        // The engine enforces the limits (cgroup v2 with the controllers delegated): the kept
+        // answer allowed nothing it refuses, and asked again it only corrects the rest.
+        assert_eq!(first.ok().stdout(), "ran\n");
+    } else {
+        // Under the kept answer the first call ran (or, if the engine was asked again before it
+        // was done, its sandbox was closed under it). Then every call is refused, saying why.
+        assert!(
+            first.status() == "ok" || first.text().contains("cannot enforce"),
+            "{}\n{}",
+            first.text(),
+            b.log()
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let refusal = loop {
+            let r = b.py("print('again')").await;
+            if r.is_error() {
+                break r.text();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still running under the kept answer:\n{}",
+                b.log()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        for want in [
+            "cannot enforce these sandbox limits",
+            "memory (512m)",
+            "asked again",
+            "were closed",
+        ] {
+            assert!(refusal.contains(want), "missing {want:?} in: {refusal}");
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !b.containers().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the sandbox started under the kept answer is still there: {:?}",
+                b.containers()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Refusing is not crashing.
+        assert_eq!(b.client.list_all_tools().await.unwrap().len(), 1);
+    }
+    // The engine's own answer is kept again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let now: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        if now["answer"] == real {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the engine's answer was not kept again: {now}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (left, turn) = b.shutdown_in_turn().await;
+    assert!(left.is_empty(), "containers left: {left:?}");
+    if !enforced {
+        // The next bridge refuses at once, starting nothing.
+        let next = Rootless::start_in(turn, &[]).await;
+        let r = next.py("print('next')").await;
+        assert!(
+            r.text().contains("cannot enforce these sandbox limits"),
+            "{}",
+            r.text()
+        );
+        assert!(next.containers().is_empty(), "{:?}", next.containers());
+        let left = next.shutdown().await;
+        assert!(left.is_empty(), "containers left: {left:?}");
+    }
 }

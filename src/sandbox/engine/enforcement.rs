@@ -41,7 +41,7 @@ impl Hinted for SandboxIsolationMissing {
 }
 
 /// What the engine can enforce, from its `/info`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Enforcement {
     pub rootless: bool,
     pub cgroup_version: String,

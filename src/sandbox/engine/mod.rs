@@ -13,9 +13,11 @@ use crate::config::{Config, Runtime};
 use crate::error::{Hint, Hinted};
 
 mod enforcement;
+mod kept;
 mod service;
 
 pub use enforcement::{Enforcement, SandboxIsolationMissing};
+pub use kept::{CHECK_AFTER, Kept};
 pub use service::own_socket;
 use service::{Lingering, OwnService, keep_alive_every, reap_stale_services};
 
@@ -23,6 +25,9 @@ use service::{Lingering, OwnService, keep_alive_every, reap_stale_services};
 const REQUEST_TIMEOUT_SECS: u64 = 600;
 /// How long a candidate socket gets to answer `_ping`.
 const PING_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often a service being started is looked at: it answers ~60 ms after its start on an idle
+/// two-core host, and every ms until it is seen is a ms of a cold first call.
+const SERVICE_POLL: Duration = Duration::from_millis(5);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineKind {
@@ -445,7 +450,7 @@ impl Engine {
                 ));
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            tokio::time::sleep(SERVICE_POLL).await;
         }
         Err(EngineError::ServiceSilent { tried })
     }
@@ -534,7 +539,7 @@ impl Engine {
                 ));
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            tokio::time::sleep(SERVICE_POLL).await;
         }
         Err(EngineError::ServiceSilent { tried })
     }
