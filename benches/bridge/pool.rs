@@ -82,6 +82,7 @@ pub(crate) async fn first_calls(o: &Opts, pool: &str, t: &mut Table) {
 /// `engine_linger`, 60 s here, and the next bridge takes it, with the sandbox it parked). The
 /// figure is the `tools/call` round trip; `initialize` takes a few ms more (section 2).
 pub(crate) async fn no_pause(o: &Opts, pool: &str, t: &mut Table) {
+    const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
     let linger = "60s";
     let cold_env = [
         ("MCP_BRIDGE_POOL_SIZE", pool),
@@ -89,9 +90,13 @@ pub(crate) async fn no_pause(o: &Opts, pool: &str, t: &mut Table) {
     ];
     let (mut cold, mut never_used) = (Vec::new(), Vec::new());
     for _ in 0..o.pool_fresh {
+        // A cold host is an idle one: what the bridge before left to finish in the engine (its
+        // containers' clean-up, its service's exit) is given a moment first.
+        tokio::time::sleep(SETTLE).await;
         let live = Live::start_with(Home::new(&[]), &cold_env).await;
         never_used.push(live.ok(json!({"code": "print(1+1)"})).await.1);
         let home = live.shutdown().await;
+        tokio::time::sleep(SETTLE).await;
         // The same state dir again: its service went with its bridge.
         let live = Live::start_with(home, &cold_env).await;
         cold.push(live.ok(json!({"code": "print(1+1)"})).await.1);

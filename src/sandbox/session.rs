@@ -294,6 +294,11 @@ impl Session {
                 (attached.output, attached.input, None)
             }
         };
+        tracing::debug!(
+            session = name,
+            ms = t0.elapsed().as_millis() as u64,
+            "container attached"
+        );
         let started = docker
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
             .await
