@@ -489,7 +489,8 @@ impl Sandbox {
         self.close_all().await;
     }
 
-    /// Close every session and pooled sandbox (the engine refuses what they were started under).
+    /// Close every session and pooled sandbox: at shutdown, or when the engine refuses what
+    /// they were started under.
     async fn close_all(&self) {
         let pooled = self.pool.drain();
         let live: Vec<Arc<Session>> = self.sessions.lock().await.drain().map(|(_, s)| s).collect();
@@ -880,14 +881,7 @@ impl Sandbox {
         while self.pool.filling() > 0 && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let pooled = self.pool.drain();
-        let all: Vec<Arc<Session>> = self.sessions.lock().await.drain().map(|(_, s)| s).collect();
-        futures::future::join_all(
-            all.iter()
-                .map(|s| s.destroy())
-                .chain(pooled.iter().map(|s| s.destroy())),
-        )
-        .await;
+        self.close_all().await;
         self.reap_strays(true).await;
         if let Some(engine) = self.engine.get() {
             engine.shutdown().await;
