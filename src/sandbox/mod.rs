@@ -567,9 +567,7 @@ impl Sandbox {
         if let Some(mut s) = pooled {
             let serial = self.serial.fetch_add(1, Ordering::Relaxed);
             s.hand_to(&name.to_string(), serial);
-            let s = Arc::new(s);
-            let claim = s.claim();
-            self.sessions.lock().await.insert(name.clone(), s);
+            let claim = self.hand_out(name, Arc::new(s)).await?;
             return Ok((claim, true, Vec::new()));
         }
         let engine = self.engine().await?;
@@ -594,9 +592,29 @@ impl Sandbox {
         );
         self.pool.cold_took(t0.elapsed());
         self.saw(&s);
-        let claim = s.claim();
-        self.sessions.lock().await.insert(name.clone(), s);
+        let claim = self.hand_out(name, s).await?;
         Ok((claim, true, notices))
+    }
+
+    /// Make `s` session `name`'s and claim it, unless the engine's answer was revoked
+    /// meanwhile: `revoke` sets its flag before it closes the sessions it finds, so a session
+    /// that joins after its sweep (started or taken while the engine was asked again) sees the
+    /// flag here and is closed, never handed out.
+    async fn hand_out(&self, name: &SessionKey, s: Arc<Session>) -> Result<Claim, SandboxError> {
+        self.sessions
+            .lock()
+            .await
+            .insert(name.clone(), Arc::clone(&s));
+        if let Err(e) = self.not_revoked() {
+            let mut sessions = self.sessions.lock().await;
+            if sessions.get(name).is_some_and(|cur| Arc::ptr_eq(cur, &s)) {
+                sessions.remove(name);
+            }
+            drop(sessions);
+            s.destroy().await;
+            return Err(e);
+        }
+        Ok(s.claim())
     }
 
     /// Keep within `max_sessions` before session `name` starts: close the least recently used

@@ -292,13 +292,18 @@ fn cgroup_lines(euid: u32) -> Vec<String> {
     let own = read_small(Path::new("/proc/self/cgroup"))
         .lines()
         .find_map(|l| l.strip_prefix("0::").map(str::to_string));
-    let mut places = vec![root.to_path_buf()];
-    places.extend(own.map(|p| root.join(p.trim_start_matches('/'))));
-    places.push(root.join(format!("user.slice/user-{euid}.slice/user@{euid}.service")));
-    for p in places {
+    // By role, not path: this process's cgroup is another login's scope from one session to
+    // the next, and what matters of it is the controllers podman is given, not its name.
+    let mut places = vec![("root", root.to_path_buf())];
+    places.extend(own.map(|p| ("self", root.join(p.trim_start_matches('/')))));
+    places.push((
+        "user",
+        root.join(format!("user.slice/user-{euid}.slice/user@{euid}.service")),
+    ));
+    for (role, p) in places {
         let c = p.join("cgroup.controllers");
         if c.exists() {
-            out.push(format!("{}: {}", c.display(), read_small(&c)));
+            out.push(format!("{role}: {}", read_small(&c)));
         }
     }
     out
