@@ -62,6 +62,17 @@ pub fn open_read(path: &Path) -> io::Result<File> {
     open(path, OpenOptions::new().read(true))
 }
 
+/// Write `bytes` to `path` whole: a file of mode 0600 made in `tmp` (on the same filesystem)
+/// and renamed over it, so a reader sees the old file or the new one, never a part, and a link
+/// at `path` is replaced, not followed.
+pub fn write_atomic(tmp: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let mut f = tempfile::NamedTempFile::new_in(tmp)?;
+    f.write_all(bytes)?;
+    f.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
 fn not_regular(what: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,

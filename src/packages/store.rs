@@ -551,13 +551,7 @@ fn touch(path: &Path) {
     }
 }
 
-/// Write `bytes` to `path` whole: a file in `tmp` renamed over it.
-pub fn write_atomic(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut f = tempfile::NamedTempFile::new_in(tmp)?;
-    f.write_all(bytes)?;
-    f.persist(path).map_err(|e| e.error)?;
-    Ok(())
-}
+pub use crate::statefile::write_atomic;
 
 /// Hard-link every file of `tree` into `dest` (its directories made), listing in `created`
 /// what it made so that a failed install can take it back. A file already at a path is a

@@ -17,7 +17,7 @@
 //! `Sandbox::revoke`). The file is the user's (0600, in the 0700 `engine/` directory), read
 //! leniently: anything unexpected in it is a miss, never an error.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -167,10 +167,8 @@ fn write(path: &Path, record: &Record) -> std::io::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
         _ => {}
     }
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(&serde_json::to_vec(record).map_err(std::io::Error::other)?)?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+    crate::statefile::write_atomic(dir, path, &bytes)
 }
 
 /// The variables that move podman's configuration.
