@@ -224,6 +224,11 @@ pub enum HostFrame<'a> {
         /// The module whose `main` the loader calls.
         entry: &'a str,
         constants: RuntimeConstants<'a>,
+        /// The modules' compiled code a sandbox sent (`code`), when the bridge holds it: the
+        /// loader runs it instead of compiling the sources when it made by this kind of
+        /// interpreter.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        code: Option<&'a RuntimeCode>,
     },
     Exec {
         id: u64,
@@ -323,10 +328,23 @@ pub struct KernelSeen {
     pub proc_version: String,
 }
 
+/// The runtime's modules compiled by a sandbox's interpreter (docs/protocol.md, "Boot"): the
+/// `code` frame a sandbox sends when its loader compiled them, and the boot frame's `code`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RuntimeCode {
+    /// The interpreter's magic number (`importlib.util.MAGIC_NUMBER`), in hex: the code is
+    /// used only by an interpreter whose number is the same.
+    pub magic: String,
+    /// Each module's code object, `marshal`led, in base64, by module name.
+    pub modules: std::collections::BTreeMap<String, String>,
+}
+
 /// Sandbox -> host.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum SandboxFrame {
+    /// The runtime's compiled code: taken only as a fresh sandbox's first frame.
+    Code(RuntimeCode),
     Ready {
         #[serde(default)]
         python: String,
@@ -337,6 +355,10 @@ pub enum SandboxFrame {
         /// The kernel the runtime saw at boot, before any code of the user's ran.
         #[serde(default)]
         kernel: Option<KernelSeen>,
+        /// Whether the loader compiled the runtime from its sources (the boot frame carried no
+        /// code this interpreter could run).
+        #[serde(default)]
+        compiled: bool,
     },
     Output {
         id: u64,

@@ -3,7 +3,8 @@
 In order: take the host's constants from the boot frame; install the seccomp filter while this
 is the only thread (a failure of either stops here: the reason goes to stderr, which the host
 names in the start's error, and there is no `ready`); move the frame channel off fd 0/1 and
-capture fd 1/2; build the `mcp` package and the user's `__main__`; start the frame reader, the
+capture fd 1/2; send the runtime's compiled code when the loader had to compile it (the first
+frame, before any code but the runtime's ran); build the `mcp` package and the user's `__main__`; start the frame reader, the
 pipe readers and the interrupt watchdog; import the preload list; say `ready`, with the kernel
 read first of all; then run execs for ever (`execute.serve`).
 """
@@ -14,7 +15,6 @@ import os
 import platform
 import signal
 import sys
-import tempfile
 import threading
 import types
 
@@ -41,6 +41,8 @@ def _setup_env():
             usable = False
     if not usable:
         try:
+            import tempfile  # only here: the image sets a usable MPLCONFIGDIR
+
             os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="matplotlib-")
         except Exception:
             pass
@@ -93,6 +95,26 @@ def _preload():
         output.drain()
 
 
+def _send_code(frame):
+    """When the loader compiled a module from its source (the boot frame carried no `code`, or
+    code another kind of interpreter made, or code that would not load), send every module's
+    compiled code, marshalled, as a `code` frame: the host keeps it and sends it in the next
+    sandboxes' boot frames, sparing them the compiling (docs/protocol.md, "Boot"). Sent as the
+    first frame, before any code but the runtime's and the standard library's ran here (the
+    installed packages are not on the path yet, the preload list not imported): the host takes
+    no `code` frame that is not the first."""
+    source = frame.get("compiled")
+    if not callable(source) or not frame.get("magic"):
+        return
+    import binascii
+    import marshal
+
+    modules = {}
+    for name in frame["modules"]:
+        modules[name] = binascii.b2a_base64(marshal.dumps(source(name)), newline=False).decode("ascii")
+    channel.send({"type": "code", "magic": frame["magic"], "modules": modules})
+
+
 def kernel():
     """The kernel this sandbox runs on, as the kernel says it: `uname`'s release and version and
     the first line of /proc/version, read at boot, before any code of the user's runs. Under
@@ -127,6 +149,7 @@ def main(frame, frames_in):
         pass
     _setup_env()
     channel.take_stdio(frames_in)
+    _send_code(frame)
     output.capture()
     try:
         import ctypes
@@ -153,5 +176,5 @@ def main(frame, frames_in):
     installs.add_to_path()
     _preload()
     channel.send({"type": "ready", "python": platform.python_version(), "pid": os.getpid(), "kernel": seen,
-                  "target": installs.target()})
+                  "target": installs.target(), "compiled": bool(frame.get("compiled"))})
     execute.serve()

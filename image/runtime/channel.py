@@ -11,10 +11,10 @@ else is ignored.
 """
 
 import collections.abc
-import dataclasses
 import json
 import numbers
 import os
+import sys
 import threading
 
 from . import constants, interrupts, notebook, state
@@ -52,7 +52,8 @@ def _json_default(o):
         return float(o)
     if hasattr(o, "isoformat") and callable(o.isoformat):  # datetime, date, time
         return o.isoformat()
-    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+    dataclasses = sys.modules.get("dataclasses")  # not imported at boot: none exists before
+    if dataclasses is not None and dataclasses.is_dataclass(o) and not isinstance(o, type):
         return dataclasses.asdict(o)
     if isinstance(o, collections.abc.Mapping):
         return dict(o)

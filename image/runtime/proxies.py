@@ -15,7 +15,6 @@ import json
 import keyword
 import sys
 import types
-import typing
 
 from . import channel, discovery, rpc, state, values
 
@@ -81,6 +80,8 @@ _JSON_TYPES = {
 
 def py_type(schema):
     """The annotation of a parameter with this JSON schema."""
+    import typing  # when a proxy is first made, not at boot
+
     if not isinstance(schema, dict):
         return typing.Any
     t = schema.get("type")

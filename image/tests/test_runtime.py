@@ -36,6 +36,8 @@ HOST_CONSTANTS = {
     "skill_default_depth": 16,
 }
 TEST_IMAGE = os.environ.get("MCP_RUNTIME_TEST_IMAGE")
+# The `code` frame the first sandbox of this run sent (as the bridge keeps it), for the next ones.
+CODE = {}
 
 
 def boot_frame(**fields):
@@ -118,10 +120,15 @@ class Sandbox:
         self.skill_loads = 0
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
-        self.send(boot_frame())
-        ready = self.next_frame(timeout=60)
-        assert ready["type"] == "ready", ready
-        self.ready = ready
+        self.send(boot_frame(code=CODE.get("frame")))
+        first = self.next_frame(timeout=60)
+        # The runtime's compiled code, sent first when the loader compiled it (the boot frame
+        # carried none this interpreter could use): later sandboxes of this run boot with it.
+        if first and first["type"] == "code":
+            CODE["frame"] = {"magic": first["magic"], "modules": first["modules"]}
+            first = self.next_frame(timeout=60)
+        assert first and first["type"] == "ready", first
+        self.ready = first
 
     def _read(self):
         for line in self.proc.stdout:
@@ -379,6 +386,8 @@ def boot_with(prelude="", frame=None):
         proc.stdin.write(json.dumps(frame or boot_frame()).encode() + b"\n")
         proc.stdin.flush()
         first = proc.stdout.readline()  # `ready`, or nothing when the runtime exits first
+        while first and json.loads(first.splitlines()[-1])["type"] == "code":  # sent before `ready`
+            first += proc.stdout.readline()
     finally:
         proc.stdin.close()
         proc.stdin = None
@@ -395,7 +404,7 @@ def test_a_seccomp_filter_the_kernel_refuses_fails_the_start():
             "(prctl(SECCOMP): Permission denied); the sandbox does not run without it") in stderr, stderr
     # The prelude without its filter: the runtime starts (the refusal above is the filter's).
     status, frames, stderr = boot_with(REFUSE_SECCOMP_SETUP)
-    assert [f["type"] for f in frames] == ["ready"] and status == 0, (status, frames, stderr)
+    assert [f["type"] for f in frames] == ["code", "ready"] and status == 0, (status, frames, stderr)
 
 
 def test_a_machine_without_a_syscall_table_fails_the_start():
@@ -420,11 +429,104 @@ def test_frames_sent_right_after_the_boot_frame_are_not_lost():
                          json.dumps({"type": "exec", "id": 1, "code": "6 * 7", "output_cap": 1000}).encode() + b"\n")
         proc.stdin.flush()
         ready = json.loads(proc.stdout.readline())
+        if ready["type"] == "code":
+            ready = json.loads(proc.stdout.readline())
         result = json.loads(proc.stdout.readline())
         assert ready["type"] == "ready" and result["value"] == "42", (ready, result)
     finally:
         proc.stdin.close()
         proc.wait(10)
+
+
+# ------------------------------------------------------------------- compiled code between boots
+
+
+def boot_frames(frame):
+    """The frames a runtime booted with `frame` sends up to `ready`, and the answer to one exec
+    run after it (the runtime is then closed)."""
+    proc = subprocess.Popen(runtime_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=str(IMAGE_DIR))
+    try:
+        proc.stdin.write(json.dumps(frame).encode() + b"\n")
+        proc.stdin.flush()
+        frames = []
+        while not frames or frames[-1]["type"] != "ready":
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read().decode()
+            frames.append(json.loads(line))
+        code = ("import sys\nrt = sys.modules['__mcp_bridge_runtime__.values']\n"
+                "[getattr(rt, 'MARK', None), rt.convert_result.__code__.co_filename]")
+        proc.stdin.write(json.dumps({"type": "exec", "id": 1, "code": code, "output_cap": 1000}).encode() + b"\n")
+        proc.stdin.flush()
+        result = json.loads(proc.stdout.readline())
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+    return frames, result
+
+
+def test_a_boot_without_code_compiles_the_runtime_and_sends_its_code_first():
+    frames, result = boot_frames(boot_frame())
+    assert [f["type"] for f in frames] == ["code", "ready"], frames
+    code, ready = frames
+    assert ready["compiled"] is True
+    # Every module's code, marshalled by this interpreter (its magic number names its kind).
+    assert sorted(code["modules"]) == sorted(MODULES)
+    assert code["magic"] and bytes.fromhex(code["magic"])
+    if not TEST_IMAGE:
+        import importlib.util
+        import marshal
+
+        assert code["magic"] == importlib.util.MAGIC_NUMBER.hex()
+        for name, data in code["modules"].items():
+            assert marshal.loads(base64.b64decode(data)).co_filename == "<mcp-bridge-runtime/%s.py>" % name
+    assert result["value"] == "[None, '<mcp-bridge-runtime/values.py>']", result
+
+
+def test_a_boot_with_code_runs_that_code_and_compiles_nothing():
+    first, _ = boot_frames(boot_frame())
+    code = first[0]
+    # Code the runtime's own interpreter made from a source that differs from the frame's (a
+    # mark added): seen after the boot, it was that code that ran, not the source.
+    marked = Sandbox()
+    try:
+        made = marked.ok("import marshal, binascii\n"
+                         "print(binascii.b2a_base64(marshal.dumps(compile(%r + '\\nMARK = 1\\n', "
+                         "'<mcp-bridge-runtime/values.py>', 'exec')), newline=False).decode())" % MODULES["values"],
+                         output_cap=1 << 20).stdout.strip()
+    finally:
+        marked.close()
+    modules = dict(code["modules"], values=made)
+    frames, result = boot_frames(boot_frame(code={"magic": code["magic"], "modules": modules}))
+    assert [f["type"] for f in frames] == ["ready"], frames
+    assert frames[0]["compiled"] is False
+    assert result["value"] == "[1, '<mcp-bridge-runtime/values.py>']", result
+
+
+@pytest.mark.parametrize("broken", ["other interpreter", "bad base64", "not marshal", "not code", "not a string", "missing"])
+def test_code_that_cannot_be_used_is_compiled_from_source_and_sent_again(broken):
+    code = boot_frames(boot_frame())[0][0]
+    magic, modules = code["magic"], dict(code["modules"])
+    if broken == "other interpreter":
+        magic = "00" + magic[2:] if not magic.startswith("00") else "ff" + magic[2:]
+    elif broken == "bad base64":
+        modules["values"] = "%%% not base64"
+    elif broken == "not marshal":
+        modules["values"] = base64.b64encode(b"\x00not marshal data").decode()
+    elif broken == "not code":
+        import marshal
+
+        modules["values"] = base64.b64encode(marshal.dumps(7)).decode()
+    elif broken == "not a string":
+        modules["values"] = 7
+    else:
+        del modules["values"]
+    frames, result = boot_frames(boot_frame(code={"magic": magic, "modules": modules}))
+    assert [f["type"] for f in frames] == ["code", "ready"], frames
+    assert frames[-1]["compiled"] is True
+    # What it sends again is the whole runtime's code, as a boot without code sends it.
+    assert frames[0]["magic"] == code["magic"] and sorted(frames[0]["modules"]) == sorted(MODULES)
+    assert result["value"] == "[None, '<mcp-bridge-runtime/values.py>']", result
 
 
 def test_persistence_and_last_expression(sb):

@@ -80,6 +80,7 @@ impl Channel {
                 stderr_tail: stderr_tail.clone(),
                 session: session.to_string(),
                 booted,
+                spoke: booted,
                 log: crate::logging::LogBudget::new("lines from the sandbox", LOG_LINES_PER_MINUTE),
                 bad: 0,
                 stale: 0,
@@ -138,6 +139,8 @@ struct Reader {
     session: String,
     /// `ready` was seen: later ones are forgeries.
     booted: bool,
+    /// A line came from the sandbox: a `code` frame after it is not the runtime's.
+    spoke: bool,
     log: crate::logging::LogBudget,
     bad: u64,
     stale: u64,
@@ -161,7 +164,9 @@ impl Reader {
             };
             let mut rest: &[u8] = &chunk;
             while !rest.is_empty() {
-                match splitter.feed(&mut rest) {
+                let split = splitter.feed(&mut rest);
+                let first = split.is_some() && !std::mem::replace(&mut self.spoke, true);
+                match split {
                     Some(Split::Oversize) if self.log.allow(&self.session) => {
                         tracing::warn!(session = %self.session, "discarding a line over {MAX_FRAME_BYTES} bytes from the sandbox");
                     }
@@ -169,7 +174,7 @@ impl Reader {
                         let len = line.len();
                         match protocol::decode(line) {
                             Ok(frame) => {
-                                if !self.forward(frame, len).await {
+                                if !self.forward(frame, len, first).await {
                                     self.dead.store(true, Ordering::Relaxed);
                                     return;
                                 }
@@ -190,9 +195,13 @@ impl Reader {
     }
 
     /// Queue a frame for the exec loop, or drop it here. False when the session is gone.
-    async fn forward(&mut self, frame: SandboxFrame, len: usize) -> bool {
+    /// `first`: the frame is the first line the sandbox wrote.
+    async fn forward(&mut self, frame: SandboxFrame, len: usize, first: bool) -> bool {
         let current = self.current.load(Ordering::SeqCst);
         let wanted = match &frame {
+            // The runtime sends its compiled code first of all, before any code but its own
+            // ran (boot.py); a later one could be the user's code's.
+            SandboxFrame::Code(_) => first && !self.booted,
             SandboxFrame::Ready { .. } => !std::mem::replace(&mut self.booted, true),
             SandboxFrame::Output { id, .. }
             | SandboxFrame::Display { id, .. }
@@ -254,5 +263,57 @@ impl Reader {
                 tail.pop_front();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The frames a channel lets through of `lines`, written by the sandbox in this order.
+    fn through(lines: &[&str], booted: bool) -> Vec<&'static str> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let chunks: Vec<Result<LogOutput, bollard::errors::Error>> = lines
+                .iter()
+                .map(|l| {
+                    Ok(LogOutput::StdOut {
+                        message: format!("{l}\n").into_bytes().into(),
+                    })
+                })
+                .collect();
+            let output: AttachOutput = Box::pin(futures::stream::iter(chunks));
+            let input: AttachInput = Box::pin(tokio::io::sink());
+            let mut ch = Channel::open(output, input, "test", booted);
+            let mut seen = Vec::new();
+            while let Some(q) = ch.frames.recv().await {
+                seen.push(match q.frame {
+                    SandboxFrame::Code(_) => "code",
+                    SandboxFrame::Ready { .. } => "ready",
+                    _ => "other",
+                });
+            }
+            seen
+        })
+    }
+
+    const CODE: &str = r#"{"type":"code","magic":"a70d0d0a","modules":{"boot":"YWJj"}}"#;
+    const READY: &str = r#"{"type":"ready","python":"3.14.0"}"#;
+    const LOG: &str = r#"{"type":"log","level":"info","message":"hi"}"#;
+
+    /// The runtime's compiled code is taken only as a fresh sandbox's first line: what comes
+    /// after any other line (code of the user's, a module the preload imported) is not.
+    #[test]
+    fn a_code_frame_is_let_through_only_as_a_fresh_sandboxs_first_line() {
+        assert_eq!(through(&[CODE, READY], false), ["code", "ready"]);
+        assert_eq!(through(&[LOG, CODE, READY], false), ["ready"]);
+        assert_eq!(through(&["not a frame", CODE, READY], false), ["ready"]);
+        assert_eq!(through(&[READY, CODE], false), ["ready"]);
+        assert_eq!(through(&[CODE, CODE, READY], false), ["code", "ready"]);
+        // An adopted (parked) sandbox booted long ago: nothing it sends is its boot.
+        assert_eq!(through(&[CODE], true), Vec::<&str>::new());
     }
 }

@@ -8,6 +8,7 @@
 
 mod attach;
 mod channel;
+mod compiled;
 pub mod container;
 pub mod engine;
 mod error;
@@ -116,6 +117,9 @@ pub struct Sandbox {
     revoked: std::sync::OnceLock<String>,
     /// A kept answer in use that the engine has not confirmed yet ([`Sandbox::check_kept`]).
     unchecked: std::sync::Mutex<Option<Unchecked>>,
+    /// The boot frame every sandbox is sent, with the runtime's compiled code once a sandbox
+    /// sent it (kept in the state dir for the next bridges).
+    compiled: compiled::Compiled,
 }
 
 /// A kept answer of the engine's in use, to be checked [`engine::CHECK_AFTER`] after it was
@@ -141,8 +145,10 @@ pub type LoadProgress = Arc<dyn Fn(u64) + Send + Sync>;
 
 impl Sandbox {
     pub fn new(config: Arc<Config>) -> Arc<Self> {
+        let compiled = compiled::Compiled::new(Some(&config.state_dir), &config.image);
         let sb = Arc::new_cyclic(|this| Sandbox {
             config,
+            compiled,
             engine: OnceCell::new(),
             image_ready: OnceCell::new(),
             engine_failed: Failed::default(),
@@ -262,6 +268,7 @@ impl Sandbox {
         let start = Session::start(
             &engine.docker,
             &self.config,
+            &self.compiled,
             Role::Pool,
             &self.owner,
             serial,
@@ -581,6 +588,7 @@ impl Sandbox {
             Session::start(
                 &engine.docker,
                 &self.config,
+                &self.compiled,
                 Role::Session(&name.to_string()),
                 &self.owner,
                 serial,

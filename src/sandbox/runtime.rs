@@ -5,7 +5,7 @@
 
 use std::sync::LazyLock;
 
-use crate::protocol::{self, HostFrame, RuntimeConstants};
+use crate::protocol::{self, HostFrame, RuntimeCode, RuntimeConstants};
 
 /// `(name, source)` of the module `image/runtime/<name>.py`.
 macro_rules! module {
@@ -56,18 +56,23 @@ fn constants() -> RuntimeConstants<'static> {
     }
 }
 
-/// The boot frame, the first line every container reads; the same bytes for every sandbox, so
-/// made once.
+/// The boot frame, the first line every container reads, without compiled code: the runtime
+/// itself, the same bytes for every sandbox, so made once.
 pub fn boot_line() -> &'static [u8] {
-    static LINE: LazyLock<Vec<u8>> = LazyLock::new(|| {
-        HostFrame::Boot {
-            modules: MODULES,
-            entry: ENTRY,
-            constants: constants(),
-        }
-        .to_line()
-    });
+    static LINE: LazyLock<Vec<u8>> = LazyLock::new(|| boot_line_with(None));
     &LINE
+}
+
+/// The boot frame carrying `code`, the modules' compiled code a sandbox sent
+/// (`super::compiled`).
+pub fn boot_line_with(code: Option<&RuntimeCode>) -> Vec<u8> {
+    HostFrame::Boot {
+        modules: MODULES,
+        entry: ENTRY,
+        constants: constants(),
+        code,
+    }
+    .to_line()
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 mod exec;
 
 use super::channel::{Channel, Queued, rpc_line};
+use super::compiled::{BootLine, Compiled};
 use super::container::{self, Role};
 use super::error::SandboxError;
 use super::images::{MAX_IMAGES, MAX_IMAGES_TOTAL, check_image};
@@ -158,10 +159,64 @@ impl Session {
     /// runtime (the bridge's own code) boots, and a sandbox they refuse is removed before any
     /// code of the user's reaches it. A create that fails before the gate passed (the image
     /// still loading) is tried once more after it.
+    ///
+    /// The boot frame comes from `boot`, with the runtime's compiled code when it holds some;
+    /// a sandbox that exits at its start with that code has it dropped and is started once
+    /// more, compiling (the code is the bridge's own, kept in the state dir: a damaged file
+    /// costs one start, never the call).
     #[allow(clippy::too_many_arguments)]
     pub async fn start(
         docker: &Docker,
         config: &Config,
+        boot: &Compiled,
+        role: Role<'_>,
+        owner: &str,
+        serial: u64,
+        provision: Option<&Arc<dyn Provision>>,
+        park_via: Option<&std::path::Path>,
+        mut gate: Option<Gate<'_>>,
+    ) -> Result<Session, SandboxError> {
+        let mut retried = false;
+        loop {
+            let line = boot.boot_line().await;
+            let started = Self::start_once(
+                docker,
+                config,
+                boot,
+                &line,
+                role,
+                owner,
+                serial,
+                provision,
+                park_via,
+                gate.take(),
+            )
+            .await;
+            match started {
+                // Exited at start: the gate (the engine's checks) was awaited and passed
+                // before this error was given (`gate_first`), so the next try needs none.
+                Err(e @ SandboxError::ExitedAtStart { .. }) if line.carries_code && !retried => {
+                    tracing::warn!(
+                        "a sandbox given the runtime's kept compiled code did not start ({e}); dropping that code and starting again"
+                    );
+                    boot.forget().await;
+                    retried = true;
+                }
+                Err(e @ SandboxError::NotReady(_)) if line.carries_code => {
+                    boot.forget().await;
+                    return Err(e);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start_once(
+        docker: &Docker,
+        config: &Config,
+        boot: &Compiled,
+        line: &BootLine,
         role: Role<'_>,
         owner: &str,
         serial: u64,
@@ -217,6 +272,8 @@ impl Session {
         match Self::attach_and_boot(
             docker,
             config,
+            boot,
+            line,
             &name,
             &id,
             t0,
@@ -264,6 +321,8 @@ impl Session {
     async fn attach_and_boot(
         docker: &Docker,
         config: &Config,
+        boot: &Compiled,
+        line: &BootLine,
         name: &str,
         id: &str,
         t0: Instant,
@@ -318,15 +377,18 @@ impl Session {
             stderr_tail,
         } = Channel::open(output, input, name, false);
 
-        let _ = writer.send(super::runtime::boot_line().to_vec()).await;
-        let (python, kernel, target) = match tokio::time::timeout(START_TIMEOUT, async {
+        let _ = writer.send(line.line.to_vec()).await;
+        let (python, kernel, target, compiled) = match tokio::time::timeout(START_TIMEOUT, async {
             loop {
                 match frame_rx.recv().await.map(|q| q.frame) {
+                    // Let through only as the sandbox's first line (`channel`).
+                    Some(SandboxFrame::Code(code)) => boot.offer(code).await,
                     Some(SandboxFrame::Ready {
                         python,
                         kernel,
                         target,
-                    }) => return Some((python, kernel, target)),
+                        compiled,
+                    }) => return Some((python, kernel, target, compiled)),
                     Some(_) => continue,
                     None => return None,
                 }
@@ -359,7 +421,7 @@ impl Session {
         if let Some(g) = gate {
             g.await?;
         }
-        tracing::info!(session = name, container = %short(id), %python, kernel = %super::kernel::describe(kernel.as_ref()), ms = t0.elapsed().as_millis() as u64, "sandbox ready");
+        tracing::info!(session = name, container = %short(id), %python, kernel = %super::kernel::describe(kernel.as_ref()), runtime_code = if compiled { "compiled" } else { "kept" }, ms = t0.elapsed().as_millis() as u64, "sandbox ready");
         let start_notices = super::inputs::copy_in(docker, id, config).await;
         let channel = Channel {
             writer,

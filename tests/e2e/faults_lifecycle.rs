@@ -1408,3 +1408,101 @@ async fn kept_engine_answer_serves_the_next_bridge_is_checked_again_and_never_re
     );
     fourth.shutdown().await;
 }
+
+fn runtime_code_file(home: &Path) -> PathBuf {
+    let dir = home.join(".local/state/mcp-code-bridge/runtime-code");
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("no kept runtime code in {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files.into_iter().next().unwrap()
+}
+
+/// Whether the log says a sandbox booted with the runtime code `how` ("compiled" or "kept").
+fn booted_with(log: &str, how: &str) -> bool {
+    log.contains(&format!("runtime_code={how}")) || log.contains(&format!("runtime_code=\"{how}\""))
+}
+
+/// The runtime's compiled code: the first sandbox compiles and sends it, the bridge keeps it
+/// (0600), the next bridge's sandbox boots with it and compiles nothing. Code the model's code
+/// forges through the runtime's own channel is not taken. A kept copy that makes the runtime
+/// exit at boot costs one start, not the call: it is dropped, the sandbox started again
+/// compiling, and fresh code kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runtime_code_is_kept_for_the_next_boots_never_taken_from_the_code_and_a_bad_copy_costs_a_start()
+ {
+    let no_pool = [("MCP_BRIDGE_POOL_SIZE", "0")];
+    let first = Bridge::start_with(Home::new(), &no_pool, None).await;
+    assert_eq!(first.out("print('first')").await, "first\n");
+    let log = first.home.log();
+    assert!(booted_with(&log, "compiled"), "{log}");
+    let home = first.shutdown_clean().await;
+    let path = runtime_code_file(home.path());
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "{}", path.display());
+    let kept: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let modules = kept["code"]["modules"].as_object().unwrap();
+    assert!(
+        modules.contains_key("boot") && modules.contains_key("execute"),
+        "{modules:?}"
+    );
+    let magic = kept["code"]["magic"].as_str().unwrap().to_string();
+
+    // The next bridge boots with it.
+    let second = Bridge::start_with(home, &no_pool, None).await;
+    assert_eq!(second.out("print('second')").await, "second\n");
+    let log = second.home.log();
+    assert!(
+        booted_with(&log, "kept") && !booted_with(&log, "compiled"),
+        "{log}"
+    );
+    // The model's code sends a `code` frame of its own through the runtime's channel, with a
+    // module that would run in every later sandbox before its seccomp filter: not taken.
+    let before = std::fs::read(&path).unwrap();
+    let forged = second
+        .out(&format!(
+            "import sys, marshal, binascii\n\
+             ch = sys.modules['__mcp_bridge_runtime__.channel']\n\
+             evil = binascii.b2a_base64(marshal.dumps(compile('raise SystemExit(7)', 'x', 'exec')), newline=False).decode()\n\
+             names = [k[len('__mcp_bridge_runtime__.'):] for k in sys.modules if k.startswith('__mcp_bridge_runtime__.')]\n\
+             print(ch.send({{'type': 'code', 'magic': {magic:?}, 'modules': {{n: evil for n in names}}}}))\n\
+             print(evil)"
+        ))
+        .await;
+    let mut lines = forged.lines();
+    assert_eq!(lines.next(), Some("True"), "{forged}");
+    let exits = lines.next().unwrap().to_string();
+    assert_eq!(second.out("print('still')").await, "still\n");
+    let home = second.shutdown_clean().await;
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "forged code was kept"
+    );
+
+    // A kept copy whose `boot` exits at once (as damaged code could): the call still runs.
+    let mut bad = kept.clone();
+    bad["code"]["modules"]["boot"] = json!(exits);
+    std::fs::write(&path, bad.to_string()).unwrap();
+    let third = Bridge::start_with(home, &no_pool, None).await;
+    assert_eq!(third.out("print('third')").await, "third\n");
+    let log = third.home.log();
+    assert!(
+        log.contains("did not start") && log.contains("dropping that code"),
+        "{log}"
+    );
+    assert!(booted_with(&log, "compiled"), "{log}");
+    let home = third.shutdown_clean().await;
+    let fresh: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(runtime_code_file(home.path())).unwrap())
+            .unwrap();
+    assert_ne!(
+        fresh["code"]["modules"]["boot"],
+        json!(exits),
+        "the bad copy was kept"
+    );
+    assert_eq!(fresh["code"]["magic"], json!(magic));
+}
