@@ -12,14 +12,16 @@ c = f.pop("code", None) or {}
 c = g and c.get("magic") == g and c.get("modules") or {}
 p = sys.modules[n] = types.ModuleType(n)
 p.__path__ = []
+f["compiled"] = {}  # the modules compiled from their source here, by name
 def source(k):
-    return compile(f["modules"][k], "<mcp-bridge-runtime/%s.py>" % k, "exec")
+    o = f["compiled"][k] = compile(f["modules"][k], "<mcp-bridge-runtime/%s.py>" % k, "exec")
+    return o
+f["source"] = source
 def code(k):
     try:
         o = marshal.loads(binascii.a2b_base64(c[k]))
         if type(o) is types.CodeType: return o
     except Exception: pass
-    f["compiled"] = source
     return source(k)
 def load(k):
     if k not in s: raise AttributeError(k)

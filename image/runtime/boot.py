@@ -103,15 +103,16 @@ def _send_code(frame):
     first frame, before any code but the runtime's and the standard library's ran here (the
     installed packages are not on the path yet, the preload list not imported): the host takes
     no `code` frame that is not the first."""
-    source = frame.get("compiled")
-    if not callable(source) or not frame.get("magic"):
+    made = frame.get("compiled")
+    if not made or not frame.get("magic"):
         return
     import binascii
     import marshal
 
     modules = {}
     for name in frame["modules"]:
-        modules[name] = binascii.b2a_base64(marshal.dumps(source(name)), newline=False).decode("ascii")
+        code = made.get(name) or frame["source"](name)  # compiled at its import, or now
+        modules[name] = binascii.b2a_base64(marshal.dumps(code), newline=False).decode("ascii")
     channel.send({"type": "code", "magic": frame["magic"], "modules": modules})
 
 
