@@ -73,6 +73,33 @@ pub fn write_atomic(tmp: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// The text of `path` when it is a regular file of this user's of at most `max` bytes, in
+/// UTF-8; `None` for anything else (missing, a link, another user's, larger): for the caches
+/// the bridge keeps in the state dir, where anything unexpected is a miss, never an error.
+pub fn read_own(path: &Path, max: u64) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let mut file = open_read(path).ok()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if file.metadata().ok()?.uid() != unsafe { libc::geteuid() } {
+        return None;
+    }
+    let mut text = String::new();
+    (&mut file).take(max + 1).read_to_string(&mut text).ok()?;
+    (text.len() as u64 <= max).then_some(text)
+}
+
+/// [`write_atomic`] to `path`, its directory made (mode 0700) if missing.
+pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    write_atomic(dir, path, bytes)
+}
+
 fn not_regular(what: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,

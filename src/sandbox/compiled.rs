@@ -18,8 +18,6 @@
 //! unexpected in it is a miss, never an error. A boot that fails while carrying kept code
 //! drops that code, and the start is tried once more without it (`Session::start`).
 
-use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -221,18 +219,7 @@ fn check(code: &RuntimeCode) -> Result<(), String> {
 
 /// The code kept in `path` for `image` and this runtime; `None` for anything else.
 fn read(path: &Path, image: &str) -> Option<RuntimeCode> {
-    let mut file = crate::statefile::open_read(path).ok()?;
-    if file.metadata().ok()?.uid() != unsafe { libc::geteuid() } {
-        return None;
-    }
-    let mut text = String::new();
-    (&mut file)
-        .take(MAX_FILE_BYTES + 1)
-        .read_to_string(&mut text)
-        .ok()?;
-    if text.len() as u64 > MAX_FILE_BYTES {
-        return None;
-    }
+    let text = crate::statefile::read_own(path, MAX_FILE_BYTES)?;
     let r: Record = serde_json::from_str(&text).ok()?;
     (r.format == FORMAT
         && r.version == VERSION
@@ -245,14 +232,9 @@ fn read(path: &Path, image: &str) -> Option<RuntimeCode> {
 /// `record` written whole to `path`, its directory made 0700 if missing; the oldest files
 /// beyond [`MAX_FILES`] removed.
 fn write(path: &Path, record: &Record) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
-        _ => {}
-    }
     let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-    crate::statefile::write_atomic(dir, path, &bytes)?;
-    prune(dir, path);
+    crate::statefile::write_private(path, &bytes)?;
+    prune(path.parent().unwrap_or(Path::new(".")), path);
     Ok(())
 }
 

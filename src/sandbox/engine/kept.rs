@@ -18,7 +18,7 @@
 //! leniently: anything unexpected in it is a miss, never an error.
 
 use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -113,18 +113,7 @@ impl Kept {
     }
 
     fn answer_now(&self, now: u64) -> Option<Enforcement> {
-        let mut file = crate::statefile::open_read(&self.path).ok()?;
-        if file.metadata().ok()?.uid() != unsafe { libc::geteuid() } {
-            return None;
-        }
-        let mut text = String::new();
-        (&mut file)
-            .take(MAX_BYTES + 1)
-            .read_to_string(&mut text)
-            .ok()?;
-        if text.len() as u64 > MAX_BYTES {
-            return None;
-        }
+        let text = crate::statefile::read_own(&self.path, MAX_BYTES)?;
         let r: Record = serde_json::from_str(&text).ok()?;
         let fresh = r.at <= now && now - r.at < KEEP_FOR.as_secs();
         (r.format == FORMAT && r.version == VERSION && fresh && r.facts == self.facts)
@@ -162,13 +151,8 @@ fn now() -> u64 {
 /// `record` written whole to `path` (a temporary file of mode 0600 beside it, renamed over it),
 /// its directory made 0700 if missing.
 fn write(path: &Path, record: &Record) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
-        _ => {}
-    }
     let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-    crate::statefile::write_atomic(dir, path, &bytes)
+    crate::statefile::write_private(path, &bytes)
 }
 
 /// The variables that move podman's configuration.
