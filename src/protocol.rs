@@ -225,8 +225,8 @@ pub enum HostFrame<'a> {
         entry: &'a str,
         constants: RuntimeConstants<'a>,
         /// The modules' compiled code a sandbox sent (`code`), when the bridge holds it: the
-        /// loader runs it instead of compiling the sources when it made by this kind of
-        /// interpreter.
+        /// loader runs it instead of compiling the sources when an interpreter of its kind
+        /// made it.
         #[serde(skip_serializing_if = "Option::is_none")]
         code: Option<&'a RuntimeCode>,
     },

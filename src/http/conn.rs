@@ -43,9 +43,9 @@ pub fn raise_open_files() -> u64 {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
         return 1024;
     }
-    let soft = limit.rlim_cur as u64;
+    let soft = limit.rlim_cur;
     // RLIM_INFINITY cannot be a soft limit of open files (the kernel's nr_open caps it).
-    let target = (limit.rlim_max as u64).min(1 << 20);
+    let target = limit.rlim_max.min(1 << 20);
     if target <= soft {
         return soft;
     }

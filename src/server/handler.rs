@@ -97,8 +97,11 @@ impl ServerHandler for Bridge {
             Some((f, out, up)) => (Some(f), Some(out), Some(up)),
             None => (None, None, None),
         };
-        let (approver, client): (Option<Arc<dyn Approver>>, Option<Arc<dyn ClientLink>>) = if modern
-        {
+        // The legacy revision's connection is where approvals are asked and the client's
+        // requests go; the 2026-07-28 revision has none (a client that answers input requests
+        // took the rounds above).
+        type Links = (Option<Arc<dyn Approver>>, Option<Arc<dyn ClientLink>>);
+        let (approver, client): Links = if modern {
             (None, None)
         } else {
             (

@@ -435,7 +435,7 @@ impl ExecRpc {
     /// [`Pool::fresh_tools`]: super::pool::Pool::fresh_tools
     async fn listed_tool(&self, slot: &Slot, tool: &str) -> Result<(String, bool), RpcError> {
         let asked = Instant::now();
-        let cached = slot.cached_tools().filter(|_| !slot.catalog.from_file());
+        let cached = slot.cached_tools().filter(|_| !slot.catalog.is_from_file());
         let mut found = cached.and_then(|tools| {
             let name = listed_name(slot, &tools, tool)?;
             Some((tools, name))

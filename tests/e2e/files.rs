@@ -261,7 +261,7 @@ print("written")
         }
     }
     // Kept files were judged: a copy that kept none would show nothing above.
-    assert!(count >= 1 && count <= 64, "{count} files kept");
+    assert!((1..=64).contains(&count), "{count} files kept");
     assert!(!b.home.path().join("etc").exists());
     // A file growing while it is copied: whatever the engine's archive says of it (larger than
     // file_cap, or cut short), the copy ends with a notice or the file, and the bridge serves on.

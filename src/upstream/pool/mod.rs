@@ -143,7 +143,7 @@ impl CatalogState {
 
     /// Whether the cached list is the catalog file's, not yet confirmed by the server: what a
     /// policy decision may not rely on (the server may have gained or changed tools since).
-    pub(crate) fn from_file(&self) -> bool {
+    pub(crate) fn is_from_file(&self) -> bool {
         self.meta.lock().unwrap().from_file
     }
 
