@@ -2,11 +2,11 @@
 
 In order: take the host's constants from the boot frame; install the seccomp filter while this
 is the only thread (a failure of either stops here: the reason goes to stderr, which the host
-names in the start's error, and there is no `ready`); move the frame channel off fd 0/1 and
-capture fd 1/2; send the runtime's compiled code when the loader had to compile it (the first
-frame, before any code but the runtime's ran); build the `mcp` package and the user's `__main__`; start the frame reader, the
-pipe readers and the interrupt watchdog; import the preload list; say `ready`, with the kernel
-read first of all; then run execs for ever (`execute.serve`).
+names in the start's error, and there is no `ready`); move the frame channel off fd 0/1; send
+the runtime's compiled code when the loader had to compile it (the first frame, before any code
+but the runtime's ran); capture fd 1/2; build the `mcp` package and the user's `__main__`; start
+the frame reader, the pipe readers and the interrupt watchdog; import the preload list; say
+`ready`, with the kernel read first of all; then run execs for ever (`execute.serve`).
 """
 
 import builtins
