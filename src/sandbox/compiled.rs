@@ -51,17 +51,10 @@ struct Record {
 
 /// The boot frame to send, with the code held for one image (when there is any).
 pub struct Compiled {
-    /// The file; `None` keeps the code in memory only.
-    path: Option<PathBuf>,
+    path: PathBuf,
     image: String,
-    /// The code held and the boot line carrying it; read from the file on first use.
-    held: tokio::sync::OnceCell<Mutex<Option<Held>>>,
-}
-
-#[derive(Clone)]
-struct Held {
-    magic: String,
-    line: Arc<Vec<u8>>,
+    /// The boot line carrying the code held; read from the file on first use.
+    held: tokio::sync::OnceCell<Mutex<Option<Arc<Vec<u8>>>>>,
 }
 
 /// The boot line to send to one sandbox.
@@ -80,30 +73,25 @@ fn runtime_digest() -> &'static str {
 }
 
 impl Compiled {
-    /// For sandboxes of `image`, with the file under `state_dir` (none: in memory only).
-    pub fn new(state_dir: Option<&Path>, image: &str) -> Compiled {
+    /// For sandboxes of `image`, with the file under `state_dir`.
+    pub fn new(state_dir: &Path, image: &str) -> Compiled {
         let name = &hex::encode(Sha256::digest(image.as_bytes()))[..32];
         Compiled {
-            path: state_dir.map(|d| d.join(DIR).join(format!("{name}.json"))),
+            path: state_dir.join(DIR).join(format!("{name}.json")),
             image: image.to_string(),
             held: tokio::sync::OnceCell::new(),
         }
     }
 
-    async fn held(&self) -> &Mutex<Option<Held>> {
+    async fn held(&self) -> &Mutex<Option<Arc<Vec<u8>>>> {
         self.held
             .get_or_init(|| async {
-                let read = match self.path.clone() {
-                    Some(path) => {
-                        let image = self.image.clone();
-                        tokio::task::spawn_blocking(move || read(&path, &image))
-                            .await
-                            .ok()
-                            .flatten()
-                    }
-                    None => None,
-                };
-                Mutex::new(read.map(|code| Held::of(&code)))
+                let (path, image) = (self.path.clone(), self.image.clone());
+                let read = tokio::task::spawn_blocking(move || read(&path, &image))
+                    .await
+                    .ok()
+                    .flatten();
+                Mutex::new(read.map(|code| line_with(&code)))
             })
             .await
     }
@@ -112,8 +100,8 @@ impl Compiled {
     /// alone.
     pub async fn boot_line(&self) -> BootLine {
         match self.held().await.lock().unwrap().clone() {
-            Some(h) => BootLine {
-                line: h.line,
+            Some(line) => BootLine {
+                line,
                 carries_code: true,
             },
             None => BootLine {
@@ -124,25 +112,16 @@ impl Compiled {
     }
 
     /// Take the code a sandbox sent as its first frame: held for the next boots and written
-    /// to the file in the background. Code not of this runtime's shape is refused (logged).
+    /// to the file (off the async threads). Code not of this runtime's shape is refused
+    /// (logged).
     pub async fn offer(&self, code: RuntimeCode) {
         if let Err(why) = check(&code) {
             tracing::warn!("ignoring the runtime code a sandbox sent: {why}");
             return;
         }
-        let held = Held::of(&code);
-        let magic_changed = {
-            let mut slot = self.held().await.lock().unwrap();
-            let changed = slot.as_ref().is_some_and(|h| h.magic != held.magic);
-            *slot = Some(held);
-            changed
-        };
-        if magic_changed {
-            tracing::info!(image = %self.image, "the image's interpreter changed: keeping the runtime code it compiled");
-        }
-        let Some(path) = self.path.clone() else {
-            return;
-        };
+        let line = line_with(&code);
+        *self.held().await.lock().unwrap() = Some(line);
+        let path = self.path.clone();
         let record = Record {
             format: FORMAT.into(),
             version: VERSION,
@@ -155,7 +134,7 @@ impl Compiled {
             Ok(Ok(())) => tracing::debug!(image = %self.image, "kept the runtime's compiled code"),
             Ok(Err(e)) => tracing::debug!(
                 "could not keep the runtime's compiled code in {}: {e}",
-                self.path.as_deref().unwrap_or(Path::new("")).display()
+                self.path.display()
             ),
             Err(_) => {}
         }
@@ -165,19 +144,13 @@ impl Compiled {
     /// and the first of them sends fresh code.
     pub async fn forget(&self) {
         *self.held().await.lock().unwrap() = None;
-        if let Some(path) = self.path.clone() {
-            let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(path)).await;
-        }
+        let path = self.path.clone();
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(path)).await;
     }
 }
 
-impl Held {
-    fn of(code: &RuntimeCode) -> Held {
-        Held {
-            magic: code.magic.clone(),
-            line: Arc::new(super::runtime::boot_line_with(Some(code))),
-        }
-    }
+fn line_with(code: &RuntimeCode) -> Arc<Vec<u8>> {
+    Arc::new(super::runtime::boot_line_with(Some(code)))
 }
 
 fn plain_line() -> Arc<Vec<u8>> {
@@ -289,7 +262,7 @@ mod tests {
     fn code_offered_is_sent_in_later_boot_frames_and_kept_for_the_next_bridge() {
         let dir = tempfile::tempdir().unwrap();
         rt().block_on(async {
-            let c = Compiled::new(Some(dir.path()), "img:1");
+            let c = Compiled::new(dir.path(), "img:1");
             let first = c.boot_line().await;
             assert!(!first.carries_code);
             assert!(frame(&first.line).get("code").is_none());
@@ -305,9 +278,9 @@ mod tests {
             );
 
             // The next bridge of this state dir and image reads it; another image does not.
-            let again = Compiled::new(Some(dir.path()), "img:1");
+            let again = Compiled::new(dir.path(), "img:1");
             assert!(again.boot_line().await.carries_code);
-            let other = Compiled::new(Some(dir.path()), "img:2");
+            let other = Compiled::new(dir.path(), "img:2");
             assert!(!other.boot_line().await.carries_code);
             let files: Vec<_> = std::fs::read_dir(dir.path().join(DIR)).unwrap().collect();
             assert_eq!(files.len(), 1);
@@ -321,7 +294,7 @@ mod tests {
             again.forget().await;
             assert!(!again.boot_line().await.carries_code);
             assert!(
-                !Compiled::new(Some(dir.path()), "img:1")
+                !Compiled::new(dir.path(), "img:1")
                     .boot_line()
                     .await
                     .carries_code
@@ -331,7 +304,8 @@ mod tests {
 
     #[test]
     fn code_not_of_the_runtimes_shape_is_refused() {
-        let c = Compiled::new(None, "img");
+        let dir = tempfile::tempdir().unwrap();
+        let c = Compiled::new(dir.path(), "img");
         rt().block_on(async {
             let mut missing = fake_code("a70d0d0a");
             missing.modules.remove("boot");
@@ -362,7 +336,7 @@ mod tests {
     fn a_kept_file_for_another_runtime_corrupt_oversized_or_a_link_is_a_miss() {
         let dir = tempfile::tempdir().unwrap();
         rt().block_on(async {
-            let c = Compiled::new(Some(dir.path()), "img");
+            let c = Compiled::new(dir.path(), "img");
             c.offer(fake_code("a70d0d0a")).await;
         });
         let path = std::fs::read_dir(dir.path().join(DIR))
@@ -396,7 +370,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         rt().block_on(async {
             for i in 0..MAX_FILES + 3 {
-                Compiled::new(Some(dir.path()), &format!("img:{i}"))
+                Compiled::new(dir.path(), &format!("img:{i}"))
                     .offer(fake_code("a70d0d0a"))
                     .await;
                 // Distinct modification times, oldest first.
@@ -404,10 +378,10 @@ mod tests {
             }
             let left = std::fs::read_dir(dir.path().join(DIR)).unwrap().count();
             assert_eq!(left, MAX_FILES);
-            let last = Compiled::new(Some(dir.path()), &format!("img:{}", MAX_FILES + 2));
+            let last = Compiled::new(dir.path(), &format!("img:{}", MAX_FILES + 2));
             assert!(last.boot_line().await.carries_code);
             assert!(
-                !Compiled::new(Some(dir.path()), "img:0")
+                !Compiled::new(dir.path(), "img:0")
                     .boot_line()
                     .await
                     .carries_code

@@ -145,7 +145,7 @@ pub type LoadProgress = Arc<dyn Fn(u64) + Send + Sync>;
 
 impl Sandbox {
     pub fn new(config: Arc<Config>) -> Arc<Self> {
-        let compiled = compiled::Compiled::new(Some(&config.state_dir), &config.image);
+        let compiled = compiled::Compiled::new(&config.state_dir, &config.image);
         let sb = Arc::new_cyclic(|this| Sandbox {
             config,
             compiled,
