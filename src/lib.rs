@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod error;
 pub mod flock;

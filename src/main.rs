@@ -16,8 +16,10 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(2);
+            return cli::fail(
+                &cli::Usage::new(format!("cannot start the async runtime: {e}")),
+                2,
+            );
         }
     };
     let code = runtime.block_on(cli::main(cli));

@@ -23,8 +23,9 @@ pub trait RpcHandler: Send + Sync {
 
     /// The exec's code runs in `interpreter`: called once per exec before it runs, so what a
     /// handler remembers per session can be tied to one interpreter (its container's id) and
-    /// forgotten when the session gets another.
-    fn on_interpreter(&self, _interpreter: &Interpreter) {}
+    /// forgotten when the session gets another. No default: a handler in front of another
+    /// passes it on, and one that keeps nothing per interpreter says so.
+    fn on_interpreter(&self, interpreter: &Interpreter);
 }
 
 /// The interpreter an exec runs in, as the host knows it.
@@ -122,6 +123,9 @@ impl ExecBinding {
                     )),
                 }
             }
+
+            /// Nothing is kept per interpreter.
+            fn on_interpreter(&self, _interpreter: &Interpreter) {}
         }
         ExecBinding {
             servers: Vec::new(),

@@ -57,6 +57,20 @@ pub fn open(path: &Path, options: &OpenOptions) -> io::Result<File> {
     Ok(file)
 }
 
+/// A lock file of the state dir: [`open`] for writing, made with mode 0600 when missing, never
+/// truncated (its content is nothing; `flock` on it is the lock).
+pub fn open_lock(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    open(
+        path,
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600),
+    )
+}
+
 /// A file to read: [`open`] for reading.
 pub fn open_read(path: &Path) -> io::Result<File> {
     open(path, OpenOptions::new().read(true))

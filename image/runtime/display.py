@@ -154,6 +154,7 @@ def repr_value(value, cap=None):
             with pd.option_context("display.max_rows", 60, "display.max_columns", 20,
                                    "display.width", 200, "display.max_colwidth", 100):
                 text = repr(value)
+            text += _dtypes_line(value, pd)
         elif isinstance(value, (list, tuple, dict, set, frozenset, collections.deque)) and len(value) > 1000:
             text = _big_repr.repr(value)
         elif isinstance(value, (str, bytes, bytearray)) and len(value) > cap:
@@ -167,6 +168,26 @@ def repr_value(value, cap=None):
     if len(text) > cap:
         text = text[:cap] + "\u2026 [%d more characters]" % (len(text) - cap)
     return text
+
+
+def _dtypes_line(value, pd):
+    """For a DataFrame whose preview leaves rows or columns out: a line of its columns' dtypes
+    (the first 40 by name, then a count per dtype of the rest), which the head and tail do not
+    show."""
+    if not isinstance(value, pd.DataFrame):
+        return ""
+    rows, cols = value.shape
+    if rows <= 60 and cols <= 20:
+        return ""
+    dtypes = [(str(c), str(t)) for c, t in value.dtypes.items()]
+    shown = ", ".join("%s: %s" % (reprlib.repr(c)[1:-1] if len(c) > 30 else c, t)
+                      for c, t in dtypes[:40])
+    rest = dtypes[40:]
+    if rest:
+        counts = collections.Counter(t for _, t in rest)
+        shown += ", and %d more (%s)" % (len(rest), ", ".join(
+            "%s \u00d7%d" % (t, n) for t, n in counts.most_common()))
+    return "\ndtypes: " + shown
 
 
 def cap_middle(text, cap):

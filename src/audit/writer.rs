@@ -140,15 +140,7 @@ impl LogFile {
     /// rotated it since we looked; files beyond `keep` are deleted.
     fn rotate(&mut self) -> Result<(), AuditError> {
         let lock_path = sibling(&self.path, "lock");
-        let lock = crate::statefile::open(
-            &lock_path,
-            OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .mode(0o600),
-        )
-        .map_err(|e| self.err("lock", e))?;
+        let lock = crate::statefile::open_lock(&lock_path).map_err(|e| self.err("lock", e))?;
         crate::flock::lock_exclusive(&lock).map_err(|e| self.err("lock", e))?;
         let ours = self.file.as_ref().and_then(|f| f.metadata().ok());
         let on_disk = std::fs::symlink_metadata(&self.path).ok();

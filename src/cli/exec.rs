@@ -36,6 +36,8 @@ pub struct Code {
     pub file: Option<PathBuf>,
 }
 
+impl crate::error::Hinted for CodeError {}
+
 fn read_code(Code { code, file }: Code) -> Result<String, CodeError> {
     let code = code.filter(|c| c != "-");
     match (code, file) {
@@ -67,10 +69,7 @@ pub(super) async fn exec(
 ) -> ExitCode {
     let code = match read_code(code) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return super::fail(&e, 2),
     };
     let session = format!("exec-{}", std::process::id());
     let sandbox = Sandbox::new(config.clone());

@@ -6,24 +6,22 @@ use std::sync::Arc;
 
 use super::load_bar;
 use crate::config::Config;
-use crate::error::Hinted as _;
 use crate::sandbox::engine::Engine;
 use crate::sandbox::image;
 
 pub(super) async fn image_load(config: Arc<Config>, archive: Option<PathBuf>) -> ExitCode {
     let Some(archive) = archive.or(config.image_archive.clone()) else {
-        eprintln!(
-            "error: no image archive to load\nhint: pass --archive FILE, or set image_archive \
-             (MCP_BRIDGE_IMAGE_ARCHIVE); `scripts/setup-debian.sh --configure` builds and configures one"
+        return super::fail(
+            &super::Usage::new("no image archive to load").hint(
+                "pass --archive FILE, or set image_archive (MCP_BRIDGE_IMAGE_ARCHIVE); \
+                 `scripts/setup-debian.sh --configure` builds and configures one",
+            ),
+            2,
         );
-        return ExitCode::from(2);
     };
     let engine = match Engine::connect(&config).await {
         Ok(e) => e,
-        Err(e) => {
-            eprintln!("error: {}", e.report());
-            return ExitCode::from(2);
-        }
+        Err(e) => return super::fail(&e, 2),
     };
     // The configured digest is of the configured archive: another one is loaded unchecked.
     let image_sha256 = if config.image_archive.as_ref() == Some(&archive) {
@@ -63,9 +61,6 @@ pub(super) async fn image_load(config: Arc<Config>, archive: Option<PathBuf>) ->
             ExitCode::SUCCESS
         }
         Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {}", e.report());
-            ExitCode::FAILURE
-        }
+        Err(e) => super::fail(&e, 1),
     }
 }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 
 use crate::config::{self, Config, Overrides};
-use crate::error::Hinted as _;
+use crate::error::Hinted;
 use crate::sandbox::Sandbox;
 use crate::server::{self, Bridge};
 use crate::upstream::Upstreams;
@@ -168,13 +168,48 @@ pub enum ImageCommand {
     },
 }
 
+/// What a command that failed prints, the one way: `error: ` and what happened, then what to
+/// do on a `hint:` line of its own ([`Hinted::report`]); and its exit status (2 for a set-up
+/// that could not be made, 1 otherwise).
+pub fn fail(e: &dyn Hinted, status: u8) -> ExitCode {
+    eprintln!("error: {}", e.report());
+    ExitCode::from(status)
+}
+
+/// A failure of the command line's own (its flags, what it was given), with what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}")]
+pub struct Usage {
+    what: String,
+    hint: Option<String>,
+}
+
+impl Usage {
+    pub fn new(what: impl Into<String>) -> Usage {
+        Usage {
+            what: what.into(),
+            hint: None,
+        }
+    }
+
+    pub fn hint(mut self, hint: impl Into<String>) -> Usage {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+impl Hinted for Usage {
+    fn hint(&self) -> Option<crate::error::Hint> {
+        self.hint
+            .as_ref()
+            .map(|h| crate::error::Hint::line(h.clone()))
+    }
+}
+
 pub async fn main(cli: Cli) -> ExitCode {
     let loaded = match config::load(cli.config.as_deref(), &cli.overrides) {
         Ok(l) => l,
-        Err(e) => {
-            eprintln!("error: {}", e.report());
-            return ExitCode::from(2);
-        }
+        Err(e) => return fail(&e, 2),
     };
     let command = cli.command.unwrap_or(Command::Run);
     // `exec` and `doctor` print for a person on the same terminal as the log: unless the user
@@ -225,10 +260,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             bridge.warm_up();
             match crate::http::serve(bridge, config).await {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {}", e.report());
-                    ExitCode::from(2)
-                }
+                Err(e) => fail(&e, 2),
             }
         }
         Command::Exec {
@@ -245,8 +277,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 c.inputs
                     .extend(inputs.iter().map(|i| config::inputs::parse_flag(i)));
                 if let Err((_, why)) = config::inputs::check(&c.inputs) {
-                    eprintln!("error: --input: {why}");
-                    return ExitCode::from(2);
+                    return fail(&Usage::new(format!("--input: {why}")), 2);
                 }
                 Arc::new(c)
             };

@@ -6,7 +6,6 @@
 use std::process::ExitCode;
 
 use crate::config::Config;
-use crate::error::Hinted;
 use crate::packages::store::Store;
 
 fn store(config: &Config) -> Store {
@@ -58,16 +57,7 @@ pub(super) fn prune(config: &Config, all: bool) -> ExitCode {
             println!("removed {n} wheel(s), {freed} bytes");
             ExitCode::SUCCESS
         }
-        Ok(None) => {
-            eprintln!(
-                "error: {}",
-                crate::packages::PackageError::CacheBusy.report()
-            );
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("error: {}", e.report());
-            ExitCode::FAILURE
-        }
+        Ok(None) => super::fail(&crate::packages::PackageError::CacheBusy, 1),
+        Err(e) => super::fail(&e, 1),
     }
 }

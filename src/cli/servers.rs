@@ -35,8 +35,7 @@ pub(super) async fn refresh_catalog(ups: &Upstreams) -> ExitCode {
     ups.shutdown().await;
     let failed = done.iter().filter(|r| r.result.is_err()).count();
     if let Err(e) = flushed {
-        eprintln!("error: {}", crate::error::Hinted::message(&e));
-        return ExitCode::FAILURE;
+        return super::fail(&e, 1);
     }
     let path = ups
         .catalog_path()

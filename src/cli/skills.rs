@@ -171,5 +171,5 @@ pub(super) fn rm(config: &Config, names: &[String]) -> ExitCode {
 
 /// The error, and on its own line what to do next.
 fn report(e: &crate::skills::SkillError) {
-    eprintln!("error: {}", crate::error::Hinted::report(e));
+    let _ = super::fail(e, 1);
 }

@@ -7,6 +7,38 @@ use std::path::PathBuf;
 use super::keys::{KEYS, edit_distance};
 use super::source::{SYSTEM_CONFIG_ENV, Source, source_from};
 
+/// A value that is not what its key, flag or field takes: the message says what was wrong and
+/// what it takes (a duration, a size, an address, a glob, a requirement).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidValue(pub String);
+
+impl From<String> for InvalidValue {
+    fn from(s: String) -> Self {
+        InvalidValue(s)
+    }
+}
+
+impl std::ops::Deref for InvalidValue {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<InvalidValue> for String {
+    fn from(e: InvalidValue) -> String {
+        e.0
+    }
+}
+
+impl From<&str> for InvalidValue {
+    fn from(s: &str) -> Self {
+        InvalidValue(s.to_string())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// `--config` names no file.

@@ -2,6 +2,7 @@
 //! environment name them) and the `[http]` section. The server itself is `crate::http`; this is
 //! only its settings and their load-time checks.
 
+use super::InvalidValue;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -91,18 +92,18 @@ impl Default for HttpConfig {
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8931";
 
 /// `listen` as an address; `Err` says why not.
-pub fn parse_listen(listen: &str) -> Result<SocketAddr, String> {
+pub fn parse_listen(listen: &str) -> Result<SocketAddr, InvalidValue> {
     listen.parse().map_err(|e| {
-        format!(
+        InvalidValue(format!(
             "{listen:?} is not an address and port ({e}); write it as 127.0.0.1:8931 or [::]:8931"
-        )
+        ))
     })
 }
 
 impl HttpConfig {
     /// Range checks, as `Config::validate` reports them: the key at fault and why.
     pub(super) fn check(&self, listen: &str) -> Result<(), (&'static str, String)> {
-        parse_listen(listen).map_err(|e| ("listen", e))?;
+        parse_listen(listen).map_err(|e| ("listen", e.into()))?;
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err((
                 if self.tls_cert.is_some() {

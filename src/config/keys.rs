@@ -290,11 +290,11 @@ pub const KEYS: &[Key] = &[
     },
     Key {
         name: "packages.max_size",
-        doc: "Most bytes (unpacked) one session may have installed.",
+        doc: "Most bytes (unpacked) one session may have installed; each file and directory counts 4096 bytes besides its bytes.",
     },
     Key {
         name: "packages.cache_max_size",
-        doc: "Most bytes the host's package cache (<state_dir>/packages) keeps; the least recently used wheels are pruned first.",
+        doc: "Most bytes the host's package cache (<state_dir>/packages) keeps, each unpacked file and directory counting 4096 bytes besides its bytes; the least recently used wheels are pruned first.",
     },
     Key {
         name: "packages.uv",
@@ -382,20 +382,9 @@ pub fn closest_key(name: &str) -> &'static str {
         .unwrap_or("timeout")
 }
 
-/// Levenshtein distance (insertions, deletions, substitutions), on bytes.
+/// Levenshtein distance, for suggesting the closest known name.
 pub(super) fn edit_distance(a: &str, b: &str) -> usize {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, &x) in a.iter().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, &y) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(x != y))
-                .min(prev[j + 1] + 1)
-                .min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
+    strsim::levenshtein(a, b)
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use audit::{AuditConfig, CodeKept};
-pub use error::{ConfigError, Problem};
+pub use error::{ConfigError, InvalidValue, Problem};
 pub use http::HttpConfig;
 pub use inputs::InputEntry;
 pub use keys::{DEFAULT_IMAGE, ENV_PREFIX, KEYS, Key, closest_key, env_name};

@@ -3,6 +3,7 @@
 //! its settings and the one grammar of a requirement, which the sandbox's requests and
 //! `preinstall` are both held to.
 
+use super::InvalidValue;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -18,19 +19,19 @@ pub struct NameGlobs(pub Vec<String>);
 impl NameGlobs {
     /// The glob `pattern` compiles to, on the normalized form of its letters (`Scikit_*` is
     /// `scikit-*`); why not, if it is not one.
-    pub fn compile(pattern: &str) -> Result<globset::Glob, String> {
+    pub fn compile(pattern: &str) -> Result<globset::Glob, InvalidValue> {
         let normalized = normalize(pattern);
         if normalized.is_empty()
             || !normalized
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "-*?[]{},!".contains(c))
         {
-            return Err(format!(
+            return Err(InvalidValue(format!(
                 "{pattern:?} is not a distribution-name glob (letters, digits, '-', '_', '.', and * ? [ ] {{ }})"
-            ));
+            )));
         }
         globset::Glob::new(&normalized)
-            .map_err(|e| format!("{pattern:?} is not a glob: {}", e.kind()))
+            .map_err(|e| InvalidValue(format!("{pattern:?} is not a glob: {}", e.kind())))
     }
 }
 
@@ -133,11 +134,11 @@ impl PackagesConfig {
             ("packages.deny", &self.deny),
         ] {
             for p in &list.0 {
-                NameGlobs::compile(p).map_err(|why| (key, why))?;
+                NameGlobs::compile(p).map_err(|why| (key, why.into()))?;
             }
         }
         for r in &self.preinstall.0 {
-            Requirement::parse(r).map_err(|why| ("packages.preinstall", why))?;
+            Requirement::parse(r).map_err(|why| ("packages.preinstall", why.into()))?;
         }
         if self.preinstall.0.len() > MAX_REQUIREMENTS {
             return Err((
@@ -214,10 +215,14 @@ pub struct Requirement {
 }
 
 impl Requirement {
-    pub fn parse(text: &str) -> Result<Requirement, String> {
+    pub fn parse(text: &str) -> Result<Requirement, InvalidValue> {
         let t = text.trim();
         let shown = crate::text::visible(&t.chars().take(80).collect::<String>()).into_owned();
-        let bad = |why: &str| Err(format!("{shown:?} is not a requirement: {why}"));
+        let bad = |why: &str| {
+            Err(InvalidValue(format!(
+                "{shown:?} is not a requirement: {why}"
+            )))
+        };
         if t.is_empty() {
             return bad("it is empty");
         }

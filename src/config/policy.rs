@@ -6,6 +6,7 @@
 //! split at the commas outside `{…}`, so `MCP_BRIDGE_POLICY_DENY="github.{delete,drop}_*,*.rm"`
 //! is two rules.
 
+use super::InvalidValue;
 use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -102,13 +103,14 @@ impl Patterns {
     }
 
     /// Why `pattern` is not a rule, if it is not one.
-    pub fn check(pattern: &str) -> Result<globset::Glob, String> {
+    pub fn check(pattern: &str) -> Result<globset::Glob, InvalidValue> {
         if !pattern.contains('.') {
-            return Err(format!(
+            return Err(InvalidValue(format!(
                 "{pattern:?} has no '.': a rule is \"server.tool\", e.g. \"{pattern}.*\" for every tool of server {pattern:?}"
-            ));
+            )));
         }
-        globset::Glob::new(pattern).map_err(|e| format!("{pattern:?} is not a glob: {}", e.kind()))
+        globset::Glob::new(pattern)
+            .map_err(|e| InvalidValue(format!("{pattern:?} is not a glob: {}", e.kind())))
     }
 }
 
@@ -168,7 +170,7 @@ impl PolicyConfig {
     pub(super) fn validate(&self) -> Result<(), (&'static str, String)> {
         for (key, _, list) in self.lists() {
             for p in &list.0 {
-                Patterns::check(p).map_err(|why| (key, why))?;
+                Patterns::check(p).map_err(|why| (key, why.into()))?;
             }
         }
         Ok(())

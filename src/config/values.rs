@@ -2,6 +2,7 @@
 //! (`512m`), log levels (`WARNING`), the container engine (`auto`, `podman`, a socket URL),
 //! booleans written as `1` or `yes`, and empty strings meaning unset.
 
+use super::InvalidValue;
 use std::fmt;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub struct Secs(pub Duration);
 
 impl Secs {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, InvalidValue> {
         let s = s.trim();
         let split = s
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -27,14 +28,14 @@ impl Secs {
             "m" | "min" => 60.0,
             "h" => 3600.0,
             u => {
-                return Err(format!(
+                return Err(InvalidValue(format!(
                     "{s:?} has an unknown unit {u:?}; use ms, s, m or h"
-                ));
+                )));
             }
         };
         let secs = n * factor;
         if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-            return Err(format!("{s:?} is out of range"));
+            return Err(InvalidValue(format!("{s:?} is out of range")));
         }
         Ok(Secs(Duration::from_secs_f64(secs)))
     }
@@ -77,7 +78,7 @@ impl<'de> Deserialize<'de> for Secs {
 pub struct Size(pub u64);
 
 impl Size {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, InvalidValue> {
         let t = s.trim();
         let split = t
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -91,11 +92,15 @@ impl Size {
             "k" | "kb" | "kib" => 1 << 10,
             "m" | "mb" | "mib" => 1 << 20,
             "g" | "gb" | "gib" => 1 << 30,
-            u => return Err(format!("{s:?} has an unknown unit {u:?}; use k, m or g")),
+            u => {
+                return Err(InvalidValue(format!(
+                    "{s:?} has an unknown unit {u:?}; use k, m or g"
+                )));
+            }
         };
         let v = n * factor as f64;
         if !v.is_finite() || !(0.0..=1e15).contains(&v) {
-            return Err(format!("{s:?} is out of range"));
+            return Err(InvalidValue(format!("{s:?} is out of range")));
         }
         Ok(Size(v as u64))
     }
@@ -178,7 +183,7 @@ impl Runtime {
     /// The engine names accepted besides a socket URL.
     pub const NAMES: [&'static str; 3] = ["auto", "podman", "docker"];
 
-    pub fn parse(s: &str) -> Result<Runtime, String> {
+    pub fn parse(s: &str) -> Result<Runtime, InvalidValue> {
         let t = s.trim();
         Ok(match t {
             "auto" => Runtime::Auto,
@@ -201,10 +206,10 @@ impl Runtime {
                         .unwrap_or(&"auto");
                     format!("; did you mean `{near}`?")
                 };
-                return Err(format!(
+                return Err(InvalidValue(format!(
                     "`{t}` is not one of: auto, podman, docker, or a socket URL \
                      (unix:///path/to.sock, tcp://host:port){closest}"
-                ));
+                )));
             }
         })
     }

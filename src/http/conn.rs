@@ -1,17 +1,25 @@
 //! `serve`'s connections, before any request: opening one needs no token, so what they hold is
-//! bounded here, not per identity. At most `http.max_connections` are open at once (the next is
-//! answered 503 and closed at once), one that sends nothing is closed after
-//! `http.header_timeout`, and the open-files limit is raised at start so the bound, not the
-//! limit, is what a flood meets.
+//! bounded here, not per identity. At most `http.max_connections` are open at once, one that
+//! sends nothing is closed after `http.header_timeout`, and the open-files limit is raised at
+//! start so the bound, not the limit, is what a flood meets.
+//!
+//! A connection is *pending* until its first request has arrived whole (headers read, the
+//! service called). When every place is taken, a new connection takes the place of the oldest
+//! pending one, which is closed: connections that never finish their headers (a slowloris)
+//! cannot keep a client that sends a whole request out, however often they are reopened. Only
+//! when every place is held by a connection that did send a request is the next answered 503
+//! and closed at once.
 //!
 //! hyper closes an HTTP/1 connection whose headers do not arrive within the timeout (and an idle
 //! keep-alive one); before hyper sees a connection, its HTTP/1-or-2 detection waits for the first
 //! bytes without a deadline, so [`Capped`] waits for them itself.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -19,6 +27,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// Open files kept for everything but connections: the engine's socket, the upstream servers'
 /// pipes, state and log files, the podman processes the bridge starts.
@@ -97,12 +106,97 @@ pub fn connection_cap(configured: u32, open_files: u64) -> usize {
     configured as usize
 }
 
+/// How long a connection that took a pending one's place waits for that place to be freed.
+const EVICT_WAIT: Duration = Duration::from_secs(2);
+
+/// The pending connections (no whole request yet), oldest first, each with what closes it.
+#[derive(Default)]
+struct Pending {
+    next: AtomicU64,
+    open: Mutex<BTreeMap<u64, CancellationToken>>,
+}
+
+impl Pending {
+    fn add(&self) -> (u64, CancellationToken) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let token = CancellationToken::new();
+        self.open.lock().unwrap().insert(id, token.clone());
+        (id, token)
+    }
+
+    fn done(&self, id: u64) {
+        self.open.lock().unwrap().remove(&id);
+    }
+
+    /// Close the oldest pending connection; `false` when there is none.
+    fn evict_oldest(&self) -> bool {
+        let oldest = self.open.lock().unwrap().pop_first();
+        match oldest {
+            Some((_, token)) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A connection's place among the pending ones, left when its first request arrives (the
+/// service is called) or when it closes.
+struct Mark {
+    id: u64,
+    pending: Arc<Pending>,
+    left: AtomicBool,
+}
+
+impl Mark {
+    fn leave(&self) {
+        if !self.left.swap(true, Ordering::AcqRel) {
+            self.pending.done(self.id);
+        }
+    }
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+/// The connection's service: its first call marks the connection as having sent a whole
+/// request, so it is no longer taken for a slowloris.
+#[derive(Clone)]
+pub struct Marked<S> {
+    inner: S,
+    mark: Arc<Mark>,
+}
+
+impl<S, R> tower_service::Service<R> for Marked<S>
+where
+    S: tower_service::Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        self.mark.leave();
+        self.inner.call(req)
+    }
+}
+
 /// The acceptor of `serve` (axum-server's [`Accept`](axum_server::accept::Accept)): a
-/// connection beyond the cap is refused, one that sends nothing within the timeout is closed.
+/// connection beyond the cap takes the place of the oldest pending one, or is refused when
+/// none is pending; one that sends nothing within the timeout is closed.
 #[derive(Clone)]
 pub struct Capped {
     slots: Arc<Semaphore>,
     refusing: Arc<Semaphore>,
+    pending: Arc<Pending>,
     cap: usize,
     header_timeout: Duration,
     /// Plain HTTP: a refusal can be written as an HTTP answer (under TLS it is only a close).
@@ -114,6 +208,7 @@ impl Capped {
         Capped {
             slots: Arc::new(Semaphore::new(cap)),
             refusing: Arc::new(Semaphore::new(REFUSING)),
+            pending: Arc::default(),
             cap,
             header_timeout,
             plain,
@@ -125,7 +220,7 @@ impl Capped {
             return;
         };
         tracing::info!(
-            "refused a connection: {} are open, the most http.max_connections allows",
+            "refused a connection: {} are open, each having sent a request, the most http.max_connections allows",
             self.cap
         );
         if !self.plain {
@@ -181,25 +276,61 @@ async fn first_bytes(stream: &TcpStream) -> io::Result<bool> {
     }
 }
 
+impl Capped {
+    /// A place under the cap: a free one, else the oldest pending connection's (closed for
+    /// it); `None` when every place is held by a connection that sent a request.
+    async fn place(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            return Some(slot);
+        }
+        if !self.pending.evict_oldest() {
+            return None;
+        }
+        tracing::info!(
+            "closed the oldest connection that had not sent a whole request, for a new one: {} are open, the most http.max_connections allows",
+            self.cap
+        );
+        tokio::time::timeout(EVICT_WAIT, self.slots.clone().acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+}
+
 impl<S: Send + 'static> axum_server::accept::Accept<TcpStream, S> for Capped {
     type Stream = Counted;
-    type Service = S;
-    type Future = Pin<Box<dyn Future<Output = io::Result<(Counted, S)>> + Send>>;
+    type Service = Marked<S>;
+    type Future = Pin<Box<dyn Future<Output = io::Result<(Counted, Marked<S>)>> + Send>>;
 
     fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
-            let Ok(slot) = this.slots.clone().try_acquire_owned() else {
+            let Some(slot) = this.place().await else {
                 this.refuse(stream).await;
                 return Err(io::Error::other("over http.max_connections"));
             };
-            match tokio::time::timeout(this.header_timeout, first_bytes(&stream)).await {
+            let (id, token) = this.pending.add();
+            let mark = Arc::new(Mark {
+                id,
+                pending: this.pending.clone(),
+                left: AtomicBool::new(false),
+            });
+            let first = tokio::select! {
+                r = tokio::time::timeout(this.header_timeout, first_bytes(&stream)) => r,
+                () = token.cancelled() => return Err(evicted()),
+            };
+            match first {
                 Ok(Ok(true)) => Ok((
                     Counted {
                         stream,
                         _slot: slot,
+                        closed: Box::pin(token.cancelled_owned()),
+                        _mark: mark.clone(),
                     },
-                    service,
+                    Marked {
+                        inner: service,
+                        mark,
+                    },
                 )),
                 Ok(Ok(false)) => Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(Err(e)) => Err(e),
@@ -212,10 +343,20 @@ impl<S: Send + 'static> axum_server::accept::Accept<TcpStream, S> for Capped {
     }
 }
 
-/// A connection that holds its place under the cap until it is closed.
+fn evicted() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "closed for a new connection: it had not sent a whole request while every place under http.max_connections was taken",
+    )
+}
+
+/// A connection that holds its place under the cap until it is closed, or until its place is
+/// taken while it is still pending (its next read fails).
 pub struct Counted {
     stream: TcpStream,
     _slot: OwnedSemaphorePermit,
+    closed: Pin<Box<WaitForCancellationFutureOwned>>,
+    _mark: Arc<Mark>,
 }
 
 impl AsyncRead for Counted {
@@ -224,6 +365,9 @@ impl AsyncRead for Counted {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.closed.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(evicted()));
+        }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }

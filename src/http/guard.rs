@@ -48,6 +48,37 @@ fn default_port(scheme: &str) -> u16 {
     if scheme == "https" { 443 } else { 80 }
 }
 
+/// Why a request was refused before authentication (its Host or Origin): the 403's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct GuardRefusal(pub String);
+
+impl From<String> for GuardRefusal {
+    fn from(s: String) -> Self {
+        GuardRefusal(s)
+    }
+}
+
+impl std::ops::Deref for GuardRefusal {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<GuardRefusal> for String {
+    fn from(e: GuardRefusal) -> String {
+        e.0
+    }
+}
+
+impl From<&str> for GuardRefusal {
+    fn from(s: &str) -> Self {
+        GuardRefusal(s.to_string())
+    }
+}
+
 impl OriginRule {
     fn parse(entry: &str) -> Option<OriginRule> {
         let (scheme, rest) = entry.split_once("://")?;
@@ -113,7 +144,7 @@ impl Hosts {
     }
 
     /// `Err`: why the request is refused (403).
-    pub fn check(&self, request: &Request) -> Result<(), String> {
+    pub fn check(&self, request: &Request) -> Result<(), GuardRefusal> {
         let host = request
             .headers()
             .get(header::HOST)
@@ -122,7 +153,7 @@ impl Hosts {
             .or_else(|| request.uri().authority().map(|a| a.to_string()));
         if !self.any_host {
             let Some(host) = host else {
-                return Err("the request has no Host".into());
+                return Err(GuardRefusal("the request has no Host".into()));
             };
             let host = host.to_ascii_lowercase();
             let name = match host.rsplit_once(':') {
@@ -136,17 +167,17 @@ impl Hosts {
                 _ => host.as_str(),
             };
             if !self.hosts.iter().any(|h| h == &host || h == name) {
-                return Err(format!(
+                return Err(GuardRefusal(format!(
                     "Host {host:?} is not one this server answers to (DNS-rebinding protection); add it to http.allowed_hosts (MCP_BRIDGE_HTTP_ALLOWED_HOSTS)"
-                ));
+                )));
             }
         }
         if let Some(origin) = request.headers().get(header::ORIGIN) {
             let o = origin.to_str().unwrap_or("").trim().to_ascii_lowercase();
             if !self.origin_allowed(&o) {
-                return Err(format!(
+                return Err(GuardRefusal(format!(
                     "Origin {o:?} is not allowed (DNS-rebinding protection); add it to http.allowed_origins (MCP_BRIDGE_HTTP_ALLOWED_ORIGINS) if this page should reach the bridge"
-                ));
+                )));
             }
         }
         Ok(())

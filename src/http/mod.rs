@@ -64,7 +64,7 @@ pub enum ServeError {
     #[error(transparent)]
     Auth(#[from] auth::AuthSetupError),
     #[error("{0}")]
-    Listen(String),
+    Listen(crate::config::InvalidValue),
 }
 
 impl Hinted for ServeError {
@@ -285,7 +285,7 @@ async fn check_host_and_origin(
 ) -> Response {
     if let Err(why) = shared.hosts.check(&request) {
         tracing::info!("refused a request: {why}");
-        return problem(StatusCode::FORBIDDEN, "forbidden", why);
+        return problem(StatusCode::FORBIDDEN, "forbidden", why.into());
     }
     next.run(request).await
 }

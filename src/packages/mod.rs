@@ -16,235 +16,46 @@
 //! `audit`, `protocol` and the ground-floor helpers; nothing of `sandbox/`, `upstream/` or
 //! `server`.
 
+mod decide;
+mod error;
+mod link;
 pub mod resolve;
 pub mod rpc;
+mod session;
 pub mod store;
+mod unpack;
 
-use std::collections::{BTreeMap, HashMap};
+pub use decide::MAX_QUESTIONS;
+pub use error::PackageError;
+pub use session::Installed;
+use session::{SessionState, remember_refusal, set_key};
+
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use globset::GlobSet;
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::audit::{Audit, InstallRecord, ResolvedDist};
 use crate::config::packages::NameGlobs;
 use crate::config::policy::Fallback;
 use crate::config::{Config, PackagesConfig, Requirement};
-use crate::error::{Hint, Hinted};
-use crate::policy::{Approval, ApprovalRequest, Approver};
-use crate::protocol::{Interpreter, Target};
-use resolve::Wheel;
+use crate::error::Hinted;
+use crate::identity::SessionKey;
+use crate::policy::Approver;
+use crate::protocol::Interpreter;
+use decide::Ruling;
 use store::Store;
-
-/// The file in a session's package directory where the bridge keeps what it installed there
-/// (the sandbox can read it, not write it).
-const STATE_FILE: &str = ".mcp-code-bridge-installs.json";
-/// Requirement sets refused in one session that are remembered (refused again unasked).
-const MAX_REMEMBERED_REFUSALS: usize = 256;
-
-/// Why an install failed; the message says what, the hint what to do.
-#[derive(Debug, thiserror::Error)]
-pub enum PackageError {
-    #[error("{0}")]
-    BadRequirement(String),
-    #[error("install refused: {what}, by {rule}")]
-    Denied { what: String, rule: String },
-    #[error(
-        "install refused: the same install was refused before in this session (by {rule}); it is not asked again"
-    )]
-    RefusedBefore { rule: String },
-    #[error("no install is possible in this sandbox: {0}")]
-    Unavailable(String),
-    #[error("the packages cannot be chosen for this interpreter: {0}")]
-    UnknownTarget(String),
-    #[error("the resolver ({uv}) could not be run: {reason}", uv = uv.display())]
-    Resolver { uv: PathBuf, reason: String },
-    #[error("the requirements could not be resolved:\n{0}")]
-    Unresolvable(String),
-    #[error("the package index could not be reached:\n{0}")]
-    IndexUnreachable(String),
-    #[error("{name} {version} has no wheel for this interpreter, only a source distribution")]
-    NoWheel { name: String, version: String },
-    #[error("the install took longer than packages.timeout{}", if *.0 > 0 { format!(" ({} s)", .0) } else { String::new() })]
-    Timeout(u64),
-    #[error("the wheel of {name} could not be downloaded: {reason}")]
-    Download { name: String, reason: String },
-    #[error(
-        "the wheel of {name} does not match the index's sha256 (expected {expected}, got {got}); it was not installed"
-    )]
-    HashMismatch {
-        name: String,
-        expected: String,
-        got: String,
-    },
-    #[error(
-        "{what} is {size} bytes, above the {max} bytes this install may still use (packages.max_size)"
-    )]
-    TooLarge { what: String, size: u64, max: u64 },
-    #[error("the wheel of {name} is refused: {reason}")]
-    BadWheel { name: String, reason: String },
-    #[error("{0} is already installed in this session by another distribution")]
-    FileConflict(String),
-    #[error("{name} {have} is installed in this session; {want} was asked for")]
-    VersionConflict {
-        name: String,
-        have: String,
-        want: String,
-    },
-    #[error("a bridge is installing packages now, so the cache is not pruned")]
-    CacheBusy,
-    #[error("{what} {}: {source}", path.display())]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
-}
-
-impl PackageError {
-    /// Whether it is a refusal (`PackageDenied` in Python) rather than a failure.
-    pub fn is_refusal(&self) -> bool {
-        matches!(
-            self,
-            PackageError::Denied { .. } | PackageError::RefusedBefore { .. }
-        )
-    }
-
-    /// The audit's `error_type`: a kind, never a message.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            PackageError::BadRequirement(_) => "bad_requirement",
-            PackageError::Denied { .. } | PackageError::RefusedBefore { .. } => "denied",
-            PackageError::Unavailable(_) => "unavailable",
-            PackageError::UnknownTarget(_) => "unknown_target",
-            PackageError::Resolver { .. } => "resolver",
-            PackageError::Unresolvable(_) => "unresolvable",
-            PackageError::IndexUnreachable(_) => "index_unreachable",
-            PackageError::NoWheel { .. } => "no_wheel",
-            PackageError::Timeout(_) => "timeout",
-            PackageError::Download { .. } => "download",
-            PackageError::HashMismatch { .. } => "hash_mismatch",
-            PackageError::TooLarge { .. } => "too_large",
-            PackageError::BadWheel { .. } => "bad_wheel",
-            PackageError::FileConflict(_) | PackageError::VersionConflict { .. } => "conflict",
-            PackageError::CacheBusy | PackageError::Io { .. } => "io",
-        }
-    }
-}
-
-impl Hinted for PackageError {
-    fn hint(&self) -> Option<Hint> {
-        Some(Hint::sentence(match self {
-            PackageError::BadRequirement(_) => {
-                "Pass distribution names with optional extras and version clauses, e.g. runtime.install(\"tabulate\", \"openpyxl==3.1.5\")".to_string()
-            }
-            PackageError::Denied { .. } | PackageError::RefusedBefore { .. } => {
-                "Do without it (the image's packages are listed by the capabilities resource), or ask the user to allow it in the bridge's [packages] configuration".into()
-            }
-            PackageError::Unavailable(_) | PackageError::UnknownTarget(_) => {
-                "The bridge's image does not support installs; use what it has".into()
-            }
-            PackageError::Resolver { .. } => {
-                "The bridge needs uv on its host: install it (scripts/setup-debian.sh does), or set packages.uv to its path".into()
-            }
-            PackageError::Unresolvable(_) => {
-                "Check the names and versions: a typo, a version that does not exist, a package with only a source distribution for this Python (none is ever built), or a conflict with the image's own packages, which cannot be replaced".into()
-            }
-            PackageError::NoWheel { .. } => {
-                "Ask for a version that publishes a wheel for this Python, or another package: source distributions are never built".into()
-            }
-            PackageError::Timeout(_) => {
-                "Try again later (the index may be slow), or ask for fewer packages".into()
-            }
-            PackageError::Download { .. } | PackageError::IndexUnreachable(_) => {
-                "Try again later; if it persists, the user's host cannot reach its packages.index_url".into()
-            }
-            PackageError::HashMismatch { .. } | PackageError::BadWheel { .. } => {
-                "Ask for another version; nothing of it was installed".into()
-            }
-            PackageError::TooLarge { .. } => {
-                "Install less in this session, or ask the user to raise packages.max_size".into()
-            }
-            PackageError::FileConflict(_) | PackageError::VersionConflict { .. } => {
-                "A session keeps what it installed; start a new session (reset) to install another version".into()
-            }
-            PackageError::CacheBusy => "Run it again in a moment".into(),
-            PackageError::Io { .. } => {
-                "Check that the bridge's state_dir is writable and has room".into()
-            }
-        }))
-    }
-}
-
-/// One installed distribution, as `runtime.install` returns it and the session's state keeps it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Installed {
-    pub name: String,
-    pub version: String,
-    pub sha256: String,
-    /// Unpacked bytes.
-    pub size: u64,
-    /// Taken from the host's cache (no download).
-    pub cached: bool,
-    /// Named by an install (not only a dependency).
-    pub requested: bool,
-}
-
-/// What the bridge keeps of one session's installs, in its package directory.
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct SessionState {
-    installed: Vec<Installed>,
-    /// Keys of requirement sets refused in this session, with the rule that refused them.
-    refused: BTreeMap<String, String>,
-}
-
-impl SessionState {
-    fn read(dir: &Path) -> SessionState {
-        use std::io::Read;
-        let mut text = String::new();
-        let ok = crate::statefile::open_read(&dir.join(STATE_FILE))
-            .ok()
-            .and_then(|f| f.take(16 << 20).read_to_string(&mut text).ok());
-        ok.and_then(|_| serde_json::from_str(&text).ok())
-            .unwrap_or_default()
-    }
-
-    fn write(&self, dir: &Path, tmp: &Path) -> Result<(), PackageError> {
-        let path = dir.join(STATE_FILE);
-        let text = serde_json::to_vec(self).expect("the state serializes");
-        store::write_atomic(tmp, &path, &text).map_err(|source| PackageError::Io {
-            what: "could not write",
-            path: path.clone(),
-            source,
-        })?;
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444));
-        Ok(())
-    }
-
-    fn bytes(&self) -> u64 {
-        self.installed.iter().map(|i| i.size).sum()
-    }
-}
 
 /// Who asks for an install, for the audit and the question.
 pub struct Asker<'a> {
-    pub session: &'a str,
-    pub identity: Option<&'a str>,
+    /// The session the install is for (its owner is the audit's identity).
+    pub key: &'a SessionKey,
     /// The client to ask; `None` for `preinstall` (the user's own list: never asked).
     pub approver: Option<&'a Arc<dyn Approver>>,
     /// Whether the install is the user's own `preinstall`.
     pub preinstall: bool,
-}
-
-/// How the decision went, for the audit.
-struct Ruling {
-    decision: String,
-    rule: Option<String>,
-    ask: Option<String>,
 }
 
 /// The installer: one per bridge, shared by every session.
@@ -344,8 +155,8 @@ impl Packages {
     ) -> Result<Vec<Installed>, PackageError> {
         let t0 = Instant::now();
         let mut record = InstallRecord {
-            session: who.session.to_string(),
-            identity: who.identity.map(str::to_string),
+            session: who.key.name().to_string(),
+            identity: who.key.owner().name().map(str::to_string),
             requested: requirements.to_vec(),
             decision: "none".into(),
             ..Default::default()
@@ -374,9 +185,11 @@ impl Packages {
     ) -> Result<Vec<Installed>, PackageError> {
         use crate::config::packages::MAX_REQUIREMENTS;
         if requirements.is_empty() || requirements.len() > MAX_REQUIREMENTS {
-            return Err(PackageError::BadRequirement(format!(
-                "{} requirements; an install names 1 to {MAX_REQUIREMENTS}",
-                requirements.len()
+            return Err(PackageError::BadRequirement(crate::config::InvalidValue(
+                format!(
+                    "{} requirements; an install names 1 to {MAX_REQUIREMENTS}",
+                    requirements.len()
+                ),
             )));
         }
         let reqs = requirements
@@ -394,9 +207,26 @@ impl Packages {
         let _one = lock.lock().await;
         let mut state = SessionState::read(dir);
         let key = set_key(&reqs, target, &self.config);
+        if let Some((name, rule)) = reqs
+            .iter()
+            .find_map(|r| state.refused_names.get_key_value(&r.name))
+        {
+            record.decision = "deny".into();
+            return Err(PackageError::RefusedBefore {
+                what: crate::policy::shown_name(name),
+                rule: rule.clone(),
+            });
+        }
         if let Some(rule) = state.refused.get(&key) {
             record.decision = "deny".into();
-            return Err(PackageError::RefusedBefore { rule: rule.clone() });
+            return Err(PackageError::RefusedBefore {
+                what: reqs
+                    .iter()
+                    .map(|r| crate::policy::shown_name(&r.name))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                rule: rule.clone(),
+            });
         }
         // What the code names is refused before anything is resolved when a deny rule says so.
         for r in &reqs {
@@ -407,7 +237,14 @@ impl Packages {
                 );
                 record.decision = "deny".into();
                 record.rule = Some(rule.clone());
-                remember_refusal(&mut state, &key, &rule, dir, self.store.root());
+                remember_refusal(
+                    &mut state,
+                    &key,
+                    [r.name.as_str()],
+                    &rule,
+                    dir,
+                    self.store.root(),
+                );
                 return Err(PackageError::Denied {
                     what: crate::policy::shown_name(&r.name),
                     rule,
@@ -483,6 +320,19 @@ impl Packages {
 
         let requested: std::collections::HashSet<&str> =
             reqs.iter().map(|r| r.name.as_str()).collect();
+        // A distribution the user declined before, however it comes now (a dependency of
+        // another name included), is not asked about again.
+        if !who.preinstall
+            && let Some((name, rule)) = new
+                .iter()
+                .find_map(|w| state.refused_names.get_key_value(&w.name))
+        {
+            record.decision = "deny".into();
+            return Err(PackageError::RefusedBefore {
+                what: crate::policy::shown_name(name),
+                rule: rule.clone(),
+            });
+        }
         let ruling = if who.preinstall {
             Ruling {
                 decision: "preinstall".into(),
@@ -490,15 +340,32 @@ impl Packages {
                 ask: None,
             }
         } else {
-            match self.decide(&new, &requested, who).await {
+            let asked_before = state.asked;
+            let decided = self.decide(&new, &requested, who, &mut state.asked).await;
+            if state.asked != asked_before {
+                let _ = state.write(dir, &self.store.root().join("tmp"));
+            }
+            match decided {
                 Ok(r) => r,
                 Err((r, e)) => {
                     record.decision = r.decision;
                     record.rule = r.rule.clone();
                     record.ask = r.ask;
+                    // The names asked for, and those the user was asked about and declined.
+                    let declined: Vec<&str> = if record.decision == "ask:denied" {
+                        new.iter()
+                            .filter(|w| {
+                                self.rule_for(&w.name) != crate::config::policy::Action::Allow
+                            })
+                            .map(|w| w.name.as_str())
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
                     remember_refusal(
                         &mut state,
                         &key,
+                        requested.iter().copied().chain(declined),
                         r.rule.as_deref().unwrap_or("the user"),
                         dir,
                         self.store.root(),
@@ -511,12 +378,12 @@ impl Packages {
         record.rule = ruling.rule;
         record.ask = ruling.ask;
 
-        let budget = self.config.max_size.0.saturating_sub(state.bytes());
+        let budget = self.config.max_size.0.saturating_sub(state.charged());
         let mut done = Vec::new();
         let mut created = Vec::new();
         let outcome: Result<(), PackageError> = async {
             for mut w in new {
-                let left = budget.saturating_sub(done.iter().map(|i: &Installed| i.size).sum());
+                let left = budget.saturating_sub(done.iter().map(Installed::charged).sum());
                 let cached = tokio::time::timeout_at(
                     deadline,
                     self.store.fetch(&self.client, &mut w, left, deadline),
@@ -530,17 +397,24 @@ impl Packages {
                     e => e,
                 })?;
                 let sha = w.sha256.clone().unwrap_or_default();
-                let (tree, size) = {
+                let (tree, cost) = {
                     let store = self.store.clone();
                     let (name, sha) = (w.name.clone(), sha.clone());
                     tokio::task::spawn_blocking(move || store.tree(&name, &sha, left))
                         .await
                         .map_err(|e| PackageError::Unavailable(e.to_string()))??
                 };
-                if size > left {
+                if cost.charged() > left {
                     return Err(PackageError::TooLarge {
-                        what: format!("{} {} unpacked", w.name, w.version),
-                        size,
+                        what: format!(
+                            "{} {} unpacked ({} bytes in {} files and directories, each entry counted as {} bytes more)",
+                            w.name,
+                            w.version,
+                            cost.bytes,
+                            cost.entries,
+                            store::ENTRY_COST
+                        ),
+                        size: cost.charged(),
                         max: left,
                     });
                 }
@@ -559,7 +433,8 @@ impl Packages {
                     name: w.name,
                     version: w.version,
                     sha256: sha,
-                    size,
+                    size: cost.bytes,
+                    entries: cost.entries,
                     cached: cached || from_plan,
                 });
             }
@@ -592,102 +467,6 @@ impl Packages {
         drop(cache_lock);
         self.prune_quietly();
         Ok(done)
-    }
-
-    /// deny > allow > ask over every distribution that would come. The refusal carries the
-    /// ruling for the audit beside the error (once per install: its size is no cost).
-    #[allow(clippy::result_large_err)]
-    async fn decide(
-        &self,
-        new: &[Wheel],
-        requested: &std::collections::HashSet<&str>,
-        who: &Asker<'_>,
-    ) -> Result<Ruling, (Ruling, PackageError)> {
-        use crate::config::policy::Action;
-        if let Some(w) = new.iter().find(|w| self.deny.is_match(&w.name)) {
-            let rule = format!(
-                "packages.deny (matches {})",
-                crate::policy::shown_name(&w.name)
-            );
-            return Err((
-                Ruling {
-                    decision: "deny".into(),
-                    rule: Some(rule.clone()),
-                    ask: None,
-                },
-                PackageError::Denied {
-                    what: format!(
-                        "{} (a dependency of what was asked)",
-                        crate::policy::shown_name(&w.name)
-                    ),
-                    rule,
-                },
-            ));
-        }
-        let unallowed: Vec<&Wheel> = new
-            .iter()
-            .filter(|w| self.rule_for(&w.name) != Action::Allow)
-            .collect();
-        if unallowed.is_empty() {
-            return Ok(Ruling {
-                decision: "allow".into(),
-                rule: Some("packages.allow".into()),
-                ask: None,
-            });
-        }
-        let rule = "no packages.allow rule matching".to_string();
-        let fallback = |why: &str| {
-            let r = Ruling {
-                decision: "ask:unavailable".into(),
-                rule: Some(format!(
-                    "{rule}; packages.ask_fallback = {}",
-                    self.fallback().action()
-                )),
-                ask: Some(why.to_string()),
-            };
-            match self.fallback() {
-                Fallback::Allow => Ok(r),
-                Fallback::Deny => Err((
-                    r,
-                    PackageError::Denied {
-                        what: listing_names(&unallowed),
-                        rule: "packages.ask_fallback = deny (the client cannot be asked)".into(),
-                    },
-                )),
-            }
-        };
-        let Some(approver) = who.approver.filter(|a| a.can_ask()) else {
-            return fallback("fallback");
-        };
-        let request = ApprovalRequest::other(
-            "Allow this install?",
-            question(new, requested),
-            rule.clone(),
-            "the bridge's [packages] configuration".into(),
-        );
-        let path = approver.path();
-        match approver.ask(&request).await {
-            Approval::Once | Approval::Session => Ok(Ruling {
-                decision: "ask:allowed".into(),
-                rule: Some(rule),
-                ask: Some(path.into()),
-            }),
-            Approval::Denied => Err((
-                Ruling {
-                    decision: "ask:denied".into(),
-                    rule: Some("the user, when asked".into()),
-                    ask: Some(path.into()),
-                },
-                PackageError::Denied {
-                    what: listing_names(&unallowed),
-                    rule: "the user, when asked".into(),
-                },
-            )),
-            Approval::Unavailable(why) => {
-                tracing::warn!("the client could not be asked about an install: {why}");
-                fallback("fallback")
-            }
-        }
     }
 
     /// Prune the cache to `cache_max_size` when it is over, unless someone is installing.
@@ -766,84 +545,6 @@ impl Packages {
     }
 }
 
-/// The question: every distribution that would come, each a line of its own with its version
-/// and size, in a counted block the code cannot end early (names and versions are the
-/// index's and the code's words, so each is quoted and escaped).
-fn question(new: &[Wheel], requested: &std::collections::HashSet<&str>) -> String {
-    let total: u64 = new.iter().filter_map(|w| w.size).sum();
-    let mut s = format!(
-        "Code running in run_python wants to install Python packages into its session (the host downloads them; the sandbox stays offline).\n{} distribution(s), {} to download:\n",
-        new.len(),
-        human(total)
-    );
-    for w in new.iter().take(64) {
-        s.push_str(&format!(
-            "  {} {} ({}){}\n",
-            crate::policy::shown_name(&w.name),
-            crate::policy::shown_name(&w.version),
-            w.size.map_or("size unknown".into(), human),
-            if requested.contains(w.name.as_str()) {
-                ", asked for"
-            } else {
-                ", a dependency"
-            }
-        ));
-    }
-    if new.len() > 64 {
-        s.push_str(&format!("  ... and {} more\n", new.len() - 64));
-    }
-    s.push_str("(end of packages)");
-    s
-}
-
-fn listing_names(ws: &[&Wheel]) -> String {
-    let names: Vec<String> = ws
-        .iter()
-        .take(8)
-        .map(|w| crate::policy::shown_name(&w.name))
-        .collect();
-    let more = if ws.len() > 8 {
-        format!(" and {} more", ws.len() - 8)
-    } else {
-        String::new()
-    };
-    format!("{}{more}", names.join(", "))
-}
-
-fn human(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
-        b if b >= 1 << 10 => format!("{:.0} KiB", b as f64 / 1024.0),
-        b => format!("{b} B"),
-    }
-}
-
-/// The key of a requirement set for one target and one source of packages: the same install
-/// in another session of the same image finds the resolution made before.
-fn set_key(reqs: &[Requirement], target: &Target, config: &PackagesConfig) -> String {
-    let mut texts: Vec<&str> = reqs.iter().map(|r| r.text.as_str()).collect();
-    texts.sort_unstable();
-    let mut h = Sha256::new();
-    for part in [
-        serde_json::to_string(&texts).unwrap_or_default(),
-        serde_json::to_string(target).unwrap_or_default(),
-        config.index_url.clone(),
-        format!("{:?}{}", config.find_links, config.offline),
-    ] {
-        h.update(part.as_bytes());
-        h.update([0]);
-    }
-    hex::encode(h.finalize())
-}
-
-fn remember_refusal(state: &mut SessionState, key: &str, rule: &str, dir: &Path, root: &Path) {
-    if state.refused.len() >= MAX_REMEMBERED_REFUSALS {
-        return;
-    }
-    state.refused.insert(key.to_string(), rule.to_string());
-    let _ = state.write(dir, &root.join("tmp"));
-}
-
 /// `packages.preinstall` for every new sandbox (`protocol::Provision`).
 pub struct Preinstall(pub Arc<Packages>);
 
@@ -854,9 +555,9 @@ impl crate::protocol::Provision for Preinstall {
         if list.is_empty() {
             return Vec::new();
         }
+        let key = SessionKey::local("preinstall");
         let who = Asker {
-            session: "preinstall",
-            identity: None,
+            key: &key,
             approver: None,
             preinstall: true,
         };

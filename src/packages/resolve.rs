@@ -116,10 +116,13 @@ pub async fn resolve(
     std::fs::write(&cons, constraints(target)).map_err(io("could not write", &cons))?;
     let out = work.join("pylock.toml");
 
+    // uv runs in `work` and is given its files by name, so that what it says of them (a line
+    // it could not parse) names no host path.
     let mut cmd = tokio::process::Command::new(&config.uv);
-    cmd.arg("pip")
+    cmd.current_dir(work)
+        .arg("pip")
         .arg("compile")
-        .arg(&input)
+        .arg("requirements.in")
         .args([
             "--format",
             "pylock.toml",
@@ -130,12 +133,10 @@ pub async fn resolve(
         ])
         .args(["--no-config", "--no-progress", "--only-binary", ":all:"])
         .args(["--python-version", &python, "--python-platform", &platform])
-        .arg("--constraint")
-        .arg(&cons)
+        .args(["--constraint", "constraints.txt"])
         .arg("--cache-dir")
         .arg(uv_cache)
-        .arg("-o")
-        .arg(&out);
+        .args(["-o", "pylock.toml"]);
     if config.offline {
         cmd.args(["--offline", "--no-index"]);
     } else {
@@ -192,7 +193,12 @@ pub async fn resolve(
         Err(_) => return Err(PackageError::Timeout(timeout.as_secs())),
     };
     if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        // The sandbox reads this: no host path in it.
+        let mut hide: Vec<(&Path, &str)> = vec![(work, ""), (uv_cache, "<uv cache>")];
+        if let Some(dir) = &config.find_links {
+            hide.push((dir, "<packages.find_links>"));
+        }
+        let stderr = scrub(&String::from_utf8_lossy(&output.stderr), &hide);
         let unreachable = [
             "Failed to fetch",
             "error sending request",
@@ -208,6 +214,26 @@ pub async fn resolve(
     }
     let text = std::fs::read_to_string(&out).map_err(io("could not read uv's lock", &out))?;
     parse_lock(&text, work, config.find_links.as_deref())
+}
+
+/// `text` with each of the host paths `hide` replaced by its stand-in: a path inside one
+/// (`<path>/x`) becomes `<stand-in>/x`, or `x` for an empty stand-in.
+pub(crate) fn scrub(text: &str, hide: &[(&Path, &str)]) -> String {
+    let mut out = text.to_string();
+    for (path, instead) in hide {
+        let p = path.display().to_string();
+        if p.is_empty() || p == "/" {
+            continue;
+        }
+        let inside = if instead.is_empty() {
+            String::new()
+        } else {
+            format!("{instead}/")
+        };
+        out = out.replace(&format!("{p}/"), &inside);
+        out = out.replace(&p, if instead.is_empty() { "." } else { instead });
+    }
+    out
 }
 
 /// The last `max` bytes of uv's message, without its colour or blank lines.

@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use super::{Asker, Packages};
+use super::{Asker, PackageError, Packages};
 use crate::error::Hinted;
+use crate::identity::SessionKey;
 use crate::policy::Approver;
 use crate::protocol::{Interpreter, RpcFailure, RpcHandler};
 
@@ -18,8 +19,7 @@ pub const RPC_PACKAGE_DENIED: &str = "package_denied";
 /// An exec's RPC handler with the packages' methods in front of `inner`.
 pub struct PackagesRpc {
     packages: Arc<Packages>,
-    session: String,
-    identity: Option<String>,
+    key: SessionKey,
     approver: Option<Arc<dyn Approver>>,
     interpreter: Mutex<Option<Interpreter>>,
     inner: Arc<dyn RpcHandler>,
@@ -28,15 +28,13 @@ pub struct PackagesRpc {
 impl PackagesRpc {
     pub fn wrap(
         packages: Arc<Packages>,
-        session: String,
-        identity: Option<String>,
+        key: SessionKey,
         approver: Option<Arc<dyn Approver>>,
         inner: Arc<dyn RpcHandler>,
     ) -> Arc<dyn RpcHandler> {
         Arc::new(PackagesRpc {
             packages,
-            session,
-            identity,
+            key,
             approver,
             interpreter: Mutex::new(None),
             inner,
@@ -66,8 +64,7 @@ impl RpcHandler for PackagesRpc {
                     }
                 };
                 let who = Asker {
-                    session: &self.session,
-                    identity: self.identity.as_deref(),
+                    key: &self.key,
                     approver: self.approver.as_ref(),
                     preinstall: false,
                 };
@@ -80,7 +77,13 @@ impl RpcHandler for PackagesRpc {
                         "name": i.name, "version": i.version, "cached": i.cached, "size": i.size,
                     })).collect::<Vec<_>>()})),
                     Err(e) => Err(RpcFailure {
-                        message: e.message(),
+                        message: {
+                            if matches!(e, PackageError::Io { .. } | PackageError::Resolver { .. })
+                            {
+                                tracing::warn!("an install failed: {}", e.message());
+                            }
+                            e.for_sandbox()
+                        },
                         kind: Some(if e.is_refusal() {
                             RPC_PACKAGE_DENIED
                         } else {

@@ -1,7 +1,10 @@
 //! The host's package cache, `<state_dir>/packages/` (mode 0700), shared by every bridge of
 //! the user:
 //! - `wheels/<sha256>.whl`: wheels as downloaded, named by the digest they were checked against;
-//! - `trees/<sha256>/`: each unpacked once (files 0444), what sessions' directories hard-link;
+//! - `trees/<sha256>/`: each unpacked once (files 0444), what sessions' directories hard-link,
+//!   with `trees/<sha256>.manifest`: every directory, and every file with its size and sha256,
+//!   as unpacked. A tree is checked against it each time it is used and unpacked again from
+//!   its wheel when anything differs, so a tree is only ever what its wheel's digest says;
 //! - `plans/<key>.json`: resolutions already made, so the same install in another session
 //!   reaches no index;
 //! - `uv/`: uv's own cache; `tmp/`: work in progress, renamed into place whole.
@@ -18,9 +21,13 @@ use sha2::{Digest, Sha256};
 
 use super::PackageError;
 use super::resolve::Wheel;
+use super::unpack::{self, Manifest, file_sha256, tree_cost, verify_tree};
 
-/// Most entries one wheel may have: a large package has a few thousand files.
-pub const MAX_ENTRIES: usize = 100_000;
+pub use super::link::{link_tree, unlink_created};
+pub use super::unpack::{Cost, ENTRY_COST, MAX_ENTRIES};
+
+/// Largest manifest read back (50,000 entries of a long path and a digest fit).
+const MAX_MANIFEST: u64 = 32 << 20;
 
 #[derive(Clone)]
 pub struct Store {
@@ -74,16 +81,11 @@ impl Store {
 
     fn lock_file(&self) -> Result<File, PackageError> {
         let path = self.root.join(".lock");
-        std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|source| PackageError::Io {
-                what: "could not open",
-                path,
-                source,
-            })
+        crate::statefile::open_lock(&path).map_err(|source| PackageError::Io {
+            what: "could not open",
+            path,
+            source,
+        })
     }
 
     /// A fresh directory under `tmp/`, removed with its guard.
@@ -134,18 +136,22 @@ impl Store {
         self.dir("trees").join(sha256)
     }
 
-    /// Where a tree's byte count is kept, written when it is unpacked: an install from the
-    /// cache and the cache's listing read it instead of walking every file of the tree.
-    fn size_path(&self, sha256: &str) -> PathBuf {
-        self.dir("trees").join(format!("{sha256}.bytes"))
+    /// Where what a tree held when it was unpacked is kept ([`Manifest`]): the check of a
+    /// tree before each use, and its cost for an install from the cache and the listing.
+    fn manifest_path(&self, sha256: &str) -> PathBuf {
+        self.dir("trees").join(format!("{sha256}.manifest"))
     }
 
-    /// The bytes of the unpacked tree `sha256`: its count, or a walk when there is none.
-    fn tree_size(&self, sha256: &str) -> u64 {
-        std::fs::read_to_string(self.size_path(sha256))
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or_else(|| tree_bytes(&self.tree_path(sha256)))
+    fn manifest(&self, sha256: &str) -> Option<Manifest> {
+        let text = crate::statefile::read_own(&self.manifest_path(sha256), MAX_MANIFEST)?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// The cost of the unpacked tree `sha256`: its manifest's, or a walk when there is none.
+    fn tree_cost(&self, sha256: &str) -> Cost {
+        self.manifest(sha256)
+            .map(|m| m.cost)
+            .unwrap_or_else(|| tree_cost(&self.tree_path(sha256)))
     }
 
     /// The wheel `w` in the cache, downloaded (or copied from `find_links`) and checked if it
@@ -263,32 +269,48 @@ impl Store {
         Ok(false)
     }
 
-    /// The unpacked tree of the cached wheel `sha256` and its bytes, unpacking it the first
-    /// time (at most `max` bytes and [`MAX_ENTRIES`] entries; no absolute or `..` path, no
-    /// link). What a wheel's `.data/purelib` and `.data/platlib` hold goes to the top, as pip
-    /// installs it; its scripts, headers and data are not installed (nothing here runs them).
-    pub fn tree(&self, name: &str, sha256: &str, max: u64) -> Result<(PathBuf, u64), PackageError> {
+    /// The unpacked tree of the cached wheel `sha256` and what it costs, unpacking it the
+    /// first time (at most `max` bytes charged, [`Cost::charged`], and [`MAX_ENTRIES`]
+    /// entries; no absolute path, no `..` anywhere in a name, no link). What a wheel's
+    /// `.data/purelib` and `.data/platlib` hold goes to the top, as pip installs it; its
+    /// scripts, headers and data are not installed (nothing here runs them).
+    ///
+    /// A tree unpacked before is used only when it is still exactly what its manifest says
+    /// (every directory, every file's size and sha256, nothing else, no link); otherwise it is
+    /// set aside and unpacked again from the wheel, whose own digest is checked first.
+    pub fn tree(
+        &self,
+        name: &str,
+        sha256: &str,
+        max: u64,
+    ) -> Result<(PathBuf, Cost), PackageError> {
         let tree = self.tree_path(sha256);
-        if tree.is_dir() {
-            return Ok((tree.clone(), self.tree_size(sha256)));
+        if std::fs::symlink_metadata(&tree).is_ok() {
+            match self.manifest(sha256) {
+                Some(m) if verify_tree(&tree, &m) => return Ok((tree, m.cost)),
+                _ => {
+                    tracing::warn!(
+                        tree = %tree.display(),
+                        "a cached package tree differs from what was unpacked: it is unpacked again from its wheel"
+                    );
+                    self.set_aside(&tree);
+                    let _ = std::fs::remove_file(self.manifest_path(sha256));
+                }
+            }
         }
         let whl = self.wheel_path(sha256);
-        let bad = |reason: String| PackageError::BadWheel {
-            name: name.to_string(),
-            reason,
-        };
-        let f = File::open(&whl).map_err(|source| PackageError::Io {
+        let got = file_sha256(&whl).map_err(|source| PackageError::Io {
             what: "could not read",
             path: whl.clone(),
             source,
         })?;
-        let mut zip =
-            zip::ZipArchive::new(f).map_err(|e| bad(format!("not a zip archive: {e}")))?;
-        if zip.len() > MAX_ENTRIES {
-            return Err(bad(format!(
-                "{} entries, more than {MAX_ENTRIES}",
-                zip.len()
-            )));
+        if got != sha256 {
+            let _ = std::fs::remove_file(&whl);
+            return Err(PackageError::HashMismatch {
+                name: name.to_string(),
+                expected: sha256.to_string(),
+                got,
+            });
         }
         let work = tempfile::Builder::new()
             .prefix("tree-")
@@ -298,71 +320,20 @@ impl Store {
                 path: self.dir("tmp"),
                 source,
             })?;
-        let mut total = 0u64;
-        for i in 0..zip.len() {
-            let mut entry = zip
-                .by_index(i)
-                .map_err(|e| bad(format!("entry {i} cannot be read: {e}")))?;
-            let raw = entry.name().to_string();
-            if entry.is_symlink() {
-                return Err(bad(format!("{raw:?} is a symbolic link")));
-            }
-            let Some(rel) = entry.enclosed_name() else {
-                return Err(bad(format!("{raw:?} leaves the install directory")));
-            };
-            let Some(rel) = install_path(&rel) else {
-                continue;
-            };
-            let dest = work.path().join(&rel);
-            if entry.is_dir() {
-                std::fs::create_dir_all(&dest).map_err(|source| PackageError::Io {
-                    what: "could not make",
-                    path: dest.clone(),
-                    source,
-                })?;
-                continue;
-            }
-            let declared = entry.size();
-            if total.saturating_add(declared) > max {
-                return Err(PackageError::TooLarge {
-                    what: format!("{name} unpacked"),
-                    size: total.saturating_add(declared),
-                    max,
-                });
-            }
-            if let Some(parent) = dest.parent() {
-                std::fs::create_dir_all(parent).map_err(|source| PackageError::Io {
-                    what: "could not make",
-                    path: parent.to_path_buf(),
-                    source,
-                })?;
-            }
-            let mut out = File::create(&dest).map_err(|source| PackageError::Io {
-                what: "could not write",
-                path: dest.clone(),
-                source,
-            })?;
-            // The declared size is the compressed stream's claim: no more is read.
-            let n = std::io::copy(&mut (&mut entry).take(declared + 1), &mut out)
-                .map_err(|e| bad(format!("{raw:?} cannot be unpacked: {e}")))?;
-            if n > declared {
-                return Err(bad(format!(
-                    "{raw:?} holds more than its declared {declared} bytes"
-                )));
-            }
-            total += n;
-            set_mode(&dest, 0o444);
-        }
+        let manifest = unpack::unpack(&whl, work.path(), name, max)?;
         let tmp = work.keep();
         match std::fs::rename(&tmp, &tree) {
             Ok(()) => {
-                let _ = write_atomic(
-                    &self.dir("tmp"),
-                    &self.size_path(sha256),
-                    total.to_string().as_bytes(),
-                );
+                let text = serde_json::to_vec(&manifest).expect("a manifest serializes");
+                write_atomic(&self.dir("tmp"), &self.manifest_path(sha256), &text).map_err(
+                    |source| PackageError::Io {
+                        what: "could not write",
+                        path: self.manifest_path(sha256),
+                        source,
+                    },
+                )?;
             }
-            // Another bridge unpacked it first: theirs is the same bytes.
+            // Another bridge unpacked it first: theirs is checked at its next use.
             Err(_) if tree.is_dir() => {
                 let _ = std::fs::remove_dir_all(&tmp);
             }
@@ -375,7 +346,26 @@ impl Store {
                 });
             }
         }
-        Ok((tree, total))
+        Ok((tree, manifest.cost))
+    }
+
+    /// Move `path` out of the cache's names (into `tmp/`) and remove it: a session linking from
+    /// it at that moment fails whole rather than half.
+    fn set_aside(&self, path: &Path) {
+        let aside = self
+            .dir("tmp")
+            .join(format!("stale-{}", hex::encode(rand_bytes())));
+        let target = if std::fs::rename(path, &aside).is_ok() {
+            aside
+        } else {
+            path.to_path_buf()
+        };
+        if std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
+            make_writable(&target);
+            let _ = std::fs::remove_dir_all(&target);
+        } else {
+            let _ = std::fs::remove_file(&target);
+        }
     }
 
     /// Every cached wheel: file name (from its tree's `.dist-info`), size, last use.
@@ -391,15 +381,16 @@ impl Store {
             };
             let Ok(meta) = e.metadata() else { continue };
             let tree = self.tree_path(sha);
+            let cost = if tree.is_dir() {
+                self.tree_cost(sha)
+            } else {
+                Cost::default()
+            };
             out.push(Cached {
                 sha256: sha.to_string(),
                 dist: dist_info(&tree).unwrap_or_default(),
-                size: meta.len()
-                    + if tree.is_dir() {
-                        self.tree_size(sha)
-                    } else {
-                        0
-                    },
+                size: meta.len() + cost.charged(),
+                entries: cost.entries,
                 used: meta.modified().ok(),
             });
         }
@@ -433,8 +424,8 @@ impl Store {
                 break;
             }
             let _ = std::fs::remove_file(self.wheel_path(&c.sha256));
-            let _ = std::fs::remove_dir_all(self.tree_path(&c.sha256));
-            let _ = std::fs::remove_file(self.size_path(&c.sha256));
+            self.set_aside(&self.tree_path(&c.sha256));
+            let _ = std::fs::remove_file(self.manifest_path(&c.sha256));
             total -= c.size;
             freed += c.size;
             removed += 1;
@@ -494,20 +485,33 @@ pub struct Cached {
     pub sha256: String,
     /// `name-version`, from the unpacked tree's `.dist-info` (empty when not unpacked).
     pub dist: String,
+    /// What it costs the host: the wheel's bytes and its tree's charge ([`Cost::charged`]).
     pub size: u64,
+    /// Files and directories of its tree.
+    pub entries: u64,
     #[serde(skip)]
     pub used: Option<std::time::SystemTime>,
 }
 
-/// The path an entry of a wheel is installed at, or `None` when it is not installed.
-fn install_path(rel: &Path) -> Option<PathBuf> {
-    let mut comps = rel.components();
-    let first = comps.next()?.as_os_str().to_str()?.to_string();
-    if first.ends_with(".data") {
-        let kind = comps.next()?.as_os_str().to_str()?;
-        return matches!(kind, "purelib" | "platlib").then(|| comps.as_path().to_path_buf());
+fn rand_bytes() -> [u8; 8] {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    b
+}
+
+/// Give the owner write on every directory under `dir`, so that it can be removed.
+fn make_writable(dir: &Path) {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        set_mode(&d, 0o755);
+        if let Ok(entries) = std::fs::read_dir(&d) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+        }
     }
-    Some(rel.to_path_buf())
 }
 
 fn dist_info(tree: &Path) -> Option<String> {
@@ -524,26 +528,6 @@ fn set_mode(path: &Path, mode: u32) {
     let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
 }
 
-/// Bytes of the files under `dir` (links not followed).
-pub fn tree_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let Ok(t) = e.file_type() else { continue };
-            if t.is_dir() {
-                stack.push(e.path());
-            } else if t.is_file() {
-                total += e.metadata().map_or(0, |m| m.len());
-            }
-        }
-    }
-    total
-}
-
 /// Mark a cached wheel used now (pruning goes by it).
 fn touch(path: &Path) {
     if let Ok(f) = File::options().write(true).open(path) {
@@ -552,62 +536,6 @@ fn touch(path: &Path) {
 }
 
 pub use crate::statefile::write_atomic;
-
-/// Hard-link every file of `tree` into `dest` (its directories made), listing in `created`
-/// what it made so that a failed install can take it back. A file already at a path is a
-/// conflict between two distributions: refused, never overwritten.
-pub fn link_tree(tree: &Path, dest: &Path, created: &mut Vec<PathBuf>) -> Result<(), PackageError> {
-    let io = |what: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| PackageError::Io { what, path, source }
-    };
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let src_dir = tree.join(&rel);
-        for e in std::fs::read_dir(&src_dir).map_err(io("could not read", &src_dir))? {
-            let e = e.map_err(io("could not read", &src_dir))?;
-            let r = rel.join(e.file_name());
-            let to = dest.join(&r);
-            let t = e.file_type().map_err(io("could not read", &e.path()))?;
-            if t.is_dir() {
-                match std::fs::create_dir(&to) {
-                    Ok(()) => {
-                        set_mode(&to, 0o755);
-                        created.push(to);
-                    }
-                    Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists && to.is_dir() => {}
-                    Err(source) => return Err(io("could not make", &to)(source)),
-                }
-                stack.push(r);
-            } else if t.is_file() {
-                if std::fs::symlink_metadata(&to).is_ok() {
-                    return Err(PackageError::FileConflict(r.display().to_string()));
-                }
-                match std::fs::hard_link(e.path(), &to) {
-                    Ok(()) => {}
-                    // Another file system: a copy, read-only as the tree's.
-                    Err(_) => {
-                        std::fs::copy(e.path(), &to).map_err(io("could not copy to", &to))?;
-                        set_mode(&to, 0o444);
-                    }
-                }
-                created.push(to);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Take back what [`link_tree`] made: files, then directories, deepest first.
-pub fn unlink_created(created: &[PathBuf]) {
-    for p in created.iter().rev() {
-        if p.is_dir() {
-            let _ = std::fs::remove_dir(p);
-        } else {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -654,11 +582,23 @@ mod tests {
                 None,
             ),
         );
-        let (tree, bytes) = store.tree("pkg", &sha, 1 << 20).unwrap();
+        let (tree, cost) = store.tree("pkg", &sha, 1 << 20).unwrap();
         assert!(tree.join("pkg/__init__.py").is_file());
         assert!(tree.join("fast.so").is_file());
         assert!(!tree.join("run").exists() && !tree.join("pkg-1.0.data").exists());
-        assert_eq!(bytes, 6 + 10 + 4);
+        // Three files and two directories.
+        assert_eq!(
+            cost,
+            Cost {
+                bytes: 6 + 10 + 4,
+                entries: 5
+            }
+        );
+        // Used again: checked, the same.
+        assert_eq!(
+            store.tree("pkg", &sha, 1 << 20).unwrap(),
+            (tree.clone(), cost)
+        );
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(tree.join("pkg/__init__.py"))
             .unwrap()
@@ -696,6 +636,18 @@ mod tests {
         for (bytes, why) in [
             (wheel(&[("../../escape.py", b"x")], None), "leaves"),
             (wheel(&[("/etc/evil.py", b"x")], None), "leaves"),
+            // A `..` that stays inside the archive but climbs out once the prefix is mapped.
+            (
+                wheel(&[("p-1.0.data/purelib/../../trees/x.py", b"x")], None),
+                "leaves",
+            ),
+            (
+                wheel(&[("p-1.0.data/platlib/../x.py", b"x")], None),
+                "leaves",
+            ),
+            (wheel(&[("a/./b.py", b"x")], None), "leaves"),
+            (wheel(&[("a//b.py", b"x")], None), "leaves"),
+            (wheel(&[("a\\..\\b.py", b"x")], None), "leaves"),
             (wheel(&[("ok.py", b"x")], Some("link")), "symbolic link"),
             (wheel(&[("big.bin", &vec![0u8; 4096])], None), "above"),
         ] {
@@ -710,5 +662,86 @@ mod tests {
         }
         let left: Vec<_> = std::fs::read_dir(store.dir("tmp")).unwrap().collect();
         assert!(left.is_empty(), "{left:?}");
+        assert!(
+            std::fs::read_dir(store.dir("trees"))
+                .unwrap()
+                .next()
+                .is_none(),
+            "nothing reached the trees"
+        );
+    }
+
+    /// Empty directories and files are charged an entry each: a wheel of thousands of them
+    /// passes no size limit by having no bytes.
+    #[test]
+    fn entries_are_charged_and_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path().join("packages"));
+        let _l = store.open_shared().unwrap();
+        let names: Vec<String> = (0..300).map(|i| format!("p/d{i}/")).collect();
+        let mut buf = std::io::Cursor::new(Vec::new());
+        {
+            let mut z = zip::ZipWriter::new(&mut buf);
+            let opts = zip::write::SimpleFileOptions::default();
+            for n in &names {
+                z.add_directory(n.as_str(), opts).unwrap();
+            }
+            z.finish().unwrap();
+        }
+        let sha = cached(&store, buf.get_ref());
+        // 301 directories: 1,232,896 bytes charged, over 1 MiB.
+        let err = store.tree("dirs", &sha, 1 << 20).unwrap_err();
+        assert!(matches!(err, PackageError::TooLarge { .. }), "{err}");
+        assert!(crate::error::Hinted::message(&err).contains("files and directories"));
+        let (_, cost) = store.tree("dirs", &sha, 2 << 20).unwrap();
+        assert_eq!(
+            cost,
+            Cost {
+                bytes: 0,
+                entries: 301
+            }
+        );
+        assert_eq!(store.list()[0].entries, 301);
+        assert!(store.list()[0].size >= 301 * ENTRY_COST);
+    }
+
+    /// A cached tree that differs from what was unpacked (a file changed, one added, a mode
+    /// made writable) is unpacked again from its wheel before it is used; a wheel that no
+    /// longer matches its digest is refused and dropped.
+    #[test]
+    fn a_changed_tree_is_unpacked_again_and_a_changed_wheel_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path().join("packages"));
+        let _l = store.open_shared().unwrap();
+        let sha = cached(&store, &wheel(&[("pkg/__init__.py", b"X = 1\n")], None));
+        let (tree, _) = store.tree("pkg", &sha, 1 << 20).unwrap();
+        let file = tree.join("pkg/__init__.py");
+        for tamper in 0..3 {
+            match tamper {
+                0 => {
+                    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644))
+                        .unwrap();
+                    std::fs::write(&file, b"X = 2\n").unwrap();
+                    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444))
+                        .unwrap();
+                }
+                1 => std::fs::write(tree.join("pkg/planted.py"), b"").unwrap(),
+                _ => {
+                    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap()
+                }
+            }
+            let (again, _) = store.tree("pkg", &sha, 1 << 20).unwrap();
+            assert_eq!(
+                std::fs::read(again.join("pkg/__init__.py")).unwrap(),
+                b"X = 1\n"
+            );
+            assert!(!again.join("pkg/planted.py").exists());
+        }
+        std::fs::write(store.wheel_path(&sha), b"not the wheel").unwrap();
+        std::fs::remove_file(store.manifest_path(&sha)).unwrap();
+        let err = store.tree("pkg", &sha, 1 << 20).unwrap_err();
+        assert!(matches!(err, PackageError::HashMismatch { .. }), "{err}");
+        assert!(!store.wheel_path(&sha).exists());
     }
 }

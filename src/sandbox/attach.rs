@@ -32,10 +32,41 @@ const MAX_HEAD: usize = 16 << 10;
 /// Attach to container `id`'s stdin, stdout and stderr through the engine's Unix socket
 /// `socket`. Returns the two halves the channel reads and writes, and a duplicate of the
 /// connection's file descriptor (the same connection) for [`super::park`].
+/// Why the engine's attach connection could not be opened or was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AttachError(pub String);
+
+impl From<String> for AttachError {
+    fn from(s: String) -> Self {
+        AttachError(s)
+    }
+}
+
+impl std::ops::Deref for AttachError {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<AttachError> for String {
+    fn from(e: AttachError) -> String {
+        e.0
+    }
+}
+
+impl From<&str> for AttachError {
+    fn from(s: &str) -> Self {
+        AttachError(s.to_string())
+    }
+}
+
 pub async fn attach(
     socket: &Path,
     id: &str,
-) -> Result<(AttachOutput, AttachInput, OwnedFd), String> {
+) -> Result<(AttachOutput, AttachInput, OwnedFd), AttachError> {
     let run = async {
         let mut stream = tokio::net::UnixStream::connect(socket)
             .await
@@ -55,21 +86,27 @@ pub async fn attach(
                 .await
                 .map_err(|e| format!("reading the attach response: {e}"))?;
             if n == 0 {
-                return Err("the engine closed the connection before answering".to_string());
+                return Err(AttachError(
+                    "the engine closed the connection before answering".to_string(),
+                ));
             }
             head.extend_from_slice(&buf[..n]);
             if let Some(at) = head.windows(4).position(|w| w == b"\r\n\r\n") {
                 break at + 4;
             }
             if head.len() > MAX_HEAD {
-                return Err("the engine's response head is too long".to_string());
+                return Err(AttachError(
+                    "the engine's response head is too long".to_string(),
+                ));
             }
         };
         let status = String::from_utf8_lossy(&head[..end]);
         let line = status.lines().next().unwrap_or("").to_string();
         let code = line.split_whitespace().nth(1).unwrap_or("");
         if code != "101" && code != "200" {
-            return Err(format!("the engine refused the attach: {line}"));
+            return Err(AttachError(format!(
+                "the engine refused the attach: {line}"
+            )));
         }
         let leftover = head.split_off(end);
         let dup = stream

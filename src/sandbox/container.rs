@@ -8,6 +8,7 @@ use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, Reso
 use bollard::query_parameters::{KillContainerOptionsBuilder, RemoveContainerOptionsBuilder};
 
 use crate::config::Config;
+pub use crate::sandbox::engine::ContainerError;
 use crate::sandbox::engine::Engine;
 
 /// Label present on every container the bridge creates.
@@ -256,7 +257,7 @@ pub fn sweep_packages_dirs(config: &Config) {
         return;
     };
     let me = std::process::id();
-    let now = super::park::now_secs();
+    let now = crate::clock::now_secs();
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let gone = if let Some(rest) = name.strip_prefix(PARKED_DIR) {
@@ -298,7 +299,7 @@ pub fn remove_packages_dir(dir: &std::path::Path) {
 
 /// Rename container `id` to `name`, within 10 s: names say who holds a pooled, parked or
 /// adopted container ([`Listed::holder`]), and `doctor` shows them.
-pub async fn rename(docker: &Docker, id: &str, name: &str) -> Result<(), String> {
+pub async fn rename(docker: &Docker, id: &str, name: &str) -> Result<(), ContainerError> {
     let opts = bollard::query_parameters::RenameContainerOptionsBuilder::default()
         .name(name)
         .build();
@@ -309,9 +310,19 @@ pub async fn rename(docker: &Docker, id: &str, name: &str) -> Result<(), String>
     .await
     {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("the engine did not answer within 10s".into()),
+        Ok(Err(e)) => Err(ContainerError::Engine(e.to_string())),
+        Err(_) => Err(ContainerError::NoAnswer(10)),
     }
+}
+
+/// Whether container `id` exists and runs, as the engine says within 5 s (`false` when it
+/// does not answer): a parked sandbox is adopted only then.
+pub async fn running(docker: &Docker, id: &str) -> bool {
+    let inspect = docker.inspect_container(id, None);
+    matches!(
+        tokio::time::timeout(std::time::Duration::from_secs(5), inspect).await,
+        Ok(Ok(c)) if c.state.as_ref().and_then(|s| s.running) == Some(true)
+    )
 }
 
 /// How long removing a container may take before it is left to the reaper.
@@ -395,7 +406,7 @@ impl Listed {
             // maker's, as the label says.
             if let Some((_, rest)) = n.split_once(PARKED_MARK) {
                 let expires = rest.split('-').next().and_then(|t| t.parse::<u64>().ok());
-                if running && expires.is_some_and(|t| super::park::now_secs() <= t + 60) {
+                if running && expires.is_some_and(|t| crate::clock::now_secs() <= t + 60) {
                     return Holder::Keeper;
                 }
             }
@@ -417,7 +428,7 @@ impl Listed {
 /// Read untyped through [`Engine::get_json`], not bollard's `list_containers`: podman 4 reports
 /// containers between exit and clean-up in a state Docker's models do not know, which would fail
 /// the whole list (see there).
-pub async fn list(engine: &Engine, label: &str) -> Result<Vec<Listed>, String> {
+pub async fn list(engine: &Engine, label: &str) -> Result<Vec<Listed>, ContainerError> {
     let filters = serde_json::json!({ "label": [label] }).to_string();
     let body = engine
         .get_json(
@@ -425,7 +436,7 @@ pub async fn list(engine: &Engine, label: &str) -> Result<Vec<Listed>, String> {
             &[("all", "true"), ("filters", &filters)],
         )
         .await?;
-    parse_list(body)
+    parse_list(body).map_err(ContainerError::Engine)
 }
 
 fn parse_list(body: serde_json::Value) -> Result<Vec<Listed>, String> {
@@ -435,7 +446,7 @@ fn parse_list(body: serde_json::Value) -> Result<Vec<Listed>, String> {
 }
 
 /// The containers bridge `owner` created, whatever their state.
-pub async fn owned_by(engine: &Engine, owner: &str) -> Result<Vec<String>, String> {
+pub async fn owned_by(engine: &Engine, owner: &str) -> Result<Vec<String>, ContainerError> {
     Ok(list(engine, &format!("{LABEL_OWNER}={owner}"))
         .await?
         .into_iter()
@@ -454,7 +465,7 @@ pub struct Census {
 
 /// Count the containers of running bridges: in sessions, and pooled (a pooled container is
 /// renamed when a session takes it, so its name tells whether it still waits).
-pub async fn census(engine: &Engine) -> Result<Census, String> {
+pub async fn census(engine: &Engine) -> Result<Census, ContainerError> {
     let mut c = Census::default();
     for l in list(engine, &format!("{LABEL_MANAGED}=true")).await? {
         match l.holder() {
@@ -532,7 +543,7 @@ mod tests {
             listed("mcp-code-bridge-1-default-3", "running").holder(),
             Holder::Bridge("1:2".into())
         );
-        let later = super::super::park::now_secs() + 30;
+        let later = crate::clock::now_secs() + 30;
         let parked = format!("mcp-code-bridge-1.parked-{later}-0123456789ab");
         assert_eq!(listed(&parked, "running").holder(), Holder::Keeper);
         // A parked container that no longer runs (its keeper is gone) is its dead maker's, and

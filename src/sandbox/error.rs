@@ -34,7 +34,7 @@ pub enum SandboxError {
     #[error("could not create the sandbox container from image {image:?}: {reason}")]
     Create { image: String, reason: String },
     #[error("could not attach to the sandbox container: {0}")]
-    Attach(String),
+    Attach(super::attach::AttachError),
     #[error("could not start the sandbox container: {0}")]
     Start(String),
     /// The container ended before the runtime said `ready`; `stderr` is its last lines.

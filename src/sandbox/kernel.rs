@@ -33,27 +33,58 @@ pub fn host() -> HostKernel {
 
 /// Whether the kernel a sandbox reported at boot is gVisor's: `Err` says why not. It must say
 /// gVisor's version both through `uname` and in `/proc/version`, and not be the host's own.
-pub fn gvisor(seen: Option<&KernelSeen>, host: &HostKernel) -> Result<(), String> {
+/// Why the kernel a sandbox saw is not gVisor's (the isolation asked for is missing).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotGvisor(pub String);
+
+impl From<String> for NotGvisor {
+    fn from(s: String) -> Self {
+        NotGvisor(s)
+    }
+}
+
+impl std::ops::Deref for NotGvisor {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<NotGvisor> for String {
+    fn from(e: NotGvisor) -> String {
+        e.0
+    }
+}
+
+impl From<&str> for NotGvisor {
+    fn from(s: &str) -> Self {
+        NotGvisor(s.to_string())
+    }
+}
+
+pub fn gvisor(seen: Option<&KernelSeen>, host: &HostKernel) -> Result<(), NotGvisor> {
     let Some(k) = seen else {
-        return Err("its runtime reported no kernel".into());
+        return Err(NotGvisor("its runtime reported no kernel".into()));
     };
     if !host.release.is_empty() && k.release == host.release && k.version == host.version {
-        return Err(format!(
+        return Err(NotGvisor(format!(
             "it is the host's kernel ({} {})",
             k.release, k.version
-        ));
+        )));
     }
     if k.version.trim() != GVISOR_VERSION {
-        return Err(format!(
+        return Err(NotGvisor(format!(
             "uname says {:?} {:?}, not gVisor's version {GVISOR_VERSION:?}",
             k.release, k.version
-        ));
+        )));
     }
     if !k.proc_version.contains(GVISOR_VERSION) {
-        return Err(format!(
+        return Err(NotGvisor(format!(
             "/proc/version says {:?}, not gVisor's version {GVISOR_VERSION:?}",
             k.proc_version
-        ));
+        )));
     }
     Ok(())
 }
@@ -119,7 +150,7 @@ mod tests {
         assert!(why.starts_with("/proc/version says"), "{why}");
         // A `ready` without the kernel proves nothing.
         assert_eq!(
-            gvisor(None, &h).unwrap_err(),
+            &*gvisor(None, &h).unwrap_err(),
             "its runtime reported no kernel"
         );
     }

@@ -122,7 +122,8 @@ pub trait Fit: Send + Sync {
 #[derive(Clone)]
 pub struct Spill {
     pub fit: Arc<dyn Fit>,
-    pub session: String,
+    /// The session the kept parts belong to (their URIs name it).
+    pub key: crate::identity::SessionKey,
 }
 
 /// A part kept whole: on the host (`file`, readable with `resources/read`) and, unless

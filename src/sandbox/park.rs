@@ -23,11 +23,12 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
 use super::container::{self, Role};
+pub use crate::clock::now_secs;
 use crate::config::{Config, Isolation};
 
 /// The hidden command that runs a keeper.
@@ -131,35 +132,54 @@ fn canonical(v: &serde_json::Value, h: &mut Sha256) {
     }
 }
 
-pub fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 /// Start a keeper for the sandbox `meta` describes, holding `attach` (its attach connection).
 /// Fails when a sandbox is parked in `state_dir` already (its keeper holds the lock) or the
 /// keeper cannot be started; the caller then removes the sandbox.
-pub fn hand_to_keeper(state_dir: &Path, meta: &Meta, attach: OwnedFd) -> Result<(), String> {
+/// Why a sandbox could not be handed to a keeper (one is parked already, the keeper did not
+/// start or answer).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ParkError(pub String);
+
+impl From<String> for ParkError {
+    fn from(s: String) -> Self {
+        ParkError(s)
+    }
+}
+
+impl std::ops::Deref for ParkError {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<ParkError> for String {
+    fn from(e: ParkError) -> String {
+        e.0
+    }
+}
+
+impl From<&str> for ParkError {
+    fn from(s: &str) -> Self {
+        ParkError(s.to_string())
+    }
+}
+
+pub fn hand_to_keeper(state_dir: &Path, meta: &Meta, attach: OwnedFd) -> Result<(), ParkError> {
     use std::os::unix::fs::PermissionsExt;
     let dir = state_dir.join("engine");
     std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
     let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
     let lock = {
-        use std::os::unix::fs::OpenOptionsExt;
-        crate::statefile::open(
-            &lock_path(state_dir),
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .mode(0o600),
-        )
-        .map_err(|e| format!("opening the parking lock: {e}"))?
+        crate::statefile::open_lock(&lock_path(state_dir))
+            .map_err(|e| format!("opening the parking lock: {e}"))?
     };
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err("a sandbox is parked in this state dir already".into());
+        return Err(ParkError(
+            "a sandbox is parked in this state dir already".into(),
+        ));
     }
     let path = socket(state_dir);
     let _ = std::fs::remove_file(&path);
@@ -221,7 +241,7 @@ pub fn hand_to_keeper(state_dir: &Path, meta: &Meta, attach: OwnedFd) -> Result<
         let _ = child.kill();
         let _ = child.wait();
         let _ = std::fs::remove_file(&path);
-        return Err(format!("telling the keeper what it keeps: {e}"));
+        return Err(ParkError(format!("telling the keeper what it keeps: {e}")));
     }
     // Not waited for: it outlives this bridge (its parent becomes init when this one exits).
     drop(child);

@@ -19,6 +19,7 @@ use tokio::sync::{Mutex, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 mod exec;
+mod keep;
 
 use super::channel::{Channel, Queued, rpc_line};
 use super::compiled::{BootLine, Compiled};
@@ -348,7 +349,7 @@ impl Session {
                 let attached = docker
                     .attach_container(id, Some(opts))
                     .await
-                    .map_err(|e| SandboxError::Attach(e.to_string()));
+                    .map_err(|e| SandboxError::Attach(e.to_string().into()));
                 let attached = gate_first(&mut gate, attached).await?;
                 (attached.output, attached.input, None)
             }
@@ -414,7 +415,7 @@ impl Session {
         {
             return Err(SandboxError::NotGvisor {
                 runtime: config.gvisor_runtime.clone(),
-                why,
+                why: why.into(),
             });
         }
         // The runtime (the bridge's own code) booted meanwhile; the user's code comes only after.
@@ -450,7 +451,7 @@ impl Session {
         packages: std::path::PathBuf,
     ) -> Result<Session, SandboxError> {
         let (output, input) =
-            super::attach::from_fd(fd).map_err(|e| SandboxError::Attach(e.to_string()))?;
+            super::attach::from_fd(fd).map_err(|e| SandboxError::Attach(e.to_string().into()))?;
         let channel = Channel::open(output, input, name, true);
         let mut s = Self::assemble(
             docker,

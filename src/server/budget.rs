@@ -190,14 +190,42 @@ pub fn files_listed(o: &ExecOutcome, budget: &Budget) -> usize {
         left = left.saturating_sub(count_upto(n, left).unwrap_or(left) + 3);
     }
     for (i, f) in o.files.iter().enumerate() {
-        // "[file] /workspace/out/NAME (MIME, SIZE bytes): URI"
-        let line = tokens(&f.name) * 2 + tokens(&f.mime) + 20;
-        if line > left {
+        // The line "[file] /workspace/out/NAME (MIME, SIZE bytes): URI" and the file's link
+        // (name, title, URI, MIME type): the name shown three times, the URI twice, each the
+        // code's words. Counted in pieces, never past what is left.
+        let name = shown_file_name(&f.name);
+        let mut cost = 30;
+        for (text, times) in [
+            (name.as_str(), 3),
+            (f.uri.as_str(), 2),
+            (f.mime.as_str(), 2),
+        ] {
+            match count_upto(text, left) {
+                Some(n) => cost += n * times,
+                None => return i,
+            }
+        }
+        if cost > left {
             return i;
         }
-        left -= line;
+        left -= cost;
     }
     o.files.len()
+}
+
+/// Most characters of a file's name shown to the model; the rest is said as a count.
+pub const SHOWN_NAME: usize = 96;
+
+/// A file name the code chose, as the model is shown it: escaped (`text::visible`), and past
+/// [`SHOWN_NAME`] characters cut with the count of what was cut. Its URI stays exact.
+pub fn shown_file_name(name: &str) -> String {
+    let shown = crate::text::visible(name);
+    let n = shown.chars().count();
+    if n <= SHOWN_NAME {
+        return shown.into_owned();
+    }
+    let head: String = shown.chars().take(SHOWN_NAME).collect();
+    format!("{head}…(cut: {} characters)", n - SHOWN_NAME)
 }
 
 /// The line in place of what a preview leaves out.

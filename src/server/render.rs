@@ -191,7 +191,7 @@ pub fn parts(o: &ExecOutcome, listed: usize) -> Vec<(&'static str, String)> {
                 format!(
                     "[file] {}/{} ({}, {} bytes): {}",
                     crate::sandbox::files::OUT_DIR,
-                    f.name,
+                    budget::shown_file_name(&f.name),
                     f.mime,
                     f.size,
                     f.uri
@@ -200,7 +200,7 @@ pub fn parts(o: &ExecOutcome, listed: usize) -> Vec<(&'static str, String)> {
             .collect();
         if o.files.len() > listed {
             lines.push(format!(
-                "[file] and {} more in {}: their links follow (resources/list lists them all)",
+                "[file] and {} more in {}, past the output budget: resources/list lists them all",
                 o.files.len() - listed,
                 crate::sandbox::files::OUT_DIR
             ));
@@ -266,9 +266,10 @@ pub fn tool_result(
     budget: &Budget,
 ) -> CallToolResult {
     budget::fit(&mut o, budget);
+    let listed = budget::files_listed(&o, budget);
     let mut content = match mode {
         OutputMode::Compact => {
-            let parts = parts(&o, budget::files_listed(&o, budget));
+            let parts = parts(&o, listed);
             if parts.is_empty() {
                 vec![Content::text(empty_text(&o))]
             } else {
@@ -282,11 +283,15 @@ pub fn tool_result(
         content.push(Content::image(data, mime));
     }
     // Files of /workspace/out, and the parts kept whole, as links the client reads with
-    // resources/read.
+    // resources/read: the files within the budget (their names, titles and URIs are the
+    // code's words, counted as the text's lines are), the kept parts always (named by the
+    // bridge).
     let kept = std::mem::take(&mut o.kept).into_iter().map(|k| k.file);
-    for f in std::mem::take(&mut o.files).into_iter().chain(kept) {
-        let title = format!("{}/{}", crate::sandbox::files::OUT_DIR, f.name);
-        let r = rmcp::model::Resource::new(f.uri, f.name)
+    let files = std::mem::take(&mut o.files).into_iter().take(listed);
+    for f in files.chain(kept) {
+        let name = budget::shown_file_name(&f.name);
+        let title = format!("{}/{name}", crate::sandbox::files::OUT_DIR);
+        let r = rmcp::model::Resource::new(f.uri, name)
             .with_title(title)
             .with_mime_type(f.mime)
             .with_size(f.size);

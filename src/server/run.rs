@@ -88,8 +88,7 @@ impl Bridge {
             fallback: self.config.policy.ask_fallback,
             approver: asker.clone(),
             audit: self.audit.clone(),
-            session: key.to_string(),
-            identity: key.owner().name().map(str::to_string),
+            key: key.clone(),
         };
         let binding = match self.upstreams.load_for(&args.servers, call).await {
             Ok(b) => match key.owner() {
@@ -111,8 +110,7 @@ impl Bridge {
         let binding = crate::protocol::ExecBinding {
             rpc: crate::packages::rpc::PackagesRpc::wrap(
                 self.packages.clone(),
-                key.name().to_string(),
-                key.owner().name().map(str::to_string),
+                key.clone(),
                 asker,
                 binding.rpc,
             ),
@@ -128,7 +126,7 @@ impl Bridge {
             on_output,
             spill: budget.map(|b| crate::sandbox::Spill {
                 fit: Arc::new(b),
-                session: key.name().to_string(),
+                key: key.clone(),
             }),
         };
         match self.sandbox.run(key, args.reset, req).await {

@@ -42,13 +42,12 @@ installs packages into the session (the bridge downloads them; the user's policy
 pub const TOOL_TITLE: &str = "Python sandbox";
 
 /// JSON schema of `run_python`'s arguments, each with a description of a few tokens (the
-/// budget above) but `code`, which the tool's name and description say; `timeout` must be
-/// positive, which `RunArgs::parse` checks as well.
+/// budget above); `timeout` must be positive, which `RunArgs::parse` checks as well.
 pub fn input_schema() -> Value {
     json!({
         "type": "object",
         "properties": {
-            "code": {"type": "string"},
+            "code": {"type": "string", "description": "Python to run; the last expression is shown"},
             "servers": {"type": "array", "items": {"type": "string"}, "description": "Servers to load"},
             "timeout": {"type": "number", "description": "Seconds", "exclusiveMinimum": 0},
             "session": {"type": "string", "description": "Interpreter name"},
@@ -97,8 +96,39 @@ pub const MAX_CODE_BYTES: usize = 4 << 20;
 /// and answered `-32600` (its id is unknown without parsing it).
 pub const MAX_REQUEST_LINE_BYTES: usize = 64 << 20;
 
+/// Why `run_python`'s arguments were refused: what was wrong and what it takes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadArguments(pub String);
+
+impl From<String> for BadArguments {
+    fn from(s: String) -> Self {
+        BadArguments(s)
+    }
+}
+
+impl std::ops::Deref for BadArguments {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<BadArguments> for String {
+    fn from(e: BadArguments) -> String {
+        e.0
+    }
+}
+
+impl From<&str> for BadArguments {
+    fn from(s: &str) -> Self {
+        BadArguments(s.to_string())
+    }
+}
+
 impl RunArgs {
-    pub fn parse(args: Option<serde_json::Map<String, Value>>) -> Result<RunArgs, String> {
+    pub fn parse(args: Option<serde_json::Map<String, Value>>) -> Result<RunArgs, BadArguments> {
         let v = Value::Object(args.unwrap_or_default());
         let mut a: RunArgs = serde_json::from_value(v).map_err(|e| format!("invalid arguments for run_python: {e}; expected {{\"code\": string, \"servers\"?: [string], \"timeout\"?: number, \"session\"?: string, \"reset\"?: bool}}"))?;
         // JSON has no NaN or infinity, so a number that is not positive is the only bad one; a
@@ -106,18 +136,18 @@ impl RunArgs {
         if let Some(t) = a.timeout
             && (t <= 0.0 || t.is_nan())
         {
-            return Err(format!(
+            return Err(BadArguments(format!(
                 "`timeout` is {t}; it must be a positive number of seconds (leave it out for the default; values above the maximum are capped)"
-            ));
+            )));
         }
         // `Duration` cannot hold 1e300 seconds (converting it panicked, and the call got no
         // reply); the configured maximum applies anyway.
         a.timeout = a.timeout.map(|t| t.min(1e9));
         if a.code.len() > MAX_CODE_BYTES {
-            return Err(format!(
+            return Err(BadArguments(format!(
                 "`code` is {} bytes; the limit is {MAX_CODE_BYTES}. Send smaller pieces across calls (state persists).",
                 a.code.len()
-            ));
+            )));
         }
         if let Some(s) = &a.session
             && (s.is_empty()
@@ -126,9 +156,9 @@ impl RunArgs {
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)))
         {
-            return Err(format!(
+            return Err(BadArguments(format!(
                 "`session` {s:?} must be 1-64 characters of letters, digits, '-', '_' or '.'"
-            ));
+            )));
         }
         Ok(a)
     }
@@ -154,8 +184,12 @@ pub(super) fn call_args(
             ),
         ));
     }
-    let mut args = RunArgs::parse(arguments)
-        .map_err(|e| refused("tools/call", ErrorData::invalid_params(e, None)))?;
+    let mut args = RunArgs::parse(arguments).map_err(|e| {
+        refused(
+            "tools/call",
+            ErrorData::invalid_params(String::from(e), None),
+        )
+    })?;
     if args.session.is_none() {
         args.session = identity::mcp_session(extensions);
     }

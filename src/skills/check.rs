@@ -30,7 +30,39 @@ const PARSE_STACK: usize = 1 << 30;
 
 /// `Ok` when `source` is exactly one function definition named `name` that runs nothing when
 /// it is defined; else why not, as a sentence that says what to change.
-pub fn check(name: &str, source: &str) -> Result<(), String> {
+/// Why a source cannot be a skill (not exactly one function of its name, code that would run
+/// at definition, a source the parser cannot read).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotASkill(pub String);
+
+impl From<String> for NotASkill {
+    fn from(s: String) -> Self {
+        NotASkill(s)
+    }
+}
+
+impl std::ops::Deref for NotASkill {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<NotASkill> for String {
+    fn from(e: NotASkill) -> String {
+        e.0
+    }
+}
+
+impl From<&str> for NotASkill {
+    fn from(s: &str) -> Self {
+        NotASkill(s.to_string())
+    }
+}
+
+pub fn check(name: &str, source: &str) -> Result<(), NotASkill> {
     let (name, source) = (name.to_string(), source.to_string());
     std::thread::Builder::new()
         .name("skill-parse".into())
@@ -39,6 +71,7 @@ pub fn check(name: &str, source: &str) -> Result<(), String> {
         .map_err(|e| format!("cannot start the parser's thread: {e}"))?
         .join()
         .unwrap_or_else(|_| Err("the parser failed on it".into()))
+        .map_err(NotASkill)
 }
 
 fn check_here(name: &str, source: &str) -> Result<(), String> {

@@ -26,9 +26,9 @@
 pub mod check;
 pub mod rpc;
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -292,7 +292,7 @@ impl Store {
         }
         check::check(name, source).map_err(|reason| SkillError::NotOneFunction {
             name: name.into(),
-            reason,
+            reason: reason.into(),
         })
     }
 
@@ -369,7 +369,10 @@ impl Store {
                 // source is more than one function is never sent to be defined.
                 Ok(Some(s)) => match check::check(&s.name, &s.source) {
                     Ok(()) => listing.skills.push(s),
-                    Err(reason) => listing.broken.push(BrokenSkill { name: stem, reason }),
+                    Err(reason) => listing.broken.push(BrokenSkill {
+                        name: stem,
+                        reason: reason.into(),
+                    }),
                 },
                 Ok(None) => {} // removed since the directory was read
                 Err(reason) => listing.broken.push(BrokenSkill { name: stem, reason }),
@@ -469,15 +472,8 @@ impl Store {
     /// The store's lock, held while the count is checked and the files written.
     fn lock(&self) -> Result<File, SkillError> {
         let path = self.dir.join(".lock");
-        let f = crate::statefile::open(
-            &path,
-            OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .mode(0o600),
-        )
-        .map_err(Self::io("cannot open the lock", &path))?;
+        let f =
+            crate::statefile::open_lock(&path).map_err(Self::io("cannot open the lock", &path))?;
         crate::flock::lock_exclusive(&f).map_err(Self::io("cannot lock", &path))?;
         Ok(f)
     }

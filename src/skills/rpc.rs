@@ -35,14 +35,70 @@ pub struct SaveGate {
     pub fallback: crate::config::policy::Fallback,
     pub approver: Option<Arc<dyn crate::policy::Approver>>,
     pub audit: crate::audit::Audit,
-    /// The session's key as logs show it (`identity/session`), kept as `saved_by`.
-    pub session: String,
-    pub identity: Option<String>,
+    /// The session saving it: as logs show it (`identity/session`), it is kept as `saved_by`.
+    pub key: crate::identity::SessionKey,
 }
 
 /// Lines of a skill's source the question shows, and characters of each.
 const PREVIEW_LINES: usize = 40;
 const PREVIEW_WIDTH: usize = 160;
+
+/// `text` for the question, a line per line with `prefix`: escaped (`text::visible`), a run
+/// of more than eight blanks inside a line shown as its count (so spaces cannot push code out
+/// of sight), each line past [`PREVIEW_WIDTH`] characters cut with the count of what was cut,
+/// and past [`PREVIEW_LINES`] lines the count of the lines not shown.
+fn preview(text: &str, prefix: &str) -> String {
+    let mut out = String::new();
+    let lines: Vec<&str> = text.lines().collect();
+    for l in lines.iter().take(PREVIEW_LINES) {
+        let indent = l.len() - l.trim_start().len();
+        let (lead, rest) = l.split_at(indent);
+        let mut shown = crate::text::visible(lead).into_owned();
+        // Runs of blanks and of the rest, in turn.
+        let mut run = String::new();
+        let mut blank_run = false;
+        let flush = |run: &mut String, blank: bool, shown: &mut String, last: bool| {
+            if run.is_empty() {
+                return;
+            }
+            let n = run.chars().count();
+            if blank && last {
+                shown.push_str(&format!("⟨{n} trailing blanks⟩"));
+            } else if blank && n > 8 {
+                shown.push_str(&format!("⟨{n} blanks⟩"));
+            } else {
+                shown.push_str(&crate::text::visible(run));
+            }
+            run.clear();
+        };
+        for c in rest.chars() {
+            let blank = c == ' ' || c == '\t';
+            if blank != blank_run {
+                flush(&mut run, blank_run, &mut shown, false);
+                blank_run = blank;
+            }
+            run.push(c);
+        }
+        flush(&mut run, blank_run, &mut shown, true);
+        let n = shown.chars().count();
+        if n > PREVIEW_WIDTH {
+            let head: String = shown.chars().take(PREVIEW_WIDTH).collect();
+            out.push_str(&format!(
+                "{prefix}{head}… (cut: {} more characters of this line not shown)\n",
+                n - PREVIEW_WIDTH
+            ));
+        } else {
+            out.push_str(&format!("{prefix}{shown}\n"));
+        }
+    }
+    if lines.len() > PREVIEW_LINES {
+        out.push_str(&format!(
+            "{prefix}... {} more lines not shown\n",
+            lines.len() - PREVIEW_LINES
+        ));
+    }
+    out
+}
 
 impl SaveGate {
     /// Allowed (with the decision's name), or refused (with the message for the code).
@@ -73,21 +129,15 @@ impl SaveGate {
                 let Some(approver) = self.approver.as_ref().filter(|a| a.can_ask()) else {
                     return fallback("fallback");
                 };
-                let mut preview = String::new();
-                let lines: Vec<&str> = source.lines().collect();
-                for l in lines.iter().take(PREVIEW_LINES) {
-                    let shown: String = crate::text::visible(l).chars().take(PREVIEW_WIDTH).collect();
-                    preview.push_str(&format!("  | {shown}\n"));
-                }
-                if lines.len() > PREVIEW_LINES {
-                    preview.push_str(&format!("  ... {} more lines\n", lines.len() - PREVIEW_LINES));
-                }
+                let lines = source.lines().count();
                 let text = format!(
-                    "Code running in run_python wants to save the skill {}: a function every later session will have defined, and may run.\nDescription: {}\nSource ({} lines, sha256 {}):\n{preview}(end of source)",
+                    "Code running in run_python wants to save the skill {}: a function every later session will have defined, and may run.\nDescription ({} lines; every later model reads it):\n{}(end of description)\nSource ({lines} lines, {} characters, sha256 {}):\n{}(end of source)",
                     crate::policy::shown_name(name),
-                    crate::policy::shown_name(description.lines().next().unwrap_or("")),
-                    lines.len(),
+                    description.lines().count(),
+                    preview(description, "  > "),
+                    source.chars().count(),
                     &crate::audit::code_sha256(source)[..16],
+                    preview(source, "  | "),
                 );
                 let request = ApprovalRequest::other(
                     "Save this skill?",
@@ -158,8 +208,8 @@ impl SkillRpc {
             let decided = gate.decide(name, description, source).await;
             let record = |decision: &str, status: &str| {
                 gate.audit.skill_save(crate::audit::SkillSaveRecord {
-                    session: gate.session.clone(),
-                    identity: gate.identity.clone(),
+                    session: gate.key.to_string(),
+                    identity: gate.key.owner().name().map(str::to_string),
                     skill: name.to_string(),
                     source_sha256: crate::audit::code_sha256(source),
                     decision: decision.to_string(),
@@ -170,7 +220,7 @@ impl SkillRpc {
             match decided {
                 Ok(decision) => {
                     record(&decision, "ok");
-                    by = format!("{} ({decision})", gate.session);
+                    by = format!("{} ({decision})", gate.key);
                 }
                 Err((decision, message)) => {
                     record(&decision, "denied");

@@ -23,7 +23,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use rmcp::model::Tool;
 use serde::{Deserialize, Serialize};
@@ -107,13 +106,7 @@ impl crate::error::Hinted for StoreError {
     }
 }
 
-/// Seconds since the epoch.
-pub fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
+pub use crate::clock::now_secs;
 
 /// The key of a server's entry: SHA-256 over what decides which program answers and how. Env
 /// and header *values* are left out (they are secrets, and changing a token does not change the
@@ -251,15 +244,7 @@ impl Store {
         };
         create_private_dir(&self.dir).map_err(werr)?;
         let lock_path = self.dir.join(LOCK_FILE);
-        let lock = crate::statefile::open(
-            &lock_path,
-            OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .mode(0o600),
-        )
-        .map_err(|e| {
+        let lock = crate::statefile::open_lock(&lock_path).map_err(|e| {
             werr(std::io::Error::new(
                 e.kind(),
                 format!("its lock {}: {e}", lock_path.display()),

@@ -184,6 +184,52 @@ async fn a_full_workspace_keeps_the_preview_and_says_so() {
     b.shutdown().await;
 }
 
+/// What the code chooses besides its output counts against the budget too: 64 files whose
+/// paths are ~400 bytes each (two directories deep, a bidi override in each) give a reply whose text, link names, titles
+/// and URIs together stay within `output_budget` (8,000 tokens: the links of the files that
+/// fit, a line for the rest); the names the model reads are cut with the
+/// count of what was cut, escaped; every file stays listed by `resources/list`.
+#[tokio::test(flavor = "multi_thread")]
+async fn file_names_count_against_the_budget() {
+    let b = Bridge::start().await;
+    let r = b
+        .py("import os\nfor i in range(64):\n    d = '/workspace/out/' + '/'.join(['\\u202e' + 'D' * 120 + str(i)] * 2)\n    os.makedirs(d, exist_ok=True)\n    open(d + '/' + 'n' * 150 + str(i), 'w').write('x')\nprint('ok')")
+        .await
+        .ok();
+    assert_eq!(r.stdout(), "ok\n");
+    let mut chosen = String::new();
+    let mut linked = 0;
+    for c in &r.0.content {
+        match c {
+            ContentBlock::Text(t) => chosen.push_str(&t.text),
+            ContentBlock::ResourceLink(l) => {
+                linked += 1;
+                chosen.push_str(&l.name);
+                chosen.push_str(l.title.as_deref().unwrap_or(""));
+                chosen.push_str(&l.uri);
+                assert!(l.name.chars().count() < 140, "{}", l.name);
+                assert!(l.name.contains("…(cut: "), "{}", l.name);
+                assert!(
+                    !l.name.contains('\u{202e}') && l.name.contains("\\u{202e}"),
+                    "a bidi override reached the model unescaped: {}",
+                    l.name
+                );
+            }
+            _ => {}
+        }
+    }
+    let n = tokens(&chosen);
+    assert!(n <= 8000, "{n} tokens in the reply's text and links");
+    assert!((1..64).contains(&linked), "{linked} of 64 files linked");
+    assert!(
+        chosen.contains("past the output budget: resources/list lists them all"),
+        "{chosen}"
+    );
+    let listed = b.client.list_all_resources().await.unwrap();
+    assert!(listed.len() >= 64, "{} resources listed", listed.len());
+    b.shutdown().await;
+}
+
 /// A smaller `output_budget` is obeyed, and the budget counts the value and the traceback too.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_budget_is_the_users_and_covers_values_and_tracebacks() {

@@ -949,6 +949,40 @@ async fn own_service_linger_a_parked_sandbox_of_other_settings_or_a_killed_keepe
     third.shutdown().await;
 }
 
+/// A parked sandbox whose container something else removed (`podman rm`, a prune) while its
+/// keeper still holds the connection: the next bridge does not take it, and its first call
+/// answers normally in a sandbox of its own, never `SandboxCrashed`.
+#[tokio::test(flavor = "multi_thread")]
+async fn own_service_linger_a_parked_sandbox_removed_behind_its_keeper_is_not_taken() {
+    let env = PARK_ENV;
+    let (home, parked, _) = bridge_that_parks(&env).await;
+    let out = tokio::process::Command::new("podman")
+        .args(["rm", "--force", "--time", "0", &parked])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(container_state(&parked).await, "");
+    let second = Bridge::start_with(home, &env, None).await;
+    let r = second.py("print('fresh')").await;
+    assert_eq!(r.status(), "ok", "{}", r.text());
+    assert_eq!(r.stdout(), "fresh\n", "{}", r.text());
+    let log = second.home.log();
+    assert!(
+        log.contains(
+            "removing the sandbox the previous bridge parked: its container is gone or not running"
+        ),
+        "{log}"
+    );
+    assert!(
+        !log.contains("took the sandbox the previous bridge parked"),
+        "{log}"
+    );
+    assert_eq!(second.out("x = 2").await, "");
+    assert_eq!(second.out("print(x * 21)").await, "42\n");
+    second.shutdown().await;
+}
+
 /// The pid of a child of `parent`, waited for (bounded).
 async fn child_of(parent: u32) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(20);

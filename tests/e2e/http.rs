@@ -1012,17 +1012,19 @@ async fn a_2026_07_28_client_that_leaves_leaves_no_error_in_the_log() {
     );
 }
 
-/// Connections need no token, so what they hold is bounded before any request: beyond
-/// `http.max_connections` a connection is answered 503 (with `Retry-After`) and closed, a real
-/// client then gets that answer at once rather than a timeout, the open files stay within the
-/// cap, and connections that never finish their headers (or send nothing at all) are closed
-/// after `http.header_timeout`, after which a client is served again. `serve` started with
-/// systemd's small soft limit of open files raises it to the hard one.
+/// Connections need no token, so what they hold is bounded before any request. A slowloris
+/// (three times `http.max_connections` connections that never finish their headers, half of
+/// them sending nothing) does not lock a client out: each new connection takes the place of
+/// the oldest one still pending, so a real client that sends a whole request is served at once
+/// while the open files stay within the cap. Only when every place is held by a connection
+/// that sent a whole request is the next answered 503 (with `Retry-After`) and closed, and a
+/// real client then gets that answer at once rather than a timeout. Connections that never
+/// finish their headers are closed after `http.header_timeout`. `serve` started with systemd's
+/// small soft limit of open files raises it to the hard one.
 #[tokio::test(flavor = "multi_thread")]
-async fn connections_are_capped_and_those_that_never_finish_their_headers_are_closed() {
+async fn connections_are_capped_and_a_slowloris_cannot_lock_clients_out() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     const CAP: usize = 32;
-    const EXTRA: usize = 8;
     let served = Served::start_with_open_files(
         Home::new(),
         &[
@@ -1060,11 +1062,11 @@ async fn connections_are_capped_and_those_that_never_finish_their_headers_are_cl
             .count()
     };
     let before = open_files();
-    let started = Instant::now();
+
+    // The slowloris: 96 connections, each pending (a partial request, or nothing).
     let mut held = Vec::new();
-    for i in 0..CAP + EXTRA {
+    for i in 0..3 * CAP {
         let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
-        // Half send the start of a request and stop; half send nothing.
         if i % 2 == 0 {
             s.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
                 .await
@@ -1072,31 +1074,80 @@ async fn connections_are_capped_and_those_that_never_finish_their_headers_are_cl
         }
         held.push(s);
     }
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let mut refused = Vec::new();
-    let mut open = Vec::new();
-    let mut closed = Vec::new();
-    for mut s in held {
-        let mut buf = vec![0u8; 4096];
-        match tokio::time::timeout(Duration::from_millis(20), s.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => refused.push(String::from_utf8_lossy(&buf[..n]).to_string()),
-            Err(_) => open.push(s),
-            other => closed.push(format!("{other:?}")),
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        open_files() <= before + CAP + 4,
+        "{} open files with {} pending connections (before: {before}, cap {CAP})",
+        open_files(),
+        3 * CAP
+    );
+    // A real client, twice, while the attacker keeps reopening.
+    for round in 0..2 {
+        let asked = Instant::now();
+        let (status, _, body) = post(&served.url, &[], initialize()).await;
+        assert_eq!(status, 200, "round {round}: {body}\n{}", served.home.log());
+        assert!(
+            asked.elapsed() < Duration::from_secs(3),
+            "round {round}: {:?}",
+            asked.elapsed()
+        );
+        for _ in 0..CAP {
+            held.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
         }
     }
     assert!(
-        closed.is_empty(),
-        "connections closed without an answer: {closed:?}; answered: {refused:?}; open: {}\n{}",
-        open.len(),
+        served
+            .home
+            .log()
+            .contains("closed the oldest connection that had not sent a whole request"),
+        "{}",
         served.home.log()
     );
-    assert_eq!(refused.len(), EXTRA, "{refused:?}");
-    for r in &refused {
-        assert!(r.starts_with("HTTP/1.1 503"), "{r}");
-        assert!(r.contains("Retry-After: 1"), "{r}");
-        assert!(r.contains("http.max_connections"), "{r}");
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while open_files() > before + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "{} open files after the slowloris left (before: {before})",
+            open_files()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // A real client while the cap is reached: a quick, clear refusal.
+
+    // Every place held by a connection that sent a whole request (and keeps it open): the next
+    // is refused with a clear answer.
+    let started = Instant::now();
+    let mut busy = Vec::new();
+    for _ in 0..CAP {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("an answer to a whole request")
+            .unwrap();
+        assert!(
+            n > 0 && buf.starts_with(b"HTTP/1.1 "),
+            "{:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        busy.push(s);
+    }
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+        .await
+        .expect("a refusal, not a wait")
+        .unwrap();
+    let r = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+    assert!(r.contains("Retry-After: 1"), "{r}");
+    assert!(r.contains("http.max_connections"), "{r}");
     let asked = Instant::now();
     let (status, h, body) = post(&served.url, &[], initialize()).await;
     assert_eq!(status, 503, "{body}");
@@ -1107,23 +1158,15 @@ async fn connections_are_capped_and_those_that_never_finish_their_headers_are_cl
         "{:?}",
         asked.elapsed()
     );
-    let during = open_files();
-    assert!(
-        during <= before + CAP + 4,
-        "{during} open files with {CAP} connections held (before: {before})"
-    );
 
-    // After the header timeout (5 s), the server has closed every one of them.
+    // After the header timeout (5 s), the server has closed every idle one of them.
     tokio::time::sleep(Duration::from_secs(7).saturating_sub(started.elapsed())).await;
-    for s in &mut open {
+    for s in &mut busy {
         let mut buf = [0u8; 512];
         let r = tokio::time::timeout(Duration::from_millis(50), s.read(&mut buf)).await;
-        assert!(
-            r.is_ok(),
-            "a connection that never finished its headers is still open after 7 s"
-        );
+        assert!(r.is_ok(), "an idle connection is still open after 7 s");
     }
-    drop(open);
+    drop(busy);
     let deadline = Instant::now() + Duration::from_secs(3);
     while open_files() > before + 2 {
         assert!(

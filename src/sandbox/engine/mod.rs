@@ -589,7 +589,7 @@ impl Engine {
         &self,
         path: &str,
         query: &[(&str, &str)],
-    ) -> Result<serde_json::Value, String> {
+    ) -> Result<serde_json::Value, ContainerError> {
         let endpoint = self.endpoint.as_str();
         let (client, base) = self.http()?;
         let mut url = reqwest::Url::parse(&format!("{}{path}", base.trim_end_matches('/')))
@@ -607,13 +607,16 @@ impl Engine {
             .await
             .map_err(|e| format!("GET {path} from {endpoint}: reading the body: {e}"))?;
         if !status.is_success() {
-            return Err(format!(
+            return Err(ContainerError::Engine(format!(
                 "GET {path} from {endpoint}: {status}: {}",
                 String::from_utf8_lossy(&body[..body.len().min(500)])
-            ));
+            )));
         }
-        serde_json::from_slice(&body)
-            .map_err(|e| format!("GET {path} from {endpoint}: the body is not JSON: {e}"))
+        serde_json::from_slice(&body).map_err(|e| {
+            ContainerError::Engine(format!(
+                "GET {path} from {endpoint}: the body is not JSON: {e}"
+            ))
+        })
     }
 
     /// On the bridge's own podman service that outlives its bridges (`engine_linger`): how long
@@ -635,6 +638,23 @@ impl Engine {
                 let _ = std::fs::remove_file(path);
             }
         }
+    }
+}
+
+/// Why the engine did not do what was asked of a container (rename, list, inspect).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ContainerError {
+    /// No answer within the time the call allows.
+    #[error("the engine did not answer within {0}s")]
+    NoAnswer(u64),
+    /// The engine's own refusal or failure, as it said it.
+    #[error("{0}")]
+    Engine(String),
+}
+
+impl From<String> for ContainerError {
+    fn from(s: String) -> Self {
+        ContainerError::Engine(s)
     }
 }
 

@@ -252,7 +252,7 @@ impl Lingering {
     /// `wait` for another bridge that is starting the service; released when the file is closed.
     pub(super) async fn lock(&self, wait: Duration) -> std::io::Result<std::fs::File> {
         use std::os::fd::AsRawFd;
-        use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
         match std::fs::DirBuilder::new().mode(0o700).create(&self.dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -268,14 +268,7 @@ impl Lingering {
         if meta.mode() & 0o077 != 0 {
             std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))?;
         }
-        let file = crate::statefile::open(
-            &self.dir.join("podman.lock"),
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .mode(0o600),
-        )?;
+        let file = crate::statefile::open_lock(&self.dir.join("podman.lock"))?;
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {

@@ -23,14 +23,45 @@ fn options() -> jsonc_parser::ParseOptions {
 }
 
 /// The value of a JSONC text (a leading byte-order mark allowed), or what is wrong and where.
-pub fn parse_jsonc(text: &str) -> Result<Value, String> {
+/// Why a JSONC file could not be read as JSON: the parser's message, with its position.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct JsoncError(pub String);
+
+impl From<String> for JsoncError {
+    fn from(s: String) -> Self {
+        JsoncError(s)
+    }
+}
+
+impl std::ops::Deref for JsoncError {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<JsoncError> for String {
+    fn from(e: JsoncError) -> String {
+        e.0
+    }
+}
+
+impl From<&str> for JsoncError {
+    fn from(s: &str) -> Self {
+        JsoncError(s.to_string())
+    }
+}
+
+pub fn parse_jsonc(text: &str) -> Result<Value, JsoncError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let parsed = jsonc_parser::parse_to_ast(text, &Default::default(), &options())
         .map_err(|e| e.to_string())?;
     parsed
         .value
         .map(Value::from)
-        .ok_or_else(|| "the file holds no JSON value".to_string())
+        .ok_or_else(|| JsoncError("the file holds no JSON value".to_string()))
 }
 
 #[cfg(test)]

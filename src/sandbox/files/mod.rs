@@ -33,6 +33,12 @@ use sha2::{Digest, Sha256};
 
 use crate::config::Config;
 
+mod feed;
+mod judge;
+
+pub use feed::*;
+pub use judge::*;
+
 /// The directory the code writes its results to.
 pub const OUT_DIR: &str = "/workspace/out";
 /// Where, under [`OUT_DIR`], the parts of an exec's output too long for its result are kept
@@ -139,6 +145,37 @@ struct Inner {
 }
 
 /// A session's kept files: their directory on the host and what each is.
+/// Why a file could not be kept on the host (its size, the session's total, the disk).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct KeepFailed(pub String);
+
+impl From<String> for KeepFailed {
+    fn from(s: String) -> Self {
+        KeepFailed(s)
+    }
+}
+
+impl std::ops::Deref for KeepFailed {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<KeepFailed> for String {
+    fn from(e: KeepFailed) -> String {
+        e.0
+    }
+}
+
+impl From<&str> for KeepFailed {
+    fn from(s: &str) -> Self {
+        KeepFailed(s.to_string())
+    }
+}
+
 pub struct OutStore {
     dir: PathBuf,
     inner: Mutex<Inner>,
@@ -189,29 +226,29 @@ impl OutStore {
         data: &[u8],
         session: &str,
         caps: &Caps,
-    ) -> Result<OutFile, String> {
+    ) -> Result<OutFile, KeepFailed> {
         let size = data.len() as u64;
         if size > caps.file {
-            return Err(format!(
+            return Err(KeepFailed(format!(
                 "it is {size} bytes, over the {} bytes of `file_cap`",
                 caps.file
-            ));
+            )));
         }
         let total = {
             let inner = self.inner.lock().unwrap();
             inner.total - inner.files.get(name).map_or(0, |k| k.file.size)
         };
         if total + size > caps.total {
-            return Err(format!(
+            return Err(KeepFailed(format!(
                 "the session's kept files would pass `files_total` ({} bytes)",
                 caps.total
-            ));
+            )));
         }
         match keep(self, &mut &data[..], name, size, None, session) {
             Ok(Some(file)) => Ok(file),
             Ok(None) => unreachable!("nothing to compare with"),
-            Err(KeepError::Short) => Err("it could not be written whole".into()),
-            Err(KeepError::Io(e)) => Err(e.to_string()),
+            Err(KeepError::Short) => Err(KeepFailed("it could not be written whole".into())),
+            Err(KeepError::Io(e)) => Err(KeepFailed(e.to_string())),
         }
     }
 
@@ -256,523 +293,6 @@ pub fn reap_orphans(state_dir: &Path) {
             tracing::info!(dir = %d.path().display(), "removing files out of a bridge that is gone");
             let _ = std::fs::remove_dir_all(d.path());
         }
-    }
-}
-
-/// What one copy brought: the files new or changed in this call, and what was skipped and why.
-#[derive(Debug, Default)]
-pub struct Report {
-    pub new: Vec<OutFile>,
-    pub notices: Vec<String>,
-}
-
-/// Skipped entries of one reason: how many, and the first few names.
-#[derive(Default)]
-struct Skipped {
-    count: usize,
-    names: Vec<String>,
-}
-
-#[derive(Default)]
-struct Skips(BTreeMap<String, Skipped>);
-
-impl Skips {
-    fn add(&mut self, reason: impl Into<String>, raw: &[u8]) {
-        let s = self.0.entry(reason.into()).or_default();
-        s.count += 1;
-        if s.names.len() < 3 {
-            let lossy = String::from_utf8_lossy(raw);
-            let cut = crate::text::floor_char_boundary(&lossy, 80);
-            s.names.push(format!("{:?}", &lossy[..cut]));
-        }
-    }
-
-    fn into_notices(self) -> Vec<String> {
-        self.0
-            .into_iter()
-            .map(|(reason, s)| {
-                let mut n = format!(
-                    "{OUT_DIR}: skipped {} {reason}: {}",
-                    s.count,
-                    s.names.join(", ")
-                );
-                if s.count > s.names.len() {
-                    let _ = write!(n, " and {} more", s.count - s.names.len());
-                }
-                n
-            })
-            .collect()
-    }
-}
-
-/// The entry's path relative to `/workspace/out`: the engine names entries after the
-/// directory's last part (`out/...`). `None` for an entry outside it; empty for the directory.
-fn relative(raw: &[u8]) -> Option<&[u8]> {
-    let raw = raw.strip_prefix(b"./").unwrap_or(raw);
-    let rest = raw.strip_prefix(b"out")?;
-    if rest.is_empty() {
-        return Some(rest);
-    }
-    rest.strip_prefix(b"/")
-}
-
-/// A safe name from an entry's relative path, or why there is none.
-pub fn sanitize(rel: &[u8]) -> Result<String, &'static str> {
-    let s = std::str::from_utf8(rel).map_err(|_| "names that are not UTF-8")?;
-    let s = s.strip_suffix('/').unwrap_or(s);
-    if s.is_empty()
-        || s.starts_with('/')
-        || s.len() > 1024
-        || s.chars().any(|c| c.is_control())
-        || s.split('/')
-            .any(|p| p.is_empty() || p == "." || p == ".." || p.len() > 255)
-    {
-        return Err(
-            "unsafe names (absolute, empty parts, `.`/`..`, control characters or too long)",
-        );
-    }
-    Ok(s.to_string())
-}
-
-fn kind_reason(t: tar::EntryType) -> &'static str {
-    match t {
-        tar::EntryType::Symlink => {
-            "symbolic links (only regular files are copied out; links are never followed)"
-        }
-        tar::EntryType::Link => {
-            "hard links (only regular files are copied out; links are never followed)"
-        }
-        tar::EntryType::Char | tar::EntryType::Block => {
-            "device files (only regular files are copied out)"
-        }
-        tar::EntryType::Fifo => "fifos (only regular files are copied out)",
-        _ => "special entries (only regular files are copied out)",
-    }
-}
-
-fn sha256_of(mut r: impl Read, mut sink: impl Write) -> io::Result<(u64, [u8; 32])> {
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut n = 0u64;
-    loop {
-        let k = r.read(&mut buf)?;
-        if k == 0 {
-            break;
-        }
-        h.update(&buf[..k]);
-        sink.write_all(&buf[..k])?;
-        n += k as u64;
-    }
-    Ok((n, h.finalize().into()))
-}
-
-/// Read one archive of `/workspace/out` into `store`, for session `session`. Synchronous (the
-/// `tar` crate is): the caller runs it on a blocking thread and bounds `tar`'s bytes.
-pub fn extract<R: Read>(tar: R, store: &OutStore, session: &str, caps: &Caps) -> Report {
-    let mut report = Report::default();
-    let mut skips = Skips::default();
-    let mut archive = tar::Archive::new(tar);
-    let entries = match archive.entries() {
-        Ok(e) => e,
-        Err(e) => {
-            report
-                .notices
-                .push(format!("{OUT_DIR} could not be read: {e}"));
-            return report;
-        }
-    };
-    let file_cap = crate::config::Size(caps.file);
-    let total_cap = crate::config::Size(caps.total);
-    for (i, entry) in entries.enumerate() {
-        if i >= MAX_ENTRIES {
-            report.notices.push(format!(
-                "{OUT_DIR} holds more than {MAX_ENTRIES} entries; the rest was not read"
-            ));
-            break;
-        }
-        let mut entry = match entry {
-            Ok(e) => e,
-            Err(e) => {
-                report.notices.push(format!(
-                    "the copy of {OUT_DIR} stopped early ({e}); files after that point were not copied"
-                ));
-                break;
-            }
-        };
-        let raw = entry.path_bytes().into_owned();
-        let kind = entry.header().entry_type();
-        let Some(rel) = relative(&raw) else {
-            skips.add("entries outside the directory", &raw);
-            continue;
-        };
-        if rel.is_empty() || kind.is_dir() {
-            continue;
-        }
-        if !(kind.is_file() || kind == tar::EntryType::Continuous) {
-            skips.add(kind_reason(kind), &raw);
-            continue;
-        }
-        let name = match sanitize(rel) {
-            Ok(n) => n,
-            Err(reason) => {
-                skips.add(reason, &raw);
-                continue;
-            }
-        };
-        let size = entry.size();
-        if size > caps.file {
-            skips.add(format!("files larger than file_cap = {file_cap}"), &raw);
-            continue;
-        }
-        let (prev_size, prev_sha) = {
-            let inner = store.inner.lock().unwrap();
-            match inner.files.get(&name) {
-                Some(k) => (k.file.size, Some(k.sha256)),
-                None => (0, None),
-            }
-        };
-        let total_after = store.inner.lock().unwrap().total - prev_size + size;
-        let over_count = report.new.len() >= caps.per_call;
-        let over_total = total_after > caps.total;
-        if over_count || over_total {
-            // Read through to tell an unchanged file (no notice) from one that is refused.
-            match sha256_of(&mut entry, io::sink()) {
-                Ok((n, sha)) if n == size && Some(sha) == prev_sha => continue,
-                Ok(_) => {}
-                Err(e) => {
-                    report.notices.push(format!(
-                        "the copy of {OUT_DIR} stopped early ({e}); files after that point were not copied"
-                    ));
-                    break;
-                }
-            }
-            if over_count {
-                skips.add(
-                    format!(
-                        "files beyond files_per_call = {} (they come with a later call)",
-                        caps.per_call
-                    ),
-                    &raw,
-                );
-            } else {
-                skips.add(
-                    format!(
-                        "files that would pass files_total = {total_cap} for this session (reset the session to free it)"
-                    ),
-                    &raw,
-                );
-            }
-            continue;
-        }
-        match keep(store, &mut entry, &name, size, prev_sha, session) {
-            Ok(Some(f)) => report.new.push(f),
-            Ok(None) => {}
-            Err(KeepError::Short) => skips.add(
-                "files that changed while being copied (write them whole, then run again)",
-                &raw,
-            ),
-            Err(KeepError::Io(e)) => {
-                tracing::warn!(dir = %store.dir.display(), "could not keep a file of {OUT_DIR}: {e}");
-                report.notices.push(format!(
-                    "the copy of {OUT_DIR} stopped early ({e}); files after that point were not copied"
-                ));
-                break;
-            }
-        }
-    }
-    report.notices.extend(skips.into_notices());
-    report
-}
-
-enum KeepError {
-    /// The entry gave fewer bytes than its header said.
-    Short,
-    Io(io::Error),
-}
-
-/// Write one entry to a fresh file of the store; `None` when it equals the kept copy.
-fn keep(
-    store: &OutStore,
-    entry: &mut impl Read,
-    name: &str,
-    size: u64,
-    prev_sha: Option<[u8; 32]>,
-    session: &str,
-) -> Result<Option<OutFile>, KeepError> {
-    store.ensure_dir().map_err(KeepError::Io)?;
-    let n = {
-        let mut inner = store.inner.lock().unwrap();
-        inner.next += 1;
-        inner.next
-    };
-    let path = store.dir.join(n.to_string());
-    // A number the bridge chose, created new (never an existing file or link), owner-only.
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(KeepError::Io)?;
-    let result = sha256_of(entry.take(size), &mut f);
-    drop(f);
-    let (written, sha) = match result {
-        Ok(v) => v,
-        Err(e) => {
-            let _ = std::fs::remove_file(&path);
-            return Err(if e.kind() == io::ErrorKind::UnexpectedEof {
-                KeepError::Short
-            } else {
-                KeepError::Io(e)
-            });
-        }
-    };
-    if written != size {
-        let _ = std::fs::remove_file(&path);
-        return Err(KeepError::Short);
-    }
-    if Some(sha) == prev_sha {
-        let _ = std::fs::remove_file(&path);
-        return Ok(None);
-    }
-    let file = OutFile {
-        name: name.to_string(),
-        mime: mime_guess::from_path(name)
-            .first_or_octet_stream()
-            .essence_str()
-            .to_string(),
-        size,
-        uri: uri(session, name),
-    };
-    let mut inner = store.inner.lock().unwrap();
-    if let Some(old) = inner.files.remove(name) {
-        inner.total -= old.file.size;
-        let _ = std::fs::remove_file(&old.path);
-    }
-    inner.total += size;
-    inner.files.insert(
-        name.to_string(),
-        Kept {
-            file: file.clone(),
-            sha256: sha,
-            path,
-        },
-    );
-    Ok(Some(file))
-}
-
-/// Copy `/workspace/out` of `container` into `store`: the archive streamed from the engine, at
-/// most [`Caps::read_limit`] bytes and [`COPY_TIMEOUT`], judged entry by entry on a blocking
-/// thread. A missing directory is no file and no notice.
-pub async fn collect(
-    docker: &Docker,
-    container: &str,
-    store: Arc<OutStore>,
-    session: &str,
-    caps: Caps,
-) -> Report {
-    let opts = DownloadFromContainerOptionsBuilder::default()
-        .path(OUT_DIR)
-        .build();
-    let mut stream = Box::pin(docker.download_from_container(container, Some(opts)));
-    // The first chunk tells a missing directory (404) from an archive.
-    let first = match tokio::time::timeout(COPY_TIMEOUT, stream.next()).await {
-        Ok(None) => return Report::default(),
-        Ok(Some(Ok(b))) => b,
-        Ok(Some(Err(bollard::errors::Error::DockerResponseServerError {
-            status_code: 404,
-            ..
-        }))) => return Report::default(),
-        Ok(Some(Err(e))) => {
-            tracing::warn!(container, "could not copy {OUT_DIR}: {e}");
-            return Report {
-                new: Vec::new(),
-                notices: vec![format!("{OUT_DIR} could not be copied out: {e}")],
-            };
-        }
-        Err(_) => {
-            return Report {
-                new: Vec::new(),
-                notices: vec![format!(
-                    "{OUT_DIR} was not copied out: the engine did not answer within {}s",
-                    COPY_TIMEOUT.as_secs()
-                )],
-            };
-        }
-    };
-    let timed_out = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = Arc::clone(&timed_out);
-    let deadline = tokio::time::sleep(COPY_TIMEOUT);
-    let rest = futures::stream::once(async move { Ok::<_, bollard::errors::Error>(first) })
-        .chain(stream)
-        .take_until(async move {
-            deadline.await;
-            flag.store(true, std::sync::atomic::Ordering::SeqCst);
-        })
-        .map(|r| r.map_err(io::Error::other))
-        .boxed();
-    let mut report = judge(rest, store, session, caps).await;
-    if timed_out.load(std::sync::atomic::Ordering::SeqCst) {
-        report.notices.push(format!(
-            "the copy of {OUT_DIR} took more than {}s and was stopped",
-            COPY_TIMEOUT.as_secs()
-        ));
-    }
-    report
-}
-
-/// Judge a tar of `/workspace/out` as it streams in (the engine's archive, or the runtime's
-/// `tar` frames under gVisor: [`TarFeed`]): at most [`Caps::read_limit`] bytes,
-/// entry by entry with [`extract`] on a blocking thread.
-pub async fn judge<S, B>(stream: S, store: Arc<OutStore>, session: &str, caps: Caps) -> Report
-where
-    S: futures::Stream<Item = io::Result<B>> + Send + Unpin + 'static,
-    B: tokio_util::bytes::Buf + Send + 'static,
-{
-    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
-    let limit = caps.read_limit();
-    let session = session.to_string();
-    match tokio::task::spawn_blocking(move || {
-        let mut limited = reader.take(limit);
-        let mut report = extract(&mut limited, &store, &session, &caps);
-        if limited.limit() == 0 {
-            report.notices.push(format!(
-                "{OUT_DIR} was larger than {} bytes; the rest was not read",
-                limit
-            ));
-        }
-        report
-    })
-    .await
-    {
-        Ok(r) => r,
-        Err(e) => Report {
-            new: Vec::new(),
-            notices: vec![format!("{OUT_DIR} could not be copied out: {e}")],
-        },
-    }
-}
-
-/// What the host asks the runtime for when it copies `/workspace/out` through the channel: at
-/// most this many bytes of tar (the read limit, so an honest runtime stops where the host
-/// would), for at most this many seconds (less than [`COPY_TIMEOUT`], so that its last frame
-/// arrives before the host gives up).
-pub fn frames_request(caps: &Caps) -> (u64, u64) {
-    (caps.read_limit(), COPY_TIMEOUT.as_secs() - 5)
-}
-
-/// `tar` frames read at most in one copy: one per 64 KiB of the read limit and 1024 more (the
-/// runtime sends pieces of 1 MiB), so a runtime sending tiny frames cannot keep the host busy
-/// beyond its bytes.
-pub fn max_tar_frames(caps: &Caps) -> u64 {
-    caps.read_limit() / (64 << 10) + 1024
-}
-
-/// One `tar` frame of a copy through the runtime's channel, as [`TarFeed::feed`] takes it.
-pub enum TarPiece {
-    Data(String),
-    /// The runtime's last frame, and why it stopped early, if it says.
-    End(Option<String>),
-}
-
-/// A copy of `/workspace/out` from the runtime's `tar` frames (under gVisor): the caller reads
-/// the frames off the session's channel within [`COPY_TIMEOUT`] and feeds them here, while the
-/// future [`tar_feed`] returns judges the tar. The runtime writes the tar's framing too, so
-/// nothing is trusted beyond what the engine's archive was: the same [`judge`] and [`extract`],
-/// the same read limit, and at most [`max_tar_frames`] frames. Bad base64 ends the tar there
-/// (what followed is not copied); a lying runtime so only withholds or garbles its own files.
-pub struct TarFeed {
-    tx: Option<tokio::sync::mpsc::Sender<io::Result<io::Cursor<Vec<u8>>>>>,
-    bytes: u64,
-    frames: u64,
-    limit: u64,
-    max_frames: u64,
-    notices: Vec<String>,
-}
-
-/// A [`TarFeed`] and the judging of what it is fed, which ends when the feed is finished.
-pub fn tar_feed(
-    store: Arc<OutStore>,
-    session: String,
-    caps: Caps,
-) -> (TarFeed, impl Future<Output = Report> + Send + 'static) {
-    let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<io::Cursor<Vec<u8>>>>(4);
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    })
-    .boxed();
-    let feed = TarFeed {
-        tx: Some(tx),
-        bytes: 0,
-        frames: 0,
-        limit: caps.read_limit(),
-        max_frames: max_tar_frames(&caps),
-        notices: Vec::new(),
-    };
-    (
-        feed,
-        async move { judge(stream, store, &session, caps).await },
-    )
-}
-
-impl TarFeed {
-    /// Take one frame; false when the copy is over (its end, or a bound).
-    pub async fn feed(&mut self, piece: TarPiece) -> bool {
-        use base64::Engine as _;
-        self.frames += 1;
-        let data = match piece {
-            TarPiece::End(None) => return false,
-            TarPiece::End(Some(why)) => {
-                let cut = crate::text::floor_char_boundary(&why, 300);
-                self.notices.push(format!(
-                    "the sandbox stopped sending {OUT_DIR} early: {:?}",
-                    &why[..cut]
-                ));
-                return false;
-            }
-            TarPiece::Data(d) => d,
-        };
-        if self.frames > self.max_frames {
-            self.notices.push(format!(
-                "the sandbox sent {OUT_DIR} in more than {} pieces; the rest was not read",
-                self.max_frames
-            ));
-            return false;
-        }
-        // Judged to its end already: the rest is read and dropped, up to the runtime's end.
-        let Some(sink) = &self.tx else { return true };
-        let mut raw = match base64::engine::general_purpose::STANDARD.decode(data) {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = sink
-                    .send(Err(io::Error::other(format!(
-                        "a piece was not base64: {e}"
-                    ))))
-                    .await;
-                self.tx = None;
-                return true;
-            }
-        };
-        let room = self.limit - self.bytes;
-        let full = raw.len() as u64 >= room;
-        raw.truncate(room as usize);
-        self.bytes += raw.len() as u64;
-        if sink.send(Ok(io::Cursor::new(raw))).await.is_err() {
-            self.tx = None;
-        }
-        // At the read limit: the runtime stops there too.
-        !full
-    }
-
-    /// The copy ended without the runtime's last frame: `why` (the time is up, the sandbox is
-    /// gone).
-    pub fn stop(&mut self, why: String) {
-        self.notices.push(why);
-    }
-
-    /// End the tar (what was not fed is not read) and hand back the feed's notices.
-    pub fn finish(mut self) -> Vec<String> {
-        self.tx = None;
-        std::mem::take(&mut self.notices)
     }
 }
 

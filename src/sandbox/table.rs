@@ -1,0 +1,342 @@
+//! The session table: a call's session found by its key or started (`session`), handed out
+//! (`hand_out`), room made under `max_sessions` (`make_room`), what went without a reply
+//! remembered for the next call (`Lost`), idle sessions and strays reaped.
+
+use super::*;
+
+impl Sandbox {
+    pub(super) async fn live_sessions(&self) -> usize {
+        self.sessions
+            .lock()
+            .await
+            .values()
+            .filter(|s| !s.is_dead())
+            .count()
+    }
+
+    /// The live session `name`, started if needed; with `reset`, a fresh one. Also returns
+    /// whether it was started now, and notices for the caller (a session closed to make room).
+    pub async fn session(
+        &self,
+        name: &SessionKey,
+        reset: bool,
+    ) -> Result<(Claim, bool, Vec<String>), SandboxError> {
+        self.not_revoked()?;
+        self.pool.touch();
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        let _pending = Pending(&self.pending);
+        // The engine and the image are made ready below, before a start: a live session, a
+        // pooled sandbox and one adopted from the bridge before (`park`, made by a bridge that
+        // had passed the same checks on the same engine) need neither, and an agent's first call
+        // sent at once must not wait for the engine's answers about them.
+        // A live session is claimed without waiting for `starting`, which is held while a
+        // container starts or one is closed to make room (a second or more): calls to running
+        // sessions must not queue behind another's start. Claimed under the `sessions` lock, so
+        // `make_room` and the reaper, which re-check under it, never close it under the call.
+        if !reset
+            && let Some(s) = self
+                .sessions
+                .lock()
+                .await
+                .get(name)
+                .filter(|s| !s.is_dead())
+                .map(|s| s.claim())
+        {
+            return Ok((s, false, Vec::new()));
+        }
+        let _guard = self.starting.lock().await;
+        let existing = self.sessions.lock().await.get(name).cloned();
+        if let Some(s) = existing {
+            if !reset && !s.is_dead() {
+                return Ok((s.claim(), false, Vec::new()));
+            }
+            if !reset {
+                self.lost
+                    .note(name, "its sandbox stopped between calls".into());
+            }
+            self.sessions.lock().await.remove(name);
+            s.destroy().await;
+        }
+        // A pooled sandbox never served a session: it is as fresh as one started now. When none
+        // is ready, one being started is waited for when there is no room for another, or when
+        // it should be done before one started now would be.
+        let mut pooled = self.pool.take(Duration::ZERO).await;
+        if pooled.is_none()
+            && self.pool.filling() > 0
+            && (self.pool.worth_waiting()
+                || self.live_sessions().await + self.pool.held()
+                    >= self.config.max_sessions as usize)
+        {
+            pooled = self.pool.take(session::START_TIMEOUT).await;
+        }
+        if let Some(mut s) = pooled {
+            let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+            s.hand_to(&name.to_string(), serial);
+            let claim = self.hand_out(name, Arc::new(s)).await?;
+            return Ok((claim, true, Vec::new()));
+        }
+        let engine = self.engine().await?;
+        let notices = self.make_room(name).await?;
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        let t0 = std::time::Instant::now();
+        // The engine's checks (begun by the warm-up) finish while the container is created,
+        // started and booted; the user's code reaches it only once they passed.
+        let gate: session::Gate<'_> = Box::pin(async { self.prepare().await.map(|_| ()) });
+        let s = Arc::new(
+            Session::start(
+                &engine.docker,
+                &self.config,
+                &self.compiled,
+                Role::Session(&name.to_string()),
+                &self.owner,
+                serial,
+                self.provision.get(),
+                None,
+                Some(gate),
+            )
+            .await?,
+        );
+        self.pool.cold_took(t0.elapsed());
+        self.saw(&s);
+        let claim = self.hand_out(name, s).await?;
+        Ok((claim, true, notices))
+    }
+
+    /// Make `s` session `name`'s and claim it, unless the engine's answer was revoked
+    /// meanwhile: `revoke` sets its flag before it closes the sessions it finds, so a session
+    /// that joins after its sweep (started or taken while the engine was asked again) sees the
+    /// flag here and is closed, never handed out.
+    pub(super) async fn hand_out(
+        &self,
+        name: &SessionKey,
+        s: Arc<Session>,
+    ) -> Result<Claim, SandboxError> {
+        self.sessions
+            .lock()
+            .await
+            .insert(name.clone(), Arc::clone(&s));
+        if let Err(e) = self.not_revoked() {
+            let mut sessions = self.sessions.lock().await;
+            if sessions.get(name).is_some_and(|cur| Arc::ptr_eq(cur, &s)) {
+                sessions.remove(name);
+            }
+            drop(sessions);
+            s.destroy().await;
+            return Err(e);
+        }
+        Ok(s.claim())
+    }
+
+    /// Keep within `max_sessions` before session `name` starts: close the least recently used
+    /// idle sessions, or refuse when every session is running code (closing a busy one would
+    /// lose work in flight). Called with `starting` held, so no other session starts meanwhile
+    /// and the pool can only shrink; pooled sandboxes (being started) count too.
+    pub(super) async fn make_room(&self, name: &SessionKey) -> Result<Vec<String>, SandboxError> {
+        let max = self.config.max_sessions as usize;
+        // Under `serve` an identity's sessions are also bounded on their own, and make room
+        // among themselves first: one user cannot close everyone else's sessions.
+        let owner = name.owner();
+        let per_identity = self.config.http.max_sessions_per_identity as usize;
+        let mut notices = Vec::new();
+        loop {
+            let (victim, busy, key, limit) = {
+                let sessions = self.sessions.lock().await;
+                let live: Vec<(&SessionKey, &Arc<Session>)> = sessions
+                    .iter()
+                    .filter(|(k, s)| *k != name && !s.is_dead())
+                    .collect();
+                let mine: Vec<(&SessionKey, &Arc<Session>)> = live
+                    .iter()
+                    .filter(|(k, _)| k.owner() == owner)
+                    .copied()
+                    .collect();
+                let named = *owner != Identity::Local;
+                let (candidates, key, limit) = if named && mine.len() >= per_identity {
+                    (mine, "http.max_sessions_per_identity", per_identity)
+                } else if live.len() + self.pool.held() >= max {
+                    (live, "max_sessions", max)
+                } else {
+                    return Ok(notices);
+                };
+                let victim = candidates
+                    .iter()
+                    .filter(|(_, s)| !s.is_busy())
+                    .max_by_key(|(_, s)| s.idle_for())
+                    .map(|(k, s)| ((*k).clone(), Arc::clone(s)));
+                // The caller's own sessions by name; others' only counted, never named.
+                let mut busy: Vec<String> = candidates
+                    .iter()
+                    .filter(|(k, _)| k.owner() == owner)
+                    .map(|(k, _)| k.name().to_string())
+                    .collect();
+                busy.sort();
+                let others = candidates.len() - busy.len();
+                if others > 0 {
+                    busy.push(format!("{others} of other users"));
+                }
+                (victim, busy, key, limit)
+            };
+            let Some((victim, s)) = victim else {
+                return Err(SandboxError::AllBusy {
+                    session: name.name().to_string(),
+                    max: limit as u32,
+                    key,
+                    busy,
+                });
+            };
+            let idle = s.idle_for().as_secs();
+            {
+                let mut sessions = self.sessions.lock().await;
+                if s.is_busy() {
+                    // A call claimed it since it was chosen: choose again.
+                    continue;
+                }
+                if sessions
+                    .get(&victim)
+                    .is_some_and(|cur| Arc::ptr_eq(cur, &s))
+                {
+                    sessions.remove(&victim);
+                }
+            }
+            tracing::info!(session = %victim, idle_secs = idle, limit, key, "closing the least recently used session to make room");
+            s.destroy().await;
+            self.lost.note(
+                &victim,
+                format!("it was closed, unused for {idle}s, to stay within {key} = {limit}"),
+            );
+            let shown = if victim.owner() == owner {
+                format!("session {:?}", victim.name())
+            } else {
+                "another user's session".to_string()
+            };
+            notices.push(format!(
+                "{shown} (unused for {idle}s) was closed to stay within {key} = {limit}; its variables are gone"
+            ));
+        }
+    }
+
+    pub(super) async fn reap_idle(&self, idle: Duration) {
+        if self.pool.idle_for() >= idle {
+            for s in self.pool.drain() {
+                tracing::info!(container = %s.container_id, "removing a pooled sandbox: no call for {}s", idle.as_secs());
+                s.destroy().await;
+            }
+        }
+        let stale = |s: &Arc<Session>| s.is_dead() || (!s.is_busy() && s.idle_for() >= idle);
+        // A look first, so that a tick with nothing to close never waits for a start.
+        if !self.sessions.lock().await.values().any(stale) {
+            return;
+        }
+        // Closed under `starting`, as `make_room` closes: a session leaves the table before its
+        // container is gone, and a start meanwhile would count one container fewer than there
+        // are, so `max_sessions` would bound the table, not the containers. Chosen again under
+        // it, and taken out of the table in the same step (under `sessions`, where calls claim
+        // theirs): one that `make_room` closed while this waited is no longer there, and one a
+        // call claimed is busy, so each session is closed once.
+        let _starting = self.starting.lock().await;
+        let closing: Vec<Arc<Session>> = {
+            let mut sessions = self.sessions.lock().await;
+            let names: Vec<SessionKey> = sessions
+                .iter()
+                .filter(|(_, s)| stale(s))
+                .map(|(k, _)| k.clone())
+                .collect();
+            names
+                .into_iter()
+                .filter_map(|name| {
+                    let s = sessions.remove(&name)?;
+                    if s.is_dead() {
+                        self.lost
+                            .note(&name, "its sandbox stopped between calls".into());
+                    }
+                    tracing::info!(session = %name, "removing idle sandbox");
+                    Some(s)
+                })
+                .collect()
+        };
+        // Together, so a start waits for one removal, not for each.
+        futures::future::join_all(closing.iter().map(|s| s.destroy())).await;
+    }
+
+    /// Remove containers of this bridge that no live session uses. A removal that failed while
+    /// the engine was unreachable (a restarted podman service) leaves such a stray; this retries
+    /// it (tests/e2e/faults_lifecycle.rs::lifecycle_podman_service_restarted_under_a_live_session).
+    /// With `all`, every container of this bridge goes (shutdown).
+    pub(super) async fn reap_strays(&self, all: bool) {
+        let Some(engine) = self.engine.get() else {
+            return;
+        };
+        // No session is half-started while we compare...
+        let _starting = self.starting.lock().await;
+        // ... and no pooled one either (it is created before the pool holds it): next time.
+        if !all && self.pool.filling() > 0 {
+            return;
+        }
+        let mut live: std::collections::HashSet<String> = HashSet::new();
+        if !all {
+            live.extend(
+                self.sessions
+                    .lock()
+                    .await
+                    .values()
+                    .filter(|s| !s.is_dead())
+                    .map(|s| s.container_id.clone()),
+            );
+            live.extend(self.pool.ready_ids());
+        }
+        let ids = match container::owned_by(engine, &self.owner).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::debug!("could not list this bridge's containers: {e}");
+                return;
+            }
+        };
+        if let Some(parked) = self.parked.lock().unwrap().clone() {
+            live.insert(parked);
+        }
+        for id in ids.into_iter().filter(|id| !live.contains(id)) {
+            tracing::info!(container = %id, "removing a container no session uses");
+            container::remove(&engine.docker, &id).await;
+        }
+    }
+}
+
+/// Sessions whose interpreter went without a reply that said so (a call that reset it was
+/// cancelled, its sandbox stopped between calls, it was closed to make room): the next call of
+/// that name, which starts a fresh interpreter, says why. Bounded: a name seen again takes its
+/// entry, and past [`Lost::MAX`] names an old entry goes.
+#[derive(Default)]
+pub(super) struct Lost(std::sync::Mutex<HashMap<SessionKey, String>>);
+
+impl Lost {
+    pub(super) const MAX: usize = 256;
+
+    pub(super) fn note(&self, session: &SessionKey, why: String) {
+        let mut m = self.0.lock().unwrap();
+        if m.len() >= Self::MAX
+            && !m.contains_key(session)
+            && let Some(k) = m.keys().next().cloned()
+        {
+            m.remove(&k);
+        }
+        m.insert(session.clone(), why);
+    }
+
+    /// The notice for a fresh interpreter of `session`, if its last one went unannounced.
+    pub(super) fn take(&self, session: &SessionKey) -> Option<String> {
+        let why = self.0.lock().unwrap().remove(session)?;
+        Some(format!(
+            "session {:?} was reset since its last reply ({why}); this call runs in a fresh interpreter: variables and imports are gone.",
+            session.name()
+        ))
+    }
+}
+
+/// One call waiting for its session, counted in [`Sandbox::pending`] until dropped.
+pub(super) struct Pending<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
