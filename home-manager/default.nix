@@ -140,11 +140,13 @@ in
                 lib.mapAttrs (_: mkDefault) mcpServers // lib.mapAttrs (_: common.serverToToml) cfg.servers;
             };
           inherit configFile;
+          gvisor.wrapper = common.gvisorRuntime cfg;
         };
 
         assertions =
           common.serverAssertions opt cfg.servers
           ++ common.packagesAssertions opt cfg
+          ++ common.settingsFileAssertions opt cfg.settings
           ++ common.gvisorAssertions opt cfg (
             lib.elem (common.engineOf (cfg.settings.runtime or null)) [
               "auto"

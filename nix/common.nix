@@ -556,9 +556,13 @@ rec {
         bridge's alone. Under rootless podman runsc cannot create cgroups through the system's
         systemd and is run with `--ignore-cgroups`: the bridge's memory, pids and cpus limits are
         then not applied by the host to that container, and the bridge refuses to run code there
-        unless settings.allow_unenforced_limits = true accepts it. NixOS: registered in
-        /etc/containers/containers.conf, for root's podman (the HTTP service) and every user's.
-        home-manager: in ~/.config/containers/containers.conf.d/, for your rootless podman'';
+        unless settings.allow_unenforced_limits = true accepts it: so with gvisor.enable,
+        {option}`settings.allow_unenforced_limits` must be set, `true` or `false`, or the
+        configuration is refused. runsc loads the engine's seccomp profile inside the sandbox
+        (`--oci-seccomp`). NixOS: registered in /etc/containers/containers.conf, for root's podman
+        and every user's; the HTTP service gets a podman service of its own whose default runtime
+        is this one. home-manager: in ~/.config/containers/containers.conf.d/, for your rootless
+        podman'';
       platform = mkOption {
         type = types.enum [
           "systrap"
@@ -572,11 +576,22 @@ rec {
           (for rootless users: membership of the `kvm` group); `ptrace` is the slowest.
         '';
       };
-      package = mkOption {
+      # The stand-in only under the offline evaluation stub of nixpkgs, which has no gvisor
+      # (nix/eval-stub.nix); with nixpkgs a missing gvisor is mkPackageOption's error.
+      package =
+        lib.mkPackageOption (stub.withStandIn pkgs "gvisor" (pkgs.writeShellScriptBin "runsc" "exit 1"))
+          "gvisor"
+          { extraDescription = "Its `bin/runsc` is what {option}`gvisor.wrapper` runs."; };
+      wrapper = mkOption {
         type = types.package;
-        default = stub.lookup pkgs "gvisor" (pkgs.writeShellScriptBin "runsc" "exit 1");
-        defaultText = literalExpression "pkgs.gvisor";
-        description = "The gVisor package whose `bin/runsc` is registered.";
+        readOnly = true;
+        defaultText = literalExpression "a script running gvisor.package's runsc with the platform";
+        description = ''
+          The script registered with podman as the runtime (read-only): runsc with
+          {option}`gvisor.platform`, `--network=none` and `--oci-seccomp`, and `--ignore-cgroups`
+          under rootless podman. For registering the same runtime with another engine, e.g.
+          `virtualisation.docker.daemon.settings.runtimes.runsc.path`.
+        '';
       };
     };
 
@@ -635,15 +650,20 @@ rec {
   gvisorRuntimeOf = settings: settings.gvisor_runtime or gvisorRuntimeName;
 
   # What podman runs as that runtime: runsc with the platform, and no network inside gVisor
-  # either (the bridge's containers have none; this keeps it so whatever podman is asked). Under
+  # either (the bridge's containers have none; this keeps it so whatever podman is asked), and
+  # the seccomp profile of the container's spec (podman's default one) loaded by gVisor's kernel
+  # for the sandbox's processes, PID 1 included: runsc ignores the spec's profile without
+  # --oci-seccomp. Under
   # rootless podman (a user namespace that does not map every uid: /proc/self/uid_map is not
   # "0 0 4294967295") runsc cannot set up cgroups through the system's systemd ("Interactive
   # authentication required", google/gvisor#11543) and leaves them alone (--ignore-cgroups).
   # runsc's flags are global ones: they come before podman's arguments and its subcommand.
+  # A script rather than containers.conf's [engine.runtimes_flags] (which newer podman has): the
+  # flags there are the same rootful and rootless, and --ignore-cgroups must be rootless only.
   gvisorRuntime =
     cfg:
     pkgs.writeShellScript "mcp-code-bridge-runsc" ''
-      flags=(--platform=${cfg.gvisor.platform} --network=none)
+      flags=(--platform=${cfg.gvisor.platform} --network=none --oci-seccomp)
       read -r _ outside count < /proc/self/uid_map || true
       if [ "$outside $count" != "0 4294967295" ]; then
         flags+=(--ignore-cgroups)
@@ -654,7 +674,7 @@ rec {
   # containers.conf: the runtime registered under its name (NixOS:
   # virtualisation.containers.containersConf.settings; home-manager: a containers.conf.d drop-in).
   gvisorContainersConf = cfg: {
-    engine.runtimes.${gvisorRuntimeOf cfg.settings} = [ "${gvisorRuntime cfg}" ];
+    engine.runtimes.${gvisorRuntimeOf cfg.settings} = [ "${cfg.gvisor.wrapper}" ];
   };
 
   # gvisor.enable asks for podman; another engine is refused with what to do instead.
@@ -670,7 +690,35 @@ rec {
         ${opt}.settings.gvisor_runtime = "runsc".
       '';
     }
+    # Rootless podman runs runsc with --ignore-cgroups, so a rootless sandbox under gVisor is not
+    # held to memory, pids and cpus by the host, and the bridge refuses to run code there unless
+    # allow_unenforced_limits says to accept it. Whose bridges are rootless (every user's on
+    # NixOS, yours in home-manager) only the configuration's author knows: refused until the
+    # choice is written down, either way.
+    {
+      assertion = !cfg.gvisor.enable || cfg.settings ? allow_unenforced_limits;
+      message = ''
+        ${opt}.gvisor.enable: under rootless podman runsc applies no cgroups
+        (--ignore-cgroups), so a rootless sandbox on gVisor is not held to the memory, pids and
+        cpus limits by the host, and the bridge refuses to run code there unless
+        allow_unenforced_limits is true. Say which you want:
+        ${opt}.settings.allow_unenforced_limits = true; (rootless bridges run under gVisor,
+        without those limits; `mcp-code-bridge doctor` names them), or = false; (rootless bridges
+        refuse, naming the limits; rootful podman${
+          if lib.hasPrefix "services." opt then ", the HTTP service's included," else ""
+        } keeps them).
+      '';
+    }
   ];
+
+  # config.toml keys naming files the bridge reads where they lie, given by hand in `settings`:
+  # checked as the typed options that write them are (fileAssertions), before the TOML rendering
+  # would turn a Nix path into a copy in the world-readable store. (http.tls_cert is a
+  # certificate, public: a store path is fine there.)
+  settingsFileAssertions =
+    opt: settings:
+    fileAssertions "${opt}.settings.token_file" (settings.token_file or null)
+    ++ fileAssertions "${opt}.settings.http.tls_key" (settings.http.tls_key or null);
 
   # One server declaration -> a [servers.<name>] table.
   serverToToml =
@@ -1001,35 +1049,39 @@ rec {
         image != null && !(settings ? image_sha256) && (settings.image_archive or null) == "${image}";
       canRun = pkgs.stdenv.buildPlatform.canExecute pkgs.stdenv.hostPlatform;
       doCheck = check && package != null && canRun;
+      file =
+        if !addSha && !doCheck then
+          generated
+        else
+          pkgs.runCommand name { } (
+            (
+              if addSha then
+                ''
+                  sha=$(sha256sum ${image} | cut -d' ' -f1)
+                  {
+                    echo "# sha256 of ${image}, computed when this file was built"
+                    echo "image_sha256 = \"$sha\""
+                    cat ${generated}
+                  } > $out
+                ''
+              else
+                ''
+                  cp ${generated} $out
+                ''
+            )
+            + lib.optionalString doCheck ''
+              export HOME=$(mktemp -d) MCP_BRIDGE_SYSTEM_CONFIG=none
+              unset XDG_CONFIG_HOME XDG_STATE_HOME
+              if ! ${lib.getExe package} --config $out config > check.log 2>&1; then
+                cat check.log >&2
+                echo "mcp-code-bridge rejects the generated config.toml (above). Fix the option or" \
+                  "settings value it names; checkConfig = false skips this check." >&2
+                exit 1
+              fi
+            ''
+          );
     in
-    if !addSha && !doCheck then
-      generated
-    else
-      pkgs.runCommand name { } (
-        (
-          if addSha then
-            ''
-              sha=$(sha256sum ${image} | cut -d' ' -f1)
-              {
-                echo "# sha256 of ${image}, computed when this file was built"
-                echo "image_sha256 = \"$sha\""
-                cat ${generated}
-              } > $out
-            ''
-          else
-            ''
-              cp ${generated} $out
-            ''
-        )
-        + lib.optionalString doCheck ''
-          export HOME=$(mktemp -d) MCP_BRIDGE_SYSTEM_CONFIG=none
-          unset XDG_CONFIG_HOME XDG_STATE_HOME
-          if ! ${lib.getExe package} --config $out config > check.log 2>&1; then
-            cat check.log >&2
-            echo "mcp-code-bridge rejects the generated config.toml (above). Fix the option or" \
-              "settings value it names; checkConfig = false skips this check." >&2
-            exit 1
-          fi
-        ''
-      );
+    # `generated` (the rendering of `settings` alone) is kept as an attribute: scripts/nix-pieces.sh
+    # runs this build script on Debian against a TOML file of the same settings.
+    lib.extendDerivation true { inherit generated; } file;
 }

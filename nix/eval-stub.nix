@@ -20,4 +20,11 @@ in
       standIn
     else
       throw "mcp-code-bridge: this nixpkgs has no package `${name}` (renamed or removed?); the flake needs it. Pin a nixpkgs that has it, or report it.";
+
+  # `set` with `standIn` as `set.${name}` when the set lacks it, under the stub only (for
+  # mkPackageOption, which looks the name up itself): with nixpkgs `set` as it is, so a missing
+  # package is mkPackageOption's own error.
+  withStandIn =
+    set: name: standIn:
+    if isStub && !(set ? ${name}) then set // { ${name} = standIn; } else set;
 }

@@ -8,6 +8,13 @@
 # when settings.runtime picks docker). The service runs as the system user `mcp-code-bridge` in
 # that group. A member of that group can start any container, so it is as good as root: the
 # sandboxing below bounds the bridge and its upstream servers, not the engine.
+#
+# With gvisor.enable the engine is another root podman service on a socket of its own,
+# mcp-code-bridge-gvisor-podman (socket-activated as podman.socket activates podman.service),
+# started with `--runtime <gvisor_runtime>`: podman's Docker-compatible API runs every container
+# under its service's default runtime, whatever the container asks for, so the bridge uses only a
+# service whose default is gVisor's (src/sandbox/engine) and passes /run/podman/podman.sock over.
+# Its socket belongs to the service's group alone.
 {
   config,
   lib,
@@ -35,6 +42,14 @@ let
   dockerOn = config.virtualisation.docker.enable or false;
   usePodman = podmanOn && (engine == "auto" || engine == "podman");
   useDocker = dockerOn && (engine == "auto" || engine == "docker");
+
+  # gVisor: the podman service of the HTTP service's own, whose default runtime is gVisor's.
+  gvisor = cfg.gvisor.enable && usePodman;
+  gvisorPodman = "mcp-code-bridge-gvisor-podman";
+  gvisorSocket = "/run/${gvisorPodman}/podman.sock";
+  # `or`: the offline evaluation stub of NixOS (docs/nix.md) does not declare podman's options;
+  # NixOS does, so there this is always virtualisation.podman.package (podman with its helpers).
+  podmanPackage = config.virtualisation.podman.package or pkgs.podman;
 
   # A port below 1024 needs CAP_NET_BIND_SERVICE, the one capability the service may then keep.
   bindCaps = lib.optional (listen != null && listen.port < 1024) "CAP_NET_BIND_SERVICE";
@@ -111,6 +126,18 @@ in
         }
       ]
       ++ lib.optional cfg.enable {
+        # A runtime URL is the bridge's one candidate: the gVisor service's socket would not be
+        # tried, and podman's own socket is passed over under gVisor.
+        assertion = !cfg.gvisor.enable || engine == "auto" || cfg.settings.runtime == "podman";
+        message = ''
+          ${opt}.http with ${opt}.gvisor.enable: the service runs its sandboxes through a podman
+          service of its own whose default runtime is gVisor's (${gvisorSocket}), which it
+          finds only when settings.runtime is unset, "auto" or "podman"; it is
+          "${toString (cfg.settings.runtime or "")}". Remove ${opt}.settings.runtime (or set it
+          to "podman").
+        '';
+      }
+      ++ lib.optional cfg.enable {
         assertion = engine == "other" || usePodman || useDocker;
         message = ''
           ${opt}.http: the service runs as the system user ${user} and reaches the container
@@ -136,9 +163,42 @@ in
       listen.port
     ];
 
+    # The podman service of the HTTP service alone when gVisor is on: as podman's own
+    # podman.socket and podman.service (their units in the podman package), with the gVisor
+    # runtime as its default and a socket only the service's group can use.
+    systemd.sockets.${gvisorPodman} = mkIf (on && gvisor) {
+      description = "Podman API socket of mcp-code-bridge-http (containers under gVisor)";
+      wantedBy = [ "sockets.target" ];
+      listenStreams = [ gvisorSocket ];
+      socketConfig = {
+        SocketMode = "0660";
+        SocketUser = "root";
+        SocketGroup = user;
+        DirectoryMode = "0755";
+      };
+    };
+    systemd.services.${gvisorPodman} = mkIf (on && gvisor) {
+      description = "Podman API service of mcp-code-bridge-http, gVisor's runtime its default";
+      requires = [ "${gvisorPodman}.socket" ];
+      after = [ "${gvisorPodman}.socket" ];
+      # Podman's own service runs `podman $LOGGING system service`: socket-activated, it exits
+      # when idle and the socket starts it again.
+      unitConfig.StartLimitIntervalSec = 0;
+      serviceConfig = {
+        Type = "exec";
+        KillMode = "process";
+        Delegate = true;
+        ExecStart = "${lib.getExe podmanPackage} --runtime ${common.gvisorRuntimeOf cfg.settings} system service";
+      };
+    };
+
     systemd.services.mcp-code-bridge-http = mkIf on (
       let
-        sockets = lib.optional usePodman "podman.socket" ++ lib.optional useDocker "docker.socket";
+        sockets =
+          if gvisor then
+            [ "${gvisorPodman}.socket" ]
+          else
+            lib.optional usePodman "podman.socket" ++ lib.optional useDocker "docker.socket";
         # The issuer's keys are fetched over the network.
         online = lib.optional ((cfg.settings.oauth.issuer or null) != null) "network-online.target";
         image = lib.optional cfg.preloadImage "mcp-code-bridge-image.service";
@@ -158,7 +218,9 @@ in
         }
         # Tried first when the bridge looks for podman (runtime unset, "auto" or "podman"); a
         # runtime URL in settings still wins.
-        // lib.optionalAttrs usePodman { CONTAINER_HOST = "unix:///run/podman/podman.sock"; }
+        // lib.optionalAttrs usePodman {
+          CONTAINER_HOST = "unix://${if gvisor then gvisorSocket else "/run/podman/podman.sock"}";
+        }
         // lib.optionalAttrs (cfg.audit.path != null) { MCP_BRIDGE_AUDIT_PATH = cfg.audit.path; }
         # Above config.toml; `%d` is the unit's credentials directory.
         // lib.listToAttrs (map (c: lib.nameValuePair c.env "%d/${c.name}") credentials);
@@ -166,7 +228,8 @@ in
           ExecStart = "${lib.getExe cfg.package} serve";
           User = user;
           Group = user;
-          SupplementaryGroups = lib.optional usePodman "podman" ++ lib.optional useDocker "docker";
+          SupplementaryGroups =
+            lib.optional (usePodman && !gvisor) "podman" ++ lib.optional (useDocker && !gvisor) "docker";
           LoadCredential = map (c: "${c.name}:${c.file}") credentials;
           StateDirectory = lib.removePrefix "/var/lib/" stateDir;
           StateDirectoryMode = "0700";

@@ -57,6 +57,15 @@ let
       ];
     }).config;
 
+  # The options of a NixOS evaluation (for their declarations: defaults, descriptions).
+  nixosOptions =
+    (lib.evalModules {
+      modules = [
+        shim
+        nixosModule
+      ];
+    }).options;
+
   home =
     cfg:
     (home-manager.lib.homeManagerConfiguration {
@@ -154,6 +163,11 @@ let
     image = null;
     packages.uv = null;
   };
+  # gVisor with the choice about rootless limits written down (gvisorAssertions asks for it).
+  gvisorOn = {
+    enable = true;
+  };
+  allowed.allow_unenforced_limits = true;
 
   tests = {
     # Typed options left alone write nothing: the bridge's own defaults hold.
@@ -1282,18 +1296,27 @@ let
           "MPLCONFIGDIR=${valueIn "\"MPLCONFIGDIR=" (builtins.readFile ../src/sandbox/container.rs)}"
         ];
       };
-    # docs/nix.md describes every VM test by its check name, and the input `follows`.
+    # docs/nix.md describes every VM test by its check name, with what the Debian suite
+    # (scripts/nix-pieces.sh) runs in its stead and what the IPv6 checks prove, and the input
+    # `follows`.
     testDocsNameEveryVmTestAndFollows =
       let
         docs = builtins.readFile ../docs/nix.md;
+        # Each VM test's paragraph (up to the next one) says what the Debian suite runs instead.
+        chunks = lib.tail (lib.splitString "`nix build .#checks.x86_64-linux." docs);
+        paragraph = t: lib.findFirst (lib.hasPrefix "${t}`") "" chunks;
       in
       {
         expr = {
           undocumented = lib.filter (t: !lib.hasInfix ".#checks.x86_64-linux.${t}`" docs) vmTests;
+          withoutDebian = lib.filter (t: !lib.hasInfix "On Debian instead" (paragraph t)) vmTests;
+          ipv6 = lib.hasInfix "`ipv6_enabled = false`" docs && lib.hasInfix "scripts/nix-pieces.sh" docs;
           follows = lib.hasInfix "inputs.mcp-code-bridge.inputs.nixpkgs.follows = \"nixpkgs\";" docs;
         };
         expected = {
           undocumented = [ ];
+          withoutDebian = [ ];
+          ipv6 = true;
           follows = true;
         };
       };
@@ -1312,9 +1335,15 @@ let
     # gVisor (issue 33, 4): runsc registered with podman under the name the bridge is told.
     testNixosGvisorRegistersTheRuntimeAndWritesIsolation =
       let
-        c = nixos (noImage // { gvisor.enable = true; });
+        c = nixos (
+          noImage
+          // {
+            gvisor = gvisorOn;
+            settings = allowed;
+          }
+        );
         runtimes = c.virtualisation.containers.containersConf.settings.engine.runtimes;
-        script = common.gvisorRuntime c.services.mcp-code-bridge;
+        script = c.services.mcp-code-bridge.gvisor.wrapper;
         wrapper = textOf script;
       in
       {
@@ -1322,7 +1351,8 @@ let
           settings = c.services.mcp-code-bridge.settings;
           names = lib.attrNames runtimes;
           registered = runtimes.mcp-code-bridge-runsc == [ "${script}" ];
-          platform = lib.hasInfix "flags=(--platform=systrap --network=none)" wrapper;
+          same = "${script}" == "${common.gvisorRuntime c.services.mcp-code-bridge}";
+          platform = lib.hasInfix "flags=(--platform=systrap --network=none --oci-seccomp)" wrapper;
           runsc = lib.hasInfix "/bin/runsc \"\${flags[@]}\" \"$@\"" wrapper;
           rootless = lib.hasInfix "flags+=(--ignore-cgroups)" wrapper;
           failed = failed c;
@@ -1331,9 +1361,11 @@ let
           settings = {
             isolation = "gvisor";
             gvisor_runtime = "mcp-code-bridge-runsc";
+            allow_unenforced_limits = true;
           };
           names = [ "mcp-code-bridge-runsc" ];
           registered = true;
+          same = true;
           platform = true;
           runsc = true;
           rootless = true;
@@ -1349,7 +1381,10 @@ let
               enable = true;
               platform = "kvm";
             };
-            settings.gvisor_runtime = "runsc-kvm";
+            settings = {
+              gvisor_runtime = "runsc-kvm";
+              allow_unenforced_limits = false;
+            };
           }
         );
         runtimes = c.virtualisation.containers.containersConf.settings.engine.runtimes;
@@ -1357,9 +1392,10 @@ let
       {
         expr = {
           names = lib.attrNames runtimes;
-          kvm = runtimes.runsc-kvm == [ "${common.gvisorRuntime c.services.mcp-code-bridge}" ]
-            && lib.hasInfix "--platform=kvm" (textOf (common.gvisorRuntime c.services.mcp-code-bridge));
+          kvm = runtimes.runsc-kvm == [ "${c.services.mcp-code-bridge.gvisor.wrapper}" ]
+            && lib.hasInfix "--platform=kvm" (textOf c.services.mcp-code-bridge.gvisor.wrapper);
           settings = c.services.mcp-code-bridge.settings;
+          failed = failed c;
         };
         expected = {
           names = [ "runsc-kvm" ];
@@ -1367,7 +1403,9 @@ let
           settings = {
             isolation = "gvisor";
             gvisor_runtime = "runsc-kvm";
+            allow_unenforced_limits = false;
           };
+          failed = [ ];
         };
       };
     testNixosGvisorOffRegistersNothing = {
@@ -1379,7 +1417,9 @@ let
       expr = saying "gvisor.enable registers gVisor with podman" (
         failed (
           nixosWith { virtualisation.docker.enable = true; } {
-            settings.runtime = "docker";
+            settings = allowed // {
+              runtime = "docker";
+            };
             gvisor.enable = true;
           }
         )
@@ -1394,6 +1434,7 @@ let
             image = null;
             packages.uv = null;
             gvisor.enable = true;
+            settings = allowed;
           };
         };
         dropIn = c.xdg.configFile."containers/containers.conf.d/50-mcp-code-bridge-gvisor.conf".source;
@@ -1402,15 +1443,18 @@ let
       {
         expr = {
           settings = c.programs.mcp-code-bridge.settings;
-          names = lib.attrNames conf.engine.runtimes;
+          runtimes = conf.engine.runtimes;
           failed = failed c;
         };
         expected = {
           settings = {
             isolation = "gvisor";
             gvisor_runtime = "mcp-code-bridge-runsc";
+            allow_unenforced_limits = true;
           };
-          names = [ "mcp-code-bridge-runsc" ];
+          runtimes.mcp-code-bridge-runsc = [
+            (builtins.unsafeDiscardStringContext "${c.programs.mcp-code-bridge.gvisor.wrapper}")
+          ];
           failed = [ ];
         };
       };
@@ -1421,7 +1465,9 @@ let
             programs.mcp-code-bridge = {
               enable = true;
               gvisor.enable = true;
-              settings.runtime = "tcp://builder:2375";
+              settings = allowed // {
+                runtime = "tcp://builder:2375";
+              };
             };
           }
         )
@@ -1430,8 +1476,267 @@ let
     };
   };
 
-  failures = lib.runTests tests;
-  count = toString (lib.length (lib.attrNames tests));
+  # Issue 48: what the VM tests found, and what the Debian suite (scripts/nix-pieces.sh) runs.
+  newTests = {
+    # runsc loads the engine's seccomp profile (podman's, in the container's spec) inside the
+    # sandbox only with --oci-seccomp: the wrapper of both modules passes it.
+    testGvisorRuntimeLoadsTheEnginesSeccompProfile =
+      let
+        flags = text: lib.head (lib.filter (lib.hasPrefix "flags=(") (lib.splitString "\n" text));
+        n = nixos (
+          noImage
+          // {
+            gvisor = gvisorOn;
+            settings = allowed;
+          }
+        );
+        h = homeWithoutMcp {
+          programs.mcp-code-bridge = {
+            enable = true;
+            image = null;
+            packages.uv = null;
+            gvisor = gvisorOn // {
+              platform = "ptrace";
+            };
+            settings = allowed;
+          };
+        };
+      in
+      {
+        expr = {
+          nixos = flags (textOf n.services.mcp-code-bridge.gvisor.wrapper);
+          home = flags (textOf h.programs.mcp-code-bridge.gvisor.wrapper);
+        };
+        expected = {
+          nixos = "flags=(--platform=systrap --network=none --oci-seccomp)";
+          home = "flags=(--platform=ptrace --network=none --oci-seccomp)";
+        };
+      };
+
+    # Rootless gVisor drops the limits (runsc --ignore-cgroups) and the bridge then refuses
+    # unless allow_unenforced_limits: the modules refuse gvisor.enable until the choice is
+    # written, and write what was chosen.
+    testGvisorAsksWhetherRootlessMayRunWithoutLimits =
+      let
+        needle = opt: "${opt}.gvisor.enable: under rootless podman runsc applies no cgroups";
+        home =
+          settings:
+          homeWithoutMcp {
+            programs.mcp-code-bridge = {
+              enable = true;
+              image = null;
+              packages.uv = null;
+              gvisor = gvisorOn;
+              inherit settings;
+            };
+          };
+        nixosWith = settings: nixos (noImage // { gvisor = gvisorOn; inherit settings; });
+      in
+      {
+        expr = {
+          nixos = saying (needle "services.mcp-code-bridge") (failed (nixosWith { }));
+          home = saying (needle "programs.mcp-code-bridge") (failed (home { }));
+          nixosTrue = {
+            failed = failed (nixosWith allowed);
+            written = (nixosWith allowed).services.mcp-code-bridge.settings.allow_unenforced_limits;
+          };
+          nixosFalse = {
+            failed = failed (nixosWith { allow_unenforced_limits = false; });
+            written =
+              (nixosWith { allow_unenforced_limits = false; }).services.mcp-code-bridge.settings.allow_unenforced_limits;
+          };
+          homeTrue = failed (home allowed);
+          # Without gVisor nothing is asked.
+          off = failed (nixos noImage);
+        };
+        expected = {
+          nixos = needle "services.mcp-code-bridge";
+          home = needle "programs.mcp-code-bridge";
+          nixosTrue = {
+            failed = [ ];
+            written = true;
+          };
+          nixosFalse = {
+            failed = [ ];
+            written = false;
+          };
+          homeTrue = [ ];
+          off = [ ];
+        };
+      };
+
+    # gVisor with the HTTP service: podman's API runs a container under its service's default
+    # runtime, so the service gets a root podman service of its own whose default is gVisor's,
+    # on a socket only its group can use, and is pointed at it.
+    testNixosGvisorHttpHasAPodmanServiceOfItsOwn =
+      let
+        c = nixos (
+          noImage
+          // {
+            gvisor = gvisorOn;
+            settings = allowed;
+            http.enable = true;
+          }
+        );
+        name = "mcp-code-bridge-gvisor-podman";
+        http = c.systemd.services.mcp-code-bridge-http;
+        plain = nixos (noImage // { http.enable = true; });
+      in
+      {
+        expr = {
+          socket = {
+            inherit (c.systemd.sockets.${name}) listenStreams wantedBy;
+            inherit (c.systemd.sockets.${name}.socketConfig) SocketMode SocketUser SocketGroup;
+          };
+          service = {
+            inherit (c.systemd.services.${name}) requires after;
+            inherit (c.systemd.services.${name}.serviceConfig) Type KillMode Delegate;
+            command = lib.hasSuffix "/bin/podman --runtime mcp-code-bridge-runsc system service" c.systemd.services.${name}.serviceConfig.ExecStart;
+          };
+          http = {
+            inherit (http.environment) CONTAINER_HOST;
+            inherit (http.serviceConfig) SupplementaryGroups;
+            wants = lib.elem "${name}.socket" http.wants && lib.elem "${name}.socket" http.after;
+            podmanSocket = lib.elem "podman.socket" http.wants;
+          };
+          failed = failed c;
+          # Without gVisor: podman's own socket, as before, and no service of its own.
+          plain = {
+            inherit (plain.systemd.services.mcp-code-bridge-http.environment) CONTAINER_HOST;
+            own = (plain.systemd.sockets or { }) ? ${name};
+          };
+        };
+        expected = {
+          socket = {
+            listenStreams = [ "/run/${name}/podman.sock" ];
+            wantedBy = [ "sockets.target" ];
+            SocketMode = "0660";
+            SocketUser = "root";
+            SocketGroup = "mcp-code-bridge";
+          };
+          service = {
+            requires = [ "${name}.socket" ];
+            after = [ "${name}.socket" ];
+            Type = "exec";
+            KillMode = "process";
+            Delegate = true;
+            command = true;
+          };
+          http = {
+            CONTAINER_HOST = "unix:///run/${name}/podman.sock";
+            SupplementaryGroups = [ ];
+            wants = true;
+            podmanSocket = false;
+          };
+          failed = [ ];
+          plain = {
+            CONTAINER_HOST = "unix:///run/podman/podman.sock";
+            own = false;
+          };
+        };
+      };
+    testNixosGvisorHttpWithARuntimeUrlSaysWhatToDo = {
+      expr = saying "finds only when settings.runtime is unset, \"auto\" or \"podman\"" (
+        failed (
+          nixos {
+            gvisor = gvisorOn;
+            settings = allowed // {
+              runtime = "unix:///run/podman/podman.sock";
+            };
+            http.enable = true;
+          }
+        )
+      );
+      expected = "finds only when settings.runtime is unset, \"auto\" or \"podman\"";
+    };
+
+    # A secret file's key given by hand in `settings` as a Nix path is refused like the typed
+    # option (the TOML rendering would copy it into the store); a string outside it is written.
+    testSettingsSecretFilesAsNixPathsAreRefused =
+      let
+        given = {
+          token_file = pathLiteral;
+          http.tls_key = pathLiteral;
+        };
+        n = nixos (noImage // { settings = given; });
+        h = homeWithoutMcp {
+          programs.mcp-code-bridge = {
+            enable = true;
+            image = null;
+            packages.uv = null;
+            settings = given;
+          };
+        };
+        strings = nixos (
+          noImage
+          // {
+            settings = {
+              token_file = "/run/secrets/tokens";
+              http.tls_key = "/var/lib/acme/x/key.pem";
+            };
+          }
+        );
+        inStore = nixos (noImage // { settings.token_file = "${builtins.storeDir}/x-tokens"; });
+      in
+      {
+        expr = {
+          nixos = map (o: saying "services.mcp-code-bridge.settings.${o} is a Nix path" (failed n)) [
+            "token_file"
+            "http.tls_key"
+          ];
+          home = saying "programs.mcp-code-bridge.settings.token_file is a Nix path" (failed h);
+          strings = failed strings;
+          store = saying "services.mcp-code-bridge.settings.token_file points into the Nix store" (failed inStore);
+        };
+        expected = {
+          nixos = [
+            "services.mcp-code-bridge.settings.token_file is a Nix path"
+            "services.mcp-code-bridge.settings.http.tls_key is a Nix path"
+          ];
+          home = "programs.mcp-code-bridge.settings.token_file is a Nix path";
+          strings = [ ];
+          store = "services.mcp-code-bridge.settings.token_file points into the Nix store";
+        };
+      };
+
+    # gvisor.package is declared as nixpkgs' package options are.
+    testGvisorPackageIsAPackageOption =
+      let
+        opt = nixosOptions.services.mcp-code-bridge.gvisor.package;
+      in
+      {
+        expr = {
+          defaultText = opt.defaultText.text;
+          description = lib.hasPrefix "The gvisor package to use." opt.description;
+        };
+        expected = {
+          defaultText = "pkgs.gvisor";
+          description = true;
+        };
+      };
+
+    # The configuration file's build script can be run on Debian: the settings' own rendering is
+    # an attribute of it (scripts/nix-pieces.sh).
+    testConfigFileKeepsItsSettingsRendering =
+      let
+        c = (nixos { packages.uv = null; }).services.mcp-code-bridge;
+      in
+      {
+        expr = {
+          value = builtins.fromJSON (builtins.unsafeDiscardStringContext c.configFile.generated.value);
+          inScript = lib.hasInfix (builtins.unsafeDiscardStringContext "cat ${c.configFile.generated}") (
+            script c.configFile
+          );
+        };
+        expected = {
+          value = c.settings;
+          inScript = true;
+        };
+      };
+  };
+
+  failures = lib.runTests (tests // newTests);
+  count = toString (lib.length (lib.attrNames (tests // newTests)));
 in
 if failures == [ ] then
   pkgs.runCommand "mcp-code-bridge-module-tests" { } ''

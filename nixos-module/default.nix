@@ -130,11 +130,13 @@ in
           servers = lib.mapAttrs (_: common.serverToToml) cfg.servers;
         };
       inherit configFile;
+      gvisor.wrapper = common.gvisorRuntime cfg;
     };
 
     assertions =
       common.serverAssertions opt cfg.servers
       ++ common.packagesAssertions opt cfg
+      ++ common.settingsFileAssertions opt cfg.settings
       ++ common.gvisorAssertions opt cfg (engine == "podman" || (engine == "auto" && podmanOn))
       ++ [
         {
