@@ -273,8 +273,9 @@ if [[ "$isolation" == gvisor || $test_deps -eq 1 ]]; then
     mkdir -p "$(dirname "$gvisor_wrapper")"
     new_wrapper="#!/bin/sh
 # Written by mcp-code-bridge's scripts/setup-debian.sh: gVisor as podman's runtime \"runsc\",
-# with no network of its own and the platform that runs on this host ($platform).
-exec $runsc --network=none --platform=$platform \"\$@\""
+# with no network of its own, the engine's seccomp profile loaded inside (--oci-seccomp) and the
+# platform that runs on this host ($platform).
+exec $runsc --network=none --platform=$platform --oci-seccomp \"\$@\""
     if [[ ! -f "$gvisor_wrapper" ]] || [[ "$(cat "$gvisor_wrapper")" != "$new_wrapper" ]]; then
         printf '%s\n' "$new_wrapper" > "$gvisor_wrapper.tmp"
         chmod 755 "$gvisor_wrapper.tmp"

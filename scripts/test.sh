@@ -120,4 +120,12 @@ step "the official MCP conformance suite against serve, at 2025-11-25 and 2026-0
 # One revision after the other, so each summary prints whole.
 cargo test --release --locked --test e2e -- conformance:: --nocapture --test-threads=1 < /dev/null
 
+# --- the Nix pieces -------------------------------------------------------------------------------
+# What the NixOS VM tests and the modules run (the probes, the units, config.toml, the runsc
+# wrapper), taken from the offline evaluation and run against the release binary and real podman
+# (docs/nix.md, VM tests); about 2 minutes.
+step "the Nix pieces on Debian: scripts/nix-pieces.sh target/release/mcp-code-bridge"
+bash scripts/nix-pieces.sh target/release/mcp-code-bridge < /dev/null
+# ----------------------------------------------------------------------------------------------------
+
 step "all done in $(( $(date +%s) - start ))s"
