@@ -124,8 +124,9 @@ cargo test --release --locked --test e2e -- conformance:: --nocapture --test-thr
 # What the NixOS VM tests and the modules run (the probes, the units, config.toml, the runsc
 # wrapper), taken from the offline evaluation and run against the release binary and real podman
 # (docs/nix.md, VM tests); about 2 minutes.
-step "the Nix pieces on Debian: scripts/nix-pieces.sh target/release/mcp-code-bridge"
-bash scripts/nix-pieces.sh target/release/mcp-code-bridge < /dev/null
+bridge="${CARGO_TARGET_DIR:-target}/release/mcp-code-bridge"
+step "the Nix pieces on Debian: scripts/nix-pieces.sh $bridge"
+bash scripts/nix-pieces.sh "$bridge" < /dev/null
 # ----------------------------------------------------------------------------------------------------
 
 step "all done in $(( $(date +%s) - start ))s"

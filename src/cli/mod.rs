@@ -206,6 +206,33 @@ impl Hinted for Usage {
     }
 }
 
+/// The whole program: the command line parsed, then the command run on a runtime of its own
+/// (a keeper of a parked sandbox needs neither configuration nor runtime). In the library, so
+/// that the binary instantiates none of the async code it runs: `src/main.rs` is one call.
+pub fn entry() -> ExitCode {
+    use clap::Parser as _;
+    let cli = Cli::parse();
+    if matches!(cli.command, Some(Command::KeepParked { .. })) {
+        return crate::sandbox::park::keeper_main();
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            return fail(
+                &Usage::new(format!("cannot start the async runtime: {e}")),
+                2,
+            );
+        }
+    };
+    let code = runtime.block_on(main(cli));
+    // Background tasks (idle reapers, pipes) must not keep the process alive.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    code
+}
+
 pub async fn main(cli: Cli) -> ExitCode {
     let loaded = match config::load(cli.config.as_deref(), &cli.overrides) {
         Ok(l) => l,

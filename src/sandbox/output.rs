@@ -43,6 +43,9 @@ pub struct ExecOutcome {
     pub session_reset: bool,
     /// Parts too long for the result, kept whole as files (see [`Fit`]).
     pub kept: Vec<Kept>,
+    /// How many of the first `files` the bridge named (displayed images kept as files): their
+    /// links cost the budget nothing the code chose.
+    pub bridge_named_files: usize,
 }
 
 #[cfg(test)]
@@ -62,6 +65,7 @@ impl ExecOutcome {
             notices: vec![],
             session_reset: false,
             kept: vec![],
+            bridge_named_files: 0,
         }
     }
 }
@@ -256,6 +260,7 @@ impl Collector {
             notices,
             session_reset: false,
             kept: Vec::new(),
+            bridge_named_files: 0,
         }
     }
 }

@@ -189,7 +189,7 @@ pub fn files_listed(o: &ExecOutcome, budget: &Budget) -> usize {
     for n in &o.notices {
         left = left.saturating_sub(count_upto(n, left).unwrap_or(left) + 3);
     }
-    for (i, f) in o.files.iter().enumerate() {
+    for (i, f) in o.files.iter().enumerate().skip(o.bridge_named_files) {
         // The line "[file] /workspace/out/NAME (MIME, SIZE bytes): URI" and the file's link
         // (name, title, URI, MIME type): the name shown three times, the URI twice, each the
         // code's words. Counted in pieces, never past what is left.

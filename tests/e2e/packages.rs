@@ -412,7 +412,8 @@ print("INSTALLED-LIST", runtime.installed())
     );
     assert!(t.contains("INSTALLED-LIST []"), "{t}");
     b.still_serving().await;
-    b.shutdown().await;
+    // The home (and its state dir) is kept until the cache is looked at.
+    let _home = b.shutdown_clean().await;
     let left: Vec<_> = std::fs::read_dir(&state)
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();

@@ -404,6 +404,7 @@ impl Session {
             notices.push(hint);
         }
         let mut o = out.finish(outcome, started, notices);
+        o.bridge_named_files = image_files.len();
         o.files = image_files;
         o.error = error;
         if o.error.is_none() && outcome == Outcome::Error && status == ExecStatus::Interrupted {
