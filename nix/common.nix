@@ -558,8 +558,8 @@ rec {
         then not applied by the host to that container, and the bridge refuses to run code there
         unless settings.allow_unenforced_limits = true accepts it: so with gvisor.enable,
         {option}`settings.allow_unenforced_limits` must be set, `true` or `false`, or the
-        configuration is refused. runsc loads the engine's seccomp profile inside the sandbox
-        (`--oci-seccomp`). NixOS: registered in /etc/containers/containers.conf, for root's podman
+        configuration is refused. runsc is run without `--oci-seccomp` (with it, this
+        runsc refuses select(2) with EPERM inside the sandbox). NixOS: registered in /etc/containers/containers.conf, for root's podman
         and every user's; the HTTP service gets a podman service of its own whose default runtime
         is this one. home-manager: in ~/.config/containers/containers.conf.d/, for your rootless
         podman'';
@@ -588,7 +588,7 @@ rec {
         defaultText = literalExpression "a script running gvisor.package's runsc with the platform";
         description = ''
           The script registered with podman as the runtime (read-only): runsc with
-          {option}`gvisor.platform`, `--network=none` and `--oci-seccomp`, and `--ignore-cgroups`
+          {option}`gvisor.platform` and `--network=none`, and `--ignore-cgroups`
           under rootless podman. For registering the same runtime with another engine, e.g.
           `virtualisation.docker.daemon.settings.runtimes.runsc.path`.
         '';
@@ -650,10 +650,10 @@ rec {
   gvisorRuntimeOf = settings: settings.gvisor_runtime or gvisorRuntimeName;
 
   # What podman runs as that runtime: runsc with the platform, and no network inside gVisor
-  # either (the bridge's containers have none; this keeps it so whatever podman is asked), and
-  # the seccomp profile of the container's spec (podman's default one) loaded by gVisor's kernel
-  # for the sandbox's processes, PID 1 included: runsc ignores the spec's profile without
-  # --oci-seccomp. Under
+  # either (the bridge's containers have none; this keeps it so whatever podman is asked). Not
+  # --oci-seccomp: with it runsc answers the profile's refusals with EPERM, and Python's
+  # select.select failed with EPERM in the sandbox (security::privilege_setuid_binaries_do_not_elevate
+  # under gVisor); the runtime's own filter is on the code's processes either way. Under
   # rootless podman (a user namespace that does not map every uid: /proc/self/uid_map is not
   # "0 0 4294967295") runsc cannot set up cgroups through the system's systemd ("Interactive
   # authentication required", google/gvisor#11543) and leaves them alone (--ignore-cgroups).
@@ -663,7 +663,7 @@ rec {
   gvisorRuntime =
     cfg:
     pkgs.writeShellScript "mcp-code-bridge-runsc" ''
-      flags=(--platform=${cfg.gvisor.platform} --network=none --oci-seccomp)
+      flags=(--platform=${cfg.gvisor.platform} --network=none)
       read -r _ outside count < /proc/self/uid_map || true
       if [ "$outside $count" != "0 4294967295" ]; then
         flags+=(--ignore-cgroups)

@@ -273,9 +273,9 @@ if [[ "$isolation" == gvisor || $test_deps -eq 1 ]]; then
     mkdir -p "$(dirname "$gvisor_wrapper")"
     new_wrapper="#!/bin/sh
 # Written by mcp-code-bridge's scripts/setup-debian.sh: gVisor as podman's runtime \"runsc\",
-# with no network of its own, the engine's seccomp profile loaded inside (--oci-seccomp) and the
-# platform that runs on this host ($platform).
-exec $runsc --network=none --platform=$platform --oci-seccomp \"\$@\""
+# with no network of its own and the platform that runs on this host ($platform). Not
+# --oci-seccomp: this runsc answers the profile's refusals with EPERM, select(2) included.
+exec $runsc --network=none --platform=$platform \"\$@\""
     if [[ ! -f "$gvisor_wrapper" ]] || [[ "$(cat "$gvisor_wrapper")" != "$new_wrapper" ]]; then
         printf '%s\n' "$new_wrapper" > "$gvisor_wrapper.tmp"
         chmod 755 "$gvisor_wrapper.tmp"
