@@ -14,14 +14,12 @@ command -v cargo-fuzz >/dev/null || {
     exit 1
 }
 targets=(frame_decoder line_splitter config_toml server_config_json run_args)
-# MCP_BRIDGE_FUZZ_TARGET_DIR keeps the (sanitized) build between runs; fuzz/target by default.
-target_dir=(--target-dir "${MCP_BRIDGE_FUZZ_TARGET_DIR:-target}")
-cargo fuzz build --release "${target_dir[@]}"
+cargo fuzz build --release
 for t in "${targets[@]}"; do
     # The working corpus is not committed; the seeds are.
     mkdir -p "corpus/$t"
     echo "== $t: ${seconds}s"
-    cargo fuzz run --release "${target_dir[@]}" "$t" "corpus/$t" "seeds/$t" -- \
+    cargo fuzz run --release "$t" "corpus/$t" "seeds/$t" -- \
         -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=1048576 -print_final_stats=1 2>&1 |
         grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss_mb|==[0-9]+==|SUMMARY|.*panicked|Done [0-9]+ runs)" || true
     if [ -n "$(ls -A "artifacts/$t" 2>/dev/null)" ]; then
