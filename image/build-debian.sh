@@ -140,8 +140,8 @@ P=(podman --root "$store/root" --runroot "$store/run" --storage-driver vfs)
 cleanup() {
     local rc=$?
     if [[ -d "$store" ]]; then
-        "${P[@]}" rm -af >/dev/null 2>&1 || true
-        "${P[@]}" rmi -af >/dev/null 2>&1 || true
+        timeout 120 "${P[@]}" rm -af -t 0 >/dev/null 2>&1 || true
+        timeout 120 "${P[@]}" rmi -af >/dev/null 2>&1 || true
         if [[ $(id -u) -ne 0 ]]; then
             podman unshare rm -rf -- "$store" 2>/dev/null || true
         fi
@@ -253,7 +253,11 @@ rm -rf -- "$work/archive"
 "${P[@]}" load --quiet -i "$tmp_out" >/dev/null
 loaded=$("${P[@]}" images --format '{{.Repository}}:{{.Tag}}' | head -n1)
 log "archive loads as $loaded; checking it runs"
-versions=$("${P[@]}" run --rm --network none --read-only --cap-drop ALL \
+# Detached and read back from its log, every podman call with a deadline: once (in CI) a
+# `podman run --rm` here never returned after the container had printed all of this and exited
+# (the store still showed it running), and the set-up waited until CI's own limit.
+smoke="mcp-code-bridge-smoke-$$"
+timeout 120 "${P[@]}" run -d --name "$smoke" --network none --read-only --cap-drop ALL \
     --security-opt no-new-privileges --user 65534:65534 \
     --tmpfs /tmp:rw,noexec,nosuid,nodev,size=64m --tmpfs /workspace:rw,noexec,nosuid,nodev,size=64m \
     "$tag" python3 -c '
@@ -289,7 +293,25 @@ if sys.argv[1] == "data":
     print("scipy", scipy.__version__)
     print("scikit-learn", sklearn.__version__)
     print("pyarrow", pyarrow.__version__)
-' "$profile")
+print("smoke: ok")
+' "$profile" >/dev/null || die "the image did not start (podman run -d $tag)"
+smoke_log() { timeout 60 "${P[@]}" logs "$smoke" 2>&1 || true; }
+deadline=$(( SECONDS + 600 ))
+while :; do
+    versions=$(smoke_log)
+    grep -qx 'smoke: ok' <<<"$versions" && break
+    state=$(timeout 60 "${P[@]}" inspect --format '{{.State.Status}}' "$smoke" 2>/dev/null || echo unknown)
+    if [[ "$state" == exited || "$state" == stopped ]]; then
+        versions=$(smoke_log)
+        grep -qx 'smoke: ok' <<<"$versions" && break
+        die "the image's smoke test failed: $versions"
+    fi
+    (( SECONDS < deadline )) \
+        || die "the image's smoke test did not finish in 600 s (podman says $state): $versions"
+    sleep 1
+done
+timeout 60 "${P[@]}" rm -f -t 0 "$smoke" >/dev/null 2>&1 || true
+versions=$(grep -vx 'smoke: ok' <<<"$versions")
 mv -f -- "$tmp_out" "$output"
 
 size=$(stat -c %s "$output")

@@ -6,7 +6,9 @@
 //!   directory (read from `use crate::…`, `super::…` and `crate::…` paths outside tests);
 //! - no file of `src/` longer than [`MAX_LINES`] lines before its tests;
 //! - every file path ARCHITECTURE.md names exists;
-//! - no `Result<_, String>` in a `pub` signature: errors that cross a module are types.
+//! - no `Result<_, String>` in a `pub` signature: errors that cross a module are types;
+//! - no crate both a dependency and a dev-dependency in `Cargo.toml`: a feature only the tests
+//!   turn on builds that crate, and this one, twice (`cargo build`, then `cargo test`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -376,6 +378,33 @@ fn missing_paths(doc: &str) -> Vec<String> {
     out.into_iter().collect()
 }
 
+/// The names of the crates listed in `table` (`[dependencies]`, `[dev-dependencies]`) of a
+/// Cargo.toml, in order.
+fn crates_in(manifest: &str, table: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut inside = false;
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            inside = line == format!("[{table}]");
+        } else if inside && !line.starts_with('#') {
+            if let Some((name, _)) = line.split_once('=') {
+                out.push(name.trim().to_string());
+            }
+        }
+    }
+    out
+}
+
+fn dev_dependencies_also_built_for_the_binary(manifest: &str) -> Vec<String> {
+    let normal = crates_in(manifest, "dependencies");
+    crates_in(manifest, "dev-dependencies")
+        .into_iter()
+        .filter(|c| normal.contains(c))
+        .map(|c| format!("Cargo.toml: {c} is in [dependencies] and [dev-dependencies]"))
+        .collect()
+}
+
 fn report(rule: &str, offenders: &[String]) {
     assert!(
         offenders.is_empty(),
@@ -414,6 +443,15 @@ fn no_pub_signature_returns_a_string_error() {
     report(
         "rule: no Result<_, String> in a pub signature (an error that crosses a module is a type)",
         &string_errors(&sources()),
+    );
+}
+
+#[test]
+fn no_crate_is_both_a_dependency_and_a_dev_dependency() {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    report(
+        "rule: a crate the tests need with other features gets them in [dependencies] (else `cargo test` builds it and this crate again after `cargo build`)",
+        &dev_dependencies_also_built_for_the_binary(&manifest),
     );
 }
 
@@ -479,5 +517,11 @@ fn each_guard_fails_on_a_planted_violation() {
             "### `src/sandbox/`\n`park.rs` and `engine.rs`, `src/server.rs`, `image/runtime.py`, `Cargo.toml`, `server/run.rs`, `crate::x`, `<state_dir>/x/`"
         ),
         ["engine.rs", "image/runtime.py", "src/server.rs"]
+    );
+    assert_eq!(
+        dev_dependencies_also_built_for_the_binary(
+            "[dependencies]\nfigment = { version = \"0.10\" }\n# x = 1\nserde = \"1\"\n\n[dev-dependencies]\nfigment = { version = \"0.10\", features = [\"test\"] }\ninsta = \"1\"\n"
+        ),
+        ["Cargo.toml: figment is in [dependencies] and [dev-dependencies]"]
     );
 }
