@@ -118,9 +118,11 @@ pub(crate) async fn no_pause(o: &Opts, pool: &str, t: &mut Table) {
         Unit::Ms,
         Target::None,
     );
+    // The pool's parked sandbox alone: the session of the first bridge is not parked.
     let env = [
         ("MCP_BRIDGE_POOL_SIZE", pool),
         ("MCP_BRIDGE_ENGINE_LINGER", linger),
+        ("MCP_BRIDGE_SESSION_LINGER", "0"),
     ];
     // A first bridge runs once and exits; each sample is the next bridge in the same state dir.
     let live = Live::start_with(Home::new(&[]), &env).await;

@@ -263,6 +263,7 @@ pub async fn main(cli: Cli) -> ExitCode {
     match command {
         Command::Run => {
             let sandbox = Sandbox::new(config.clone());
+            sandbox.park_sessions_at_exit();
             let ups = Upstreams::from_loaded(&loaded);
             ups.log_discovery();
             let bridge = Bridge::new(config.clone(), sandbox, ups);
@@ -280,6 +281,7 @@ pub async fn main(cli: Cli) -> ExitCode {
         }
         Command::Serve => {
             let sandbox = Sandbox::new(config.clone());
+            sandbox.park_sessions_at_exit();
             let ups = Upstreams::from_loaded(&loaded);
             ups.log_discovery();
             let bridge = Bridge::new(config.clone(), sandbox, ups);

@@ -141,6 +141,10 @@ pub const KEYS: &[Key] = &[
         doc: "How long the bridge's own podman service outlives its last user (run, serve, exec, doctor, image load), idle, for the next one to find; 0 stops it with the bridge.",
     },
     Key {
+        name: "session_linger",
+        doc: "How long a session that ran code stays running, parked, after its bridge exits, for the next bridge on the same state_dir to resume on the first call naming it (at most engine_linger; runc only, no inputs); 0 closes sessions with their bridge.",
+    },
+    Key {
         name: "output_mode",
         doc: "Response text format: compact or toon.",
     },

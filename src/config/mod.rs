@@ -91,6 +91,9 @@ pub struct Config {
     pub preload: ModuleList,
     pub state_dir: PathBuf,
     pub engine_linger: Secs,
+    /// How long a session that ran code stays parked, running, after its bridge exits, for the
+    /// next bridge on the same `state_dir` to resume (`sandbox::park`, `sandbox::resume`).
+    pub session_linger: Secs,
     pub output_mode: OutputMode,
     pub output_cap: Size,
     /// cl100k tokens one result may put into the model's context; past them it carries a
@@ -168,6 +171,7 @@ impl Default for Config {
             preload: ModuleList(vec!["numpy".into(), "pandas".into()]),
             state_dir: default_state_dir(),
             engine_linger: Secs(Duration::from_secs(300)),
+            session_linger: Secs(Duration::from_secs(600)),
             output_mode: OutputMode::Compact,
             output_cap: Size(4 << 20),
             output_budget: 8000,
@@ -311,6 +315,15 @@ impl Config {
                 format!(
                     "{} is more than a day: the service outlives its last bridge by this much; use a day or less (0 stops it with the bridge)",
                     self.engine_linger
+                ),
+            );
+        }
+        if self.session_linger.0 > Duration::from_secs(86_400) {
+            return bad(
+                "session_linger",
+                format!(
+                    "{} is more than a day: a session left running holds its memory that long; use a day or less (0 closes sessions with their bridge)",
+                    self.session_linger
                 ),
             );
         }

@@ -38,9 +38,16 @@ impl Sandbox {
     }
 
     pub(super) async fn adopt(&self) -> Option<Session> {
+        self.take_parked(park::Slot::Pool).await
+    }
+
+    /// Take the sandbox a keeper holds in `slot` (see [`Sandbox::adopt`]): a pooled sandbox, or
+    /// a parked session, which must have served exactly that session (`sandbox::resume`).
+    pub(super) async fn take_parked(&self, slot: park::Slot) -> Option<Session> {
         let state = self.config.state_dir.clone();
+        let asked = slot.clone();
         let (claimed, engine) = tokio::join!(
-            tokio::task::spawn_blocking(move || park::claim(&state)),
+            tokio::task::spawn_blocking(move || park::claim(&state, &asked)),
             self.engine()
         );
         let (meta, fd) = claimed.ok().flatten()?;
@@ -62,6 +69,15 @@ impl Sandbox {
                     tokio::task::spawn_blocking(move || container::remove_packages_dir(&dir)).await;
             }
         };
+        let served = match &slot {
+            park::Slot::Pool => None,
+            park::Slot::Session(key) => Some(key.as_str()),
+        };
+        if meta.session.as_deref() != served {
+            drop(fd);
+            remove("it served another session than the one asked for".into()).await;
+            return None;
+        }
         if meta.spec != park::spec_digest(&self.config) {
             drop(fd);
             remove("it was made with other settings (or by another version)".into()).await;
@@ -81,7 +97,10 @@ impl Sandbox {
             return None;
         }
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-        let base = container::container_name(Role::Pool, serial);
+        let base = match &slot {
+            park::Slot::Pool => container::container_name(Role::Pool, serial),
+            park::Slot::Session(key) => container::container_name(Role::Session(key), serial),
+        };
         let name = container::adopted_name(&base, &self.owner);
         let suffix = name[base.len()..].to_string();
         let packages = container::packages_dir(&self.config, &name);
@@ -102,12 +121,13 @@ impl Sandbox {
             remove(format!("could not move its package directory: {moved:?}")).await;
             return None;
         }
+        let serves = served.unwrap_or(&name).to_string();
         match Session::adopt(
             &engine.docker,
             &self.config,
             &meta,
             fd,
-            &name,
+            &serves,
             &suffix,
             packages,
         ) {
@@ -144,9 +164,10 @@ impl Sandbox {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        match self.park(engine, &s).await {
+        let linger = self.config.engine_linger.0;
+        match self.park(engine, &s, park::Slot::Pool, linger).await {
             Ok(()) => {
-                *self.parked.lock().unwrap() = Some(s.container_id.clone());
+                self.parked.lock().unwrap().push(s.container_id.clone());
                 tracing::info!(container = %&s.container_id[..12.min(s.container_id.len())], linger = ?self.config.engine_linger.0, "parked a ready sandbox for the next bridge");
             }
             Err(e) => {
@@ -156,11 +177,20 @@ impl Sandbox {
         }
     }
 
-    pub(super) async fn park(&self, engine: &Engine, s: &Session) -> Result<(), String> {
+    /// Hand `s` to a keeper of `slot` for `linger`: renamed with the parked mark (which the
+    /// reapers of every bridge leave alone until it expires), its package directory moved with
+    /// it.
+    pub(super) async fn park(
+        &self,
+        engine: &Engine,
+        s: &Session,
+        slot: park::Slot,
+        linger: Duration,
+    ) -> Result<(), String> {
         let fd = s
             .take_park_fd()
             .ok_or("it was not attached on a connection of its own")?;
-        let expires = crate::clock::now_secs() + self.config.engine_linger.0.as_secs().max(1);
+        let expires = crate::clock::now_secs() + linger.as_secs().max(1);
         let id = s.container_id.clone();
         let short = &id[..12.min(id.len())];
         let name = format!(
@@ -191,9 +221,13 @@ impl Sandbox {
             podman: (engine.kind == engine::EngineKind::Podman)
                 .then(|| engine::on_path("podman"))
                 .flatten(),
+            session: match &slot {
+                park::Slot::Pool => None,
+                park::Slot::Session(key) => Some(key.clone()),
+            },
         };
         let state = self.config.state_dir.clone();
-        let handed = tokio::task::spawn_blocking(move || park::hand_to_keeper(&state, &meta, fd))
+        let handed = tokio::task::spawn_blocking(move || park::hand_to_keeper(&state, &slot, &meta, fd))
             .await
             .map_err(|e| e.to_string())
             .and_then(|r| r.map_err(String::from));

@@ -22,6 +22,7 @@ mod output;
 pub mod park;
 mod pool;
 mod readiness;
+mod resume;
 mod runtime;
 pub mod session;
 mod table;
@@ -42,6 +43,7 @@ pub use output::{ExecOutcome, Fit, Kept, Outcome, OutputSink, Part, Spill};
 use pool::Pool;
 use readiness::{Failed, Unchecked};
 pub use session::{Claim, ExecRequest, Session};
+pub use table::Start;
 use table::Lost;
 
 /// The session used when a call names none: one per client, and a stdio bridge has one client.
@@ -81,9 +83,12 @@ pub struct Sandbox {
     seen_target: std::sync::Mutex<Option<crate::protocol::Target>>,
     /// What makes every new sandbox ready after its boot (`packages.preinstall`).
     provision: std::sync::OnceLock<Arc<dyn crate::protocol::Provision>>,
-    /// The container this bridge parked as it shut down (`park`): a keeper holds it now, so the
-    /// shutdown's sweep of this bridge's containers leaves it.
-    parked: std::sync::Mutex<Option<String>>,
+    /// The containers this bridge parked as it shut down (`park`, `resume`): keepers hold them
+    /// now, so the shutdown's sweep of this bridge's containers leaves them.
+    parked: std::sync::Mutex<Vec<String>>,
+    /// Whether its live sessions are parked when it shuts down (`run` and `serve`, whose clients
+    /// come back; not `exec`, whose next call expects a fresh interpreter).
+    parks_sessions: std::sync::atomic::AtomicBool,
     /// Whether [`Sandbox::adopt_parked`] ran (the warm-up runs twice).
     adopt_tried: std::sync::atomic::AtomicBool,
     /// Set when the engine, asked again after its kept answer was used (`engine::Kept`), can
@@ -121,7 +126,8 @@ impl Sandbox {
             lost: Lost::default(),
             pending: Default::default(),
             this: this.clone(),
-            parked: std::sync::Mutex::new(None),
+            parked: std::sync::Mutex::new(Vec::new()),
+            parks_sessions: Default::default(),
             adopt_tried: Default::default(),
             revoked: std::sync::OnceLock::new(),
             unchecked: std::sync::Mutex::new(None),
@@ -294,7 +300,8 @@ impl Sandbox {
         reset: bool,
         req: ExecRequest,
     ) -> Result<ExecOutcome, SandboxError> {
-        let (session, fresh, mut notices) = self.session(name, reset).await?;
+        let (session, start, mut notices) = self.session(name, reset).await?;
+        let fresh = start != Start::Running;
         req.binding.rpc.on_interpreter(&session.interpreter);
         let cancel = req.cancel.clone();
         let Some(mut outcome) = session.exec(req, name).await else {
@@ -344,6 +351,10 @@ impl Sandbox {
                 outcome.notices.insert(0, n);
             }
         }
+        if start == Start::Resumed {
+            outcome.notices.insert(0, resume::RESUMED.into());
+            outcome.resumed = Some("live");
+        }
         if fresh && reset {
             outcome
                 .notices
@@ -384,6 +395,7 @@ impl Sandbox {
         // Before parking: a sandbox is parked only under an answer the engine confirmed.
         self.check_kept(true).await;
         self.park_one().await;
+        self.park_sessions().await;
         self.pool.closed.store(true, Ordering::SeqCst);
         self.closing.cancel();
         // A refill that checked `closed` before this reserves its start under `starting`: let

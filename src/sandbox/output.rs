@@ -46,6 +46,9 @@ pub struct ExecOutcome {
     /// How many of the first `files` the bridge named (displayed images kept as files): their
     /// links cost the budget nothing the code chose.
     pub bridge_named_files: usize,
+    /// `"live"` when the call's session was taken from the bridge before this one
+    /// (`sandbox::resume`).
+    pub resumed: Option<&'static str>,
 }
 
 #[cfg(test)]
@@ -66,6 +69,7 @@ impl ExecOutcome {
             session_reset: false,
             kept: vec![],
             bridge_named_files: 0,
+            resumed: None,
         }
     }
 }
@@ -261,6 +265,7 @@ impl Collector {
             session_reset: false,
             kept: Vec::new(),
             bridge_named_files: 0,
+            resumed: None,
         }
     }
 }

@@ -13,8 +13,12 @@
 //! use ([`spec_digest`]) on the same engine; otherwise it removes it. Nothing else is trusted
 //! from the keeper: it is the user's own process, in the user's own directory.
 //!
-//! Bounded: one parked sandbox per state dir (a lock the keeper holds), for at most
-//! `engine_linger`; then the keeper closes the connection (the runtime reads the end of its
+//! A session that ran code is parked the same way, in a slot of its own ([`Slot::Session`]:
+//! `<state_dir>/engine/sessions/<digest of its key>.sock`), for `session_linger`, and taken by
+//! the next bridge's first call that names the session (`sandbox::resume`).
+//!
+//! Bounded: one parked sandbox per slot (a lock the keeper holds), the pool's one and one per
+//! session the bridge had (at most `max_sessions`), each for at most `engine_linger`; then the keeper closes the connection (the runtime reads the end of its
 //! stdin and exits) and removes the container. A keeper killed meanwhile closes the connection
 //! the same way, and the container, no longer running, is reaped by the next bridge
 //! (`container::reap_orphans`).
@@ -57,6 +61,10 @@ pub struct Meta {
     pub endpoint: String,
     /// Seconds since the epoch after which the keeper removes it.
     pub expires: u64,
+    /// The session it served (its key, as `SessionKey` shows it), for a parked session; none
+    /// for a pooled sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
     /// The `podman` the keeper removes it with (none on Docker: the keeper asks the engine).
     pub podman: Option<PathBuf>,
 }
@@ -71,13 +79,52 @@ pub fn eligible(config: &Config) -> bool {
         && config.inputs.is_empty()
 }
 
-/// The keeper's socket in `state_dir`.
-pub fn socket(state_dir: &Path) -> PathBuf {
-    state_dir.join("engine").join("parked.sock")
+/// Whether this bridge's sessions are parked when it exits, for the next bridge to resume:
+/// as [`eligible`], with `session_linger`.
+pub fn sessions_eligible(config: &Config) -> bool {
+    eligible(config) && !config.session_linger.0.is_zero()
 }
 
-fn lock_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("engine").join("parked.lock")
+/// How long a session stays parked: `session_linger`, within `engine_linger` (the bridge's own
+/// podman service, which carries the kept connection, lives no longer).
+pub fn session_linger(config: &Config) -> Duration {
+    config.session_linger.0.min(config.engine_linger.0)
+}
+
+/// Which parked sandbox of a state dir: the pool's one, or a session's (by its key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    Pool,
+    Session(String),
+}
+
+impl Slot {
+    /// Its keeper's socket and lock in `state_dir`. A session's are named by the digest of its
+    /// key, so no session name (chosen by the model) is ever a path.
+    fn paths(&self, state_dir: &Path) -> (PathBuf, PathBuf) {
+        let engine = state_dir.join("engine");
+        match self {
+            Slot::Pool => (engine.join("parked.sock"), engine.join("parked.lock")),
+            Slot::Session(key) => {
+                let digest = hex::encode(Sha256::digest(key.as_bytes()));
+                let dir = engine.join("sessions");
+                (
+                    dir.join(format!("{}.sock", &digest[..32])),
+                    dir.join(format!("{}.lock", &digest[..32])),
+                )
+            }
+        }
+    }
+}
+
+/// The pool's keeper's socket in `state_dir`.
+pub fn socket(state_dir: &Path) -> PathBuf {
+    Slot::Pool.paths(state_dir).0
+}
+
+/// The keeper's socket of `slot` in `state_dir`.
+pub fn socket_of(state_dir: &Path, slot: &Slot) -> PathBuf {
+    slot.paths(state_dir).0
 }
 
 /// The digest of everything a sandbox was made with: the container settings of a pooled
@@ -167,21 +214,28 @@ impl From<&str> for ParkError {
     }
 }
 
-pub fn hand_to_keeper(state_dir: &Path, meta: &Meta, attach: OwnedFd) -> Result<(), ParkError> {
+pub fn hand_to_keeper(
+    state_dir: &Path,
+    slot: &Slot,
+    meta: &Meta,
+    attach: OwnedFd,
+) -> Result<(), ParkError> {
     use std::os::unix::fs::PermissionsExt;
-    let dir = state_dir.join("engine");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
-    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+    let (path, lock_path) = slot.paths(state_dir);
+    let slot_dir = lock_path.parent().unwrap_or(state_dir).to_path_buf();
+    for dir in [state_dir.join("engine"), slot_dir] {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+    }
     let lock = {
-        crate::statefile::open_lock(&lock_path(state_dir))
+        crate::statefile::open_lock(&lock_path)
             .map_err(|e| format!("opening the parking lock: {e}"))?
     };
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(ParkError(
-            "a sandbox is parked in this state dir already".into(),
+            "a sandbox is parked in this slot of the state dir already".into(),
         ));
     }
-    let path = socket(state_dir);
     let _ = std::fs::remove_file(&path);
     let listener =
         UnixListener::bind(&path).map_err(|e| format!("listening on {}: {e}", path.display()))?;
@@ -248,11 +302,12 @@ pub fn hand_to_keeper(state_dir: &Path, meta: &Meta, attach: OwnedFd) -> Result<
     Ok(())
 }
 
-/// Take the sandbox parked in `state_dir`, if a keeper there answers: what it said of itself and
-/// its attach connection. Blocking (a local socket, answered at once or within
-/// [`CLAIM_TIMEOUT`]).
-pub fn claim(state_dir: &Path) -> Option<(Meta, OwnedFd)> {
-    let path = socket(state_dir);
+/// Take the sandbox parked in `slot` of `state_dir`, if a keeper there answers: what it said of
+/// itself and its attach connection. Blocking (a local socket, answered at once or within
+/// [`CLAIM_TIMEOUT`]). A keeper hands its connection to one claimant only, then exits: of two
+/// bridges that claim at once, exactly one gets it.
+pub fn claim(state_dir: &Path, slot: &Slot) -> Option<(Meta, OwnedFd)> {
+    let path = socket_of(state_dir, slot);
     if !path.exists() {
         return None;
     }
@@ -534,6 +589,40 @@ mod tests {
         let mut p = c.clone();
         p.packages.preinstall.0.push("tabulate".into());
         assert_ne!(d, spec_digest(&p), "preinstall");
+    }
+
+    #[test]
+    fn each_session_key_has_a_slot_of_its_own_that_names_no_session() {
+        let dir = Path::new("/state");
+        let alice = Slot::Session("alice/work".into()).paths(dir);
+        let bob = Slot::Session("bob/work".into()).paths(dir);
+        let local = Slot::Session("work".into()).paths(dir);
+        assert_ne!(alice, bob);
+        assert_ne!(alice, local);
+        assert_eq!(
+            Slot::Pool.paths(dir).0,
+            Path::new("/state/engine/parked.sock")
+        );
+        for (sock, lock) in [&alice, &bob, &local] {
+            assert_eq!(sock.parent(), Some(Path::new("/state/engine/sessions")));
+            assert_eq!(lock.parent(), sock.parent());
+            let name = sock.file_stem().unwrap().to_string_lossy().into_owned();
+            assert_eq!(name.len(), 32);
+            assert!(!name.contains("work"), "{name}");
+        }
+        // A name that would be a path elsewhere is only ever hashed.
+        let odd = Slot::Session("../../x".into()).paths(dir);
+        assert_eq!(odd.0.parent(), Some(Path::new("/state/engine/sessions")));
+    }
+
+    #[test]
+    fn sessions_park_within_both_lingers_and_never_with_zero() {
+        let mut c = Config::default();
+        assert!(sessions_eligible(&c), "the defaults park sessions");
+        c.engine_linger = crate::config::Secs(Duration::from_secs(30));
+        assert_eq!(session_linger(&c), Duration::from_secs(30));
+        c.session_linger = crate::config::Secs(Duration::ZERO);
+        assert!(!sessions_eligible(&c));
     }
 
     #[test]

@@ -450,6 +450,8 @@ impl Session {
         suffix: &str,
         packages: std::path::PathBuf,
     ) -> Result<Session, SandboxError> {
+        // A copy for this bridge to park it again when it exits (`sandbox::resume`).
+        let again = fd.try_clone().ok();
         let (output, input) =
             super::attach::from_fd(fd).map_err(|e| SandboxError::Attach(e.to_string().into()))?;
         let channel = Channel::open(output, input, name, true);
@@ -464,6 +466,9 @@ impl Session {
             packages,
         );
         s.name_suffix = suffix.to_string();
+        s.park_fd = std::sync::Mutex::new(again);
+        // Past every id a bridge before this one gave it (those count from 1 up, one a call).
+        s.next_exec = AtomicU64::new(crate::clock::now_secs().saturating_mul(1000));
         Ok(s)
     }
 

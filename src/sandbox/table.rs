@@ -4,6 +4,20 @@
 
 use super::*;
 
+/// How a call's session came to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// It was running already.
+    Running,
+    /// Started for this call (or a pooled sandbox handed to it).
+    Fresh,
+    /// Taken from the bridge before this one, its state as it was (`sandbox::resume`).
+    Resumed,
+}
+
+/// The notice of a call whose session a keeper held but that could not be resumed.
+const NOT_RESUMED: &str = "the bridge before this one left this session running, but it could not be resumed (another bridge took it, or it had ended); this is a fresh interpreter";
+
 impl Sandbox {
     pub(super) async fn live_sessions(&self) -> usize {
         self.sessions
@@ -14,13 +28,14 @@ impl Sandbox {
             .count()
     }
 
-    /// The live session `name`, started if needed; with `reset`, a fresh one. Also returns
-    /// whether it was started now, and notices for the caller (a session closed to make room).
+    /// The live session `name`, started if needed (or resumed from the bridge before this one,
+    /// `sandbox::resume`); with `reset`, a fresh one. Also returns how it came to be, and notices
+    /// for the caller (a session closed to make room).
     pub async fn session(
         &self,
         name: &SessionKey,
         reset: bool,
-    ) -> Result<(Claim, bool, Vec<String>), SandboxError> {
+    ) -> Result<(Claim, Start, Vec<String>), SandboxError> {
         self.not_revoked()?;
         self.pool.touch();
         self.pending.fetch_add(1, Ordering::SeqCst);
@@ -42,13 +57,13 @@ impl Sandbox {
                 .filter(|s| !s.is_dead())
                 .map(|s| s.claim())
         {
-            return Ok((s, false, Vec::new()));
+            return Ok((s, Start::Running, Vec::new()));
         }
         let _guard = self.starting.lock().await;
         let existing = self.sessions.lock().await.get(name).cloned();
         if let Some(s) = existing {
             if !reset && !s.is_dead() {
-                return Ok((s.claim(), false, Vec::new()));
+                return Ok((s.claim(), Start::Running, Vec::new()));
             }
             if !reset {
                 self.lost
@@ -56,6 +71,18 @@ impl Sandbox {
             }
             self.sessions.lock().await.remove(name);
             s.destroy().await;
+        }
+        let mut notices = Vec::new();
+        if reset {
+            self.discard_parked(name).await;
+        } else if self.has_parked(name) {
+            notices = self.make_room(name).await?;
+            if let Some(s) = self.resume_parked(name).await {
+                self.saw(&s);
+                let claim = self.hand_out(name, Arc::new(s)).await?;
+                return Ok((claim, Start::Resumed, notices));
+            }
+            notices.push(NOT_RESUMED.to_string());
         }
         // A pooled sandbox never served a session: it is as fresh as one started now. When none
         // is ready, one being started is waited for when there is no room for another, or when
@@ -73,15 +100,19 @@ impl Sandbox {
             let serial = self.serial.fetch_add(1, Ordering::Relaxed);
             s.hand_to(&name.to_string(), serial);
             let claim = self.hand_out(name, Arc::new(s)).await?;
-            return Ok((claim, true, Vec::new()));
+            return Ok((claim, Start::Fresh, notices));
         }
         let engine = self.engine().await?;
-        let notices = self.make_room(name).await?;
+        notices.extend(self.make_room(name).await?);
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let t0 = std::time::Instant::now();
         // The engine's checks (begun by the warm-up) finish while the container is created,
         // started and booted; the user's code reaches it only once they passed.
         let gate: session::Gate<'_> = Box::pin(async { self.prepare().await.map(|_| ()) });
+        // Attached on a connection of its own when it may be parked at exit (`resume`).
+        let socket = engine.unix_socket().filter(|_| {
+            self.parks_sessions.load(Ordering::SeqCst) && park::sessions_eligible(&self.config)
+        });
         let s = Arc::new(
             Session::start(
                 &engine.docker,
@@ -91,7 +122,7 @@ impl Sandbox {
                 &self.owner,
                 serial,
                 self.provision.get(),
-                None,
+                socket.as_deref(),
                 Some(gate),
             )
             .await?,
@@ -99,7 +130,7 @@ impl Sandbox {
         self.pool.cold_took(t0.elapsed());
         self.saw(&s);
         let claim = self.hand_out(name, s).await?;
-        Ok((claim, true, notices))
+        Ok((claim, Start::Fresh, notices))
     }
 
     /// Make `s` session `name`'s and claim it, unless the engine's answer was revoked
@@ -291,9 +322,7 @@ impl Sandbox {
                 return;
             }
         };
-        if let Some(parked) = self.parked.lock().unwrap().clone() {
-            live.insert(parked);
-        }
+        live.extend(self.parked.lock().unwrap().iter().cloned());
         for id in ids.into_iter().filter(|id| !live.contains(id)) {
             tracing::info!(container = %id, "removing a container no session uses");
             container::remove(&engine.docker, &id).await;

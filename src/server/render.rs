@@ -41,6 +41,9 @@ pub struct Meta<'a> {
     pub truncated_bytes: u64,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub session_reset: bool,
+    /// `"live"`: the session was taken, running, from the bridge before this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<&'static str>,
     pub duration_ms: u64,
     /// The parts over `output_budget`, kept whole: `{part, uri, path, size}`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -117,6 +120,7 @@ pub fn meta<'a>(o: &'a ExecOutcome, session: &'a str) -> Meta<'a> {
         images: o.images.len(),
         truncated_bytes: o.truncated,
         session_reset: o.session_reset,
+        resumed: o.resumed,
         duration_ms: o.duration.as_millis() as u64,
         kept: o
             .kept

@@ -521,7 +521,11 @@ fn mode_of(path: &Path) -> u32 {
 /// within the linger, and with it every process of its group. The socket is the user's alone.
 #[tokio::test(flavor = "multi_thread")]
 async fn own_service_linger_the_next_bridge_reuses_the_service_which_ends_when_idle() {
-    let env = [("MCP_BRIDGE_ENGINE_LINGER", LINGER)];
+    // Its session is not parked (`session_linger`, tests/e2e/resume.rs): this is the service's.
+    let env = [
+        ("MCP_BRIDGE_ENGINE_LINGER", LINGER),
+        ("MCP_BRIDGE_SESSION_LINGER", "0"),
+    ];
     let first = Bridge::start_with(Home::new(), &env, None).await;
     assert_eq!(first.out("print('first')").await, "first\n");
     let (sock, guard) = lingering_service(&first.home);
@@ -585,7 +589,14 @@ async fn own_service_linger_the_next_bridge_reuses_the_service_which_ends_when_i
 /// idle period: nothing of the bridge holds it open.
 #[tokio::test(flavor = "multi_thread")]
 async fn own_service_linger_a_sigkilled_bridge_leaves_no_service_past_its_idle_period() {
-    let mut b = RawBridge::start(Home::new(), &[("MCP_BRIDGE_ENGINE_LINGER", LINGER)]).await;
+    let mut b = RawBridge::start(
+        Home::new(),
+        &[
+            ("MCP_BRIDGE_ENGINE_LINGER", LINGER),
+            ("MCP_BRIDGE_SESSION_LINGER", "0"),
+        ],
+    )
+    .await;
     let r = b.run_python(1, json!({"code": "print('up')"})).await;
     assert_eq!(
         common::structured(&r["result"])["stdout"],
@@ -671,10 +682,12 @@ async fn own_service_linger_doctor_and_exec_leave_the_service_for_the_next_and_d
 /// How long the parking tests give a parked sandbox (`engine_linger`): long enough for the next
 /// bridge to start, short enough to see its end.
 const PARK_LINGER: &str = "8s";
-/// The settings of the bridges that park: the linger and a pool of one.
-const PARK_ENV: [(&str, &str); 2] = [
+/// The settings of the bridges that park: the linger and a pool of one; their sessions are not
+/// parked (`session_linger`, tests/e2e/resume.rs), only the pooled sandbox.
+const PARK_ENV: [(&str, &str); 3] = [
     ("MCP_BRIDGE_ENGINE_LINGER", PARK_LINGER),
     ("MCP_BRIDGE_POOL_SIZE", "1"),
+    ("MCP_BRIDGE_SESSION_LINGER", "0"),
 ];
 
 /// The `container=<id>` of the first log line containing `what`.
@@ -889,6 +902,7 @@ async fn own_service_linger_a_parked_sandbox_of_other_settings_or_a_killed_keepe
     let other = [
         ("MCP_BRIDGE_ENGINE_LINGER", PARK_LINGER),
         ("MCP_BRIDGE_POOL_SIZE", "1"),
+        ("MCP_BRIDGE_SESSION_LINGER", "0"),
         ("MCP_BRIDGE_MEMORY", "384m"),
     ];
     let second = Bridge::start_with(home, &other, None).await;

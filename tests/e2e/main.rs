@@ -29,6 +29,7 @@ mod policy;
 mod pool;
 mod proxy;
 mod relay;
+mod resume;
 mod results;
 mod sandbox;
 mod security;

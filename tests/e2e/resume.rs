@@ -1,0 +1,271 @@
+//! Sessions that outlive their bridge (`sandbox::resume`): a bridge that exits parks each session
+//! that ran code, still running, for `session_linger`; the next bridge on the same state dir
+//! takes it on the first call naming it, its state as it was (`"resumed": "live"`).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::json;
+
+use crate::common::{self, Bridge, Home, Outcome};
+
+/// Session parking on: the bridge's own podman service lingers (a parked session lives no
+/// longer than it), no pool (every session here is one that ran code).
+const ENV: [(&str, &str); 3] = [
+    ("MCP_BRIDGE_ENGINE_LINGER", "60s"),
+    ("MCP_BRIDGE_SESSION_LINGER", "60s"),
+    ("MCP_BRIDGE_POOL_SIZE", "0"),
+];
+
+fn sessions_dir(home: &Home) -> PathBuf {
+    home.path()
+        .join(".local/state/mcp-code-bridge/engine/sessions")
+}
+
+fn keeper_sockets(home: &Home) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(sessions_dir(home))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+fn mode_of(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+async fn run_in(b: &Bridge, session: &str, code: &str) -> Outcome {
+    Outcome(b.call(json!({"code": code, "session": session})).await)
+}
+
+/// The containers parked for the next bridge, as `podman ps` names them.
+async fn parked_containers() -> Vec<String> {
+    common::podman(&["ps", "-a", "--format", "{{.ID}} {{.State}} {{.Names}}"])
+        .await
+        .lines()
+        .filter(|l| l.contains(".parked-"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Two sessions with state, their bridge closed: both are parked (each a keeper and a socket of
+/// its own, the user's alone), no container of the bridge is left but those. The next bridge's
+/// first call naming one finds its variables, functions, imports and files, says `"resumed":
+/// "live"` once, and a notice the model reads; a session never used before is fresh; a reset
+/// discards the parked one (its keeper and container go). That bridge parks what it has in turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_left_by_its_bridge_is_resumed_live_by_the_next_on_the_first_call_naming_it() {
+    let first = Bridge::start_with(Home::new(), &ENV, None).await;
+    run_in(
+        &first,
+        "work",
+        "import pandas as pd\ndf = pd.DataFrame({'a': [1, 2, 3]})\ndef twice(x):\n    return x * 2\nopen('/workspace/note.txt', 'w').write('kept')",
+    )
+    .await
+    .ok();
+    run_in(&first, "other", "y = 7").await.ok();
+    let home = first.shutdown_clean().await;
+    let log = home.log();
+    assert_eq!(
+        log.matches("parked the session for the next bridge").count(),
+        2,
+        "{log}"
+    );
+    let sockets = keeper_sockets(&home);
+    assert_eq!(sockets.len(), 2, "{sockets:?}");
+    assert_eq!(mode_of(&sessions_dir(&home)), 0o700);
+    for s in &sockets {
+        assert_eq!(mode_of(s), 0o600, "{}", s.display());
+        // Named by a digest: no session name (the model's) is a path.
+        let name = s.file_stem().unwrap().to_string_lossy().into_owned();
+        assert!(name.len() == 32 && name.chars().all(|c| c.is_ascii_hexdigit()), "{name}");
+    }
+
+    let second = Bridge::start_with(home, &ENV, None).await;
+    let r = run_in(
+        &second,
+        "work",
+        "print(df.a.sum(), twice(21), pd.__name__ in sys.modules if (sys := __import__('sys')) else 0, open('/workspace/note.txt').read())",
+    )
+    .await
+    .ok();
+    assert_eq!(r.stdout(), "6 42 True kept\n");
+    assert_eq!(r.meta()["resumed"], json!("live"), "{:?}", r.meta());
+    assert!(r.text().contains("resumed this session"), "{}", r.text());
+    // From then on it is this bridge's session like any other.
+    let again = run_in(&second, "work", "df['b'] = df.a * 10\nprint(int(df.b.sum()))")
+        .await
+        .ok();
+    assert_eq!(again.stdout(), "60\n");
+    assert!(again.meta().get("resumed").is_none(), "{:?}", again.meta());
+    // A session nobody parked starts fresh.
+    let fresh = run_in(&second, "new", "print('df' in globals())").await.ok();
+    assert_eq!(fresh.stdout(), "False\n");
+    assert!(fresh.meta().get("resumed").is_none());
+    // A reset discards the parked session rather than resuming it.
+    let reset = Outcome(
+        second
+            .call(json!({"code": "print('y' in globals())", "session": "other", "reset": true}))
+            .await,
+    )
+    .ok();
+    assert_eq!(reset.stdout(), "False\n");
+    assert!(reset.meta().get("resumed").is_none());
+    assert!(
+        keeper_sockets(&second.home).is_empty(),
+        "a keeper is left after its session was resumed or discarded: {:?}",
+        keeper_sockets(&second.home)
+    );
+    let log = second.home.log();
+    assert!(
+        log.contains("closing the parked session: the call asked for a reset"),
+        "{log}"
+    );
+    // It parks its own three when it exits.
+    let home = second.shutdown_clean().await;
+    assert_eq!(keeper_sockets(&home).len(), 3, "{}", home.log());
+    // The third bridge finds `work` with the column the second added.
+    let third = Bridge::start_with(home, &ENV, None).await;
+    let r = run_in(&third, "work", "print(list(df.columns))").await.ok();
+    assert_eq!(r.stdout(), "['a', 'b']\n");
+    assert_eq!(r.meta()["resumed"], json!("live"));
+    // Closed with session_linger = 0 from here: nothing parked is left behind.
+    let home = third.shutdown_clean().await;
+    let last = Bridge::start_with(
+        home,
+        &[
+            ("MCP_BRIDGE_ENGINE_LINGER", "60s"),
+            ("MCP_BRIDGE_SESSION_LINGER", "0"),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ],
+        None,
+    )
+    .await;
+    let r = run_in(&last, "work", "print('df' in globals())").await.ok();
+    assert_eq!(r.stdout(), "False\n", "session_linger = 0 resumes nothing");
+    last.shutdown_clean().await;
+}
+
+/// A second bridge on `home`'s state dir, beside the one that owns it: its client and pid.
+async fn beside(home: &Home, env: &[(&str, &str)]) -> (RunningService<RoleClient, ()>, u32) {
+    let transport = common::transport(home, env);
+    let pid = transport.id().expect("the bridge's process id");
+    let client = ().serve(transport).await.expect("MCP initialize");
+    (client, pid)
+}
+
+async fn call_on(client: &RunningService<RoleClient, ()>, session: &str, code: &str) -> Outcome {
+    let params = CallToolRequestParams::new("run_python").with_arguments(
+        json!({"code": code, "session": session})
+            .as_object()
+            .cloned()
+            .unwrap(),
+    );
+    Outcome(
+        tokio::time::timeout(Duration::from_secs(240), client.call_tool(params))
+            .await
+            .expect("answered within 240s")
+            .expect("run_python answered"),
+    )
+}
+
+/// Two bridges on the state dir of a parked session, each asking for it at once: exactly one
+/// resumes it, the other gets a fresh interpreter, and neither fails. When both exit, each
+/// parks its own `s`: one keeper takes it, the other's is closed (one sandbox per slot).
+#[tokio::test(flavor = "multi_thread")]
+async fn two_bridges_asking_for_one_parked_session_at_once_never_both_take_it() {
+    let first = Bridge::start_with(Home::new(), &ENV, None).await;
+    run_in(&first, "s", "x = 1").await.ok();
+    let home = first.shutdown_clean().await;
+    assert_eq!(keeper_sockets(&home).len(), 1, "{}", home.log());
+
+    let a = Bridge::start_with(home, &ENV, None).await;
+    let (b, b_pid) = beside(&a.home, &ENV).await;
+    let code = "print('x' in globals())";
+    let (ra, rb) = tokio::join!(run_in(&a, "s", code), call_on(&b, "s", code));
+    let (ra, rb) = (ra.ok(), rb.ok());
+    let live = |r: &Outcome| r.meta().get("resumed") == Some(&json!("live"));
+    assert!(
+        live(&ra) != live(&rb),
+        "exactly one resumes it: a {} / b {}",
+        ra.text(),
+        rb.text()
+    );
+    let (won, lost) = if live(&ra) { (&ra, &rb) } else { (&rb, &ra) };
+    assert_eq!(won.stdout(), "True
+");
+    assert_eq!(lost.stdout(), "False
+", "{}", lost.text());
+    let _ = b.cancel().await;
+    assert!(
+        common::wait_no_containers(b_pid, Duration::from_secs(20))
+            .await
+            .is_empty()
+    );
+    let home = a.shutdown_clean().await;
+    assert_eq!(keeper_sockets(&home).len(), 1, "{}", home.log());
+}
+
+/// A parked session nobody asks for ends with its time (`session_linger`): its keeper, socket,
+/// container and package directory go.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parked_session_nobody_takes_ends_with_its_time() {
+    let brief = [
+        ("MCP_BRIDGE_ENGINE_LINGER", "60s"),
+        ("MCP_BRIDGE_SESSION_LINGER", "3s"),
+        ("MCP_BRIDGE_POOL_SIZE", "0"),
+    ];
+    let first = Bridge::start_with(Home::new(), &brief, None).await;
+    run_in(&first, "t", "z = 1").await.ok();
+    let home = first.shutdown_clean().await;
+    assert_eq!(keeper_sockets(&home).len(), 1, "{}", home.log());
+    let log = home.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("parked the session for the next bridge"))
+        .unwrap();
+    let at = line.find("container=").unwrap() + "container=".len();
+    let id: String = line[at..]
+        .trim_start_matches('"')
+        .chars()
+        .take_while(|c| c.is_ascii_hexdigit())
+        .collect();
+    assert!(
+        parked_containers().await.iter().any(|l| l.starts_with(&id)),
+        "{id} is not parked"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let gone = keeper_sockets(&home).is_empty()
+            && !parked_containers().await.iter().any(|l| l.starts_with(&id));
+        if gone {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the parked session outlived its time: {:?}",
+            parked_containers().await
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let sandboxes = home
+        .path()
+        .join(".local/state/mcp-code-bridge/packages/sandboxes");
+    let left: Vec<String> = std::fs::read_dir(&sandboxes)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "package directories left: {left:?}");
+}
