@@ -191,6 +191,9 @@ impl Home {
             // Sections 2-6 time sandboxes started on demand, back to back; section 8 times the
             // pool (and sets this again), with the think time a pool needs to refill.
             ("MCP_BRIDGE_POOL_SIZE".into(), "0".into()),
+            // A bench bridge's sessions go with it: sessions parked for the next bridge would
+            // run beside the later rows. The row that times resuming one sets it again.
+            ("MCP_BRIDGE_SESSION_LINGER".into(), "0".into()),
         ]);
         env
     }

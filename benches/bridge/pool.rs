@@ -142,6 +142,38 @@ pub(crate) async fn no_pause(o: &Opts, pool: &str, t: &mut Table) {
         Unit::Ms,
         Target::AtMost(50.0),
     );
+    // A session the bridge before parked (`session_linger`): the next bridge's first call
+    // naming it resumes it, its state there (`x` grows by one a bridge).
+    let env = [
+        ("MCP_BRIDGE_POOL_SIZE", pool),
+        ("MCP_BRIDGE_ENGINE_LINGER", linger),
+        ("MCP_BRIDGE_SESSION_LINGER", linger),
+    ];
+    let live = Live::start_with(home, &env).await;
+    live.ok(json!({"code": "x = 0", "session": "kept"})).await;
+    home = live.shutdown().await;
+    let mut resumed = Vec::new();
+    for i in 0..o.pool_fresh {
+        let live = Live::start_with(home, &env).await;
+        let (stdout, ms) = live
+            .ok(json!({"code": "x += 1\nprint(x)", "session": "kept"}))
+            .await;
+        assert_eq!(
+            stdout,
+            format!("{}\n", i + 1),
+            "bridge {i} did not resume the session"
+        );
+        resumed.push(ms);
+        home = live.shutdown().await;
+    }
+    t.samples(
+        &format!(
+            "first call of a bridge on a session the bridge before it parked, resumed live (session_linger = {linger}; pool_size = {pool})"
+        ),
+        &resumed,
+        Unit::Ms,
+        Target::AtMost(50.0),
+    );
     stop_lingering_service(&home).await;
 }
 

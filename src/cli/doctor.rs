@@ -178,6 +178,16 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             n.sessions, n.pooled, config.pool_size
         ));
     }
+    let parked = crate::sandbox::park::parked_sessions(&config.state_dir);
+    c.note(&format!(
+        "sessions parked for the next bridge on this state_dir: {parked} (session_linger = {}{})",
+        config.session_linger,
+        if crate::sandbox::park::sessions_eligible(&config) {
+            ""
+        } else {
+            "; this configuration parks none: it needs engine_linger, isolation = \"container\" and no inputs"
+        }
+    ));
     let archive_ok = check_archive(&mut c, loaded, quick).await;
     if let Some(engine) = &engine {
         let image_src = loaded.source("image");

@@ -227,10 +227,11 @@ impl Sandbox {
             },
         };
         let state = self.config.state_dir.clone();
-        let handed = tokio::task::spawn_blocking(move || park::hand_to_keeper(&state, &slot, &meta, fd))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(String::from));
+        let handed =
+            tokio::task::spawn_blocking(move || park::hand_to_keeper(&state, &slot, &meta, fd))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(String::from));
         if let Err(e) = handed {
             let _ = std::fs::rename(&to, &from);
             return Err(e);

@@ -43,8 +43,8 @@ pub use output::{ExecOutcome, Fit, Kept, Outcome, OutputSink, Part, Spill};
 use pool::Pool;
 use readiness::{Failed, Unchecked};
 pub use session::{Claim, ExecRequest, Session};
-pub use table::Start;
 use table::Lost;
+pub use table::Start;
 
 /// The session used when a call names none: one per client, and a stdio bridge has one client.
 pub use crate::identity::DEFAULT_SESSION;

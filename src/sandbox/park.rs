@@ -117,6 +117,18 @@ impl Slot {
     }
 }
 
+/// How many sessions keepers hold in `state_dir` (their sockets; a keeper whose time is over
+/// removes its own).
+pub fn parked_sessions(state_dir: &Path) -> usize {
+    std::fs::read_dir(state_dir.join("engine").join("sessions"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "sock"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 /// The pool's keeper's socket in `state_dir`.
 pub fn socket(state_dir: &Path) -> PathBuf {
     Slot::Pool.paths(state_dir).0

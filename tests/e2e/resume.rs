@@ -11,6 +11,7 @@ use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::json;
 
+use crate::common::served::Served;
 use crate::common::{self, Bridge, Home, Outcome};
 
 /// Session parking on: the bridge's own podman service lingers (a parked session lives no
@@ -76,7 +77,8 @@ async fn a_session_left_by_its_bridge_is_resumed_live_by_the_next_on_the_first_c
     let home = first.shutdown_clean().await;
     let log = home.log();
     assert_eq!(
-        log.matches("parked the session for the next bridge").count(),
+        log.matches("parked the session for the next bridge")
+            .count(),
         2,
         "{log}"
     );
@@ -87,7 +89,10 @@ async fn a_session_left_by_its_bridge_is_resumed_live_by_the_next_on_the_first_c
         assert_eq!(mode_of(s), 0o600, "{}", s.display());
         // Named by a digest: no session name (the model's) is a path.
         let name = s.file_stem().unwrap().to_string_lossy().into_owned();
-        assert!(name.len() == 32 && name.chars().all(|c| c.is_ascii_hexdigit()), "{name}");
+        assert!(
+            name.len() == 32 && name.chars().all(|c| c.is_ascii_hexdigit()),
+            "{name}"
+        );
     }
 
     let second = Bridge::start_with(home, &ENV, None).await;
@@ -102,13 +107,19 @@ async fn a_session_left_by_its_bridge_is_resumed_live_by_the_next_on_the_first_c
     assert_eq!(r.meta()["resumed"], json!("live"), "{:?}", r.meta());
     assert!(r.text().contains("resumed this session"), "{}", r.text());
     // From then on it is this bridge's session like any other.
-    let again = run_in(&second, "work", "df['b'] = df.a * 10\nprint(int(df.b.sum()))")
-        .await
-        .ok();
+    let again = run_in(
+        &second,
+        "work",
+        "df['b'] = df.a * 10\nprint(int(df.b.sum()))",
+    )
+    .await
+    .ok();
     assert_eq!(again.stdout(), "60\n");
     assert!(again.meta().get("resumed").is_none(), "{:?}", again.meta());
     // A session nobody parked starts fresh.
-    let fresh = run_in(&second, "new", "print('df' in globals())").await.ok();
+    let fresh = run_in(&second, "new", "print('df' in globals())")
+        .await
+        .ok();
     assert_eq!(fresh.stdout(), "False\n");
     assert!(fresh.meta().get("resumed").is_none());
     // A reset discards the parked session rather than resuming it.
@@ -201,10 +212,18 @@ async fn two_bridges_asking_for_one_parked_session_at_once_never_both_take_it() 
         rb.text()
     );
     let (won, lost) = if live(&ra) { (&ra, &rb) } else { (&rb, &ra) };
-    assert_eq!(won.stdout(), "True
-");
-    assert_eq!(lost.stdout(), "False
-", "{}", lost.text());
+    assert_eq!(
+        won.stdout(),
+        "True
+"
+    );
+    assert_eq!(
+        lost.stdout(),
+        "False
+",
+        "{}",
+        lost.text()
+    );
     let _ = b.cancel().await;
     assert!(
         common::wait_no_containers(b_pid, Duration::from_secs(20))
@@ -221,7 +240,7 @@ async fn two_bridges_asking_for_one_parked_session_at_once_never_both_take_it() 
 async fn a_parked_session_nobody_takes_ends_with_its_time() {
     let brief = [
         ("MCP_BRIDGE_ENGINE_LINGER", "60s"),
-        ("MCP_BRIDGE_SESSION_LINGER", "3s"),
+        ("MCP_BRIDGE_SESSION_LINGER", "10s"),
         ("MCP_BRIDGE_POOL_SIZE", "0"),
     ];
     let first = Bridge::start_with(Home::new(), &brief, None).await;
@@ -242,6 +261,15 @@ async fn a_parked_session_nobody_takes_ends_with_its_time() {
     assert!(
         parked_containers().await.iter().any(|l| l.starts_with(&id)),
         "{id} is not parked"
+    );
+    // doctor counts it.
+    let doctor = home.command().arg("doctor").envs(brief).output().unwrap();
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        said.contains(
+            "sessions parked for the next bridge on this state_dir: 1 (session_linger = 10s)"
+        ),
+        "{said}"
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -268,4 +296,117 @@ async fn a_parked_session_nobody_takes_ends_with_its_time() {
         })
         .unwrap_or_default();
     assert!(left.is_empty(), "package directories left: {left:?}");
+}
+
+/// The official Python SDK's `Client` (its fixture starts the bridge over stdio and closes it at
+/// the end): one run leaves a DataFrame in session `w`, the next run's first call finds it,
+/// resumed live, in the client's default mode (2026-07-28) and in its legacy one (2025-11-25).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_python_sdk_client_finds_its_session_after_a_restart_in_both_modes() {
+    for mode in ["auto", "legacy"] {
+        let home = Home::new();
+        let sdk = |steps: serde_json::Value| {
+            let out = std::process::Command::new(common::server_bin("mcp-python"))
+                .arg(common::fixture("sdk_rounds_client.py"))
+                .args([mode, common::BIN, &steps.to_string()])
+                .env_clear()
+                .envs(home.env())
+                .envs(ENV)
+                .current_dir(home.path())
+                .stderr(std::fs::File::create(home.path().join("client.err")).unwrap())
+                .output()
+                .unwrap();
+            let err = std::fs::read_to_string(home.path().join("client.err")).unwrap_or_default();
+            assert!(out.status.success(), "{mode}: the client failed:\n{err}");
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.starts_with('{'))
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let first = sdk(json!([{
+            "code": "import pandas as pd\ndf = pd.DataFrame({'a': range(5)})",
+            "session": "w"
+        }]));
+        assert_eq!(
+            first[0]["structured"]["status"],
+            json!("ok"),
+            "{mode}: {first:?}"
+        );
+        // Its bridge exited with the client: the session is parked.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while keeper_sockets(&home).is_empty() {
+            assert!(Instant::now() < deadline, "{mode}: nothing parked");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let second = sdk(json!([
+            {"code": "print(int(df.a.sum()))", "session": "w"},
+            {"code": "print(len(df))", "session": "w"}
+        ]));
+        let (a, b) = (&second[0]["structured"], &second[1]["structured"]);
+        assert_eq!(a["stdout"], json!("10\n"), "{mode}: {second:?}");
+        assert_eq!(a["resumed"], json!("live"), "{mode}: {a}");
+        assert!(
+            a["notices"].as_array().is_some_and(|n| n
+                .iter()
+                .any(|l| l.as_str().unwrap_or("").contains("resumed this session"))),
+            "{mode}: {a}"
+        );
+        assert_eq!(b["stdout"], json!("5\n"));
+        assert!(b.get("resumed").is_none(), "{mode}: {b}");
+    }
+}
+
+/// Over `serve`, a session is its identity's: alice and bob each leave state in a session of the
+/// same name, `serve` is stopped (SIGTERM) and started again on the same state dir, and each
+/// finds exactly their own, resumed live; neither resumes, reads or ends the other's.
+#[tokio::test(flavor = "multi_thread")]
+async fn over_serve_each_identity_resumes_only_its_own_session_of_a_shared_name() {
+    const ALICE: &str = "alice-0123456789abcdef0123";
+    const BOB: &str = "bob-fedcba9876543210fedcba98";
+    let shared = tempfile::tempdir().unwrap();
+    let state = shared.path().join("state");
+    let tokens = shared.path().join("tokens");
+    std::fs::write(&tokens, format!("alice:{ALICE}\nbob:{BOB}\n")).unwrap();
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (state_s, tokens_s) = (state.display().to_string(), tokens.display().to_string());
+    let env: Vec<(&str, &str)> = ENV
+        .iter()
+        .copied()
+        .chain([
+            ("MCP_BRIDGE_STATE_DIR", state_s.as_str()),
+            ("MCP_BRIDGE_TOKEN_FILE", tokens_s.as_str()),
+        ])
+        .collect();
+
+    let mut first = Served::start(Home::new(), &env, &[]);
+    let alice = first.client(Some(ALICE)).await;
+    let bob = first.client(Some(BOB)).await;
+    call_on(&alice, "work", "mine = 'alice'").await.ok();
+    call_on(&bob, "work", "mine = 'bob'").await.ok();
+    let _ = alice.cancel().await;
+    let _ = bob.cancel().await;
+    assert!(
+        first.terminate(Duration::from_secs(60)).is_some(),
+        "serve did not stop"
+    );
+    let log = first.home.log();
+    assert_eq!(
+        log.matches("parked the session for the next bridge")
+            .count(),
+        2,
+        "{log}"
+    );
+
+    let second = Served::start(Home::new(), &env, &[]);
+    let bob = second.client(Some(BOB)).await;
+    let r = call_on(&bob, "work", "print(mine)").await.ok();
+    assert_eq!(r.stdout(), "bob\n", "{}", r.text());
+    assert_eq!(r.meta()["resumed"], json!("live"));
+    let alice = second.client(Some(ALICE)).await;
+    let r = call_on(&alice, "work", "print(mine)").await.ok();
+    assert_eq!(r.stdout(), "alice\n", "{}", r.text());
+    assert_eq!(r.meta()["resumed"], json!("live"));
+    let _ = alice.cancel().await;
+    let _ = bob.cancel().await;
 }
