@@ -91,8 +91,8 @@ step "the rootless tests, alone"
 cargo test --release --locked --no-fail-fast --test e2e -- --test-threads=2 rootless < /dev/null
 
 # Suites a second time with every sandbox under gVisor (isolation = "gvisor", the runtime runsc
-# that setup registered, ptrace platform): the suites where the sandbox's kernel answers (the
-# pass of 99 tests that also ran the bridge's own logic under gVisor took 4 min 48 s here):
+# that setup registered, ptrace platform): the suites where the sandbox's kernel answers. 72 tests,
+# 207 s on the 2-core machine (the pass of 99 that also ran the bridge's own logic: 288 s):
 # - security:: all of it: the network's walls, the filesystem, privilege and the attacks on the
 #   channel. Every wall is a different kernel's answer under gVisor; where gVisor answers
 #   differently the test asserts gVisor's answer (SECURITY.md, Kernel isolation).

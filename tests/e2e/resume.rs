@@ -271,31 +271,35 @@ async fn a_parked_session_nobody_takes_ends_with_its_time() {
         ),
         "{said}"
     );
+    let sandboxes = home
+        .path()
+        .join(".local/state/mcp-code-bridge/packages/sandboxes");
+    let dirs_left = || -> Vec<String> {
+        std::fs::read_dir(&sandboxes)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // The keeper unlinks its socket, removes the container, then its package directory.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let gone = keeper_sockets(&home).is_empty()
-            && !parked_containers().await.iter().any(|l| l.starts_with(&id));
+            && !parked_containers().await.iter().any(|l| l.starts_with(&id))
+            && dirs_left().is_empty();
         if gone {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the parked session outlived its time: {:?}",
-            parked_containers().await
+            "the parked session outlived its time: {:?}, package directories {:?}",
+            parked_containers().await,
+            dirs_left()
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let sandboxes = home
-        .path()
-        .join(".local/state/mcp-code-bridge/packages/sandboxes");
-    let left: Vec<String> = std::fs::read_dir(&sandboxes)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    assert!(left.is_empty(), "package directories left: {left:?}");
 }
 
 /// The official Python SDK's `Client` (its fixture starts the bridge over stdio and closes it at
