@@ -69,10 +69,7 @@ impl Sandbox {
                     tokio::task::spawn_blocking(move || container::remove_packages_dir(&dir)).await;
             }
         };
-        let served = match &slot {
-            park::Slot::Pool => None,
-            park::Slot::Session(key) => Some(key.as_str()),
-        };
+        let served = slot.session();
         if meta.session.as_deref() != served {
             drop(fd);
             remove("it served another session than the one asked for".into()).await;
@@ -97,10 +94,8 @@ impl Sandbox {
             return None;
         }
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-        let base = match &slot {
-            park::Slot::Pool => container::container_name(Role::Pool, serial),
-            park::Slot::Session(key) => container::container_name(Role::Session(key), serial),
-        };
+        let role = served.map_or(Role::Pool, Role::Session);
+        let base = container::container_name(role, serial);
         let name = container::adopted_name(&base, &self.owner);
         let suffix = name[base.len()..].to_string();
         let packages = container::packages_dir(&self.config, &name);
@@ -221,10 +216,7 @@ impl Sandbox {
             podman: (engine.kind == engine::EngineKind::Podman)
                 .then(|| engine::on_path("podman"))
                 .flatten(),
-            session: match &slot {
-                park::Slot::Pool => None,
-                park::Slot::Session(key) => Some(key.clone()),
-            },
+            session: slot.session().map(str::to_string),
         };
         let state = self.config.state_dir.clone();
         let handed =

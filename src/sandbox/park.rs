@@ -99,6 +99,14 @@ pub enum Slot {
 }
 
 impl Slot {
+    /// The key of the session parked in it; none for the pool's.
+    pub fn session(&self) -> Option<&str> {
+        match self {
+            Slot::Pool => None,
+            Slot::Session(key) => Some(key),
+        }
+    }
+
     /// Its keeper's socket and lock in `state_dir`. A session's are named by the digest of its
     /// key, so no session name (chosen by the model) is ever a path.
     fn paths(&self, state_dir: &Path) -> (PathBuf, PathBuf) {

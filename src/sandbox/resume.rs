@@ -20,14 +20,17 @@ impl Sandbox {
         self.parks_sessions.store(true, Ordering::SeqCst);
     }
 
-    /// At shutdown, with `park::sessions_eligible`: hand every live session that is not running
-    /// code to a keeper, for the next bridge. One that cannot be parked stays in the table and
-    /// is closed with the rest.
+    /// Whether this bridge's sessions are parked when it exits: `run` or `serve`, with
+    /// `park::sessions_eligible`. Sessions are then attached on connections of their own.
+    pub(super) fn parks_sessions(&self) -> bool {
+        self.parks_sessions.load(Ordering::SeqCst) && park::sessions_eligible(&self.config)
+    }
+
+    /// At shutdown, when [`Sandbox::parks_sessions`]: hand every live session that is not
+    /// running code to a keeper, for the next bridge. One that cannot be parked stays in the
+    /// table and is closed with the rest.
     pub(super) async fn park_sessions(&self) {
-        if !self.parks_sessions.load(Ordering::SeqCst)
-            || !park::sessions_eligible(&self.config)
-            || self.revoked.get().is_some()
-        {
+        if !self.parks_sessions() || self.revoked.get().is_some() {
             return;
         }
         let Some(engine) = self.engine.get() else {
@@ -81,11 +84,7 @@ impl Sandbox {
         if !self.has_parked(key) {
             return None;
         }
-        let slot = park::Slot::Session(key.to_string());
-        let t0 = std::time::Instant::now();
-        let s = self.take_parked(slot).await?;
-        tracing::info!(session = %key, container = %&s.container_id[..12.min(s.container_id.len())], ms = t0.elapsed().as_millis() as u64, "resumed the session the previous bridge parked");
-        Some(s)
+        self.take_parked(park::Slot::Session(key.to_string())).await
     }
 
     /// On a reset: the parked session `key`, if any, is taken and closed, so that it does not

@@ -77,7 +77,9 @@ impl Sandbox {
             self.discard_parked(name).await;
         } else if self.has_parked(name) {
             notices = self.make_room(name).await?;
+            let t0 = std::time::Instant::now();
             if let Some(s) = self.resume_parked(name).await {
+                tracing::info!(session = %name, container = %&s.container_id[..12.min(s.container_id.len())], ms = t0.elapsed().as_millis() as u64, "resumed the session the previous bridge parked");
                 self.saw(&s);
                 let claim = self.hand_out(name, Arc::new(s)).await?;
                 return Ok((claim, Start::Resumed, notices));
@@ -110,9 +112,7 @@ impl Sandbox {
         // started and booted; the user's code reaches it only once they passed.
         let gate: session::Gate<'_> = Box::pin(async { self.prepare().await.map(|_| ()) });
         // Attached on a connection of its own when it may be parked at exit (`resume`).
-        let socket = engine.unix_socket().filter(|_| {
-            self.parks_sessions.load(Ordering::SeqCst) && park::sessions_eligible(&self.config)
-        });
+        let socket = engine.unix_socket().filter(|_| self.parks_sessions());
         let s = Arc::new(
             Session::start(
                 &engine.docker,
