@@ -115,7 +115,7 @@ let
         "LANG=C.UTF-8"
         "PYTHONDONTWRITEBYTECODE=1"
         "PYTHONUNBUFFERED=1"
-        # The value the bridge gives every sandbox container (src/sandbox/container.rs), and
+        # The value the bridge gives every sandbox container (crates/sandbox/src/container.rs), and
         # image/build-debian.sh's image: one directory, whichever sets it.
         "MPLCONFIGDIR=/tmp/.matplotlib"
         "MPLBACKEND=Agg"

@@ -15,7 +15,7 @@ let
   # there and only there.
   stub = import ./eval-stub.nix pkgs;
 
-  # What the bridge parses (src/config/values.rs): durations are seconds as a number, or "30s", "1.5s",
+  # What the bridge parses (crates/core/src/config/values.rs): durations are seconds as a number, or "30s", "1.5s",
   # "500ms", "2m", "1h"; sizes are bytes as a number, or "512m", "1g", "64k" (binary units).
   duration = types.either types.ints.unsigned (
     types.strMatching "[0-9]+(\\.[0-9]+)?(ms|s|sec|secs|m|min|h)?"
@@ -161,7 +161,7 @@ let
     _: v: if lib.isAttrs v && !lib.isDerivation v then lib.mapAttrs (_: lib.mkDefault) v else lib.mkDefault v
   );
 
-  # `listen` as the bridge parses it (a socket address, src/config/http.rs: `[v6]:port` or
+  # `listen` as the bridge parses it (a socket address, crates/core/src/config/http.rs: `[v6]:port` or
   # `v4:port`, no host names) -> { ip; v6; port; }, or null when it is not one.
   parseListen =
     l:
@@ -324,7 +324,7 @@ rec {
     };
 
     # Each typed option below defaults to `null`, which writes nothing to config.toml, so the
-    # bridge's own default holds (src/config/mod.rs is its one source; `mcp-code-bridge config`
+    # bridge's own default holds (crates/core/src/config/mod.rs is its one source; `mcp-code-bridge config`
     # prints the effective values and where each came from). A value set here is written with
     # `mkDefault`, so a value given in `settings` wins.
     limits = {
@@ -900,7 +900,7 @@ rec {
   # bridge's default, loopback), and the stop timeout. `serve` lets calls in flight finish for up
   # to max_timeout + 5 s after SIGTERM, then closes the sessions (another 5 s at most) and removes
   # the containers; systemd waits 30 s beyond max_timeout before it kills. 120: the bridge's
-  # max_timeout when none is set (src/config/mod.rs); keep the two in step.
+  # max_timeout when none is set (crates/core/src/config/mod.rs); keep the two in step.
   httpListen = settings: settings.listen or null;
   httpStopTimeout =
     settings:

@@ -13,7 +13,7 @@
 # mcp-code-bridge-gvisor-podman (socket-activated as podman.socket activates podman.service),
 # started with `--runtime <gvisor_runtime>`: podman's Docker-compatible API runs every container
 # under its service's default runtime, whatever the container asks for, so the bridge uses only a
-# service whose default is gVisor's (src/sandbox/engine) and passes /run/podman/podman.sock over.
+# service whose default is gVisor's (crates/sandbox/src/engine) and passes /run/podman/podman.sock over.
 # Its socket belongs to the service's group alone.
 {
   config,

@@ -1293,7 +1293,7 @@ let
       {
         expr = env;
         expected = [
-          "MPLCONFIGDIR=${valueIn "\"MPLCONFIGDIR=" (builtins.readFile ../src/sandbox/container.rs)}"
+          "MPLCONFIGDIR=${valueIn "\"MPLCONFIGDIR=" (builtins.readFile ../crates/sandbox/src/container.rs)}"
         ];
       };
     # docs/nix.md describes every VM test by its check name, with what the Debian suite

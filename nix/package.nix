@@ -11,6 +11,12 @@
 let
   root = ../.;
   cargoToml = lib.importTOML (root + "/Cargo.toml");
+  # The top crate's [package], each key the workspace sets (`version.workspace = true`) read
+  # from [workspace.package].
+  package = lib.mapAttrs (
+    name: value:
+    if lib.isAttrs value && value.workspace or false then cargoToml.workspace.package.${name} else value
+  ) cargoToml.package;
   lockedPackages = (lib.importTOML (root + "/Cargo.lock")).package or [ ];
   # No dependency links a library of the system, but two compile vendored C and assembly in
   # their build scripts: aws-lc-sys (rustls' crypto provider, through aws-lc-rs) and ring. On
@@ -36,8 +42,8 @@ assert lib.assertMsg (!usesAwsLcFips) ''
   cargo's, not CMake's) and `rustPlatform.bindgenHook` in nix/package.nix.
 '';
 rustPlatform.buildRustPackage {
-  pname = cargoToml.package.name;
-  inherit (cargoToml.package) version;
+  pname = package.name;
+  inherit (package) version;
 
   src = fileset.toSource {
     inherit root;
@@ -45,6 +51,8 @@ rustPlatform.buildRustPackage {
       (root + "/Cargo.toml")
       (root + "/Cargo.lock")
       (root + "/src")
+      # The workspace's other crates (the layers below src/; ARCHITECTURE.md)
+      (fileset.maybeMissing (root + "/crates"))
       # image/runtime/*.py and image/loader.py are embedded with include_str! (their tests are not)
       (fileset.difference (fileset.fileFilter (file: file.hasExt "py") (root + "/image")) (
         fileset.maybeMissing (root + "/image/tests")
@@ -63,9 +71,9 @@ rustPlatform.buildRustPackage {
   cargoLock.lockFile = root + "/Cargo.lock";
 
   doCheck = true;
-  # Unit tests only: `--bins` runs the #[cfg(test)] modules of the binary, `--lib` those of the
-  # library if the crate grows one. The integration tests under tests/ need podman.
-  cargoTestFlags = lib.optionals hasLib [ "--lib" ] ++ [ "--bins" ];
+  # Unit tests only, of every crate of the workspace: `--bins` runs the #[cfg(test)] modules of
+  # the binary, `--lib` those of the libraries. The integration tests under tests/ need podman.
+  cargoTestFlags = [ "--workspace" ] ++ lib.optionals hasLib [ "--lib" ] ++ [ "--bins" ];
   # Unit tests of the embedded Python runtime may call python3.
   nativeCheckInputs = [ python3 ];
   # The build sandbox's HOME (/homeless-shelter) does not exist; config and state paths derive from it.
@@ -74,10 +82,10 @@ rustPlatform.buildRustPackage {
   '';
 
   meta = {
-    description = cargoToml.package.description or "MCP server with one tool, run_python, in a hardened rootless container";
+    description = package.description or "MCP server with one tool, run_python, in a hardened rootless container";
     license =
-      if cargoToml.package ? license then
-        map lib.getLicenseFromSpdxId (lib.splitString " OR " cargoToml.package.license)
+      if package ? license then
+        map lib.getLicenseFromSpdxId (lib.splitString " OR " package.license)
       else
         lib.licenses.unfree;
     mainProgram = "mcp-code-bridge";
@@ -85,7 +93,7 @@ rustPlatform.buildRustPackage {
   }
   # Cargo.toml is the one place the project's address is written (`homepage`, else
   # `repository`); until it has one there is none to give.
-  // lib.optionalAttrs (cargoToml.package ? homepage || cargoToml.package ? repository) {
-    homepage = cargoToml.package.homepage or cargoToml.package.repository;
+  // lib.optionalAttrs (package ? homepage || package ? repository) {
+    homepage = package.homepage or package.repository;
   };
 }

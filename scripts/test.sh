@@ -72,11 +72,11 @@ step "pytest image/tests (the sandbox runtime, frame by frame)"
 # the crate's tests a second time optimised cost 6 minutes of the CI run. The integration tests
 # (e2e against the release binary, the shape guards) in the release profile, whose library is the
 # one `cargo build --release` built (tests/shape.rs keeps it so).
-step "cargo test --locked --no-fail-fast --lib --bins (the unit tests, dev profile)"
+step "cargo test --locked --no-fail-fast --workspace --lib --bins (the unit tests of every crate, dev profile)"
 cargo --version >&2
 # A failure here is reported at the end, after the integration tests have run too.
 unit_status=0
-cargo test --locked --no-fail-fast --lib --bins -- --test-threads=2 < /dev/null || unit_status=$?
+cargo test --locked --no-fail-fast --workspace --lib --bins -- --test-threads=2 < /dev/null || unit_status=$?
 
 step "cargo test --release --locked --no-fail-fast --test '*' -- --test-threads=2 (all but the rootless tests)"
 # The conformance suite runs on its own below, where its summary is printed.

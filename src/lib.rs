@@ -1,23 +1,20 @@
 //! mcp-code-bridge: an MCP server with one tool, `run_python`, whose code runs in a hardened
 //! container and reaches the user's MCP servers through the bridge. See ARCHITECTURE.md.
+//!
+//! This crate is the top of the workspace: the HTTP transport (`http`, `oauth`) and the command
+//! line (`cli`). The layers below are crates of their own, re-exported here under the module
+//! names the code and the tests use.
 
-pub mod audit;
 pub mod cli;
-pub mod clock;
-pub mod config;
-pub mod error;
-pub mod flock;
 pub mod http;
-pub mod identity;
-pub mod logging;
 pub mod oauth;
-pub mod packages;
-pub mod policy;
-pub mod procfs;
-pub mod protocol;
-pub mod sandbox;
-pub mod server;
-pub mod skills;
-pub mod statefile;
-pub mod text;
-pub mod upstream;
+
+pub use mcp_code_bridge_core::{
+    audit, clock, config, error, flock, identity, logging, policy, procfs, protocol, statefile,
+    text,
+};
+pub use mcp_code_bridge_packages as packages;
+pub use mcp_code_bridge_sandbox as sandbox;
+pub use mcp_code_bridge_server as server;
+pub use mcp_code_bridge_skills as skills;
+pub use mcp_code_bridge_upstream as upstream;

@@ -2,28 +2,62 @@
 //! is checked here, on the tree as it is, and each guard is shown failing on a planted
 //! violation. A failure names the offender and the rule.
 //!
-//! - no import cycle among the top-level modules of `src/`, nor among the files of one module
-//!   directory (read from `use crate::…`, `super::…` and `crate::…` paths outside tests);
-//! - no file of `src/` longer than [`MAX_LINES`] lines before its tests;
+//! - the workspace's layers: each crate of `crates/` depends on no workspace crate but those
+//!   [`LAYERS`] allows it (Cargo refuses a cycle between crates; this keeps siblings apart, so
+//!   they build side by side and a change to one rebuilds neither);
+//! - no import cycle among the modules of one crate, at its top level nor among the files of
+//!   one module directory (read from `use crate::…`, `super::…` and `crate::…` paths outside
+//!   tests);
+//! - no source file longer than [`MAX_LINES`] lines before its tests;
 //! - every file path ARCHITECTURE.md names exists;
 //! - no `Result<_, String>` in a `pub` signature: errors that cross a module are types;
-//! - no crate both a dependency and a dev-dependency in `Cargo.toml`: a feature only the tests
-//!   turn on builds that crate, and this one, twice (`cargo build`, then `cargo test`).
+//! - no crate both a dependency and a dev-dependency in any `Cargo.toml` of the workspace: a
+//!   feature only the tests turn on builds that crate, and the ones above it, twice
+//!   (`cargo build`, then `cargo test`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-/// Longest a file of `src/` may be before its `#[cfg(test)]`.
+/// Longest a source file may be before its `#[cfg(test)]`.
 const MAX_LINES: usize = 700;
+
+/// The workspace crates (`crates/<dir>`) each crate may depend on: the layering ARCHITECTURE.md
+/// draws. `packages`, `skills`, `sandbox` and `upstream` know nothing of each other; only
+/// `server` (and the top crate, `src/`) sees them all.
+const LAYERS: &[(&str, &[&str])] = &[
+    ("core", &[]),
+    ("packages", &["core"]),
+    ("skills", &["core"]),
+    ("sandbox", &["core"]),
+    ("upstream", &["core"]),
+    (
+        "server",
+        &["core", "packages", "skills", "sandbox", "upstream"],
+    ),
+];
+
+/// The source roots: the top crate's `src/` and each `crates/<dir>/src/`.
+fn source_roots() -> Vec<String> {
+    let mut roots = vec!["src".to_string()];
+    let mut crates: Vec<String> = std::fs::read_dir(root().join("crates"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().join("src").is_dir())
+        .map(|e| format!("crates/{}/src", e.file_name().to_string_lossy()))
+        .collect();
+    crates.sort();
+    roots.extend(crates);
+    roots
+}
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every `.rs` file under `src/`, relative to the repository, with its text.
+/// Every `.rs` file of every source root, relative to the repository, with its text.
 fn sources() -> Vec<(String, String)> {
     let mut out = Vec::new();
-    let mut stack = vec![root().join("src")];
+    let mut stack: Vec<PathBuf> = source_roots().iter().map(|r| root().join(r)).collect();
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).unwrap().flatten() {
             let p = e.path();
@@ -47,11 +81,18 @@ fn before_tests(text: &str) -> &str {
     }
 }
 
-/// The module path of a file: `src/sandbox/mod.rs` is `sandbox`, `src/sandbox/park.rs` is
-/// `sandbox::park`, `src/lib.rs` and `src/main.rs` the root.
+/// The module path of a file, its source root first (each crate is a tree of its own):
+/// `crates/sandbox/src/park.rs` is `[crates/sandbox/src, park]`, `src/http/mod.rs` is
+/// `[src, http]`, a crate's `lib.rs` and `main.rs` its root.
 fn module_of(file: &str) -> Vec<String> {
-    let rel = file.trim_start_matches("src/").trim_end_matches(".rs");
-    let mut parts: Vec<String> = rel.split('/').map(str::to_string).collect();
+    let (src, rel) = match file.split_once("/src/") {
+        Some((krate, rel)) => (format!("{krate}/src"), rel),
+        None => ("src".to_string(), file.trim_start_matches("src/")),
+    };
+    let rel = rel.trim_end_matches(".rs");
+    let mut parts: Vec<String> = std::iter::once(src)
+        .chain(rel.split('/').map(str::to_string))
+        .collect();
     if matches!(
         parts.last().map(String::as_str),
         Some("mod" | "lib" | "main")
@@ -159,11 +200,14 @@ fn resolve(module: &[String], path: &str) -> Option<Vec<String>> {
     let mut segs = path.split("::").filter(|s| !s.is_empty());
     let first = segs.next()?;
     let mut base: Vec<String> = match first {
-        "crate" => Vec::new(),
+        "crate" => module[..1].to_vec(),
         "super" => {
             // In `a/b.rs` and in `a/b/mod.rs` (both module a::b), `super` is `a`.
             let mut m = module.to_vec();
             m.pop()?;
+            if m.is_empty() {
+                return None;
+            }
             m
         }
         _ => return None,
@@ -172,6 +216,9 @@ fn resolve(module: &[String], path: &str) -> Option<Vec<String>> {
         match s {
             "super" => {
                 base.pop()?;
+                if base.is_empty() {
+                    return None;
+                }
             }
             "self" => {}
             s => base.push(s.to_string()),
@@ -243,13 +290,13 @@ fn cycles(edges: &BTreeMap<(String, String), String>) -> Vec<Vec<String>> {
     out
 }
 
-/// Every import cycle, as `parent: a -> b (file) -> … `, at the top level and in every
-/// module directory.
+/// Every import cycle, as `parent: a -> b (file) -> … `, at the top level of each crate and in
+/// every module directory. (Between crates Cargo refuses a cycle itself.)
 fn import_cycles(files: &[(String, String)]) -> Vec<String> {
     let modules: BTreeSet<Vec<String>> = files.iter().map(|(f, _)| module_of(f)).collect();
     let mut parents: BTreeSet<Vec<String>> = BTreeSet::new();
     for m in &modules {
-        for i in 0..m.len() {
+        for i in 1..m.len() {
             parents.insert(m[..i].to_vec());
         }
     }
@@ -262,11 +309,7 @@ fn import_cycles(files: &[(String, String)]) -> Vec<String> {
                 .filter(|((a, b), _)| scc.contains(a) && scc.contains(b))
                 .map(|((a, b), f)| format!("{a} -> {b} ({f})"))
                 .collect();
-            let at = if parent.is_empty() {
-                "src".to_string()
-            } else {
-                format!("src/{}", parent.join("/"))
-            };
+            let at = parent.join("/");
             out.push(format!("{at}: {}", shown.join(", ")));
         }
     }
@@ -325,6 +368,7 @@ fn missing_paths(doc: &str) -> Vec<String> {
     const ROOTS: &[&str] = &[
         "",
         "src/",
+        "crates/",
         "image/",
         "image/runtime/",
         "tests/",
@@ -365,11 +409,21 @@ fn missing_paths(doc: &str) -> Vec<String> {
             if !plain || !file_like {
                 continue;
             }
+            let crate_roots: Vec<String> = source_roots().iter().map(|r| format!("{r}/")).collect();
             let found = section
                 .iter()
                 .map(String::as_str)
                 .chain(ROOTS.iter().copied())
-                .any(|base| root().join(format!("{base}{p}")).exists());
+                .chain(crate_roots.iter().map(String::as_str))
+                .any(|base| root().join(format!("{base}{p}")).exists())
+                // Under "### `crates/sandbox/`", `park.rs` is the crate's `src/park.rs`.
+                || section
+                    .iter()
+                    .any(|base| root().join(format!("{base}src/{p}")).exists())
+                // `sandbox/park.rs` is a crate's file as its module path reads.
+                || p.split_once('/').is_some_and(|(krate, rest)| {
+                    root().join(format!("crates/{krate}/src/{rest}")).exists()
+                });
             if !found {
                 out.insert(p.to_string());
             }
@@ -396,12 +450,53 @@ fn crates_in(manifest: &str, table: &str) -> Vec<String> {
     out
 }
 
-fn dev_dependencies_also_built_for_the_binary(manifest: &str) -> Vec<String> {
-    let normal = crates_in(manifest, "dependencies");
+/// A crate's name as a manifest lists it (`serde`, `serde.workspace`, `serde = { … }`).
+fn crate_name(entry: &str) -> &str {
+    entry.split('.').next().unwrap_or(entry).trim()
+}
+
+fn dev_dependencies_also_built_for_the_binary(path: &str, manifest: &str) -> Vec<String> {
+    let normal: Vec<String> = crates_in(manifest, "dependencies")
+        .iter()
+        .map(|c| crate_name(c).to_string())
+        .collect();
     crates_in(manifest, "dev-dependencies")
-        .into_iter()
-        .filter(|c| normal.contains(c))
-        .map(|c| format!("Cargo.toml: {c} is in [dependencies] and [dev-dependencies]"))
+        .iter()
+        .map(|c| crate_name(c))
+        .filter(|c| normal.iter().any(|n| n == c))
+        .map(|c| format!("{path}: {c} is in [dependencies] and [dev-dependencies]"))
+        .collect()
+}
+
+/// The workspace's manifests: the top crate's and each of `crates/`, with their text.
+fn manifests() -> Vec<(String, String)> {
+    let mut out = vec![("Cargo.toml".to_string(), String::new())];
+    for r in source_roots().iter().skip(1) {
+        out.push((
+            r.trim_end_matches("src").to_string() + "Cargo.toml",
+            String::new(),
+        ));
+    }
+    for (path, text) in out.iter_mut() {
+        *text = std::fs::read_to_string(root().join(&*path)).unwrap();
+    }
+    out
+}
+
+/// The workspace crates a crate's manifest depends on that [`LAYERS`] does not allow it (or
+/// the crate itself, when `LAYERS` does not know it).
+fn layer_breaches(dir: &str, manifest: &str) -> Vec<String> {
+    let Some((_, allowed)) = LAYERS.iter().find(|(d, _)| *d == dir) else {
+        return vec![format!(
+            "crates/{dir}: a crate LAYERS (tests/shape.rs) does not place: add it there and to ARCHITECTURE.md"
+        )];
+    };
+    crates_in(manifest, "dependencies")
+        .iter()
+        .chain(crates_in(manifest, "dev-dependencies").iter())
+        .filter_map(|c| crate_name(c).strip_prefix("mcp-code-bridge-"))
+        .filter(|dep| !allowed.contains(dep))
+        .map(|dep| format!("crates/{dir}/Cargo.toml: depends on mcp-code-bridge-{dep}, which LAYERS does not allow it"))
         .collect()
 }
 
@@ -414,9 +509,29 @@ fn report(rule: &str, offenders: &[String]) {
 }
 
 #[test]
+fn each_crate_depends_only_on_the_layers_below_it() {
+    let mut breaches = Vec::new();
+    for (path, text) in manifests().iter().skip(1) {
+        let dir = path
+            .trim_start_matches("crates/")
+            .trim_end_matches("/Cargo.toml");
+        breaches.extend(layer_breaches(dir, text));
+    }
+    assert_eq!(
+        manifests().len(),
+        LAYERS.len() + 1,
+        "every crate of crates/ is in LAYERS"
+    );
+    report(
+        "rule: a workspace crate depends only on the crates LAYERS puts below it",
+        &breaches,
+    );
+}
+
+#[test]
 fn no_import_cycle_among_modules() {
     report(
-        "rule: no import cycle among the top-level modules of src/, nor among the files of one directory",
+        "rule: no import cycle among the top-level modules of a crate, nor among the files of one directory",
         &import_cycles(&sources()),
     );
 }
@@ -424,7 +539,7 @@ fn no_import_cycle_among_modules() {
 #[test]
 fn no_source_file_is_longer_than_700_lines_before_its_tests() {
     report(
-        "rule: no file of src/ over 700 lines before its tests (split it by concern)",
+        "rule: no source file over 700 lines before its tests (split it by concern)",
         &long_files(&sources()),
     );
 }
@@ -448,10 +563,13 @@ fn no_pub_signature_returns_a_string_error() {
 
 #[test]
 fn no_crate_is_both_a_dependency_and_a_dev_dependency() {
-    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let found: Vec<String> = manifests()
+        .iter()
+        .flat_map(|(path, text)| dev_dependencies_also_built_for_the_binary(path, text))
+        .collect();
     report(
-        "rule: a crate the tests need with other features gets them in [dependencies] (else `cargo test` builds it and this crate again after `cargo build`)",
-        &dev_dependencies_also_built_for_the_binary(&manifest),
+        "rule: a crate the tests need with other features gets them in [dependencies] (else `cargo test` builds it and the crates above it again after `cargo build`)",
+        &found,
     );
 }
 
@@ -460,35 +578,45 @@ fn no_crate_is_both_a_dependency_and_a_dev_dependency() {
 fn each_guard_fails_on_a_planted_violation() {
     let planted = vec![
         (
-            "src/sandbox/container.rs".to_string(),
+            "crates/sandbox/src/engine/container.rs".to_string(),
             "use super::park::now_secs;\n".to_string(),
         ),
         (
-            "src/sandbox/park.rs".to_string(),
+            "crates/sandbox/src/engine/park.rs".to_string(),
             "use super::container::{self, Role};\n".to_string(),
         ),
         (
-            "src/config/mod.rs".to_string(),
-            "fn f() { crate::server::x(); }\n".to_string(),
+            "crates/core/src/config/mod.rs".to_string(),
+            "fn f() { crate::audit::x(); }\n".to_string(),
         ),
         (
-            "src/server/mod.rs".to_string(),
+            "crates/core/src/audit/mod.rs".to_string(),
             "use crate::config::Config;\n".to_string(),
+        ),
+        // The same names in two crates are two modules: no cycle.
+        (
+            "crates/server/src/lib.rs".to_string(),
+            "use crate::config::Config;\n".to_string(),
+        ),
+        (
+            "crates/server/src/config.rs".to_string(),
+            "use crate::audit;\n".to_string(),
         ),
     ];
     let found = import_cycles(&planted);
     assert!(
-        found
-            .iter()
-            .any(|c| c.starts_with("src/sandbox: container -> park (src/sandbox/container.rs)")),
+        found.iter().any(|c| c.starts_with(
+            "crates/sandbox/src/engine: container -> park (crates/sandbox/src/engine/container.rs)"
+        )),
         "{found:?}"
     );
     assert!(
         found
             .iter()
-            .any(|c| c.contains("config -> server (src/config/mod.rs)")),
+            .any(|c| c.contains("crates/core/src: audit -> config (crates/core/src/audit/mod.rs), config -> audit (crates/core/src/config/mod.rs)")),
         "{found:?}"
     );
+    assert_eq!(found.len(), 2, "{found:?}");
     let long = vec![(
         "src/big.rs".to_string(),
         "fn x() {}\n".repeat(701) + "#[cfg(test)]\nmod tests {}\n" + &"\n".repeat(5000),
@@ -514,14 +642,33 @@ fn each_guard_fails_on_a_planted_violation() {
     );
     assert_eq!(
         missing_paths(
-            "### `src/sandbox/`\n`park.rs` and `engine.rs`, `src/server.rs`, `image/runtime.py`, `Cargo.toml`, `server/run.rs`, `crate::x`, `<state_dir>/x/`"
+            "### `crates/sandbox/`\n`park.rs` and `engine.rs`, `src/server.rs`, `image/runtime.py`, `Cargo.toml`, `crates/server/src/run.rs`, `server/run.rs`, `sandbox/mod.rs`, `http/mod.rs`, `crate::x`, `<state_dir>/x/`"
         ),
-        ["engine.rs", "image/runtime.py", "src/server.rs"]
+        [
+            "engine.rs",
+            "image/runtime.py",
+            "sandbox/mod.rs",
+            "src/server.rs"
+        ]
     );
     assert_eq!(
         dev_dependencies_also_built_for_the_binary(
-            "[dependencies]\nfigment = { version = \"0.10\" }\n# x = 1\nserde = \"1\"\n\n[dev-dependencies]\nfigment = { version = \"0.10\", features = [\"test\"] }\ninsta = \"1\"\n"
+            "Cargo.toml",
+            "[dependencies]\nfigment = { version = \"0.10\" }\n# x = 1\nserde.workspace = true\n\n[dev-dependencies]\nfigment = { version = \"0.10\", features = [\"test\"] }\ninsta = \"1\"\nserde = { workspace = true, features = [\"rc\"] }\n"
         ),
-        ["Cargo.toml: figment is in [dependencies] and [dev-dependencies]"]
+        [
+            "Cargo.toml: figment is in [dependencies] and [dev-dependencies]",
+            "Cargo.toml: serde is in [dependencies] and [dev-dependencies]"
+        ]
     );
+    assert_eq!(
+        layer_breaches(
+            "sandbox",
+            "[dependencies]\nmcp-code-bridge-core.workspace = true\nmcp-code-bridge-upstream = { path = \"../upstream\" }\n"
+        ),
+        [
+            "crates/sandbox/Cargo.toml: depends on mcp-code-bridge-upstream, which LAYERS does not allow it"
+        ]
+    );
+    assert_eq!(layer_breaches("new", "").len(), 1);
 }

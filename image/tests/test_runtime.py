@@ -23,7 +23,7 @@ import pytest
 
 IMAGE_DIR = Path(__file__).resolve().parent.parent
 LOADER = (IMAGE_DIR / "loader.py").read_text()
-# The runtime's modules by name, as the bridge embeds them (src/sandbox/runtime.rs, MODULES).
+# The runtime's modules by name, as the bridge embeds them (crates/sandbox/src/runtime.rs, MODULES).
 MODULES = {p.stem: p.read_text() for p in sorted((IMAGE_DIR / "runtime").glob("*.py"))}
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 # What the bridge sends as the boot frame's `constants` (each is a constant of the bridge's).

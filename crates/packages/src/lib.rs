@@ -1,0 +1,575 @@
+//! Packages on demand: `runtime.install(...)` in the sandbox, done by the host with the
+//! sandbox's network still off.
+//!
+//! An install is: the requirements checked ([`crate::config::Requirement`]: names, extras and
+//! version clauses only); resolved for the interpreter the sandbox said it is at boot
+//! (`resolve`, uv on the host, wheels only, the image's distributions as constraints), or taken
+//! from a resolution already made (`store` plans: no index reached); decided under
+//! `[packages]` (deny > allow > ask, over every distribution that would come, dependencies
+//! included; asking names each with its version and size); each wheel downloaded once into the
+//! host's cache and checked against the index's sha256, unpacked once with bounds; then
+//! hard-linked into the session's package directory, which the sandbox sees read-only at
+//! `protocol::PACKAGES_DIR`. A failure anywhere takes back what the install linked: nothing is
+//! left half-installed. Every install is one audit record.
+//!
+//! **Knows** `config`, `policy` (the `Approver` it asks through and the question's form),
+//! `audit`, `protocol` and the ground-floor helpers; nothing of `sandbox/`, `upstream/` or
+//! `server`.
+
+// The layers below, under the names the code gives them (`crate::config::…`).
+use mcp_code_bridge_core::{audit, config, flock, identity, policy, protocol, statefile};
+
+mod decide;
+mod error;
+mod link;
+pub mod resolve;
+pub mod rpc;
+mod session;
+pub mod store;
+mod unpack;
+
+pub use decide::MAX_QUESTIONS;
+pub use error::PackageError;
+pub use session::Installed;
+use session::{SessionState, remember_refusal, set_key};
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use globset::GlobSet;
+
+use crate::audit::{Audit, InstallRecord, ResolvedDist};
+use crate::config::packages::NameGlobs;
+use crate::config::policy::Fallback;
+use crate::config::{Config, PackagesConfig, Requirement};
+use crate::identity::SessionKey;
+use crate::policy::Approver;
+use crate::protocol::Interpreter;
+use decide::Ruling;
+use mcp_code_bridge_core::error::Hinted;
+use store::Store;
+
+/// Who asks for an install, for the audit and the question.
+pub struct Asker<'a> {
+    /// The session the install is for (its owner is the audit's identity).
+    pub key: &'a SessionKey,
+    /// The client to ask; `None` for `preinstall` (the user's own list: never asked).
+    pub approver: Option<&'a Arc<dyn Approver>>,
+    /// Whether the install is the user's own `preinstall`.
+    pub preinstall: bool,
+}
+
+/// The installer: one per bridge, shared by every session.
+pub struct Packages {
+    config: PackagesConfig,
+    /// `policy.ask_fallback`, what `packages.ask_fallback` follows when unset.
+    policy_fallback: Fallback,
+    store: Store,
+    allow: GlobSet,
+    deny: GlobSet,
+    audit: Audit,
+    client: reqwest::Client,
+    /// One install at a time per session directory.
+    locks: Mutex<HashMap<PathBuf, Weak<tokio::sync::Mutex<()>>>>,
+}
+
+fn globset(list: &NameGlobs) -> GlobSet {
+    let mut b = globset::GlobSetBuilder::new();
+    for p in &list.0 {
+        if let Ok(g) = NameGlobs::compile(p) {
+            b.add(g);
+        }
+    }
+    b.build().unwrap_or_else(|_| GlobSet::empty())
+}
+
+impl Packages {
+    pub fn new(config: &Config, audit: Audit) -> Arc<Packages> {
+        let p = &config.packages;
+        Arc::new(Packages {
+            config: p.clone(),
+            policy_fallback: config.policy.ask_fallback,
+            store: Store::new(config.state_dir.join("packages").join("cache")),
+            allow: globset(&p.allow),
+            deny: globset(&p.deny),
+            audit,
+            client: reqwest::Client::builder()
+                .connect_timeout(std::time::Duration::from_secs(30))
+                .user_agent(concat!("mcp-code-bridge/", env!("CARGO_PKG_VERSION")))
+                .build()
+                .unwrap_or_default(),
+            locks: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn config(&self) -> &PackagesConfig {
+        &self.config
+    }
+
+    /// What `[packages]` says of `name` (normalized): `deny`, `allow` or `ask`.
+    pub fn rule_for(&self, name: &str) -> crate::config::policy::Action {
+        use crate::config::policy::Action;
+        if self.deny.is_match(name) {
+            Action::Deny
+        } else if self.allow.is_match(name) {
+            Action::Allow
+        } else {
+            Action::Ask
+        }
+    }
+
+    fn fallback(&self) -> Fallback {
+        self.config.ask_fallback.unwrap_or(self.policy_fallback)
+    }
+
+    fn session_lock(&self, dir: &Path) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap();
+        locks.retain(|_, w| w.strong_count() > 0);
+        if let Some(l) = locks.get(dir).and_then(Weak::upgrade) {
+            return l;
+        }
+        let l = Arc::new(tokio::sync::Mutex::new(()));
+        locks.insert(dir.to_path_buf(), Arc::downgrade(&l));
+        l
+    }
+
+    /// What the session of `interpreter` installed.
+    pub fn installed(&self, interpreter: &Interpreter) -> Vec<Installed> {
+        interpreter
+            .packages
+            .as_deref()
+            .map(|d| SessionState::read(d).installed)
+            .unwrap_or_default()
+    }
+
+    /// Install `requirements` into the session of `interpreter`, within `packages.timeout`.
+    /// Audited however it ends.
+    pub async fn install(
+        &self,
+        interpreter: &Interpreter,
+        requirements: &[String],
+        who: Asker<'_>,
+    ) -> Result<Vec<Installed>, PackageError> {
+        let t0 = Instant::now();
+        let mut record = InstallRecord {
+            session: who.key.name().to_string(),
+            identity: who.key.owner().name().map(str::to_string),
+            requested: requirements.to_vec(),
+            decision: "none".into(),
+            ..Default::default()
+        };
+        let result = self
+            .install_inner(interpreter, requirements, &who, &mut record)
+            .await;
+        record.duration_ms = t0.elapsed().as_millis() as u64;
+        match &result {
+            Ok(_) => record.status = "ok".into(),
+            Err(e) => {
+                record.status = if e.is_refusal() { "denied" } else { "failed" }.into();
+                record.error_type = Some(e.kind().into());
+            }
+        }
+        self.audit.install(record);
+        result
+    }
+
+    async fn install_inner(
+        &self,
+        interpreter: &Interpreter,
+        requirements: &[String],
+        who: &Asker<'_>,
+        record: &mut InstallRecord,
+    ) -> Result<Vec<Installed>, PackageError> {
+        use crate::config::packages::MAX_REQUIREMENTS;
+        if requirements.is_empty() || requirements.len() > MAX_REQUIREMENTS {
+            return Err(PackageError::BadRequirement(crate::config::InvalidValue(
+                format!(
+                    "{} requirements; an install names 1 to {MAX_REQUIREMENTS}",
+                    requirements.len()
+                ),
+            )));
+        }
+        let reqs = requirements
+            .iter()
+            .map(|r| Requirement::parse(r))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(PackageError::BadRequirement)?;
+        let (Some(dir), Some(target)) = (&interpreter.packages, &interpreter.target) else {
+            return Err(PackageError::Unavailable(
+                "the sandbox has no package directory, or its runtime did not describe its interpreter".into(),
+            ));
+        };
+        let deadline = tokio::time::Instant::now() + self.config.timeout.0;
+        let lock = self.session_lock(dir);
+        let _one = lock.lock().await;
+        let mut state = SessionState::read(dir);
+        let key = set_key(&reqs, target, &self.config);
+        if let Some((name, rule)) = reqs
+            .iter()
+            .find_map(|r| state.refused_names.get_key_value(&r.name))
+        {
+            record.decision = "deny".into();
+            return Err(PackageError::RefusedBefore {
+                what: crate::policy::shown_name(name),
+                rule: rule.clone(),
+            });
+        }
+        if let Some(rule) = state.refused.get(&key) {
+            record.decision = "deny".into();
+            return Err(PackageError::RefusedBefore {
+                what: reqs
+                    .iter()
+                    .map(|r| crate::policy::shown_name(&r.name))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                rule: rule.clone(),
+            });
+        }
+        // What the code names is refused before anything is resolved when a deny rule says so.
+        for r in &reqs {
+            if self.deny.is_match(&r.name) && !who.preinstall {
+                let rule = format!(
+                    "packages.deny (matches {})",
+                    crate::policy::shown_name(&r.name)
+                );
+                record.decision = "deny".into();
+                record.rule = Some(rule.clone());
+                remember_refusal(
+                    &mut state,
+                    &key,
+                    [r.name.as_str()],
+                    &rule,
+                    dir,
+                    self.store.root(),
+                );
+                return Err(PackageError::Denied {
+                    what: crate::policy::shown_name(&r.name),
+                    rule,
+                });
+            }
+        }
+
+        let cache_lock = {
+            let store = self.store.clone();
+            tokio::task::spawn_blocking(move || store.open_shared())
+                .await
+                .map_err(|e| PackageError::Unavailable(e.to_string()))??
+        };
+        let (mut wheels, from_plan) = match self.store.plan(&key) {
+            Some(w) => (w, true),
+            None => {
+                let work = self.store.work_dir()?;
+                let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let w = resolve::resolve(
+                    &self.config,
+                    target,
+                    &reqs,
+                    work.path(),
+                    &self.store.uv_cache(),
+                    remaining,
+                )
+                .await
+                .map_err(|e| match e {
+                    PackageError::Timeout(_) => {
+                        PackageError::Timeout(self.config.timeout.0.as_secs())
+                    }
+                    e => e,
+                })?;
+                (w, false)
+            }
+        };
+        let resolved_all = wheels.clone();
+        // The image has these already (the resolution pinned them to its versions), and the
+        // session may have some: only the rest is installed.
+        let image: std::collections::HashSet<String> = target
+            .dists
+            .iter()
+            .map(|(n, _)| crate::config::packages::normalize(n))
+            .collect();
+        wheels.retain(|w| !image.contains(&w.name));
+        let mut new = Vec::new();
+        for w in wheels {
+            match state.installed.iter().find(|i| i.name == w.name) {
+                Some(i) if i.version == w.version => {}
+                Some(i) => {
+                    return Err(PackageError::VersionConflict {
+                        name: w.name.clone(),
+                        have: i.version.clone(),
+                        want: w.version.clone(),
+                    });
+                }
+                None => new.push(w),
+            }
+        }
+        record.resolved = new
+            .iter()
+            .map(|w| ResolvedDist {
+                name: w.name.clone(),
+                version: w.version.clone(),
+                sha256: w.sha256.clone().unwrap_or_default(),
+            })
+            .collect();
+        if new.is_empty() {
+            record.decision = "allow".into();
+            record.rule = Some("already installed".into());
+            return Ok(Vec::new());
+        }
+
+        let requested: std::collections::HashSet<&str> =
+            reqs.iter().map(|r| r.name.as_str()).collect();
+        // A distribution the user declined before, however it comes now (a dependency of
+        // another name included), is not asked about again.
+        if !who.preinstall
+            && let Some((name, rule)) = new
+                .iter()
+                .find_map(|w| state.refused_names.get_key_value(&w.name))
+        {
+            record.decision = "deny".into();
+            return Err(PackageError::RefusedBefore {
+                what: crate::policy::shown_name(name),
+                rule: rule.clone(),
+            });
+        }
+        let ruling = if who.preinstall {
+            Ruling {
+                decision: "preinstall".into(),
+                rule: Some("packages.preinstall".into()),
+                ask: None,
+            }
+        } else {
+            let asked_before = state.asked;
+            let decided = self.decide(&new, &requested, who, &mut state.asked).await;
+            if state.asked != asked_before {
+                let _ = state.write(dir, &self.store.root().join("tmp"));
+            }
+            match decided {
+                Ok(r) => r,
+                Err((r, e)) => {
+                    record.decision = r.decision;
+                    record.rule = r.rule.clone();
+                    record.ask = r.ask;
+                    // The names asked for, and those the user was asked about and declined.
+                    let declined: Vec<&str> = if record.decision == "ask:denied" {
+                        new.iter()
+                            .filter(|w| {
+                                self.rule_for(&w.name) != crate::config::policy::Action::Allow
+                            })
+                            .map(|w| w.name.as_str())
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    remember_refusal(
+                        &mut state,
+                        &key,
+                        requested.iter().copied().chain(declined),
+                        r.rule.as_deref().unwrap_or("the user"),
+                        dir,
+                        self.store.root(),
+                    );
+                    return Err(e);
+                }
+            }
+        };
+        record.decision = ruling.decision;
+        record.rule = ruling.rule;
+        record.ask = ruling.ask;
+
+        let budget = self.config.max_size.0.saturating_sub(state.charged());
+        let mut done = Vec::new();
+        let mut created = Vec::new();
+        let outcome: Result<(), PackageError> = async {
+            for mut w in new {
+                let left = budget.saturating_sub(done.iter().map(Installed::charged).sum());
+                let cached = tokio::time::timeout_at(
+                    deadline,
+                    self.store.fetch(&self.client, &mut w, left, deadline),
+                )
+                .await
+                .map_err(|_| PackageError::Timeout(self.config.timeout.0.as_secs()))?
+                .map_err(|e| match e {
+                    PackageError::Timeout(_) => {
+                        PackageError::Timeout(self.config.timeout.0.as_secs())
+                    }
+                    e => e,
+                })?;
+                let sha = w.sha256.clone().unwrap_or_default();
+                let (tree, cost) = {
+                    let store = self.store.clone();
+                    let (name, sha) = (w.name.clone(), sha.clone());
+                    tokio::task::spawn_blocking(move || store.tree(&name, &sha, left))
+                        .await
+                        .map_err(|e| PackageError::Unavailable(e.to_string()))??
+                };
+                if cost.charged() > left {
+                    return Err(PackageError::TooLarge {
+                        what: format!(
+                            "{} {} unpacked ({} bytes in {} files and directories, each entry counted as {} bytes more)",
+                            w.name,
+                            w.version,
+                            cost.bytes,
+                            cost.entries,
+                            store::ENTRY_COST
+                        ),
+                        size: cost.charged(),
+                        max: left,
+                    });
+                }
+                let dest = dir.clone();
+                let mut made = Vec::new();
+                let linked = tokio::task::spawn_blocking(move || {
+                    let r = store::link_tree(&tree, &dest, &mut made);
+                    (r, made)
+                })
+                .await
+                .map_err(|e| PackageError::Unavailable(e.to_string()))?;
+                created.extend(linked.1);
+                linked.0?;
+                done.push(Installed {
+                    requested: requested.contains(w.name.as_str()),
+                    name: w.name,
+                    version: w.version,
+                    sha256: sha,
+                    size: cost.bytes,
+                    entries: cost.entries,
+                    cached: cached || from_plan,
+                });
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = outcome {
+            let c = created.clone();
+            let _ = tokio::task::spawn_blocking(move || store::unlink_created(&c)).await;
+            return Err(e);
+        }
+        if !from_plan {
+            // With the digests the downloads computed (a find_links file has none before).
+            let mut plan = resolved_all;
+            for p in &mut plan {
+                if let Some(d) = done.iter().find(|d| d.name == p.name) {
+                    p.sha256 = Some(d.sha256.clone());
+                }
+            }
+            if plan.iter().all(|w| w.sha256.is_some()) {
+                self.store.save_plan(&key, &plan);
+            }
+        }
+        state.installed.extend(done.iter().cloned());
+        if let Err(e) = state.write(dir, self.store.root().join("tmp").as_path()) {
+            let c = created.clone();
+            let _ = tokio::task::spawn_blocking(move || store::unlink_created(&c)).await;
+            return Err(e);
+        }
+        drop(cache_lock);
+        self.prune_quietly();
+        Ok(done)
+    }
+
+    /// Prune the cache to `cache_max_size` when it is over, unless someone is installing.
+    fn prune_quietly(&self) {
+        let store = self.store.clone();
+        let max = self.config.cache_max_size.0;
+        tokio::task::spawn_blocking(move || {
+            let total: u64 = store.list().iter().map(|c| c.size).sum();
+            if total > max {
+                match store.prune(max) {
+                    Ok(Some((n, freed))) => tracing::info!(
+                        wheels = n,
+                        freed,
+                        "package cache pruned to packages.cache_max_size"
+                    ),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!("could not prune the package cache: {}", e.message()),
+                }
+            }
+        });
+    }
+}
+
+/// Import names whose distribution is named otherwise, for the hint of a missing module.
+const IMPORT_NAMES: &[(&str, &str)] = &[
+    ("sklearn", "scikit-learn"),
+    ("skimage", "scikit-image"),
+    ("cv2", "opencv-python-headless"),
+    ("PIL", "pillow"),
+    ("yaml", "pyyaml"),
+    ("bs4", "beautifulsoup4"),
+    ("dateutil", "python-dateutil"),
+    ("docx", "python-docx"),
+    ("pptx", "python-pptx"),
+    ("Bio", "biopython"),
+    ("Crypto", "pycryptodome"),
+    ("jwt", "pyjwt"),
+    ("dotenv", "python-dotenv"),
+];
+
+impl Packages {
+    /// What the model is told when its code failed with `ModuleNotFoundError: No module named
+    /// 'x'`: the call that installs it, when `[packages]` would allow it or ask the user (and the
+    /// user can be asked, or the fallback allows); nothing when it would be refused.
+    pub fn missing_module_hint(&self, message: &str, can_ask: bool) -> Option<String> {
+        use crate::config::policy::Action;
+        let module = message
+            .strip_prefix("No module named '")?
+            .split('\'')
+            .next()?
+            .split('.')
+            .next()?;
+        if module.is_empty()
+            || module.len() > 64
+            || !module
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+            || module == "mcp"
+        {
+            return None;
+        }
+        let dist = IMPORT_NAMES.iter().find(|(m, _)| *m == module).map_or_else(
+            || crate::config::packages::normalize(module),
+            |(_, d)| d.to_string(),
+        );
+        let how = match self.rule_for(&dist) {
+            Action::Deny => return None,
+            Action::Allow => "allowed by packages.allow",
+            Action::Ask if can_ask => "the user is asked first",
+            Action::Ask if self.fallback() == Fallback::Allow => "allowed by packages.ask_fallback",
+            Action::Ask => return None,
+        };
+        Some(format!(
+            "{module} is not in the sandbox's image; `await runtime.install(\"{dist}\")` installs it into this session ({how}), then import it again."
+        ))
+    }
+}
+
+/// `packages.preinstall` for every new sandbox (`protocol::Provision`).
+pub struct Preinstall(pub Arc<Packages>);
+
+#[async_trait::async_trait]
+impl crate::protocol::Provision for Preinstall {
+    async fn provision(&self, interpreter: &Interpreter) -> Vec<String> {
+        let list = self.0.config.preinstall.0.clone();
+        if list.is_empty() {
+            return Vec::new();
+        }
+        let key = SessionKey::local("preinstall");
+        let who = Asker {
+            key: &key,
+            approver: None,
+            preinstall: true,
+        };
+        match self.0.install(interpreter, &list, who).await {
+            Ok(_) => Vec::new(),
+            Err(e) => vec![format!(
+                "packages.preinstall failed, so this session does not have them: {}",
+                e.message()
+            )],
+        }
+    }
+}

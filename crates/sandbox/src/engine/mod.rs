@@ -1,0 +1,825 @@
+//! The container engine: which socket to talk to, and a `podman system service` of our own when
+//! no socket answers. Chosen lazily, at the first `run_python`, so `initialize` and `tools/list`
+//! work on a machine with no container runtime at all.
+
+use mcp_code_bridge_core::boxed::Boxed;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use bollard::{API_DEFAULT_VERSION, Docker};
+use tokio::process::Command;
+
+use crate::config::{Config, Runtime};
+use mcp_code_bridge_core::error::{Hint, Hinted};
+
+mod enforcement;
+mod kept;
+mod service;
+
+pub use enforcement::{Enforcement, SandboxIsolationMissing};
+pub use kept::{CHECK_AFTER, Kept};
+pub use service::own_socket;
+use service::{Lingering, OwnService, keep_alive_every, reap_stale_services};
+
+/// Seconds bollard waits for one API request. Image loads of a few hundred MB need a while.
+const REQUEST_TIMEOUT_SECS: u64 = 600;
+/// How long a candidate socket gets to answer `_ping`.
+const PING_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often a service being started is looked at: it answers ~60 ms after its start on an idle
+/// two-core host, and every ms until it is seen is a ms of a cold first call.
+const SERVICE_POLL: Duration = Duration::from_millis(5);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    Podman,
+    Docker,
+}
+
+/// A connected engine.
+pub struct Engine {
+    pub docker: Docker,
+    pub kind: EngineKind,
+    /// The URL we connected to, for `doctor` and error messages.
+    pub endpoint: String,
+    /// Where that endpoint came from ("DOCKER_HOST", "rootful podman socket", ...).
+    pub origin: String,
+    pub version: String,
+    /// A podman service we started: stopped by [`Engine::shutdown`], and by its guard when the
+    /// engine is dropped or the bridge dies.
+    service: tokio::sync::Mutex<Option<OwnService>>,
+    /// For [`Engine::get_json`]; see [`Engine::http`].
+    http: std::sync::OnceLock<(reqwest::Client, String)>,
+    /// On a lingering service (`engine_linger`): the task that keeps it from idling out while
+    /// this engine lives; aborted by [`Engine::shutdown`] and when the engine is dropped.
+    keep_alive: Option<KeepAlive>,
+}
+
+/// A task aborted when dropped, and the linger of the service it keeps alive.
+struct KeepAlive {
+    task: tokio::task::JoinHandle<()>,
+    linger: Duration,
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl KeepAlive {
+    /// A request to the service every [`keep_alive_every`]`(linger)`: podman's `--time` counts
+    /// from the last active connection, so the service never ends under a live bridge.
+    fn start(docker: &Docker, linger: Duration) -> KeepAlive {
+        let docker = docker.clone();
+        let every = keep_alive_every(linger);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Ok(Err(e)) = tokio::time::timeout(PING_TIMEOUT, docker.ping()).await {
+                    tracing::debug!("the lingering podman service did not answer a ping: {e}");
+                }
+            }
+        });
+        KeepAlive { task, linger }
+    }
+}
+
+/// Why no engine could be had. The message says what was tried; [`EngineError::hint`] says what
+/// to do next.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// No candidate socket answered and no podman service could be started.
+    #[error("no container engine answered (runtime = {:?}). Tried:\n{}", .runtime.to_string(), .tried.join("\n"))]
+    NoneAnswered {
+        runtime: Runtime,
+        /// One line per candidate: URL, where it came from, why it failed.
+        tried: Vec<String>,
+    },
+    /// The state dir, where our own podman service keeps its socket, cannot be created.
+    #[error("cannot create state dir {}: {source}", .dir.display())]
+    StateDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// `podman system service` could not be spawned.
+    #[error("could not start {} system service (under /bin/sh): {source}", .podman.display())]
+    ServiceSpawn {
+        podman: PathBuf,
+        source: std::io::Error,
+    },
+    /// `isolation = "gvisor"`, and podman cannot run the runtime `gvisor_runtime` names.
+    #[error("{missing}: podman says {podman_said}")]
+    GvisorRuntime {
+        missing: SandboxIsolationMissing,
+        podman_said: String,
+    },
+    /// Our own podman service exited or did not answer in time.
+    #[error("podman is installed but no engine answered. Tried:\n{}", .tried.join("\n"))]
+    ServiceSilent { tried: Vec<String> },
+}
+
+impl Hinted for EngineError {
+    /// What to do about it: on a line of its own (the message lists what was tried, a line
+    /// each), or after `; ` for the state dir.
+    fn hint(&self) -> Option<Hint> {
+        Some(match self {
+            EngineError::NoneAnswered {
+                runtime: Runtime::Socket(_),
+                ..
+            } => Hint::line(
+                "Check that the engine behind that socket is running, or set MCP_BRIDGE_RUNTIME=auto.",
+            ),
+            EngineError::NoneAnswered { .. } => Hint::line(
+                "Install podman (Debian/Ubuntu: `sudo apt-get install podman`; Fedora: `sudo dnf install podman`; macOS: `brew install podman && podman machine init && podman machine start`) or start Docker, or point MCP_BRIDGE_RUNTIME at a socket URL.",
+            ),
+            EngineError::StateDir { .. } => {
+                Hint::clause("set MCP_BRIDGE_STATE_DIR to a writable directory")
+            }
+            EngineError::ServiceSpawn { .. } => return None,
+            EngineError::GvisorRuntime { missing, .. } => Hint::line(missing.hint()?.text()),
+            EngineError::ServiceSilent { .. } => Hint::line(
+                "Run `podman info` to see what is wrong (on hosts where crun fails, set runtime = \"runc\" in /etc/containers/containers.conf).",
+            ),
+        })
+    }
+}
+
+/// One place an engine may listen, with the reason we look there.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub url: String,
+    pub origin: &'static str,
+}
+
+/// The sockets an engine name (`auto`, `podman`, `docker`) tries, in order; a socket URL is
+/// its only candidate.
+pub fn candidates(choice: &Runtime) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    if let Runtime::Socket(url) = choice {
+        out.push(Candidate {
+            url: url.clone(),
+            origin: "runtime setting",
+        });
+        return out;
+    }
+    let want_podman = choice.wants_podman();
+    let want_docker = choice.wants_docker();
+    if want_podman
+        && let Ok(h) = std::env::var("CONTAINER_HOST")
+        && !h.is_empty()
+    {
+        out.push(Candidate {
+            url: h,
+            origin: "CONTAINER_HOST",
+        });
+    }
+    if let Ok(h) = std::env::var("DOCKER_HOST")
+        && !h.is_empty()
+        && want_docker
+    {
+        out.push(Candidate {
+            url: h,
+            origin: "DOCKER_HOST",
+        });
+    }
+    if want_podman {
+        let uid = unsafe { libc::getuid() };
+        let runtime_dir =
+            std::env::var("XDG_RUNTIME_DIR").unwrap_or_else(|_| format!("/run/user/{uid}"));
+        if uid != 0 {
+            out.push(Candidate {
+                url: format!("unix://{runtime_dir}/podman/podman.sock"),
+                origin: "rootless podman socket",
+            });
+        }
+        out.push(Candidate {
+            url: "unix:///run/podman/podman.sock".into(),
+            origin: "rootful podman socket",
+        });
+    }
+    if want_docker {
+        out.push(Candidate {
+            url: "unix:///var/run/docker.sock".into(),
+            origin: "docker socket",
+        });
+    }
+    out
+}
+
+fn connect(url: &str) -> Result<Docker, String> {
+    if let Some(path) = url.strip_prefix("unix://") {
+        if !Path::new(path).exists() {
+            return Err(format!("{path} does not exist"));
+        }
+        Docker::connect_with_unix(path, REQUEST_TIMEOUT_SECS, API_DEFAULT_VERSION)
+            .map_err(|e| e.to_string())
+    } else if url.starts_with("tcp://") || url.starts_with("http://") {
+        Docker::connect_with_http(url, REQUEST_TIMEOUT_SECS, API_DEFAULT_VERSION)
+            .map_err(|e| e.to_string())
+    } else if url.starts_with('/') {
+        connect(&format!("unix://{url}"))
+    } else {
+        Err(format!(
+            "{url:?} is not a socket URL; use unix:///path/to.sock or tcp://host:port"
+        ))
+    }
+}
+
+/// Podman's version as its `/_ping` answer names it (`Libpod-Api-Version`), `None` from an
+/// engine that is not podman or did not answer. Podman 4's `/version` runs `conmon` and the OCI
+/// runtime to print their versions (0.45-0.8 s on the measured host), `/_ping` answers in a
+/// few ms with the same facts in its headers, so podman is recognised there.
+async fn podman_ping(url: &str) -> Option<String> {
+    let path = url
+        .strip_prefix("unix://")
+        .or_else(|| url.starts_with('/').then_some(url))?;
+    let client = reqwest::Client::builder().unix_socket(path).build().ok()?;
+    let reply = client
+        .get("http://engine/_ping")
+        .timeout(PING_TIMEOUT)
+        .send()
+        .await
+        .ok()?;
+    if !reply.status().is_success() {
+        return None;
+    }
+    let version = reply
+        .headers()
+        .get("Libpod-Api-Version")?
+        .to_str()
+        .ok()?
+        .to_string();
+    Some(version)
+}
+
+async fn probe(url: &str) -> Result<(Docker, EngineKind, String), String> {
+    let docker = connect(url)?;
+    if let Some(version) = podman_ping(url).await {
+        return Ok((docker, EngineKind::Podman, version));
+    }
+    match tokio::time::timeout(PING_TIMEOUT, docker.version()).await {
+        Err(_) => Err("did not answer within 3s".into()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok(v)) => {
+            let is_podman = v.components.as_ref().is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.name.to_ascii_lowercase().contains("podman"))
+            });
+            let kind = if is_podman {
+                EngineKind::Podman
+            } else {
+                EngineKind::Docker
+            };
+            Ok((docker, kind, v.version.unwrap_or_default()))
+        }
+    }
+}
+
+/// Whether podman can run containers under runtime `rt`: `podman --runtime RT info` fails at
+/// once for a runtime it cannot find.
+async fn gvisor_runtime_runs(podman: &Path, rt: &str) -> Result<(), EngineError> {
+    let out = Command::new(podman)
+        .args([
+            "--runtime",
+            rt,
+            "info",
+            "--format",
+            "{{.Host.OCIRuntime.Name}}",
+        ])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let podman_said = match tokio::time::timeout(Duration::from_secs(20), out).await {
+        Ok(Ok(o)) if o.status.success() => return Ok(()),
+        Ok(Ok(o)) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "nothing within 20s".to_string(),
+    };
+    Err(EngineError::GvisorRuntime {
+        missing: SandboxIsolationMissing {
+            runtime: rt.to_string(),
+            known: Vec::new(),
+        },
+        podman_said: crate::text::visible(&podman_said)
+            .chars()
+            .take(300)
+            .collect(),
+    })
+}
+
+/// The default runtime of a podman service when it is not `want` (podman runs every container
+/// the compatible API creates under its default, whatever the container asks for); `None` when it
+/// is, or the engine did not say (then the bridge's own check, `Enforcement::isolation`, decides).
+async fn podman_default_runtime(docker: &Docker, want: &str) -> Option<String> {
+    let info = tokio::time::timeout(PING_TIMEOUT, docker.info())
+        .await
+        .ok()?
+        .ok()?;
+    let default = info.default_runtime.unwrap_or_default();
+    (default != want).then_some(default)
+}
+
+/// Whether an executable named `name` is on PATH.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+impl Engine {
+    /// Connect as `config.runtime` says. Tries each candidate; with `auto` or `podman` and none
+    /// answering, starts `podman system service` on a socket in the state dir.
+    #[inline(never)]
+    pub fn connect(config: &Config) -> Boxed<'_, Result<Engine, EngineError>> {
+        Box::pin(Engine::connect_here(config))
+    }
+
+    async fn connect_here(config: &Config) -> Result<Engine, EngineError> {
+        let choice = &config.runtime;
+        let reaped = reap_stale_services(&config.state_dir).await;
+        if reaped > 0 {
+            tracing::info!(
+                reaped,
+                "stopped podman services left by bridges that are gone"
+            );
+        }
+        let mut tried = Vec::new();
+        for c in &candidates(choice) {
+            match probe(&c.url).await {
+                Ok((docker, kind, _))
+                    if kind == EngineKind::Podman
+                        && let Some(rt) = config.oci_runtime()
+                        && let Some(default) = podman_default_runtime(&docker, rt).await =>
+                {
+                    tried.push(format!(
+                        "  {} ({}): a podman service whose default runtime is {default:?}; podman's API ignores a container's own runtime, so isolation = \"gvisor\" takes a service that runs {rt:?} by default",
+                        c.url, c.origin
+                    ));
+                }
+                Ok((docker, kind, version)) => {
+                    tracing::info!(endpoint = %c.url, origin = c.origin, ?kind, %version, "container engine found");
+                    return Ok(Engine {
+                        docker,
+                        kind,
+                        endpoint: c.url.clone(),
+                        origin: c.origin.into(),
+                        version,
+                        service: Default::default(),
+                        http: Default::default(),
+                        keep_alive: None,
+                    });
+                }
+                Err(e) => tried.push(format!("  {} ({}): {e}", c.url, c.origin)),
+            }
+        }
+        if choice.wants_podman()
+            && let Some(podman) = on_path("podman")
+        {
+            // Under gVisor the service's own default runtime is the isolation (podman's API
+            // ignores a container's), so such a bridge keeps a service of its own.
+            if !config.engine_linger.0.is_zero() && config.oci_runtime().is_none() {
+                return Self::lingering_service(&podman, config, tried).await;
+            }
+            return Self::start_service(&podman, config, tried).await;
+        }
+        Err(EngineError::NoneAnswered {
+            runtime: choice.clone(),
+            tried,
+        })
+    }
+
+    async fn start_service(
+        podman: &Path,
+        config: &Config,
+        mut tried: Vec<String>,
+    ) -> Result<Engine, EngineError> {
+        let sock = own_socket(&config.state_dir);
+        std::fs::create_dir_all(&config.state_dir).map_err(|source| EngineError::StateDir {
+            dir: config.state_dir.clone(),
+            source,
+        })?;
+        let _ = std::fs::remove_file(&sock);
+        let url = format!("unix://{}", sock.display());
+        tracing::info!(
+            %url,
+            "starting the bridge's own `podman system service` (no podman or docker socket is listening; enabling podman.socket saves this start)"
+        );
+        // Podman's Docker-compatible API ignores the runtime a container asks for (`HostConfig.
+        // Runtime`): under isolation = "gvisor" the service's own default is gVisor's runtime,
+        // which podman must know (it refuses to start a service on a runtime it cannot find).
+        let mut args = Vec::new();
+        if let Some(rt) = config.oci_runtime() {
+            gvisor_runtime_runs(podman, rt).await?;
+            args.extend(["--runtime", rt]);
+        }
+        args.extend(["system", "service", "--time=0", &url]);
+        let (mut service, stderr) =
+            OwnService::spawn(podman, &args).map_err(|source| EngineError::ServiceSpawn {
+                podman: podman.to_path_buf(),
+                source,
+            })?;
+        if let Some(err) = stderr {
+            tokio::spawn(crate::logging::forward_lines(
+                err,
+                "podman service".to_string(),
+            ));
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(_)) = service.guard.try_wait() {
+                tried.push(format!(
+                    "  {url} (own podman service): exited before answering (its output is in the log, source \"podman service\")"
+                ));
+                break;
+            }
+            if sock.exists()
+                && let Ok((docker, kind, version)) = probe(&url).await
+            {
+                tracing::info!(%url, %version, "own podman service is up");
+                return Ok(Engine {
+                    docker,
+                    kind,
+                    endpoint: url,
+                    origin: "own podman service".into(),
+                    version,
+                    service: tokio::sync::Mutex::new(Some(service)),
+                    http: Default::default(),
+                    keep_alive: None,
+                });
+            }
+            if tokio::time::Instant::now() > deadline {
+                service.stop().await;
+                tried.push(format!(
+                    "  {url} (own podman service): no answer within 20s"
+                ));
+                break;
+            }
+            tokio::time::sleep(SERVICE_POLL).await;
+        }
+        Err(EngineError::ServiceSilent { tried })
+    }
+
+    /// The service that outlives its bridges for `engine_linger` ([`Lingering`]): the one a
+    /// bridge left in the state dir when it still answers, else one started now, with podman's
+    /// own idle timer set to the linger.
+    async fn lingering_service(
+        podman: &Path,
+        config: &Config,
+        mut tried: Vec<String>,
+    ) -> Result<Engine, EngineError> {
+        let linger = config.engine_linger.0;
+        let shared = Lingering::new(&config.state_dir);
+        std::fs::create_dir_all(&config.state_dir).map_err(|source| EngineError::StateDir {
+            dir: config.state_dir.clone(),
+            source,
+        })?;
+        // Held until this bridge knows the service answers: a second bridge waits for it and
+        // then finds the service instead of starting another.
+        let _lock = shared
+            .lock(Duration::from_secs(30))
+            .await
+            .map_err(|source| EngineError::StateDir {
+                dir: shared.dir.clone(),
+                source,
+            })?;
+        let url = shared.url();
+        let engine = |docker: Docker, kind, version, origin: &str| {
+            let keep_alive = Some(KeepAlive::start(&docker, linger));
+            Engine {
+                docker,
+                kind,
+                endpoint: url.clone(),
+                origin: origin.into(),
+                version,
+                service: Default::default(),
+                http: Default::default(),
+                keep_alive,
+            }
+        };
+        if shared.socket().exists() {
+            match probe(&url).await {
+                Ok((docker, kind, version)) => {
+                    tracing::info!(%url, %version, "found the podman service an earlier bridge left (engine_linger)");
+                    return Ok(engine(docker, kind, version, "lingering podman service"));
+                }
+                Err(e) => tracing::debug!(%url, "no lingering podman service answers: {e}"),
+            }
+        }
+        tracing::info!(
+            %url,
+            linger_secs = linger.as_secs(),
+            "starting the bridge's own `podman system service` (no podman or docker socket is listening; enabling podman.socket saves this start); it stays for engine_linger after the last bridge"
+        );
+        let time = format!("--time={}", linger.as_secs().max(1));
+        let mut guard = shared
+            .spawn(podman, &["system", "service", &time, &url])
+            .map_err(|source| EngineError::ServiceSpawn {
+                podman: podman.to_path_buf(),
+                source,
+            })?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(_)) = guard.try_wait() {
+                tried.push(format!(
+                    "  {url} (own podman service): exited before answering: {}",
+                    shared.log_tail()
+                ));
+                break;
+            }
+            if shared.socket().exists()
+                && let Ok((docker, kind, version)) = probe(&url).await
+            {
+                shared.restrict_socket();
+                tracing::info!(%url, %version, "own podman service is up");
+                return Ok(engine(docker, kind, version, "own podman service"));
+            }
+            if tokio::time::Instant::now() > deadline {
+                // Its guard leads the group: stop all of it.
+                if let Some(pid) = guard.id() {
+                    unsafe { libc::kill(-(pid as i32), libc::SIGTERM) };
+                }
+                tried.push(format!(
+                    "  {url} (own podman service): no answer within 20s"
+                ));
+                break;
+            }
+            tokio::time::sleep(SERVICE_POLL).await;
+        }
+        Err(EngineError::ServiceSilent { tried })
+    }
+
+    /// An HTTP client for the endpoint and the base URL to put paths on; built at first use
+    /// (the reaper lists containers every few seconds).
+    fn http(&self) -> Result<&(reqwest::Client, String), String> {
+        if let Some(h) = self.http.get() {
+            return Ok(h);
+        }
+        let endpoint = self.endpoint.as_str();
+        let built = if let Some(sock) = endpoint
+            .strip_prefix("unix://")
+            .or_else(|| endpoint.starts_with('/').then_some(endpoint))
+        {
+            let client = reqwest::Client::builder().unix_socket(sock).build();
+            // The host part is ignored over a unix socket; the path is what the engine routes.
+            (client, "http://engine".to_string())
+        } else {
+            let base = endpoint
+                .strip_prefix("tcp://")
+                .map(|rest| format!("http://{rest}"))
+                .unwrap_or_else(|| endpoint.to_string());
+            (reqwest::Client::builder().build(), base)
+        };
+        let client = built
+            .0
+            .map_err(|e| format!("could not build an HTTP client for {endpoint}: {e}"))?;
+        Ok(self.http.get_or_init(|| (client, built.1)))
+    }
+
+    /// The engine's Unix socket, when it is reached through one (`sandbox::attach` connects to
+    /// it itself).
+    pub fn unix_socket(&self) -> Option<std::path::PathBuf> {
+        self.endpoint
+            .strip_prefix("unix://")
+            .map(std::path::PathBuf::from)
+    }
+
+    /// GET `path` (with `query`) from the engine's API and return the body as untyped JSON.
+    ///
+    /// Only for answers bollard's typed models cannot read. Podman 4 lists a container whose
+    /// process has ended but whose clean-up has not run yet as `"State": "stopped"`, a value
+    /// Docker's API does not have; bollard then rejects the whole list, and one such container
+    /// anywhere on the host would hide every orphan from the reaper.
+    pub async fn get_json(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> Result<serde_json::Value, ContainerError> {
+        let endpoint = self.endpoint.as_str();
+        let (client, base) = self.http()?;
+        let mut url = reqwest::Url::parse(&format!("{}{path}", base.trim_end_matches('/')))
+            .map_err(|e| format!("{endpoint}{path} is not a URL: {e}"))?;
+        url.query_pairs_mut().extend_pairs(query);
+        let reply = client
+            .get(url)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .map_err(|e| format!("GET {path} from {endpoint}: {e}"))?;
+        let status = reply.status();
+        let body = reply
+            .bytes()
+            .await
+            .map_err(|e| format!("GET {path} from {endpoint}: reading the body: {e}"))?;
+        if !status.is_success() {
+            return Err(ContainerError::Engine(format!(
+                "GET {path} from {endpoint}: {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(500)])
+            )));
+        }
+        serde_json::from_slice(&body).map_err(|e| {
+            ContainerError::Engine(format!(
+                "GET {path} from {endpoint}: the body is not JSON: {e}"
+            ))
+        })
+    }
+
+    /// On the bridge's own podman service that outlives its bridges (`engine_linger`): how long
+    /// it stays, idle, once this process and every other bridge using it are gone. `None` for
+    /// any other engine, and for a service that goes with its bridge. Every command that
+    /// connects the engine (`run`, `serve`, `exec`, `doctor`, `image load`) may leave it so.
+    pub fn linger(&self) -> Option<Duration> {
+        self.keep_alive.as_ref().map(|k| k.linger)
+    }
+
+    /// Stop the podman service we started, if any; a lingering one is left to its idle timer.
+    pub async fn shutdown(&self) {
+        if let Some(k) = &self.keep_alive {
+            k.task.abort();
+        }
+        if let Some(service) = self.service.lock().await.take() {
+            service.stop().await;
+            if let Some(path) = self.endpoint.strip_prefix("unix://") {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
+/// Why the engine did not do what was asked of a container (rename, list, inspect).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ContainerError {
+    /// No answer within the time the call allows.
+    #[error("the engine did not answer within {0}s")]
+    NoAnswer(u64),
+    /// The engine's own refusal or failure, as it said it.
+    #[error("{0}")]
+    Engine(String),
+}
+
+impl From<String> for ContainerError {
+    fn from(s: String) -> Self {
+        ContainerError::Engine(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::service::{bridge_gone, own_socket_pid};
+    use super::*;
+
+    #[test]
+    fn own_sockets_name_their_bridge() {
+        let dir = Path::new("/home/u/.local/state/mcp-code-bridge");
+        let url = format!("unix://{}", own_socket(dir).display());
+        assert_eq!(own_socket_pid(dir, &url), Some(std::process::id()));
+        for other in [
+            "unix:///home/u/.local/state/mcp-code-bridge/podman-12.sock.beside",
+            "unix:///home/u/.local/state/mcp-code-bridge/podman-x.sock",
+            "unix:///home/u/.local/state/mcp-code-bridge/sub/podman-12.sock",
+            "unix:///elsewhere/podman-12.sock",
+            "/home/u/.local/state/mcp-code-bridge/podman-12.sock",
+        ] {
+            assert_eq!(own_socket_pid(dir, other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_lingering_service_is_kept_alive_well_within_its_idle_timer() {
+        use super::service::keep_alive_every;
+        assert_eq!(
+            keep_alive_every(Duration::from_secs(300)),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            keep_alive_every(Duration::from_secs(3)),
+            Duration::from_millis(750)
+        );
+        assert_eq!(
+            keep_alive_every(Duration::from_secs(1)),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            keep_alive_every(Duration::from_secs(20)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            keep_alive_every(Duration::from_secs(86_400)),
+            Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn a_bridge_is_gone_when_dead_or_younger_than_its_service() {
+        let me = std::process::id();
+        let my_start = crate::procfs::running_since(me).unwrap();
+        // A service this process started (later than it) has a live bridge.
+        assert!(!bridge_gone(me, my_start + 100));
+        // A service older than the process now at that pid: the pid was reused.
+        assert!(bridge_gone(me, my_start - 1));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(bridge_gone(pid, my_start));
+    }
+
+    /// Live (not zombie) processes in process group `pgid`.
+    fn live_in_group(pgid: u32) -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                    return false;
+                };
+                let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+                    .split_whitespace()
+                    .collect();
+                fields[0] != "Z" && fields[2] == pgid.to_string()
+            })
+            .collect()
+    }
+
+    /// The group's live members once it has had `within` to go: a SIGKILLed process leaves
+    /// `/proc` a moment after the signal, later on a loaded machine.
+    fn left_in_group(pgid: u32, within: Duration) -> Vec<u32> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let left = live_in_group(pgid);
+            if left.is_empty() || std::time::Instant::now() >= deadline {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A stand-in service: a shell with a child of its own, like rootless podman and the podman it
+    /// re-executes, optionally ignoring SIGTERM (inherited by the child).
+    fn service(script: &str) -> (OwnService, u32) {
+        let (s, _) = OwnService::spawn(Path::new("/bin/sh"), &["-c", script]).unwrap();
+        let pgid = s.guard.id().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while live_in_group(pgid).len() < 4 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the service did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (s, pgid)
+    }
+
+    #[tokio::test]
+    async fn the_guard_stops_the_whole_group_when_its_pipe_closes() {
+        // Guard, reader, the service's shell and its child.
+        let (mut s, pgid) = service("sleep 600 & wait");
+        let start = std::time::Instant::now();
+        drop(s.lifeline.take());
+        tokio::time::timeout(Duration::from_secs(3), s.guard.wait())
+            .await
+            .expect("the guard did not end")
+            .unwrap();
+        assert!(start.elapsed() < Duration::from_secs(3));
+        assert_eq!(
+            left_in_group(pgid, Duration::from_secs(2)),
+            Vec::<u32>::new()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_guard_kills_what_ignores_sigterm_after_its_grace() {
+        let (s, pgid) = service("trap '' TERM; sleep 600 & wait");
+        let start = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(15), s.stop())
+            .await
+            .expect("stop did not return");
+        assert!(
+            start.elapsed() >= Duration::from_secs(4),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(
+            left_in_group(pgid, Duration::from_secs(2)),
+            Vec::<u32>::new()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_guard_ends_the_group_when_the_service_ends() {
+        // The service's shell exits and leaves its child behind, as an outer podman killed
+        // outright leaves the one in the user namespace; the guard takes the rest down.
+        let (mut s, pgid) = service("sleep 600 & sleep 1");
+        tokio::time::timeout(Duration::from_secs(5), s.guard.wait())
+            .await
+            .expect("the guard did not end with its service")
+            .unwrap();
+        assert_eq!(
+            left_in_group(pgid, Duration::from_secs(2)),
+            Vec::<u32>::new()
+        );
+        // The pipe is still open: nothing but the service's end stopped it.
+        assert!(s.lifeline.is_some());
+    }
+}

@@ -1,0 +1,159 @@
+//! Why the sandbox could not run a call at all (the code's own failures are outcomes, not
+//! errors). The message says what happened; its [`Hint`] says what to do next.
+
+use super::engine::EngineError;
+use super::image::ImageError;
+use mcp_code_bridge_core::error::{Hint, Hinted};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// No container engine could be reached or started.
+    #[error("{0}")]
+    Engine(#[from] EngineError),
+    /// The engine answered, but not what it can enforce.
+    #[error("could not ask the engine what it can enforce: {0}")]
+    EngineQuery(String),
+    /// The host would silently drop limits; refused unless `allow_unenforced_limits`.
+    #[error(
+        "this host cannot enforce these sandbox limits: {}. Refusing to run code with limits silently dropped.",
+        .0.join("; ")
+    )]
+    Unenforceable(Vec<String>),
+    /// `isolation = "gvisor"` and the engine has no such runtime: never a fallback.
+    #[error("{0}")]
+    Isolation(#[from] super::engine::SandboxIsolationMissing),
+    /// `isolation = "gvisor"`, and the kernel a sandbox saw at boot was not gVisor's: it was
+    /// removed before it took a call.
+    #[error(
+        "isolation = \"gvisor\", but the sandbox's kernel is not gVisor's: {why}; the sandbox was removed before any code ran in it"
+    )]
+    NotGvisor { runtime: String, why: String },
+    /// The image is missing and could not be loaded or pulled.
+    #[error("{0}")]
+    Image(#[from] ImageError),
+    #[error("could not create the sandbox container from image {image:?}: {reason}")]
+    Create { image: String, reason: String },
+    #[error("could not attach to the sandbox container: {0}")]
+    Attach(super::attach::AttachError),
+    #[error("could not start the sandbox container: {0}")]
+    Start(String),
+    /// The container ended before the runtime said `ready`; `stderr` is its last lines.
+    #[error("{}", exited_at_start(.image, .stderr))]
+    ExitedAtStart { image: String, stderr: Vec<String> },
+    #[error("the sandbox did not become ready within {0}s")]
+    NotReady(u64),
+    /// The failure of an attempt (to reach the engine, or to make the image present) that this
+    /// caller waited for, its hint included: it is not tried twice in a row.
+    #[error("{0}")]
+    Shared(String),
+    /// `max_sessions` (or the identity's `http.max_sessions_per_identity`) are alive and every
+    /// one is running code. `busy` names the caller's own sessions only (and counts others').
+    #[error(
+        "cannot start session {session:?}: all {max} sessions allowed by {key} are running code ({})",
+        .busy.join(", ")
+    )]
+    AllBusy {
+        session: String,
+        max: u32,
+        key: &'static str,
+        busy: Vec<String>,
+    },
+}
+
+/// Why the sandbox exited before `ready`: the runtime's own refusal when it gave one (it cannot
+/// install its seccomp filter, say), else a guess at the image and its last stderr lines.
+fn exited_at_start(image: &str, stderr: &[String]) -> String {
+    if let Some(why) = stderr
+        .iter()
+        .find_map(|l| l.split_once(RUNTIME_REFUSAL).map(|(_, why)| why.trim()))
+    {
+        return format!("the sandbox's runtime refused to start: {why}");
+    }
+    let tail = if stderr.is_empty() {
+        String::new()
+    } else {
+        format!(":\n{}", stderr.join("\n"))
+    };
+    format!("the sandbox exited while starting (does image {image:?} have python3 >= 3.9?){tail}")
+}
+
+/// How the runtime begins the stderr line that says why it will not start.
+const RUNTIME_REFUSAL: &str = "mcp-code-bridge runtime: cannot start:";
+
+impl Hinted for SandboxError {
+    fn hint(&self) -> Option<Hint> {
+        match self {
+            SandboxError::Unenforceable(_) => Some(Hint::sentence(
+                "Run as a user/host with cgroup v2 delegation, or set MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1 to accept it (`mcp-code-bridge doctor` explains).",
+            )),
+            SandboxError::AllBusy { key, .. } => Some(Hint::sentence(format!(
+                "Wait for one to finish, run this code in one of them, or raise {key} ({}).",
+                crate::config::env_name(key)
+            ))),
+            SandboxError::Isolation(e) => e.hint(),
+            SandboxError::NotGvisor { runtime, .. } => Some(Hint::sentence(format!(
+                "The engine's runtime {runtime:?} (gvisor_runtime) did not run it under gVisor: register runsc under that name (`sudo scripts/setup-debian.sh --isolation gvisor`) and check with `mcp-code-bridge doctor`. No code runs until it does; there is no fallback to runc."
+            ))),
+            SandboxError::Create { .. }
+            | SandboxError::Start(_)
+            | SandboxError::ExitedAtStart { .. } => Some(Hint::sentence(
+                "`mcp-code-bridge doctor` checks the engine, its runtime and the image.",
+            )),
+            SandboxError::Image(e) => e.hint(),
+            SandboxError::Engine(e) => e.hint(),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_and_hints_are_separate() {
+        let e = SandboxError::AllBusy {
+            session: "b".into(),
+            max: 2,
+            key: "max_sessions",
+            busy: vec!["a".into(), "c".into()],
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot start session \"b\": all 2 sessions allowed by max_sessions are running code (a, c)"
+        );
+        assert!(
+            e.message()
+                .ends_with("raise max_sessions (MCP_BRIDGE_MAX_SESSIONS).")
+        );
+        let e = SandboxError::ExitedAtStart {
+            image: "i".into(),
+            stderr: vec![],
+        };
+        assert!(e.to_string().ends_with("python3 >= 3.9?)"), "{e}");
+        let e = SandboxError::ExitedAtStart {
+            image: "i".into(),
+            stderr: vec![
+                "mcp-code-bridge runtime: cannot start: the seccomp filter could not be installed (EINVAL)".into(),
+            ],
+        };
+        assert_eq!(
+            e.to_string(),
+            "the sandbox's runtime refused to start: the seccomp filter could not be installed (EINVAL)"
+        );
+        assert!(SandboxError::NotReady(60).hint().is_none());
+        let e = SandboxError::NotGvisor {
+            runtime: "runsc".into(),
+            why: "it is the host's kernel (6.1.0 #1 SMP)".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "isolation = \"gvisor\", but the sandbox's kernel is not gVisor's: it is the host's kernel (6.1.0 #1 SMP); the sandbox was removed before any code ran in it"
+        );
+        let hint = e.hint().unwrap().to_string();
+        assert!(
+            hint.contains("\"runsc\" (gvisor_runtime)") && hint.contains("no fallback to runc"),
+            "{hint}"
+        );
+    }
+}

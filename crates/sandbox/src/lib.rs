@@ -1,0 +1,436 @@
+//! The sandbox: the engine (connected by the warm-up after `initialize`, or at the first call),
+//! the image made present once, named sessions (one container each) that live until reset, idle
+//! timeout or shutdown, and a pool of ready containers a new session takes at once.
+//!
+//! Invariant: every container this process creates is in `sessions`, in the pool (ready or being
+//! started), or being removed; `shutdown` removes all of them, and the next bridge reaps any left
+//! by a killed one. Sessions plus pooled containers stay within `max_sessions`.
+
+// The layers below, under the names the code gives them (`crate::config::…`).
+use mcp_code_bridge_core::boxed::Boxed;
+use mcp_code_bridge_core::{clock, config, identity, logging, procfs, protocol, statefile, text};
+
+mod adopt;
+mod attach;
+mod channel;
+mod compiled;
+pub mod container;
+pub mod engine;
+mod error;
+pub mod files;
+pub mod image;
+mod images;
+pub mod inputs;
+pub mod kernel;
+mod output;
+pub mod park;
+mod pool;
+mod readiness;
+mod resume;
+mod runtime;
+pub mod session;
+mod table;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::{Mutex, OnceCell};
+
+use crate::config::Config;
+use crate::identity::{Identity, SessionKey};
+use container::Role;
+use engine::{Enforcement, Engine};
+pub use error::SandboxError;
+pub use output::{ExecOutcome, Fit, Kept, Outcome, OutputSink, Part, Spill};
+use pool::Pool;
+use readiness::{Failed, Unchecked};
+pub use session::{Claim, ExecRequest, Session};
+use table::Lost;
+pub use table::Start;
+
+/// The session used when a call names none: one per client, and a stdio bridge has one client.
+pub use crate::identity::DEFAULT_SESSION;
+
+/// The notice of a call cancelled while it waited for its session's running call.
+const NOT_STARTED: &str = "the call was cancelled before its code started (it was waiting for the session's running call): nothing ran, and the session and its variables are untouched.";
+
+pub struct Sandbox {
+    config: Arc<Config>,
+    engine: OnceCell<Arc<Engine>>,
+    /// Serializes image preparation so concurrent first calls load the archive once.
+    image_ready: OnceCell<()>,
+    /// Failed attempts at either, shared with those that waited for them.
+    engine_failed: Failed,
+    image_failed: Failed,
+    sessions: Mutex<HashMap<SessionKey, Arc<Session>>>,
+    /// Serializes starting a session of a given name.
+    starting: Mutex<()>,
+    owner: String,
+    serial: AtomicU64,
+    /// Shows image-load progress (bytes so far); the log when unset.
+    load_progress: std::sync::OnceLock<LoadProgress>,
+    pool: Pool,
+    /// Cancelled by [`Sandbox::shutdown`]: a pooled sandbox still booting is given up at once
+    /// (under gVisor's ptrace platform a boot takes seconds) and swept with the rest.
+    closing: tokio_util::sync::CancellationToken,
+    lost: Lost,
+    /// Calls between asking for their session and getting it: the warm-up does not start a
+    /// pooled sandbox while one waits, since that call would either wait for it (its boot and
+    /// preload) or start beside it on the same cores.
+    pending: std::sync::atomic::AtomicUsize,
+    /// Itself, for the background tasks it spawns (warm-up, refill).
+    this: Weak<Sandbox>,
+    /// What the last sandbox to boot said of its interpreter (the image's Python and
+    /// distributions), for the capabilities resource.
+    seen_target: std::sync::Mutex<Option<crate::protocol::Target>>,
+    /// What makes every new sandbox ready after its boot (`packages.preinstall`).
+    provision: std::sync::OnceLock<Arc<dyn crate::protocol::Provision>>,
+    /// The containers this bridge parked as it shut down (`park`, `resume`): keepers hold them
+    /// now, so the shutdown's sweep of this bridge's containers leaves them.
+    parked: std::sync::Mutex<Vec<String>>,
+    /// Whether its live sessions are parked when it shuts down (`run` and `serve`, whose clients
+    /// come back; not `exec`, whose next call expects a fresh interpreter).
+    parks_sessions: std::sync::atomic::AtomicBool,
+    /// Whether [`Sandbox::adopt_parked`] ran (the warm-up runs twice).
+    adopt_tried: std::sync::atomic::AtomicBool,
+    /// Set when the engine, asked again after its kept answer was used (`engine::Kept`), can
+    /// no longer enforce what this bridge needs: why, refused to every call from then on.
+    revoked: std::sync::OnceLock<String>,
+    /// A kept answer in use that the engine has not confirmed yet ([`Sandbox::check_kept`]).
+    unchecked: std::sync::Mutex<Option<Unchecked>>,
+    /// The boot frame every sandbox is sent, with the runtime's compiled code once a sandbox
+    /// sent it (kept in the state dir for the next bridges).
+    compiled: compiled::Compiled,
+}
+
+/// A reporter of image-load progress: bytes streamed so far.
+pub type LoadProgress = Arc<dyn Fn(u64) + Send + Sync>;
+
+impl Sandbox {
+    pub fn new(config: Arc<Config>) -> Arc<Self> {
+        let compiled = compiled::Compiled::new(&config.state_dir, &config.image);
+        let sb = Arc::new_cyclic(|this| Sandbox {
+            config,
+            compiled,
+            engine: OnceCell::new(),
+            image_ready: OnceCell::new(),
+            engine_failed: Failed::default(),
+            image_failed: Failed::default(),
+            sessions: Mutex::new(HashMap::new()),
+            starting: Mutex::new(()),
+            owner: container::owner_id(),
+            serial: AtomicU64::new(0),
+            load_progress: std::sync::OnceLock::new(),
+            provision: std::sync::OnceLock::new(),
+            seen_target: std::sync::Mutex::new(None),
+            pool: Pool::new(),
+            closing: tokio_util::sync::CancellationToken::new(),
+            lost: Lost::default(),
+            pending: Default::default(),
+            this: this.clone(),
+            parked: std::sync::Mutex::new(Vec::new()),
+            parks_sessions: Default::default(),
+            adopt_tried: Default::default(),
+            revoked: std::sync::OnceLock::new(),
+            unchecked: std::sync::Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&sb);
+        let idle = sb.config.runtime_idle_timeout.0;
+        tokio::spawn(async move {
+            let tick = (idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(15));
+            loop {
+                tokio::time::sleep(tick).await;
+                let Some(sb) = weak.upgrade() else { return };
+                sb.reap_idle(idle).await;
+                sb.reap_strays(false).await;
+            }
+        });
+        sb
+    }
+
+    /// The server is up (`run` calls it at process start, before `initialize`; again at
+    /// `initialized`, which finds it done): keep a pool of ready sandboxes from now on and,
+    /// with `warm_start`, connect the engine, make the image present and fill the pool in the
+    /// background. Never waits and never fails: what goes wrong here is logged, and the first
+    /// call meets it again and reports it.
+    pub fn warm_up(&self) {
+        if self.config.pool_size > 0 {
+            self.pool.enabled.store(true, Ordering::SeqCst);
+        }
+        if !self.config.warm_start {
+            return;
+        }
+        self.pool.touch();
+        self.adopt_parked();
+        let Some(sb) = self.this.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let t0 = std::time::Instant::now();
+            match sb.prepare().await {
+                Ok(_) => {
+                    tracing::debug!(
+                        ms = t0.elapsed().as_millis() as u64,
+                        "warm-up: engine connected and image present"
+                    );
+                    // A call that came meanwhile (an agent that sent its code at once) starts
+                    // its own sandbox now; the pool fills after it.
+                    if sb.pending.load(Ordering::SeqCst) == 0 {
+                        sb.refill();
+                    }
+                }
+                Err(e) => {
+                    tracing::info!("warm-up did not finish; the first call will try again: {e}")
+                }
+            }
+        });
+    }
+
+    /// Start pooled sandboxes in the background until the pool holds `pool_size`, within
+    /// `max_sessions` with the live sessions. Not while the bridge is idle or shutting down.
+    fn refill(&self) {
+        if !self.pool.enabled.load(Ordering::SeqCst)
+            || self.pool.closed.load(Ordering::SeqCst)
+            || self.pool.idle_for() >= self.config.runtime_idle_timeout.0
+            || self.engine.get().is_none()
+            || !self.pool.begin_refill()
+        {
+            return;
+        }
+        let Some(sb) = self.this.upgrade() else {
+            self.pool.end_refill();
+            return;
+        };
+        tokio::spawn(async move {
+            while sb.fill_one().await {}
+            sb.pool.end_refill();
+        });
+    }
+
+    /// Start one pooled sandbox if there is room; false when there is none or it failed.
+    async fn fill_one(&self) -> bool {
+        let Ok(engine) = self.prepare().await else {
+            return false;
+        };
+        {
+            let _starting = self.starting.lock().await;
+            let live = self.live_sessions().await;
+            if self.pool.closed.load(Ordering::SeqCst)
+                || self.pool.idle_for() >= self.config.runtime_idle_timeout.0
+                || self.pool.held() >= self.config.pool_size as usize
+                || live + self.pool.held() >= self.config.max_sessions as usize
+            {
+                return false;
+            }
+            self.pool.reserve();
+        }
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        // Attached on a connection of its own when it may be parked at exit (`park`).
+        let socket = engine
+            .unix_socket()
+            .filter(|_| park::eligible(&self.config));
+        let start = Session::start(
+            &engine.docker,
+            &self.config,
+            &self.compiled,
+            Role::Pool,
+            &self.owner,
+            serial,
+            self.provision.get(),
+            socket.as_deref(),
+            None,
+        );
+        // Given up when the bridge shuts down; the container it may have created is removed by
+        // the shutdown's sweep of every container this bridge owns.
+        let Some(started) = self.closing.run_until_cancelled(start).await else {
+            self.pool.filled(None);
+            return false;
+        };
+        match started {
+            Ok(s)
+                if self.pool.closed.load(Ordering::SeqCst)
+                    || self.revoked.get().is_some()
+                    || self.pool.idle_for() >= self.config.runtime_idle_timeout.0 =>
+            {
+                // Said as the reaper says it of a waiting one: a boot that outlasted the idle
+                // timeout (seconds under gVisor's ptrace platform) ends the same way.
+                if !self.pool.closed.load(Ordering::SeqCst) && self.revoked.get().is_none() {
+                    tracing::info!(container = %s.container_id, "removing a pooled sandbox: no call for {}s", self.pool.idle_for().as_secs());
+                }
+                s.destroy().await;
+                self.pool.filled(None);
+                false
+            }
+            Ok(s) => {
+                self.saw(&s);
+                self.pool.filled(Some(s));
+                true
+            }
+            Err(e) => {
+                tracing::warn!("could not start a sandbox for the pool: {e}");
+                self.pool.filled(None);
+                false
+            }
+        }
+    }
+
+    /// What the last sandbox to boot said of its interpreter; `None` before any booted.
+    pub fn seen_target(&self) -> Option<crate::protocol::Target> {
+        self.seen_target.lock().unwrap().clone()
+    }
+
+    fn saw(&self, s: &Session) {
+        if let Some(t) = &s.interpreter.target {
+            *self.seen_target.lock().unwrap() = Some(t.clone());
+        }
+    }
+
+    /// Run `p` on every new sandbox after its boot, before it serves a call.
+    pub fn set_provision(&self, p: Arc<dyn crate::protocol::Provision>) {
+        let _ = self.provision.set(p);
+    }
+
+    /// Report image-load progress to `f` instead of the log (a progress bar on a terminal).
+    pub fn set_load_progress(&self, f: LoadProgress) {
+        let _ = self.load_progress.set(f);
+    }
+
+    /// Run a request in session `name`. Errors are for failures to get a sandbox at all.
+    #[inline(never)]
+    pub fn run<'a>(
+        &'a self,
+        name: &'a SessionKey,
+        reset: bool,
+        req: ExecRequest,
+    ) -> Boxed<'a, Result<ExecOutcome, SandboxError>> {
+        Box::pin(self.run_here(name, reset, req))
+    }
+
+    async fn run_here(
+        &self,
+        name: &SessionKey,
+        reset: bool,
+        req: ExecRequest,
+    ) -> Result<ExecOutcome, SandboxError> {
+        let (session, start, mut notices) = self.session(name, reset).await?;
+        let fresh = start != Start::Running;
+        req.binding.rpc.on_interpreter(&session.interpreter);
+        let cancel = req.cancel.clone();
+        let Some(mut outcome) = session.exec(req, name).await else {
+            // Cancelled in the line behind another call: nothing ran, nothing to copy out.
+            drop(session);
+            notices.push(NOT_STARTED.to_string());
+            return Ok(output::not_started(notices));
+        };
+        if outcome.session_reset && cancel.is_cancelled() {
+            // Its caller gave up on this reply: the next call of the session says it instead.
+            self.lost.note(
+                name,
+                format!(
+                    "a call that was cancelled reset it: {}",
+                    outcome
+                        .notices
+                        .last()
+                        .map(String::as_str)
+                        .unwrap_or("its sandbox was killed")
+                ),
+            );
+        }
+        // Even after an error or a timeout: what the code wrote before it is there. Not from a
+        // container that is gone (its files went with it). Under gVisor the exec copied them
+        // already, through the channel, while it held the session (`collect_files` is a no-op).
+        if !outcome.session_reset && !session.is_dead() {
+            let report = session.collect_files(name).await;
+            outcome.files.extend(report.new);
+            outcome.notices.extend(report.notices);
+            images::inline_images(&mut outcome, &session.files);
+        }
+        if outcome.session_reset {
+            let mut sessions = self.sessions.lock().await;
+            if sessions.get(name).is_some_and(|s| Arc::ptr_eq(s, &session)) {
+                sessions.remove(name);
+            }
+        }
+        drop(session);
+        // After the call, not during it: a refill competes with the code for the CPU.
+        self.refill();
+        for n in notices.into_iter().rev() {
+            outcome.notices.insert(0, n);
+        }
+        if fresh && let Some(n) = self.lost.take(name) {
+            // A reset asked for needs no explanation.
+            if !reset {
+                outcome.notices.insert(0, n);
+            }
+        }
+        if start == Start::Resumed {
+            outcome.notices.insert(0, resume::RESUMED.into());
+            outcome.resumed = Some("live");
+        }
+        if fresh && reset {
+            outcome
+                .notices
+                .insert(0, "started a fresh interpreter (reset)".into());
+        }
+        Ok(outcome)
+    }
+
+    /// Every kept file of the live sessions, as `(session, file)`.
+    pub async fn files(&self) -> Vec<(SessionKey, files::OutFile)> {
+        let sessions = self.sessions.lock().await;
+        let mut all = Vec::new();
+        for (name, s) in sessions.iter().filter(|(_, s)| !s.is_dead()) {
+            all.extend(s.files.list().into_iter().map(|f| (name.clone(), f)));
+        }
+        all
+    }
+
+    /// The kept file `name` of session `session` and its bytes; `None` when there is none (the
+    /// session was reset or closed, or never wrote it).
+    pub async fn read_file(
+        &self,
+        session: &SessionKey,
+        name: &str,
+    ) -> std::io::Result<Option<(files::OutFile, Vec<u8>)>> {
+        let store = match self.sessions.lock().await.get(session) {
+            Some(s) if !s.is_dead() => Arc::clone(&s.files),
+            _ => return Ok(None),
+        };
+        let name = name.to_string();
+        tokio::task::spawn_blocking(move || store.read(&name))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+
+    /// Remove every container (sessions and pool) and stop our podman service.
+    #[inline(never)]
+    pub fn shutdown(&self) -> Boxed<'_, ()> {
+        Box::pin(self.shutdown_here())
+    }
+
+    async fn shutdown_here(&self) {
+        // Before parking: a sandbox is parked only under an answer the engine confirmed.
+        self.check_kept(true).await;
+        self.park_one().await;
+        self.park_sessions().await;
+        self.pool.closed.store(true, Ordering::SeqCst);
+        self.closing.cancel();
+        // A refill that checked `closed` before this reserves its start under `starting`: let
+        // it, so that the count below sees it (bounded: a session start holds the lock too).
+        let _ = tokio::time::timeout(Duration::from_secs(15), self.starting.lock()).await;
+        // A pooled sandbox being started is given up by its filler (`closing`) or removed by it
+        // once started (it sees `closed`); wait for that, boundedly, so that it is not created
+        // after the sweep below.
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while self.pool.filling() > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.close_all().await;
+        self.reap_strays(true).await;
+        if let Some(engine) = self.engine.get() {
+            engine.shutdown().await;
+        }
+    }
+}

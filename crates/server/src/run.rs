@@ -1,0 +1,323 @@
+//! The bridge path of one `run_python` call: load its servers, run its code in its session,
+//! audit it, render its result; and the same call in rounds when a 2026-07-28 client can be asked.
+
+#![allow(deprecated)]
+
+use mcp_code_bridge_core::boxed::Boxed;
+use std::sync::Arc;
+
+use rmcp::RoleServer;
+use rmcp::model::{
+    CallToolResponse, CallToolResult, ErrorData, ReadResourceResponse, ReadResourceResult,
+    ResourceContents,
+};
+use rmcp::service::RequestContext;
+use serde_json::json;
+
+use super::budget::Budget;
+use super::progress::Forwarder;
+use super::replies::refused;
+use super::{Bridge, RunArgs, render, rounds};
+use crate::audit::{self};
+use crate::error::Hinted as _;
+use crate::identity::{Identity, SessionKey};
+use crate::policy::Approver;
+use crate::sandbox::files;
+use crate::sandbox::{ExecOutcome, ExecRequest, OutputSink};
+use crate::skills;
+use crate::upstream::{CallContext, CallRelay, ProgressSink};
+use base64::Engine as _;
+
+/// Why a call's code could not run at all: its servers could not be loaded, or no sandbox
+/// could be had. `kind` is the error type the result and the audit record name.
+#[derive(Debug)]
+pub struct SetupFailure {
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl Bridge {
+    /// Run one `run_python` call to completion in session `key`: the outcome, or why it could
+    /// not be set up. This is the one path of a call, from MCP and from `exec`: it loads the
+    /// call's servers under the policy (asking `approver`, the client of the request, about the
+    /// proxied calls the policy says to ask about; with none, `ask_fallback` answers), binds the
+    /// key's skills, runs the code, and leaves one `exec` record in the audit log (each proxied
+    /// call leaves a `tool_call` record). `relay` gets what those calls pass on to the client
+    /// (their progress, their servers' questions). With `budget`, the parts of the output over
+    /// it are kept whole as files (`server::budget`) for a result to preview; without, as for
+    /// `exec`, which prints everything, none is.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    pub fn execute<'a>(
+        &'a self,
+        key: &'a SessionKey,
+        args: RunArgs,
+        cancel: tokio_util::sync::CancellationToken,
+        on_output: Option<OutputSink>,
+        approver: Option<Arc<dyn Approver>>,
+        relay: CallRelay,
+        budget: Option<Budget>,
+    ) -> Boxed<'a, Result<ExecOutcome, SetupFailure>> {
+        Box::pin(self.execute_here(key, args, cancel, on_output, approver, relay, budget))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn execute_here(
+        &self,
+        key: &SessionKey,
+        args: RunArgs,
+        cancel: tokio_util::sync::CancellationToken,
+        on_output: Option<OutputSink>,
+        approver: Option<Arc<dyn Approver>>,
+        relay: CallRelay,
+        budget: Option<Budget>,
+    ) -> Result<ExecOutcome, SetupFailure> {
+        let started = std::time::Instant::now();
+        if args.reset {
+            self.upstreams.forget_session(key);
+        }
+        // The code goes to the sandbox; the log needs it after (its digest, or all of it).
+        let code = self.audit.is_on().then(|| args.code.clone());
+        let record = |status: &str, error_type: Option<&str>| {
+            if let Some(code) = &code {
+                self.audit.exec(audit::Exec {
+                    session: key.name(),
+                    identity: key.owner().name(),
+                    code,
+                    servers: &args.servers,
+                    status,
+                    error_type,
+                    duration: started.elapsed(),
+                });
+            }
+        };
+        let asker = approver.clone();
+        let can_ask = approver.as_ref().is_some_and(|a| a.can_ask());
+        let call = CallContext {
+            session: key.clone(),
+            approver,
+            relay,
+            audit: self.audit.clone(),
+        };
+        let gate = skills::rpc::SaveGate {
+            rule: self.config.skills.save,
+            fallback: self.config.policy.ask_fallback,
+            approver: asker.clone(),
+            audit: self.audit.clone(),
+            key: key.clone(),
+        };
+        let binding = match self.upstreams.load_for(&args.servers, call).await {
+            Ok(b) => match key.owner() {
+                Identity::Named(id) => skills::rpc::SkillRpc::bind(
+                    &Arc::new(skills::Store::for_identity(&self.config, id)),
+                    b,
+                    gate,
+                ),
+                Identity::Local => skills::rpc::SkillRpc::bind(&self.skills, b, gate),
+            },
+            Err(e) => {
+                record("setup_error", Some(e.kind()));
+                return Err(SetupFailure {
+                    kind: e.kind(),
+                    message: e.message(),
+                });
+            }
+        };
+        let binding = crate::protocol::ExecBinding {
+            rpc: crate::packages::rpc::PackagesRpc::wrap(
+                self.packages.clone(),
+                key.clone(),
+                asker,
+                binding.rpc,
+            ),
+            ..binding
+        };
+        let req = ExecRequest {
+            code: args.code,
+            timeout: self.config.clamp_timeout(args.timeout),
+            max_timeout: self.config.max_timeout.0,
+            output_cap: self.config.output_cap.0 as usize,
+            binding,
+            cancel,
+            on_output,
+            spill: budget.map(|b| crate::sandbox::Spill {
+                fit: Arc::new(b),
+                key: key.clone(),
+            }),
+        };
+        match self.sandbox.run(key, args.reset, req).await {
+            Ok(mut outcome) => {
+                if let Some(e) = outcome
+                    .error
+                    .as_ref()
+                    .filter(|e| e.kind == "ModuleNotFoundError")
+                    && let Some(hint) = self.packages.missing_module_hint(&e.message, can_ask)
+                {
+                    outcome.notices.push(hint);
+                }
+                let status = serde_json::to_value(outcome.outcome).unwrap_or_default();
+                let error_type = outcome.error.as_ref().map(|e| e.kind.as_str());
+                record(status.as_str().unwrap_or("unknown"), error_type);
+                Ok(outcome)
+            }
+            Err(e) => {
+                record("setup_error", Some("SandboxUnavailable"));
+                Err(SetupFailure {
+                    kind: "SandboxUnavailable",
+                    message: e.message(),
+                })
+            }
+        }
+    }
+
+    /// [`Bridge::execute`], its outcome rendered as the result the model sees.
+    pub(super) async fn run_for(
+        &self,
+        key: SessionKey,
+        args: RunArgs,
+        cancel: tokio_util::sync::CancellationToken,
+        on_output: Option<OutputSink>,
+        approver: Option<Arc<dyn Approver>>,
+        relay: CallRelay,
+    ) -> CallToolResult {
+        let budget = Budget::new(self.config.output_budget);
+        match self
+            .execute(&key, args, cancel, on_output, approver, relay, Some(budget))
+            .await
+        {
+            Ok(outcome) => {
+                render::tool_result(outcome, self.config.output_mode, key.name(), &budget)
+            }
+            Err(e) => render::setup_error(e.kind, &e.message, key.name()),
+        }
+    }
+
+    /// `resources/read` of a file copied out of `/workspace/out`: text when its type is textual
+    /// and its bytes UTF-8, else base64. Bounded by `file_cap`, which every kept file is within.
+    pub(super) async fn read_file(
+        &self,
+        uri: &str,
+        session: &SessionKey,
+        name: &str,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let found = match self.sandbox.read_file(session, name).await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(uri, "could not read a kept file: {e}");
+                return Err(refused(
+                    "resources/read",
+                    ErrorData::internal_error(format!("{uri} could not be read: {e}"), None),
+                ));
+            }
+        };
+        let Some((f, bytes)) = found else {
+            return Err(refused(
+                "resources/read",
+                ErrorData::resource_not_found(
+                    format!(
+                        "no file {name:?} in session {:?}: it was never written to {}, or the session was reset or closed since (resources/list shows the files there are)",
+                        session.name(),
+                        files::OUT_DIR
+                    ),
+                    Some(json!({"uri": uri})),
+                ),
+            ));
+        };
+        let textual = f.mime.starts_with("text/")
+            || matches!(
+                f.mime.as_str(),
+                "application/json"
+                    | "application/xml"
+                    | "application/javascript"
+                    | "application/toml"
+            );
+        let c = match String::from_utf8(bytes) {
+            Ok(text) if textual => ResourceContents::text(text, uri),
+            Ok(text) => ResourceContents::blob(
+                base64::engine::general_purpose::STANDARD.encode(text.as_bytes()),
+                uri,
+            ),
+            Err(e) => ResourceContents::blob(
+                base64::engine::general_purpose::STANDARD.encode(e.as_bytes()),
+                uri,
+            ),
+        }
+        .with_mime_type(f.mime);
+        Ok(ReadResourceResult::new(vec![c]).into())
+    }
+
+    /// A 2026-07-28 `tools/call` whose client can be asked (or that answers a question): a new
+    /// call runs in the background until it asks or ends; a retry with `request_state` resumes
+    /// the paused call it names with the answers. Each round streams the output to its own
+    /// request's progress token while it lasts.
+    pub(super) async fn call_in_rounds(
+        &self,
+        key: SessionKey,
+        args: RunArgs,
+        request_state: Option<String>,
+        responses: Option<rmcp::model::InputResponses>,
+        askable: rounds::Askable,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let binding = rounds::Binding::new(key.clone(), &args.code);
+        let running = match request_state {
+            Some(state) => self
+                .paused
+                .take(&state, &binding, responses)
+                .map_err(|e| refused("tools/call", e.into_error()))?,
+            None => {
+                let (links, questions) = rounds::Running::links(askable, key.owner().clone());
+                let rounds::Links {
+                    approver,
+                    client,
+                    cancel,
+                    sinks,
+                } = links;
+                let relay = CallRelay {
+                    progress: Some(sinks.progress()),
+                    client: Some(Arc::new(client)),
+                };
+                let bridge = self.clone();
+                let out = sinks.output();
+                let run_cancel = cancel.clone();
+                rounds::Running::spawn(binding, cancel, sinks, questions, async move {
+                    bridge
+                        .run_for(
+                            key,
+                            args,
+                            run_cancel,
+                            Some(out),
+                            Some(Arc::new(approver)),
+                            relay,
+                        )
+                        .await
+                })
+            }
+        };
+        let forwarder = self.progress(context).map(|(f, out, up)| {
+            running.sinks.set(Some((out, up)));
+            f
+        });
+        let sinks = running.sinks.clone();
+        let response = running.drive(&context.ct, &self.paused).await;
+        sinks.set(None);
+        if let Some(f) = forwarder {
+            f.finish().await;
+        }
+        Ok(response)
+    }
+
+    /// Stream output as progress (and logging, when enabled) notifications, when the client
+    /// asked for either.
+    pub(super) fn progress(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Option<(Forwarder, OutputSink, ProgressSink)> {
+        let token = context.meta.get_progress_token();
+        let logging = self.log_level.lock().unwrap().is_some();
+        if token.is_none() && !logging {
+            return None;
+        }
+        Some(Forwarder::start(context.peer.clone(), token, logging))
+    }
+}

@@ -1,0 +1,798 @@
+//! The RPCs of one exec: what the code in the sandbox may ask of the upstream side. Docs and
+//! search cover every discovered server; `call_tool` only the servers loaded for the exec, whose
+//! pool slots the handler keeps, so a proxied call goes to its server without a registry lookup.
+//! Errors reach the sandbox as [`Hinted::message`]: what was wrong, then what to do.
+//!
+//! Every proxied call goes through the user's policy here ([`ExecRpc::call_tool`]), whatever
+//! thread of the session's code sent it: the handler is the current exec's, and a thread left
+//! by an earlier call reaches the host through it too.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use serde_json::{Map, Value, json};
+
+use super::catalog::{self, Detail, ServerTools, UnknownTool};
+use super::pool::{CallError, Slot};
+use super::report::known_servers;
+use super::{CallContext, Upstreams};
+use crate::audit::{Audit, Decision as AuditDecision, ToolCallRecord, ToolStatus};
+use crate::config::policy::Action;
+use crate::error::{Hint, Hinted};
+use crate::policy::{Approval, ApprovalRequest, Decision, Verdict};
+use crate::protocol::{RPC_DENIED, RpcFailure, RpcHandler};
+
+/// The largest `limit` a search honours.
+pub const MAX_SEARCH_LIMIT: usize = 50;
+/// The `limit` of a search that gives none.
+pub const DEFAULT_SEARCH_LIMIT: usize = 5;
+/// Longest search query considered (the rest is ignored).
+const MAX_QUERY_CHARS: usize = 1000;
+
+/// Why an RPC from the sandbox was refused or failed. The handler sends [`Hinted::message`].
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    #[error("{method} needs a string parameter '{key}'")]
+    MissingParam { method: String, key: &'static str },
+    /// A parameter of the wrong type: `expected` is "a string", "a number", ...
+    #[error("{method}: '{key}' must be {expected}")]
+    BadParam {
+        method: &'static str,
+        key: &'static str,
+        expected: &'static str,
+    },
+    #[error("Unknown MCP server '{name}'")]
+    UnknownServer {
+        name: String,
+        /// Every discovered server, by name.
+        known: Vec<String>,
+    },
+    #[error("Server '{server}' is not loaded for this call")]
+    NotLoaded { server: String },
+    #[error("Unknown RPC method '{0}'")]
+    UnknownMethod(String),
+    #[error(transparent)]
+    UnknownTool(#[from] UnknownTool),
+    /// A call of a tool the server does not list, even when listed afresh: never sent.
+    #[error(transparent)]
+    Unlisted(#[from] Unlisted),
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// The policy, or the user when asked, refused the call. The runtime raises `ToolDenied`.
+    #[error(transparent)]
+    Denied(Box<Denied>),
+}
+
+/// A proxied call of a name the server's current tool list does not have (nor as an alias, in
+/// another case, or spelled as a Python identifier). It is refused rather than passed on: a
+/// server that matches names leniently (Unicode normalization, invisible characters, case,
+/// `-`/`_`) could run a tool the policy never judged.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "Tool {tool:?} is not in the tool list of server '{server}' (listed just now); only the tools it lists are called, by their listed names"
+)]
+pub struct Unlisted {
+    pub server: String,
+    /// The name as the code gave it, cut at [`MAX_ECHOED_NAME`] characters.
+    pub tool: String,
+    /// The listed names nearest to it, nearest first.
+    pub closest: Vec<String>,
+    /// How many tools the server lists.
+    pub listed: usize,
+}
+
+/// The most characters of a made-up tool name echoed back in an error.
+const MAX_ECHOED_NAME: usize = 200;
+/// Listed names suggested for an unlisted one.
+const CLOSEST: usize = 3;
+/// Characters of each name compared for the suggestion: it costs names × this², whatever
+/// length of name the code sends.
+const COMPARED_CHARS: usize = 32;
+
+impl Unlisted {
+    fn new(server: &str, tool: &str, tools: &[rmcp::model::Tool]) -> Unlisted {
+        Unlisted {
+            server: server.to_string(),
+            tool: tool.chars().take(MAX_ECHOED_NAME).collect(),
+            closest: closest_names(tool, tools.iter().map(|t| t.name.as_ref())),
+            listed: tools.len(),
+        }
+    }
+}
+
+/// The listed names most like `wanted` (at most [`CLOSEST`]), for the hint only: names are
+/// compared folded (fullwidth forms as ASCII, lower case, letters and digits only); the call
+/// itself never goes by this.
+fn closest_names<'a>(wanted: &str, names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    fn fold(s: &str) -> String {
+        s.chars()
+            .map(|c| match c {
+                // The fullwidth forms of ASCII '!'..'~'.
+                '\u{FF01}'..='\u{FF5E}' => char::from_u32(c as u32 - 0xFEE0).unwrap_or(c),
+                c => c,
+            })
+            .filter(|c| c.is_alphanumeric())
+            .flat_map(char::to_lowercase)
+            .take(COMPARED_CHARS)
+            .collect()
+    }
+    let wanted = fold(wanted);
+    let mut scored: Vec<(f64, &str)> = names
+        .map(|n| (strsim::normalized_levenshtein(&wanted, &fold(n)), n))
+        .filter(|(score, _)| *score > 0.0)
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    scored
+        .into_iter()
+        .take(CLOSEST)
+        .map(|(_, n)| n.to_string())
+        .collect()
+}
+
+/// A proxied call refused by the policy or by the user (boxed in [`RpcError`]: it is the
+/// largest error and the rarest).
+#[derive(Debug, thiserror::Error)]
+#[error("{}", denied_text(.server, .tool, .decision, .fallback_origin))]
+pub struct Denied {
+    pub server: String,
+    pub tool: String,
+    pub decision: Decision,
+    /// Where `ask_fallback` is set, for a call that could not be asked about.
+    pub fallback_origin: String,
+}
+
+/// What a refusal says: the tool, why, the rule and where it is set.
+fn denied_text(server: &str, tool: &str, d: &Decision, fallback_origin: &str) -> String {
+    let rule = d.rule.as_deref().unwrap_or("the policy");
+    let origin = d.origin.as_deref().unwrap_or("default");
+    match d.verdict {
+        Verdict::AskDenied => format!(
+            "The user denied the call {server}.{tool} when asked (asked because of rule {rule}, set in {origin})"
+        ),
+        Verdict::AskUnavailable => format!(
+            "The call {server}.{tool} needs the user's approval (rule {rule}, set in {origin}), but the MCP client cannot be asked (it does not support elicitation), and policy.ask_fallback = \"deny\" (set in {fallback_origin}) refuses it"
+        ),
+        _ => format!(
+            "The call {server}.{tool} is denied by the user's policy: rule {rule}, set in {origin}"
+        ),
+    }
+}
+
+impl Hinted for RpcError {
+    fn hint(&self) -> Option<Hint> {
+        match self {
+            RpcError::UnknownServer { known, .. } => Some(known_servers(known)),
+            RpcError::NotLoaded { server } => Some(Hint::clause(format!(
+                "pass \"servers\": [\"{server}\"] to run_python to load it"
+            ))),
+            RpcError::UnknownMethod(_) => Some(Hint::clause(
+                "the host answers list_servers, list_tools, query_tool_docs, search_tool_docs, call_tool",
+            )),
+            RpcError::UnknownTool(e) => e.hint(),
+            RpcError::Unlisted(e) => {
+                let all = format!(
+                    "runtime.list_tools(\"{}\") lists all {}",
+                    e.server, e.listed
+                );
+                Some(Hint::clause(if e.closest.is_empty() {
+                    all
+                } else {
+                    format!("the closest listed: {}; {all}", e.closest.join(", "))
+                }))
+            }
+            RpcError::Call(e) => e.hint(),
+            RpcError::Denied(_) => Some(Hint::clause(
+                "the user decides this, not the code: do not retry the call; go on without it, or tell the user what it was needed for",
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// The RPC handler of one exec.
+pub(super) struct ExecRpc {
+    up: Upstreams,
+    /// The servers loaded for this exec.
+    loaded: Vec<Arc<Slot>>,
+    /// The session and the client to ask.
+    call: CallContext,
+    /// The interpreter the exec runs in (see `RpcHandler::on_interpreter`): "allow for this
+    /// session" holds for it only.
+    interpreter: OnceLock<String>,
+    /// One question to the user at a time: the code may send many calls at once, and the
+    /// answer to the first ("for this session") may settle the others.
+    asking: tokio::sync::Mutex<()>,
+}
+
+fn param_str<'a>(params: &'a Value, key: &'static str, method: &str) -> Result<&'a str, RpcError> {
+    params
+        .get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| RpcError::MissingParam {
+            method: method.to_string(),
+            key,
+        })
+}
+
+impl ExecRpc {
+    pub(super) fn new(up: Upstreams, loaded: Vec<Arc<Slot>>, call: CallContext) -> Self {
+        ExecRpc {
+            up,
+            loaded,
+            call,
+            interpreter: OnceLock::new(),
+            asking: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Any discovered server (docs cover them all).
+    fn server(&self, name: &str) -> Result<&Arc<Slot>, RpcError> {
+        self.up.lookup(name).ok_or_else(|| RpcError::UnknownServer {
+            name: name.to_string(),
+            known: self.up.known(),
+        })
+    }
+
+    /// A server loaded for this exec. The runtime sends server names, found among the loaded
+    /// few; anything else (an alias) is resolved among all servers, which also tells an unknown
+    /// server from one that is not loaded.
+    fn loaded_server(&self, name: &str) -> Result<&Arc<Slot>, RpcError> {
+        if let Some(slot) = self.loaded.iter().find(|s| s.name() == name) {
+            return Ok(slot);
+        }
+        let slot = self.server(name)?;
+        match self.loaded.iter().find(|s| Arc::ptr_eq(s, slot)) {
+            Some(slot) => Ok(slot),
+            None => Err(RpcError::NotLoaded {
+                server: slot.name().to_string(),
+            }),
+        }
+    }
+
+    async fn handle_inner(&self, method: &str, params: &Value) -> Result<Value, RpcError> {
+        match method {
+            "list_servers" => Ok(json!(
+                self.loaded
+                    .iter()
+                    .map(|s| s.name().to_string())
+                    .collect::<Vec<_>>()
+            )),
+            "list_tools" => {
+                let slot = self.server(param_str(params, "server", method)?)?;
+                Ok(json!(self.up.server_tools(slot).await?.list()))
+            }
+            "query_tool_docs" => {
+                let slot = self.server(param_str(params, "server", method)?)?;
+                let tool = match params.get("tool") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(s)) => Some(s.as_str()),
+                    Some(_) => {
+                        return Err(RpcError::BadParam {
+                            method: "query_tool_docs",
+                            key: "tool",
+                            expected: "a string",
+                        });
+                    }
+                };
+                let detail = Detail::parse(params.get("detail").and_then(Value::as_str));
+                Ok(json!(self.up.server_tools(slot).await?.docs(tool, detail)?))
+            }
+            "search_tool_docs" => {
+                let query = param_str(params, "query", method)?;
+                let query: String = query.chars().take(MAX_QUERY_CHARS).collect();
+                let limit = match params.get("limit") {
+                    None | Some(Value::Null) => DEFAULT_SEARCH_LIMIT,
+                    Some(v) => v
+                        .as_f64()
+                        .map(|n| n.clamp(1.0, MAX_SEARCH_LIMIT as f64) as usize)
+                        .ok_or(RpcError::BadParam {
+                            method: "search_tool_docs",
+                            key: "limit",
+                            expected: "a number",
+                        })?,
+                };
+                let (catalogs, skipped) = self.up.all_tools().await;
+                let refs: Vec<&ServerTools> = catalogs.iter().collect();
+                Ok(json!({
+                    "results": catalog::search(&refs, &query, limit),
+                    "skipped": skipped,
+                }))
+            }
+            "call_tool" => self.call_tool(params).await,
+            other => Err(RpcError::UnknownMethod(other.to_string())),
+        }
+    }
+}
+
+impl ExecRpc {
+    /// A proxied call: resolve the server (loaded ones only) and the tool's real name, decide
+    /// by the policy (asking the user when it says so), then call or refuse.
+    async fn call_tool(&self, params: &Value) -> Result<Value, RpcError> {
+        let method = "call_tool";
+        let slot = self.loaded_server(param_str(params, "server", method)?)?;
+        let tool = param_str(params, "tool", method)?;
+        let arguments = match params.get("arguments") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(o)) => Some(o.clone()),
+            Some(_) => {
+                return Err(RpcError::BadParam {
+                    method: "call_tool",
+                    key: "arguments",
+                    expected: "an object (keyword arguments)",
+                });
+            }
+        };
+        let (tool_name, destructive) = match self.listed_tool(slot, tool).await {
+            Ok(found) => found,
+            Err(e) => {
+                self.record_unlisted(slot.name(), tool, arguments.as_ref(), &e);
+                return Err(e);
+            }
+        };
+        let started = Instant::now();
+        // A call whose exec ends while the human is still being asked (a client that never
+        // answers: its deadline) is recorded as denied, unanswered.
+        let mut unanswered = RecordOnDrop {
+            audit: &self.call.audit,
+            started,
+            record: Some(self.record(
+                slot.name(),
+                &tool_name,
+                arguments.as_ref(),
+                &Decision {
+                    verdict: Verdict::AskDenied,
+                    allowed: false,
+                    rule: None,
+                    origin: None,
+                    ask: Some("unanswered"),
+                },
+            )),
+            dropped: (ToolStatus::Denied, "unanswered"),
+        };
+        let decision = self
+            .decide(slot.name(), &tool_name, arguments.as_ref(), destructive)
+            .await;
+        unanswered.record = None;
+        // Written however the call ends: a call dropped with its exec (timeout, cancellation)
+        // is recorded as failed by the guard.
+        let mut record = RecordOnDrop {
+            audit: &self.call.audit,
+            started,
+            record: Some(self.record(slot.name(), &tool_name, arguments.as_ref(), &decision)),
+            dropped: (ToolStatus::Failed, "cancelled"),
+        };
+        let outcome = if decision.allowed {
+            self.up
+                .inner
+                .pool
+                .call_tool(slot, &tool_name, arguments.clone(), &self.call.relay)
+                .await
+                .map(|r| call_result_json(&r))
+                .map_err(RpcError::from)
+        } else {
+            Err(RpcError::Denied(Box::new(Denied {
+                server: slot.name().to_string(),
+                tool: tool_name.clone(),
+                decision: decision.clone(),
+                fallback_origin: self.up.policy().fallback().1.to_string(),
+            })))
+        };
+        let (status, error_type) = match &outcome {
+            Ok(v) if v["isError"] == true => (ToolStatus::Error, None),
+            Ok(_) => (ToolStatus::Ok, None),
+            Err(RpcError::Denied(_)) => (ToolStatus::Denied, None),
+            Err(RpcError::Call(e)) => (ToolStatus::Failed, Some(e.kind())),
+            Err(_) => (ToolStatus::Failed, Some("BadCall")),
+        };
+        record.finish(status, error_type);
+        tracing::debug!(
+            server = slot.name(),
+            tool = %tool_name,
+            decision = decision.verdict.as_str(),
+            rule = decision.rule.as_deref().unwrap_or(""),
+            ok = outcome.is_ok(),
+            duration_ms = started.elapsed().as_millis() as u64,
+            "proxied tool call"
+        );
+        outcome
+    }
+
+    /// The `tool_call` record of a decided call.
+    fn record(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<&Map<String, Value>>,
+        decision: &Decision,
+    ) -> ToolCallRecord {
+        let key = &self.call.session;
+        let r = ToolCallRecord::new(
+            key.name(),
+            server,
+            tool,
+            arguments,
+            audit_decision(decision.verdict),
+            rule_text(decision).as_deref(),
+        );
+        let r = match decision.ask {
+            Some(path) => r.with_ask(path),
+            None => r,
+        };
+        match key.owner().name() {
+            Some(id) => r.with_identity(id),
+            None => r,
+        }
+    }
+
+    /// The name to call for `tool` and whether the server annotates that tool destructive, from
+    /// the server's current list: the cached one when it came from the server and names the
+    /// tool (the alias the proxies use, another case and the identifier spelling are accepted,
+    /// and become the listed name), otherwise a fresh listing ([`Pool::fresh_tools`]). A name
+    /// even that does not have is [`Unlisted`]: the policy never judges, and the server never
+    /// gets, a name it does not list, and a tool missing from a stale list is never taken for
+    /// one without annotations.
+    ///
+    /// [`Pool::fresh_tools`]: super::pool::Pool::fresh_tools
+    async fn listed_tool(&self, slot: &Slot, tool: &str) -> Result<(String, bool), RpcError> {
+        let asked = Instant::now();
+        let cached = slot.cached_tools().filter(|_| !slot.catalog.is_from_file());
+        let mut found = cached.and_then(|tools| {
+            let name = listed_name(slot, &tools, tool)?;
+            Some((tools, name))
+        });
+        if found.is_none() {
+            let tools = self.up.inner.pool.fresh_tools(slot, asked).await?;
+            found = match listed_name(slot, &tools, tool) {
+                Some(name) => Some((tools, name)),
+                None => return Err(Unlisted::new(slot.name(), tool, &tools).into()),
+            };
+        }
+        let (tools, name) = found.expect("set above");
+        let destructive = tools
+            .iter()
+            .find(|t| t.name == name)
+            .is_some_and(crate::policy::is_destructive);
+        Ok((name, destructive))
+    }
+
+    /// The `tool_call` record of a call refused before any rule was asked: its tool is not
+    /// listed (`denied`), or the server could not be listed (`failed`).
+    fn record_unlisted(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<&Map<String, Value>>,
+        e: &RpcError,
+    ) {
+        let key = &self.call.session;
+        let mut r = ToolCallRecord::new(
+            key.name(),
+            server,
+            tool,
+            arguments,
+            AuditDecision::Unlisted,
+            None,
+        );
+        r = match e {
+            RpcError::Call(e) => r
+                .finished(ToolStatus::Failed, std::time::Duration::ZERO)
+                .with_error_type(e.kind()),
+            _ => r
+                .finished(ToolStatus::Denied, std::time::Duration::ZERO)
+                .with_error_type("UnlistedTool"),
+        };
+        if let Some(id) = key.owner().name() {
+            r = r.with_identity(id);
+        }
+        self.call.audit.tool_call(r);
+    }
+
+    /// The policy's decision about `server.tool`, asking the user when a rule says `ask` and
+    /// the session has not allowed the tool already.
+    async fn decide(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<&Map<String, Value>>,
+        destructive: bool,
+    ) -> Decision {
+        let policy = self.up.policy();
+        let ruling = policy.rule_for(server, tool, destructive);
+        match ruling.action {
+            Action::Allow => return ruling.decided(Verdict::Allow, true),
+            Action::Deny => return ruling.decided(Verdict::Deny, false),
+            Action::Ask => {}
+        }
+        let key = format!("{server}.{tool}");
+        let session = &self.call.session;
+        let interpreter = self.interpreter.get().map_or("", String::as_str);
+        let granted = || self.up.inner.grants.has(session, interpreter, &key);
+        let fallback = || {
+            ruling.asked(
+                Verdict::AskUnavailable,
+                policy.fallback().0 == Action::Allow,
+                "fallback",
+            )
+        };
+        if granted() {
+            return ruling.asked(Verdict::AskAllowed, true, "session_grant");
+        }
+        let Some(approver) = self.call.approver.as_ref().filter(|a| a.can_ask()) else {
+            return fallback();
+        };
+        let _one = self.asking.lock().await;
+        if granted() {
+            return ruling.asked(Verdict::AskAllowed, true, "session_grant");
+        }
+        let request = ApprovalRequest {
+            server: server.to_string(),
+            tool: tool.to_string(),
+            arguments: crate::policy::summarize_arguments(arguments),
+            rule: ruling.rule.clone(),
+            origin: ruling.origin.clone(),
+            asked: crate::policy::Asked::ToolCall,
+        };
+        let path = approver.path();
+        match approver.ask(&request).await {
+            Approval::Once => ruling.asked(Verdict::AskAllowed, true, path),
+            Approval::Session => {
+                self.up.inner.grants.grant(session, interpreter, &key);
+                ruling.asked(Verdict::AskAllowed, true, path)
+            }
+            Approval::Denied => ruling.asked(Verdict::AskDenied, false, path),
+            Approval::Unavailable(why) => {
+                tracing::warn!(
+                    server,
+                    tool,
+                    "could not ask the client about a tool call: {why}; ask_fallback decides"
+                );
+                fallback()
+            }
+        }
+    }
+}
+
+/// The listed name `tool` stands for in `tools`: itself, or the tool whose alias, lower-case
+/// name or identifier spelling it is (as [`ServerTools::find`] resolves it).
+fn listed_name(slot: &Slot, tools: &[rmcp::model::Tool], tool: &str) -> Option<String> {
+    // The runtime sends real names: skip building the catalog (it deep-copies every tool's
+    // schemas, ~10 % of the bridge's CPU per proxied call).
+    if tools.iter().any(|t| t.name == tool) {
+        return Some(tool.to_string());
+    }
+    ServerTools::from_tools(slot.name(), &slot.info.alias, None, tools)
+        .find(tool)
+        .map(|t| t.name.clone())
+}
+
+/// The audit log's name for a verdict.
+fn audit_decision(v: Verdict) -> AuditDecision {
+    match v {
+        Verdict::Allow => AuditDecision::Allow,
+        Verdict::Deny => AuditDecision::Deny,
+        Verdict::AskAllowed => AuditDecision::AskAllowed,
+        Verdict::AskDenied => AuditDecision::AskDenied,
+        Verdict::AskUnavailable => AuditDecision::AskUnavailable,
+    }
+}
+
+/// The rule of a decision and where it is set, as the audit log keeps it: `github.delete_*
+/// (config.toml)`; `None` when no rule decided.
+fn rule_text(d: &Decision) -> Option<String> {
+    let rule = d.rule.as_deref()?;
+    Some(match d.origin.as_deref() {
+        Some(origin) => format!("{rule} ({origin})"),
+        None => rule.to_string(),
+    })
+}
+
+/// A proxied call's `tool_call` record, written when the call is finished or, if its future is
+/// dropped first (its exec timed out or was cancelled), as `failed` / `cancelled` then.
+struct RecordOnDrop<'a> {
+    audit: &'a Audit,
+    started: Instant,
+    record: Option<ToolCallRecord>,
+    /// The status and error type written when the future is dropped first.
+    dropped: (ToolStatus, &'static str),
+}
+
+impl RecordOnDrop<'_> {
+    fn finish(&mut self, status: ToolStatus, error_type: Option<&str>) {
+        if let Some(mut r) = self.record.take() {
+            r = r.finished(status, self.started.elapsed());
+            if let Some(kind) = error_type {
+                r = r.with_error_type(kind);
+            }
+            self.audit.tool_call(r);
+        }
+    }
+}
+
+impl Drop for RecordOnDrop<'_> {
+    fn drop(&mut self) {
+        let (status, why) = self.dropped;
+        self.finish(status, Some(why));
+    }
+}
+
+/// A `CallToolResult` as the sandbox gets it: `content`, `structuredContent` (when present),
+/// `isError` (always present), `_meta` (when present).
+pub fn call_result_json(result: &rmcp::model::CallToolResult) -> Value {
+    let mut v = serde_json::to_value(result)
+        .unwrap_or_else(|e| json!({"content": [], "isError": true, "error": e.to_string()}));
+    if let Some(o) = v.as_object_mut() {
+        o.remove("resultType");
+        o.entry("isError").or_insert(Value::Bool(false));
+        o.entry("content").or_insert(json!([]));
+    }
+    v
+}
+
+#[async_trait::async_trait]
+impl RpcHandler for ExecRpc {
+    async fn handle(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
+        self.handle_inner(method, &params).await.map_err(|e| {
+            let kind = matches!(e, RpcError::Denied(_)).then_some(RPC_DENIED);
+            RpcFailure {
+                message: e.message(),
+                kind,
+            }
+        })
+    }
+
+    fn on_interpreter(&self, interpreter: &crate::protocol::Interpreter) {
+        let _ = self.interpreter.set(interpreter.id.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::ups;
+    use super::*;
+    use crate::connection;
+
+    #[tokio::test]
+    async fn rpc_enforces_loaded_servers_and_validates_params() {
+        let u = ups(&["alpha", "beta"]);
+        let b = u.load(&[]).await.unwrap();
+        assert!(b.servers.is_empty());
+        assert_eq!(b.discovered.len(), 2);
+        // As the sandbox sees it: the message with its advice.
+        let e = b
+            .rpc
+            .handle(
+                "call_tool",
+                json!({"server": "beta", "tool": "x", "arguments": {}}),
+            )
+            .await
+            .unwrap_err()
+            .message;
+        assert_eq!(
+            e,
+            "Server 'beta' is not loaded for this call; pass \"servers\": [\"beta\"] to run_python to load it"
+        );
+        // The same handler, typed.
+        let rpc = ExecRpc::new(u.clone(), Vec::new(), CallContext::default());
+        let call = |params: Value| {
+            let rpc = &rpc;
+            async move { rpc.handle_inner("call_tool", &params).await }
+        };
+        assert_eq!(
+            rpc.handle_inner("list_servers", &json!({})).await.unwrap(),
+            json!([])
+        );
+        let e = call(json!({"server": "beta", "tool": "x"}))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, RpcError::NotLoaded { server } if server == "beta"),
+            "{e}"
+        );
+        // An alias names the server too.
+        let e = call(json!({"server": "Beta", "tool": "x"}))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, RpcError::NotLoaded { server } if server == "beta"),
+            "{e}"
+        );
+        let e = call(json!({"server": "zeta", "tool": "x"}))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, RpcError::UnknownServer { name, known } if name == "zeta" && known == &["alpha", "beta"]),
+            "{e}"
+        );
+        assert!(e.message().starts_with("Unknown MCP server 'zeta'"));
+        let e = call(json!({"tool": "x"})).await.unwrap_err();
+        assert!(
+            matches!(e, RpcError::MissingParam { key: "server", .. }),
+            "{e}"
+        );
+        let e = rpc
+            .handle_inner("list_tools", &json!({}))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, RpcError::MissingParam { key: "server", .. }),
+            "{e}"
+        );
+        let e = rpc
+            .handle_inner("frobnicate", &json!({}))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, RpcError::UnknownMethod(m) if m == "frobnicate"),
+            "{e}"
+        );
+        // Search skips servers that cannot start, says why, and answers.
+        let found = rpc
+            .handle_inner("search_tool_docs", &json!({"query": "x"}))
+            .await
+            .unwrap();
+        assert_eq!(found["results"], json!([]));
+        let skipped = found["skipped"].as_array().unwrap();
+        assert_eq!(skipped.len(), 2, "{found}");
+        assert_eq!(skipped[0]["server"], "alpha");
+        assert!(
+            skipped[0]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("command 'mcb-no-such-command-xyz' not found"),
+            "{found}"
+        );
+        // A second search does not try them again, and says so.
+        let again = rpc
+            .handle_inner("search_tool_docs", &json!({"query": "x"}))
+            .await
+            .unwrap();
+        assert!(
+            again["skipped"][1]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("searches try it again after 60s"),
+            "{again}"
+        );
+        let e = rpc
+            .handle_inner("search_tool_docs", &json!({"query": "x", "limit": "a"}))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RpcError::BadParam { key: "limit", .. }), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_loaded_server_is_called_through_its_slot() {
+        let u = ups(&["alpha", "beta"]);
+        let beta = u.lookup("beta").unwrap().clone();
+        let rpc = ExecRpc::new(u.clone(), vec![beta], CallContext::default());
+        assert_eq!(
+            rpc.handle_inner("list_servers", &json!({})).await.unwrap(),
+            json!(["beta"])
+        );
+        // Loaded, so the call reaches the server (which cannot start here).
+        for name in ["beta", "BETA"] {
+            let e = rpc
+                .handle_inner("call_tool", &json!({"server": name, "tool": "x"}))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&e, RpcError::Call(CallError::Start(connection::StartError::CommandNotFound { server, .. })) if server == "beta"),
+                "{e}"
+            );
+        }
+        let e = rpc
+            .handle_inner("call_tool", &json!({"server": "alpha", "tool": "x"}))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RpcError::NotLoaded { .. }), "{e}");
+    }
+
+    #[test]
+    fn call_results_keep_the_protocol_fields() {
+        let r = rmcp::model::CallToolResult::success(vec![rmcp::model::ContentBlock::text("hi")]);
+        let v = call_result_json(&r);
+        assert_eq!(v["content"][0]["text"], "hi");
+        assert_eq!(v["isError"], false);
+        assert!(v.get("resultType").is_none());
+    }
+}
