@@ -14,11 +14,15 @@
 #   - with --isolation gvisor, installs gVisor (runsc), picks the platform that works on this host
 #     (systrap, then kvm, then ptrace) and registers it with podman as the runtime `runsc`; with
 #     --configure it also writes `isolation = "gvisor"` (--isolation container writes it back),
+#   - with --docker, installs Docker (Debian's docker.io) for `runtime = "docker"`: on a systemd host
+#     its daemon is enabled; elsewhere it is not started (start it with `dockerd --iptables=false
+#     --bridge=none &`: the sandbox needs no Docker network, so the host's firewall stays as it was),
 #   - with --test-deps, also builds the data profile's image (tests/e2e/data_image.rs) and installs the
 #     real MCP servers the integration tests talk to (npm and PyPI)
 #     and the Python `mcp` SDK, and checks that each one answers initialize + tools/list, and
 #     downloads a few real wheels for CPython 3.14 manylinux x86_64 into <cache>/wheels (the local
-#     index of the package tests, tests/fixtures/pyindex.py; MCP_BRIDGE_TEST_WHEELHOUSE).
+#     index of the package tests, tests/fixtures/pyindex.py; MCP_BRIDGE_TEST_WHEELHOUSE), and
+#     Docker as --docker does (scripts/test.sh runs suites against a Docker daemon it starts).
 # It ends by printing (and writing to <cache>/setup.env) the variables to use, e.g.
 #   MCP_BRIDGE_IMAGE=... MCP_BRIDGE_IMAGE_ARCHIVE=... MCP_BRIDGE_IMAGE_SHA256=...
 # Safe to run again, with or without the other options: every step is idempotent, and no run
@@ -31,6 +35,7 @@ args=("$@")
 
 cache_dir="${MCP_CODE_BRIDGE_CACHE_DIR:-/var/cache/mcp-code-bridge}"
 test_deps=0
+docker=0
 configure=0
 isolation=""
 build_image=1
@@ -91,8 +96,12 @@ Usage: scripts/setup-debian.sh [options]     (as root; as another user it runs i
   --isolation NAME   container (the host's kernel; the default) or gvisor (installs gVisor's
                      runsc and registers it with podman; with --configure, every sandbox runs
                      under it)
-  --test-deps        also install the MCP servers and the Python mcp SDK used by the tests, and
-                     gVisor (the tests run the suites under both isolation levels)
+  --docker           also install Docker (docker.io) for runtime = "docker"; where systemd is
+                     not PID 1 its daemon is left stopped: `dockerd --iptables=false
+                     --bridge=none &` starts one that leaves the host's firewall alone
+  --test-deps        also install the MCP servers and the Python mcp SDK used by the tests,
+                     gVisor and Docker (the tests run suites under both isolation levels and
+                     against both engines)
   --cache-dir DIR    where the image archive and test servers go
                      (default: $MCP_CODE_BRIDGE_CACHE_DIR or /var/cache/mcp-code-bridge)
   --profile NAME     the image's profile: default, or data (adds scipy, scikit-learn, pyarrow)
@@ -107,7 +116,8 @@ EOF
 need_arg() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --test-deps) test_deps=1; shift ;;
+        --test-deps) test_deps=1; docker=1; shift ;;
+        --docker) docker=1; shift ;;
         --configure) configure=1; shift ;;
         --isolation) need_arg "$@"; isolation="$2"; shift 2
             [[ "$isolation" == container || "$isolation" == gvisor ]] \
@@ -242,6 +252,34 @@ log "$(podman info --format 'runtime {{.Host.OCIRuntime.Name}}, cgroup {{.Host.C
 if [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null; then
     step "enabling podman.socket (the Docker-compatible API on the default socket)"
     systemctl enable --now podman.socket >&2 || log "could not enable podman.socket; the bridge starts 'podman system service' itself"
+fi
+
+# --- Docker --------------------------------------------------------------------------------------
+# Debian's docker.io (dockerd, containerd, the runc podman uses too, tini as docker-init). Where
+# systemd runs, its postinst enables and starts docker.service, as a user expects; elsewhere it
+# would start dockerd through its init script with Docker's default network, which rewrites the
+# host's iptables (FORWARD policy DROP) for a bridge the sandbox never uses. There the install
+# starts nothing (policy-rc.d) and the daemon is started when wanted (scripts/test.sh does, with
+# --iptables=false --bridge=none, and stops it after).
+if [[ $docker -eq 1 ]]; then
+    if command -v dockerd >/dev/null; then
+        step "Docker: $(dockerd --version) already installed"
+    else
+        step "installing docker.io"
+        if [[ -d /run/systemd/system ]]; then
+            apt_run install -y -q --no-install-recommends docker.io >&2
+        else
+            [[ ! -e /usr/sbin/policy-rc.d ]] || die "/usr/sbin/policy-rc.d exists: install docker.io by hand"
+            printf '#!/bin/sh\n# scripts/setup-debian.sh: installing docker.io starts no daemon\nexit 101\n' \
+                > /usr/sbin/policy-rc.d
+            chmod 0755 /usr/sbin/policy-rc.d
+            trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+            apt_run install -y -q --no-install-recommends docker.io >&2
+            rm -f /usr/sbin/policy-rc.d
+            trap - EXIT
+        fi
+        log "$(dockerd --version)"
+    fi
 fi
 
 # --- gVisor --------------------------------------------------------------------------------------

@@ -126,6 +126,42 @@ step "the official MCP conformance suite against serve, at 2025-11-25 and 2026-0
 # One revision after the other, so each summary prints whole.
 cargo test --release --locked --test e2e -- conformance:: --nocapture --test-threads=1 < /dev/null
 
+# --- against Docker ------------------------------------------------------------------------------
+# The sandbox, security and proxy suites a second time with every bridge on a real Docker daemon
+# (runtime = "docker", MCP_BRIDGE_TEST_ENGINE=docker): the hardened container, its limits and walls,
+# and the proxied calls as Docker's API and runc make them. Where no daemon answers, one is started
+# here for this pass only (no Docker network, so the host's firewall is untouched) and stopped
+# after: where no podman socket listens, a Docker socket is what `runtime = "auto"` takes, and the
+# passes above are podman's.
+docker_suites=(sandbox:: security:: proxy::)
+step "against Docker: ${docker_suites[*]} (MCP_BRIDGE_TEST_ENGINE=docker)"
+command -v dockerd >/dev/null || die "dockerd is not installed (scripts/setup-debian.sh --docker)"
+dockerd_pid=""
+stop_dockerd() {
+    [[ -n "$dockerd_pid" ]] || return 0
+    kill "$dockerd_pid" 2>/dev/null || true
+    wait "$dockerd_pid" 2>/dev/null || true
+    dockerd_pid=""
+}
+if ! timeout 20 docker info >/dev/null 2>&1; then
+    dockerd --iptables=false --bridge=none >"$cache_dir/dockerd.log" 2>&1 < /dev/null &
+    dockerd_pid=$!
+    trap stop_dockerd EXIT
+    for _ in $(seq 1 60); do
+        timeout 10 docker info >/dev/null 2>&1 && break
+        kill -0 "$dockerd_pid" 2>/dev/null || die "dockerd exited: $(tail -n 20 "$cache_dir/dockerd.log")"
+        sleep 1
+    done
+    timeout 10 docker info >/dev/null 2>&1 || die "dockerd did not answer in 60s: $(tail -n 20 "$cache_dir/dockerd.log")"
+fi
+printf '    %s\n' "$(docker version --format 'Docker {{.Server.Version}} (API {{.Server.APIVersion}})')" >&2
+docker_start=$(date +%s)
+MCP_BRIDGE_TEST_ENGINE=docker cargo test --release --locked --no-fail-fast --test e2e -- \
+    --test-threads=2 "${docker_suites[@]}" < /dev/null
+printf '    the Docker pass took %ss\n' "$(( $(date +%s) - docker_start ))" >&2
+stop_dockerd
+trap - EXIT
+
 # --- the Nix pieces -------------------------------------------------------------------------------
 # What the NixOS VM tests and the modules run (the probes, the units, config.toml, the runsc
 # wrapper), taken from the offline evaluation and run against the release binary and real podman

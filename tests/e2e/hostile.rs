@@ -7,7 +7,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{Bridge, Outcome, containers_of, podman, vm_kib};
+use common::{Bridge, Outcome, containers_of, engine_cli, vm_kib};
 use serde_json::json;
 
 /// Python that finds the runtime and its real stdout (the frame channel).
@@ -53,13 +53,13 @@ async fn host_disk_junk_on_the_channel_is_not_persisted_by_the_engine() {
     let ids = containers_of(b.pid).await;
     assert!(!ids.is_empty());
     for id in &ids {
-        let driver = podman(&["inspect", "--format", "{{.HostConfig.LogConfig.Type}}", id]).await;
+        let driver = engine_cli(&["inspect", "--format", "{{.HostConfig.LogConfig.Type}}", id]).await;
         let driver = driver.trim();
         assert_eq!(driver, "none", "{id}");
         // Where a log would be written: the path the driver names (none under `none`), and the
         // container's own directory, where podman's file driver keeps `ctr.log`. Both measured:
         // a path that cannot be looked at is no measurement.
-        let path = podman(&["inspect", "--format", "{{.HostConfig.LogConfig.Path}}", id]).await;
+        let path = engine_cli(&["inspect", "--format", "{{.HostConfig.LogConfig.Path}}", id]).await;
         let path = path.trim();
         if !path.is_empty() {
             let size = match std::fs::metadata(path) {
@@ -72,7 +72,7 @@ async fn host_disk_junk_on_the_channel_is_not_persisted_by_the_engine() {
                 "container log {path:?} holds {size} bytes after 64 MiB of junk"
             );
         }
-        let dir = podman(&["inspect", "--format", "{{.StaticDir}}", id]).await;
+        let dir = engine_cli(&["inspect", "--format", "{{.StaticDir}}", id]).await;
         let dir = std::path::Path::new(dir.trim());
         let size = bytes_under(dir);
         assert!(

@@ -50,7 +50,7 @@ async fn run_in(b: &Bridge, session: &str, code: &str) -> Outcome {
 
 /// The containers parked for the next bridge, as `podman ps` names them.
 async fn parked_containers() -> Vec<String> {
-    common::podman(&["ps", "-a", "--format", "{{.ID}} {{.State}} {{.Names}}"])
+    common::engine_cli(&["ps", "-a", "--format", "{{.ID}} {{.State}} {{.Names}}"])
         .await
         .lines()
         .filter(|l| l.contains(".parked-"))

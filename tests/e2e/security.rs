@@ -806,7 +806,13 @@ print("host_pid1_visible", any(open("/proc/%d/cmdline" % q).read().startswith(("
     .await;
     assert_eq!(p["uids"], "['65534']", "{p:?}");
     assert!(p["max_pid"].parse::<u32>().unwrap() < 64, "{p:?}");
-    assert_eq!(p["init"], "/run/podman-init", "{p:?}");
+    // The engine's init (`--init`): podman's catatonit, docker's tini.
+    let init = if common::engine() == "docker" {
+        "/sbin/docker-init"
+    } else {
+        "/run/podman-init"
+    };
+    assert_eq!(p["init"], init, "{p:?}");
     assert_eq!(p["host_pid1_visible"], "False");
     b.shutdown_still_serving().await;
 }

@@ -102,11 +102,26 @@ impl Home {
         if let Some(level) = isolation() {
             env.push(("MCP_BRIDGE_ISOLATION".into(), level));
         }
+        // The engine: scripts/test.sh runs some modules again against a Docker daemon.
+        if engine() == "docker" {
+            env.push(("MCP_BRIDGE_RUNTIME".into(), "docker".into()));
+        }
         env
     }
     /// The environment without an image: this tree (HOME, XDG), PATH, and no system config.
     pub fn base_env(&self) -> Vec<(String, String)> {
         private_home_env(self.path())
+    }
+}
+
+/// `MCP_BRIDGE_TEST_ENGINE`: the engine every bridge of this test run talks to, `podman` (unset)
+/// or `docker` (a Docker daemon on its default socket: `runtime = "docker"`), and the command
+/// line the tests ask it with.
+pub fn engine() -> &'static str {
+    match std::env::var("MCP_BRIDGE_TEST_ENGINE").as_deref() {
+        Ok("docker") => "docker",
+        Ok("podman" | "") | Err(_) => "podman",
+        Ok(other) => panic!("MCP_BRIDGE_TEST_ENGINE={other}: podman or docker"),
     }
 }
 
@@ -206,7 +221,7 @@ impl Bridge {
         };
         let left = wait_no_containers(pid, Duration::from_secs(within)).await;
         if !left.is_empty() {
-            let state = std::process::Command::new("podman")
+            let state = std::process::Command::new(engine())
                 .args([
                     "ps",
                     "-a",
@@ -435,35 +450,45 @@ impl Outcome {
     }
 }
 
-/// `podman ARGS`' stdout. A command that fails fails the test: its empty output is no answer
-/// (an empty `ps` is not "no container left").
-pub async fn podman(args: &[&str]) -> String {
-    let out = tokio::process::Command::new("podman")
+/// `podman ARGS`' stdout (`docker ARGS`' under `MCP_BRIDGE_TEST_ENGINE=docker`). A command that
+/// fails fails the test: its empty output is no answer (an empty `ps` is not "no container
+/// left").
+pub async fn engine_cli(args: &[&str]) -> String {
+    let out = tokio::process::Command::new(engine())
         .args(args)
         .output()
         .await
-        .expect("podman");
+        .expect("the engine's command line");
     assert!(
         out.status.success(),
-        "podman {args:?} failed ({}): {}",
+        "{} {args:?} failed ({}): {}",
+        engine(),
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Whether the engine has image `tag` (`podman image exists`: 0 yes, 1 no). Any other answer
-/// fails the test: an engine that cannot be asked has not shown that an image is absent.
+/// Whether the engine has image `tag` (`podman image exists`, `docker image inspect`: 0 yes, 1
+/// no). Any other answer fails the test: an engine that cannot be asked has not shown that an
+/// image is absent.
 pub fn image_exists(tag: &str) -> bool {
-    let out = std::process::Command::new("podman")
-        .args(["image", "exists", tag])
+    let ask: &[&str] = if engine() == "docker" {
+        &["image", "inspect", "--format", "{{.Id}}"]
+    } else {
+        &["image", "exists"]
+    };
+    let out = std::process::Command::new(engine())
+        .args(ask)
+        .arg(tag)
         .output()
-        .expect("podman");
+        .expect("the engine's command line");
     match out.status.code() {
         Some(0) => true,
         Some(1) => false,
         _ => panic!(
-            "podman image exists {tag} failed ({}): {}",
+            "{} {ask:?} {tag} failed ({}): {}",
+            engine(),
             out.status,
             String::from_utf8_lossy(&out.stderr)
         ),
@@ -471,10 +496,12 @@ pub fn image_exists(tag: &str) -> bool {
 }
 
 /// `podman ps -a` lines (in `format`) of the containers labelled `label` that bridge process
-/// `pid` owns (owner label `pid:starttime`).
+/// `pid` owns (owner label `pid:starttime`; podman prints labels as `key:value`, docker as
+/// `key=value`).
 pub async fn owned_containers(pid: u32, label: &str, format: &str) -> Vec<String> {
-    let owner = format!("io.mcp-code-bridge.owner:{pid}:");
-    podman(&["ps", "-a", "--filter", label, "--format", format])
+    let sep = if engine() == "docker" { '=' } else { ':' };
+    let owner = format!("io.mcp-code-bridge.owner{sep}{pid}:");
+    engine_cli(&["ps", "-a", "--filter", label, "--format", format])
         .await
         .lines()
         .filter(|l| l.contains(&owner))
@@ -793,7 +820,7 @@ pub fn host_cgroup(pid: u32, controller: &str, v1: &str, v2: &str) -> String {
 
 /// The host pid of container `id`'s first process.
 pub async fn container_pid(id: &str) -> u32 {
-    let pid = podman(&["inspect", "--format", "{{.State.Pid}}", id]).await;
+    let pid = engine_cli(&["inspect", "--format", "{{.State.Pid}}", id]).await;
     pid.trim().parse().unwrap()
 }
 
