@@ -470,17 +470,15 @@ fn dev_dependencies_also_built_for_the_binary(path: &str, manifest: &str) -> Vec
 
 /// The workspace's manifests: the top crate's and each of `crates/`, with their text.
 fn manifests() -> Vec<(String, String)> {
-    let mut out = vec![("Cargo.toml".to_string(), String::new())];
-    for r in source_roots().iter().skip(1) {
-        out.push((
-            r.trim_end_matches("src").to_string() + "Cargo.toml",
-            String::new(),
-        ));
-    }
-    for (path, text) in out.iter_mut() {
-        *text = std::fs::read_to_string(root().join(&*path)).unwrap();
-    }
-    out
+    source_roots()
+        .iter()
+        .map(|r| {
+            // `src` is the top crate's (`Cargo.toml`), `crates/x/src` crate x's.
+            let path = r.trim_end_matches("src").to_string() + "Cargo.toml";
+            let text = std::fs::read_to_string(root().join(&path)).unwrap();
+            (path, text)
+        })
+        .collect()
 }
 
 /// The workspace crates a crate's manifest depends on that [`LAYERS`] does not allow it (or
@@ -510,17 +508,18 @@ fn report(rule: &str, offenders: &[String]) {
 
 #[test]
 fn each_crate_depends_only_on_the_layers_below_it() {
+    let manifests = manifests();
     let mut breaches = Vec::new();
-    for (path, text) in manifests().iter().skip(1) {
+    for (path, text) in manifests.iter().skip(1) {
         let dir = path
             .trim_start_matches("crates/")
             .trim_end_matches("/Cargo.toml");
         breaches.extend(layer_breaches(dir, text));
     }
     assert_eq!(
-        manifests().len(),
+        manifests.len(),
         LAYERS.len() + 1,
-        "every crate of crates/ is in LAYERS"
+        "LAYERS names exactly the crates of crates/"
     );
     report(
         "rule: a workspace crate depends only on the crates LAYERS puts below it",
