@@ -53,7 +53,8 @@ async fn host_disk_junk_on_the_channel_is_not_persisted_by_the_engine() {
     let ids = containers_of(b.pid).await;
     assert!(!ids.is_empty());
     for id in &ids {
-        let driver = engine_cli(&["inspect", "--format", "{{.HostConfig.LogConfig.Type}}", id]).await;
+        let driver =
+            engine_cli(&["inspect", "--format", "{{.HostConfig.LogConfig.Type}}", id]).await;
         let driver = driver.trim();
         assert_eq!(driver, "none", "{id}");
         // Where a log would be written: the path the driver names (none under `none`), and the

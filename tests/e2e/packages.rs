@@ -119,6 +119,65 @@ async fn bridge(home: Home) -> Bridge {
     .await
 }
 
+/// The package mount's source says nothing of the host (issue 44, point 5): the root that
+/// `/proc/self/mountinfo` gives for `/opt/packages` (readable in the sandbox under runc) names
+/// neither the home, nor the state directory's layout, nor the bridge's pid or container; and
+/// the installed files are still the cache's (hard links, no copy). Under gVisor the root
+/// shows no host path at all. At the bridge's end its package directories are gone.
+#[tokio::test]
+async fn the_package_mount_names_nothing_of_the_host() {
+    let index = Index::start(&[]);
+    let home = home_with(&index, ALLOW);
+    let b = bridge(home).await;
+    let o = b
+        .py(r#"from mcp import runtime
+await runtime.install("python-slugify")
+import os
+print("NLINK", os.stat("/opt/packages/slugify/__init__.py").st_nlink)
+for l in open("/proc/self/mountinfo"):
+    f = l.split()
+    if f[4] == "/opt/packages":
+        print("ROOT", f[3])
+"#)
+        .await
+        .ok();
+    let t = o.text();
+    let root = t
+        .lines()
+        .find_map(|l| l.strip_prefix("ROOT "))
+        .unwrap_or_else(|| panic!("no mount at /opt/packages: {t}"))
+        .to_string();
+    let home = b.home.path().to_string_lossy().into_owned();
+    for (what, leak) in [
+        ("the home", home.as_str()),
+        ("the state dir's layout", "packages/"),
+        ("the state dir's name", ".local/state"),
+        ("a container's record", "sandboxes"),
+        ("the bridge's pid", &format!("-{}", b.pid)),
+    ] {
+        assert!(!root.contains(leak), "{what} shows in {root}");
+    }
+    if common::isolation().as_deref() != Some("gvisor") {
+        let nlink: u64 = t
+            .lines()
+            .find_map(|l| l.strip_prefix("NLINK "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{t}"));
+        assert!(
+            nlink >= 2,
+            "installed by a hard link to the cache's file: {t}"
+        );
+    }
+    let home = b.shutdown_clean().await;
+    let records = home
+        .path()
+        .join(".local/state/mcp-code-bridge/packages/sandboxes");
+    let left: Vec<_> = std::fs::read_dir(&records)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "package directories left: {left:?}");
+}
+
 /// An allowed install is usable at once, a C extension loads, the image's numpy is the same,
 /// the install directory is read-only to the sandbox's user while /tmp and /workspace stay
 /// noexec, and the audit names every distribution with its sha256.

@@ -65,8 +65,7 @@ impl Sandbox {
             async move {
                 tracing::info!(container = %id, "removing the sandbox the previous bridge parked: {why}");
                 container::remove(&docker, &id).await;
-                let _ =
-                    tokio::task::spawn_blocking(move || container::remove_packages_dir(&dir)).await;
+                let _ = tokio::task::spawn_blocking(move || crate::pkgdir::remove(&dir)).await;
             }
         };
         let served = slot.session();
@@ -98,7 +97,7 @@ impl Sandbox {
         let base = container::container_name(role, serial);
         let name = container::adopted_name(&base, &self.owner);
         let suffix = name[base.len()..].to_string();
-        let packages = container::packages_dir(&self.config, &name);
+        let packages = crate::pkgdir::record(&self.config, &name);
         // Renamed in the background, off the first call's path: until then its parked name keeps
         // the reapers off it while it runs (it runs while this bridge holds its stdin), up to
         // the time in that name; from then on the reapers see this bridge as its owner.
@@ -201,7 +200,7 @@ impl Sandbox {
             .packages
             .clone()
             .ok_or("it has no package directory")?;
-        let to = from.with_file_name(format!("{}{expires}-{short}", container::PARKED_DIR));
+        let to = from.with_file_name(format!("{}{expires}-{short}", crate::pkgdir::PARKED));
         std::fs::rename(&from, &to)
             .map_err(|e| format!("could not move its package directory: {e}"))?;
         let meta = park::Meta {

@@ -219,17 +219,6 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
     }
 }
 
-/// The host directory of container `cname`'s installed packages, mounted read-only at
-/// `protocol::PACKAGES_DIR`: the bridge writes it (`crate::packages`), the sandbox's user can
-/// only read and execute it, and it goes with the container.
-pub fn packages_dir(config: &Config, cname: &str) -> std::path::PathBuf {
-    config
-        .state_dir
-        .join("packages")
-        .join("sandboxes")
-        .join(cname)
-}
-
 /// Mount `dir` read-only at `protocol::PACKAGES_DIR`: a bind mount, so it is the same files on
 /// the host and inside under every runtime (gVisor's gofer serves it as runc's kernel does),
 /// and without `noexec`, so that C extensions load. Writable XOR executable holds: the
@@ -246,55 +235,6 @@ pub fn mount_packages(body: &mut ContainerCreateBody, dir: &std::path::Path) {
             read_only: Some(true),
             ..Default::default()
         });
-}
-
-/// Remove the package directories of containers whose bridge is gone (their names start
-/// `mcp-code-bridge-<pid>`), and of parked sandboxes past their time: what a killed bridge or
-/// keeper left. Best effort; nothing else is touched.
-pub fn sweep_packages_dirs(config: &Config) {
-    let root = config.state_dir.join("packages").join("sandboxes");
-    let Ok(entries) = std::fs::read_dir(&root) else {
-        return;
-    };
-    let me = std::process::id();
-    let now = crate::clock::now_secs();
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let gone = if let Some(rest) = name.strip_prefix(PARKED_DIR) {
-            // A parked sandbox's, named with the time its keeper removes it: past that (and a
-            // minute for the removal), nothing mounts it any more.
-            let expires = rest.split('-').next().and_then(|t| t.parse::<u64>().ok());
-            expires.is_some_and(|t| now > t + 60)
-        } else {
-            // `mcp-code-bridge-<pid>-...` (a session's) or `mcp-code-bridge-<pid>.pool-...`
-            // (a pooled or adopted one's): the bridge is its leading digits.
-            let pid = name.strip_prefix("mcp-code-bridge-").and_then(|r| {
-                let digits: String = r.chars().take_while(char::is_ascii_digit).collect();
-                digits.parse::<u32>().ok()
-            });
-            match pid {
-                Some(p) => p != me && crate::procfs::running_since(p).is_none(),
-                None => false,
-            }
-        };
-        if gone {
-            remove_packages_dir(&e.path());
-        }
-    }
-}
-
-/// The name a parked sandbox's package directory starts with, before the time its keeper
-/// removes it (`parked-<expires>-<container>`).
-pub const PARKED_DIR: &str = "parked-";
-
-/// Remove a package directory whose container is gone. The bridge made its directories
-/// read-only for the sandbox, not for itself, so a plain recursive removal does it.
-pub fn remove_packages_dir(dir: &std::path::Path) {
-    if let Err(e) = std::fs::remove_dir_all(dir)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::debug!(dir = %dir.display(), "could not remove a package directory: {e}");
-    }
 }
 
 /// Rename container `id` to `name`, within 10 s: names say who holds a pooled, parked or

@@ -24,6 +24,7 @@ pub mod inputs;
 pub mod kernel;
 mod output;
 pub mod park;
+pub mod pkgdir;
 mod pool;
 mod readiness;
 mod resume;
@@ -432,5 +433,7 @@ impl Sandbox {
         if let Some(engine) = self.engine.get() {
             engine.shutdown().await;
         }
+        let config = Arc::clone(&self.config);
+        let _ = tokio::task::spawn_blocking(move || pkgdir::leave(&config)).await;
     }
 }

@@ -424,7 +424,7 @@ pub fn keeper_main() -> std::process::ExitCode {
     unlink_if_ours(&listener, ours);
     drop(attach);
     remove_container(&meta);
-    let _ = std::fs::remove_dir_all(&meta.packages);
+    crate::pkgdir::remove_last(&meta.packages);
     std::process::ExitCode::SUCCESS
 }
 

@@ -27,7 +27,7 @@ impl Sandbox {
                 }
                 let _ = tokio::task::spawn_blocking(move || {
                     files::reap_orphans(&config.state_dir);
-                    container::sweep_packages_dirs(&config);
+                    crate::pkgdir::sweep(&config);
                 })
                 .await;
             });

@@ -228,17 +228,20 @@ impl Session {
         let t0 = Instant::now();
         let mut body = container::spec(config, role, owner);
         let cname = container::container_name(role, serial);
-        let packages = container::packages_dir(config, &cname);
-        if let Err(e) = make_packages_dir(&packages) {
-            return Err(SandboxError::Create {
-                image: config.image.clone(),
-                reason: format!(
-                    "could not make the package directory {}: {e}",
-                    packages.display()
-                ),
-            });
-        }
-        container::mount_packages(&mut body, &packages);
+        let packages = crate::pkgdir::record(config, &cname);
+        let mounted = match crate::pkgdir::make(config, &packages) {
+            Ok(dir) => dir,
+            Err(e) => {
+                return Err(SandboxError::Create {
+                    image: config.image.clone(),
+                    reason: format!(
+                        "could not make the package directory {}: {e}",
+                        packages.display()
+                    ),
+                });
+            }
+        };
+        container::mount_packages(&mut body, &mounted);
         let name = match role {
             Role::Session(name) => name.to_string(),
             Role::Pool => format!("pool-{serial}"),
@@ -253,7 +256,7 @@ impl Session {
             && let Some(g) = gate.take()
         {
             if let Err(e) = g.await {
-                container::remove_packages_dir(&packages);
+                crate::pkgdir::remove(&packages);
                 return Err(e);
             }
             created = docker.create_container(Some(opts), body).await;
@@ -261,7 +264,7 @@ impl Session {
         let created = match created {
             Ok(c) => c,
             Err(e) => {
-                container::remove_packages_dir(&packages);
+                crate::pkgdir::remove(&packages);
                 return Err(SandboxError::Create {
                     image: config.image.clone(),
                     reason: e.to_string(),
@@ -293,7 +296,7 @@ impl Session {
             }
             Err(e) => {
                 container::remove(docker, &id).await;
-                container::remove_packages_dir(&packages);
+                crate::pkgdir::remove(&packages);
                 Err(e)
             }
         }
@@ -553,7 +556,7 @@ impl Session {
         container::remove(&self.docker, &self.container_id).await;
         self.files.clear();
         if let Some(dir) = self.interpreter.packages.clone() {
-            let _ = tokio::task::spawn_blocking(move || container::remove_packages_dir(&dir)).await;
+            let _ = tokio::task::spawn_blocking(move || crate::pkgdir::remove(&dir)).await;
         }
     }
 
@@ -605,25 +608,6 @@ impl Session {
         self.copied(latest, &report);
         report
     }
-}
-
-/// The package directory of a new container: empty, the bridge's, readable and searchable by
-/// everyone (the sandbox's user reads it through the mount) and writable by the bridge only.
-fn make_packages_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent)?;
-        // `<state_dir>/packages` is the user's alone, as the state directory is; each
-        // sandbox's own directory inside is what its mount shows.
-        if let Some(root) = parent.parent() {
-            let _ = std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700));
-        }
-    }
-    if dir.exists() {
-        std::fs::remove_dir_all(dir)?;
-    }
-    std::fs::create_dir(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
 }
 
 fn short(id: &str) -> &str {
