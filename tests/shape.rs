@@ -441,10 +441,11 @@ fn crates_in(manifest: &str, table: &str) -> Vec<String> {
         let line = line.trim();
         if line.starts_with('[') {
             inside = line == format!("[{table}]");
-        } else if inside && !line.starts_with('#') {
-            if let Some((name, _)) = line.split_once('=') {
-                out.push(name.trim().to_string());
-            }
+        } else if inside
+            && !line.starts_with('#')
+            && let Some((name, _)) = line.split_once('=')
+        {
+            out.push(name.trim().to_string());
         }
     }
     out

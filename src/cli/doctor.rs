@@ -180,7 +180,7 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
     }
     let parked = crate::sandbox::park::parked_sessions(&config.state_dir);
     c.note(&format!(
-        "sessions parked for the next bridge on this state_dir: {parked} (session_linger = {}{})",
+        "sessions parked for the next bridge on this state_dir: {parked} (session_linger = {}{}; `sessions list` shows them)",
         config.session_linger,
         if crate::sandbox::park::sessions_eligible(&config) {
             ""

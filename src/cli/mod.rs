@@ -16,6 +16,7 @@ mod exec;
 mod image;
 mod packages;
 mod servers;
+mod sessions;
 mod show;
 mod skills;
 
@@ -118,6 +119,12 @@ pub enum Command {
         #[command(subcommand)]
         command: SkillsCommand,
     },
+    /// Sessions kept past their bridge: the ones keepers hold for the next bridge
+    /// (session_linger), <state_dir>/engine/sessions.
+    Sessions {
+        #[command(subcommand)]
+        command: SessionsCommand,
+    },
     /// The host's cache of installed packages (runtime.install), <state_dir>/packages.
     Packages {
         #[command(subcommand)]
@@ -139,6 +146,23 @@ pub enum PackagesCommand {
         #[arg(long)]
         all: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionsCommand {
+    /// List the parked sessions: identity, name, parked for, time left, container.
+    List {
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// End parked sessions before their time: NAME, or IDENTITY/NAME for one of `serve`.
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// End every parked session.
+    Prune,
 }
 
 #[derive(Debug, Subcommand)]
@@ -344,6 +368,11 @@ pub async fn main(cli: Cli) -> ExitCode {
         Command::Packages { command } => match command {
             PackagesCommand::List { json } => packages::list(&config, json),
             PackagesCommand::Prune { all } => packages::prune(&config, all),
+        },
+        Command::Sessions { command } => match command {
+            SessionsCommand::List { json } => sessions::list(&config, json),
+            SessionsCommand::Rm { names } => sessions::rm(&config, &names),
+            SessionsCommand::Prune => sessions::prune(&config),
         },
         Command::KeepParked { .. } => crate::sandbox::park::keeper_main(),
         Command::Skills { command } => match command {

@@ -267,7 +267,7 @@ async fn a_parked_session_nobody_takes_ends_with_its_time() {
     let said = String::from_utf8_lossy(&doctor.stdout);
     assert!(
         said.contains(
-            "sessions parked for the next bridge on this state_dir: 1 (session_linger = 10s)"
+            "sessions parked for the next bridge on this state_dir: 1 (session_linger = 10s; `sessions list` shows them)"
         ),
         "{said}"
     );
@@ -286,7 +286,15 @@ async fn a_parked_session_nobody_takes_ends_with_its_time() {
     // The keeper unlinks its socket, removes the container, then its package directory.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
+        let listings = std::fs::read_dir(sessions_dir(&home))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+                    .count()
+            })
+            .unwrap_or(0);
         let gone = keeper_sockets(&home).is_empty()
+            && listings == 0
             && !parked_containers().await.iter().any(|l| l.starts_with(&id))
             && dirs_left().is_empty();
         if gone {
@@ -402,6 +410,32 @@ async fn over_serve_each_identity_resumes_only_its_own_session_of_a_shared_name(
         "{log}"
     );
 
+    // `sessions list` names each one's identity apart from the shared session name.
+    let out = Home::new()
+        .command()
+        .args(["sessions", "list", "--json"])
+        .env("MCP_BRIDGE_STATE_DIR", &state)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut who: Vec<(String, String)> = v["parked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["identity"].as_str().unwrap_or("-").to_string(),
+                p["session"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    who.sort();
+    assert_eq!(
+        who,
+        [("alice".into(), "work".into()), ("bob".into(), "work".into())],
+        "{v}"
+    );
+
     let second = Served::start(Home::new(), &env, &[]);
     let bob = second.client(Some(BOB)).await;
     let r = call_on(&bob, "work", "print(mine)").await.ok();
@@ -413,4 +447,105 @@ async fn over_serve_each_identity_resumes_only_its_own_session_of_a_shared_name(
     assert_eq!(r.meta()["resumed"], json!("live"));
     let _ = alice.cancel().await;
     let _ = bob.cancel().await;
+}
+
+/// `mcp-code-bridge <args>` in `home`: status, stdout, stderr.
+fn cli(home: &Home, args: &[&str]) -> (i32, String, String) {
+    let out = home.command().args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn listed(home: &Home) -> Vec<String> {
+    let (code, out, err) = cli(home, &["sessions", "list", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let mut names: Vec<String> = v["parked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            assert!(p["expires_in_secs"].as_u64().unwrap() > 0, "{p}");
+            assert!(p["identity"].is_null(), "{p}");
+            p["session"].as_str().unwrap().to_string()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// Parked sessions under control (issue 46, point 4): `sessions list` shows what keepers hold
+/// (table and `--json`), `sessions rm NAME` ends one (its container goes; an unknown name is an
+/// error with a hint), a parked session counts toward the next bridge's `max_sessions` (the
+/// oldest is ended before any live one, with a notice, and the call naming it later is told
+/// why it is fresh), and `sessions prune` ends the rest.
+#[tokio::test(flavor = "multi_thread")]
+async fn parked_sessions_are_listed_ended_by_hand_and_count_toward_max_sessions() {
+    let first = Bridge::start_with(Home::new(), &ENV, None).await;
+    for (s, code) in [("a", "x = 1"), ("b", "y = 2"), ("gone", "z = 3")] {
+        run_in(&first, s, code).await.ok();
+    }
+    let pid = first.pid;
+    let home = first.shutdown_clean().await;
+    assert_eq!(listed(&home), ["a", "b", "gone"]);
+    let (code, table, _) = cli(&home, &["sessions", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        table.contains("SESSION") && table.contains("3 session(s) parked"),
+        "{table}"
+    );
+
+    let (code, out, err) = cli(&home, &["sessions", "rm", "gone", "nope"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("ended parked session gone"), "{out}");
+    assert!(err.contains("error: no session nope is parked"), "{err}");
+    assert!(err.contains("hint: "), "{err}");
+    assert_eq!(listed(&home), ["a", "b"]);
+    let mine = format!("mcp-code-bridge-{pid}.parked-");
+    let left = parked_containers().await;
+    assert_eq!(
+        left.iter().filter(|c| c.contains(&mine)).count(),
+        2,
+        "{left:?}"
+    );
+
+    let mut env: Vec<(&str, &str)> = ENV.to_vec();
+    env.push(("MCP_BRIDGE_MAX_SESSIONS", "2"));
+    let second = Bridge::start_with(home, &env, None).await;
+    // Two parked and one more asked for: the oldest parked one (a) is ended to make room.
+    let c = run_in(&second, "c", "print('c')").await.ok();
+    assert!(
+        c.text().contains("session \"a\", parked by the bridge before this one, was closed to stay within max_sessions = 2"),
+        "{}",
+        c.text()
+    );
+    assert_eq!(listed(&second.home), ["b"]);
+    let b = run_in(&second, "b", "print(y)").await.ok();
+    assert_eq!(b.stdout(), "2\n", "b was not ended: {}", b.text());
+    let a = run_in(&second, "a", "print('x' in globals())").await.ok();
+    assert_eq!(a.stdout(), "False\n");
+    assert!(a.text().contains("max_sessions = 2"), "{}", a.text());
+    let gone = run_in(&second, "gone", "print('z' in globals())")
+        .await
+        .ok();
+    assert_eq!(gone.stdout(), "False\n", "ended by hand, never resumed");
+    let home = second.shutdown_clean().await;
+    assert_eq!(
+        listed(&home).len(),
+        2,
+        "within max_sessions: {}",
+        home.log()
+    );
+    let (code, out, _) = cli(&home, &["sessions", "prune"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("ended 2 parked session(s)"), "{out}");
+    assert!(listed(&home).is_empty());
+    assert!(
+        keeper_sockets(&home).is_empty(),
+        "{:?}",
+        keeper_sockets(&home)
+    );
 }

@@ -216,6 +216,7 @@ impl Sandbox {
                 .then(|| engine::on_path("podman"))
                 .flatten(),
             session: slot.session().map(str::to_string),
+            parked_at: crate::clock::now_secs(),
         };
         let state = self.config.state_dir.clone();
         let handed =

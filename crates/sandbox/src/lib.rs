@@ -24,6 +24,7 @@ pub mod inputs;
 pub mod kernel;
 mod output;
 pub mod park;
+pub mod parked;
 pub mod pkgdir;
 mod pool;
 mod readiness;

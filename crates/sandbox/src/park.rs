@@ -67,6 +67,9 @@ pub struct Meta {
     pub session: Option<String>,
     /// The `podman` the keeper removes it with (none on Docker: the keeper asks the engine).
     pub podman: Option<PathBuf>,
+    /// Seconds since the epoch when it was parked.
+    #[serde(default)]
+    pub parked_at: u64,
 }
 
 /// Whether this bridge's sandboxes may be parked and adopted: with `engine_linger` (the same
@@ -319,6 +322,11 @@ pub fn hand_to_keeper(
     }
     // Not waited for: it outlives this bridge (its parent becomes init when this one exits).
     drop(child);
+    if slot.session().is_some() {
+        // What `sessions list` shows and `max_sessions` counts; the keeper removes it with
+        // its socket.
+        let _ = crate::statefile::write_private(&listing_of(&path), &json);
+    }
     Ok(())
 }
 
@@ -417,11 +425,11 @@ pub fn keeper_main() -> std::process::ExitCode {
         }
         let json = serde_json::to_vec(&meta).unwrap_or_default();
         if send_fd(&conn, &json, attach.as_raw_fd()).is_ok() {
-            unlink_if_ours(&listener, ours);
+            unlink_if_ours(&listener, ours, &meta);
             return std::process::ExitCode::SUCCESS;
         }
     }
-    unlink_if_ours(&listener, ours);
+    unlink_if_ours(&listener, ours, &meta);
     drop(attach);
     remove_container(&meta);
     crate::pkgdir::remove_last(&meta.packages);
@@ -432,7 +440,7 @@ pub fn keeper_main() -> std::process::ExitCode {
 /// service may have ended, and asking it would keep it up another linger), else through the
 /// engine's socket. Best effort: a container left is no longer running (its stdin closed) and
 /// the next bridge reaps it.
-fn remove_container(meta: &Meta) {
+pub(crate) fn remove_container(meta: &Meta) {
     if let Some(podman) = &meta.podman {
         let _ = std::process::Command::new(podman)
             .args(["rm", "--force", "--time", "0", &meta.container_id])
@@ -459,6 +467,16 @@ fn remove_container(meta: &Meta) {
     }
 }
 
+/// The listing beside a session keeper's socket (`sandbox::parked`): its [`Meta`].
+pub(crate) fn listing_of(socket: &Path) -> PathBuf {
+    socket.with_extension("json")
+}
+
+/// A listing, when it is this user's regular file and reads as a [`Meta`].
+pub(crate) fn read_listing(path: &Path) -> Option<Meta> {
+    crate::statefile::read_own(path, 64 << 10).and_then(|t| serde_json::from_str(&t).ok())
+}
+
 /// The (device, inode) of the socket file the listener was bound to, to unlink it only while it
 /// is still this keeper's (a later bridge may have parked another there).
 fn socket_identity(listener: &UnixListener) -> Option<(u64, u64)> {
@@ -468,7 +486,9 @@ fn socket_identity(listener: &UnixListener) -> Option<(u64, u64)> {
     Some((m.dev(), m.ino()))
 }
 
-fn unlink_if_ours(listener: &UnixListener, ours: Option<(u64, u64)>) {
+/// Unlink the keeper's socket while it is still this keeper's, and its listing while it still
+/// names this keeper's container.
+fn unlink_if_ours(listener: &UnixListener, ours: Option<(u64, u64)>, meta: &Meta) {
     use std::os::unix::fs::MetadataExt;
     let Ok(addr) = listener.local_addr() else {
         return;
@@ -480,6 +500,10 @@ fn unlink_if_ours(listener: &UnixListener, ours: Option<(u64, u64)>) {
         && (m.dev(), m.ino()) == ours
     {
         let _ = std::fs::remove_file(path);
+    }
+    let listing = listing_of(path);
+    if read_listing(&listing).is_some_and(|l| l.container_id == meta.container_id) {
+        let _ = std::fs::remove_file(listing);
     }
 }
 

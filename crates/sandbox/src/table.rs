@@ -169,7 +169,12 @@ impl Sandbox {
         let owner = name.owner();
         let per_identity = self.config.http.max_sessions_per_identity as usize;
         let mut notices = Vec::new();
+        let mut tried = HashSet::new();
         loop {
+            if let Some(n) = self.end_oldest_parked(name, max, &mut tried).await {
+                notices.extend(n);
+                continue;
+            }
             let (victim, busy, key, limit) = {
                 let sessions = self.sessions.lock().await;
                 let live: Vec<(&SessionKey, &Arc<Session>)> = sessions
@@ -244,6 +249,68 @@ impl Sandbox {
                 "{shown} (unused for {idle}s) was closed to stay within {key} = {limit}; its variables are gone"
             ));
         }
+    }
+
+    /// Sessions a bridge before this one parked count toward `max_sessions` (their containers
+    /// run): when they make it full, the oldest is ended, before any live session is closed.
+    /// `Some` (with the caller's notice, if it was the caller's own) when one was ended; each
+    /// is tried once (a keeper that does not answer is left to its time).
+    async fn end_oldest_parked(
+        &self,
+        name: &SessionKey,
+        max: usize,
+        tried: &mut HashSet<String>,
+    ) -> Option<Vec<String>> {
+        let me = name.to_string();
+        let state = self.config.state_dir.clone();
+        let parked: Vec<parked::Parked> = tokio::task::spawn_blocking(move || parked::list(&state))
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| p.key() != me && !tried.contains(&p.key()))
+            .collect();
+        let oldest = parked.first()?;
+        let live = self
+            .sessions
+            .lock()
+            .await
+            .iter()
+            .filter(|(k, s)| *k != name && !s.is_dead())
+            .count();
+        if live + self.pool.held() + parked.len() < max {
+            return None;
+        }
+        let key = oldest.key();
+        tried.insert(key.clone());
+        let state = self.config.state_dir.clone();
+        let k = key.clone();
+        let ended = tokio::task::spawn_blocking(move || parked::end(&state, &k))
+            .await
+            .ok()
+            .flatten();
+        tracing::info!(session = %key, ended = ended.is_some(), limit = max, "ending a session the bridge before this one parked, to stay within max_sessions");
+        if ended.is_some() {
+            let owner = oldest
+                .identity
+                .clone()
+                .map_or(Identity::Local, Identity::Named);
+            self.lost.note(
+                &SessionKey::new(owner, oldest.session.clone()),
+                format!("it was parked by the bridge before this one and closed to stay within max_sessions = {max}"),
+            );
+        }
+        let own = oldest.identity.as_deref() == name.owner().name();
+        Some(
+            (ended.is_some() && own)
+                .then(|| {
+                    format!(
+                        "session {:?}, parked by the bridge before this one, was closed to stay within max_sessions = {max}; its variables are gone",
+                        oldest.session
+                    )
+                })
+                .into_iter()
+                .collect(),
+        )
     }
 
     pub(super) async fn reap_idle(&self, idle: Duration) {

@@ -1,0 +1,135 @@
+//! The sessions keepers hold for a state dir (`park`, `resume`): listed (`sessions list`,
+//! `doctor`), counted toward `max_sessions`, and ended before their time (`sessions rm` and
+//! `prune`, and room for a new session when `max_sessions` is reached).
+//!
+//! Each parked session's keeper socket, `<state_dir>/engine/sessions/<digest>.sock`, has its
+//! listing beside it, `<digest>.json` (0600 in the 0700 directory): the [`Meta`] the keeper was
+//! given, written by the bridge that parked it and removed by the keeper with its socket. A
+//! listing whose socket is gone is stale and never shown.
+//!
+//! Ending one goes through its keeper, as a resume does ([`park::claim`]): the keeper hands its
+//! connection to one claimant only, so a session is never both resumed and ended.
+
+use std::path::Path;
+
+use super::park::{self, Meta, Slot};
+
+/// A session a keeper holds.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Parked {
+    /// The identity it belongs to under `serve`; none for the local user's.
+    pub identity: Option<String>,
+    /// Its name, as the model gave it.
+    pub session: String,
+    /// Its container's id.
+    pub container: String,
+    /// Seconds since the epoch when it was parked, and when its keeper ends it.
+    pub parked_at: u64,
+    pub expires: u64,
+}
+
+impl Parked {
+    fn of(meta: &Meta) -> Option<Parked> {
+        let key = meta.session.as_deref()?;
+        let (identity, session) = match key.rsplit_once('/') {
+            Some((id, name)) => (Some(id.to_string()), name.to_string()),
+            None => (None, key.to_string()),
+        };
+        Some(Parked {
+            identity,
+            session,
+            container: meta.container_id.clone(),
+            parked_at: meta.parked_at,
+            expires: meta.expires,
+        })
+    }
+
+    /// The session's key, as `SessionKey` shows it (`identity/name`, or the name alone).
+    pub fn key(&self) -> String {
+        match &self.identity {
+            Some(id) => format!("{id}/{}", self.session),
+            None => self.session.clone(),
+        }
+    }
+}
+
+/// The sessions parked in `state_dir`, oldest first.
+pub fn list(state_dir: &Path) -> Vec<Parked> {
+    let dir = state_dir.join("engine").join("sessions");
+    let mut out: Vec<Parked> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+        .filter_map(|sock| park::read_listing(&park::listing_of(&sock)))
+        .filter_map(|m| Parked::of(&m))
+        .collect();
+    out.sort_by(|a, b| (a.parked_at, &a.container).cmp(&(b.parked_at, &b.container)));
+    out
+}
+
+/// End the session parked under `key` (as [`Parked::key`] shows it) before its time: taken from
+/// its keeper, its container and package directory removed. Blocking (the engine is asked to
+/// remove the container, up to 30 s). `None` when no keeper holds it (any more).
+pub fn end(state_dir: &Path, key: &str) -> Option<Parked> {
+    let (meta, fd) = park::claim(state_dir, &Slot::Session(key.to_string()))?;
+    // Its attach connection closes: the runtime reads the end of its stdin and exits.
+    drop(fd);
+    park::remove_container(&meta);
+    crate::pkgdir::remove_last(&meta.packages);
+    Parked::of(&meta)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listing_names_the_identity_and_the_session_apart() {
+        let meta = |key: &str| Meta {
+            container_id: "c".repeat(64),
+            name: "n".into(),
+            python: "3.14".into(),
+            target: None,
+            packages: std::path::PathBuf::from("/x"),
+            spec: String::new(),
+            endpoint: String::new(),
+            expires: 20,
+            session: Some(key.into()),
+            podman: None,
+            parked_at: 10,
+        };
+        let p = Parked::of(&meta("alice@example.com/default")).unwrap();
+        assert_eq!(p.identity.as_deref(), Some("alice@example.com"));
+        assert_eq!(p.session, "default");
+        assert_eq!(p.key(), "alice@example.com/default");
+        // An identity may hold '/'; a session name never does.
+        let p = Parked::of(&meta("https://idp/sub/s1")).unwrap();
+        assert_eq!(
+            (p.identity.as_deref(), p.session.as_str()),
+            (Some("https://idp/sub"), "s1")
+        );
+        let p = Parked::of(&meta("work")).unwrap();
+        assert_eq!((p.identity, p.session.as_str()), (None, "work"));
+        let mut pool = meta("x");
+        pool.session = None;
+        assert!(
+            Parked::of(&pool).is_none(),
+            "the pool's sandbox is no session"
+        );
+    }
+
+    #[test]
+    fn a_stale_or_foreign_listing_is_not_shown() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("engine").join("sessions");
+        std::fs::create_dir_all(&dir).unwrap();
+        // A listing whose keeper's socket is gone.
+        std::fs::write(dir.join("a.json"), b"{}").unwrap();
+        // A socket whose listing is not JSON.
+        std::fs::write(dir.join("b.sock"), b"").unwrap();
+        std::fs::write(dir.join("b.json"), b"not json").unwrap();
+        assert!(list(tmp.path()).is_empty());
+    }
+}
