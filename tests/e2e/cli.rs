@@ -767,6 +767,11 @@ async fn unusable_input_is_named_and_serving_goes_on() {
         .await;
     let r = b.response(5, Duration::from_secs(10)).await;
     assert_eq!(r["result"]["tools"][0]["name"], "run_python");
+    // This client speaks a revision before 2026-07-28: no caching hints (SEP-2549) are sent.
+    assert!(
+        r["result"].get("ttlMs").is_none() && r["result"].get("cacheScope").is_none(),
+        "{r}"
+    );
     let log = b.home.log();
     assert!(
         log.contains("stdin: Parse error: the line is not JSON"),

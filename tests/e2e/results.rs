@@ -426,6 +426,15 @@ fn every_result_reads_in_the_python_sdk_as_named_parts_and_metadata() {
         let listing = case("tools/list");
         if mode == "auto" {
             assert_eq!(listing["protocol"], "2026-07-28", "{listing}");
+            // The tool list is the binary's: the same for every user, for as long as the
+            // bridge runs (SEP-2549's caching hints, true ones rather than "do not cache").
+            assert_eq!(listing["ttl_ms"], json!(3_600_000), "{listing}");
+            assert_eq!(listing["cache_scope"], "public", "{listing}");
+        } else {
+            // Revisions before 2026-07-28 have no caching hints: none is sent, and the SDK
+            // reads its own defaults for a result without them.
+            assert_eq!(listing["ttl_ms"], json!(0), "{listing}");
+            assert_eq!(listing["cache_scope"], "private", "{listing}");
         }
         assert!(
             listing["title"].as_str().is_some_and(|t| !t.is_empty()),

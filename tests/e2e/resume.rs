@@ -432,7 +432,10 @@ async fn over_serve_each_identity_resumes_only_its_own_session_of_a_shared_name(
     who.sort();
     assert_eq!(
         who,
-        [("alice".into(), "work".into()), ("bob".into(), "work".into())],
+        [
+            ("alice".into(), "work".into()),
+            ("bob".into(), "work".into())
+        ],
         "{v}"
     );
 

@@ -28,6 +28,10 @@ use crate::policy::Approver;
 use crate::sandbox::files;
 use crate::upstream::{CallRelay, ClientLink};
 
+/// How long a client may treat `tools/list` as fresh (SEP-2549): an hour, so that a `serve`
+/// upgraded to another version is seen within one.
+const TOOLS_TTL_MS: u64 = 3_600_000;
+
 impl ServerHandler for Bridge {
     /// The client has its answer to `initialize`: warm up in the background (engine, image,
     /// pool, the budget's tokenizer) while the model writes its first code, if the process
@@ -45,9 +49,17 @@ impl ServerHandler for Bridge {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(vec![tool()]))
+        let list = ListToolsResult::with_all_items(vec![tool()]);
+        // SEP-2549 (2026-07-28): the list is this binary's, the same for every identity and
+        // for as long as the bridge runs, so a client or an intermediary may keep it.
+        Ok(if is_2026_07_28(&context) {
+            list.with_ttl_ms(TOOLS_TTL_MS)
+                .with_cache_scope(rmcp::model::CacheScope::Public)
+        } else {
+            list
+        })
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -173,7 +185,14 @@ impl ServerHandler for Bridge {
                     .with_size(f.size),
             );
         }
-        Ok(ListResourcesResult::with_all_items(all))
+        let list = ListResourcesResult::with_all_items(all);
+        // The files listed are this identity's and change with every call.
+        Ok(if is_2026_07_28(&context) {
+            list.with_ttl_ms(0)
+                .with_cache_scope(rmcp::model::CacheScope::Private)
+        } else {
+            list
+        })
     }
 
     async fn read_resource(
