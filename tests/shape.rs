@@ -499,6 +499,41 @@ fn layer_breaches(dir: &str, manifest: &str) -> Vec<String> {
         .collect()
 }
 
+/// The e2e tests `doc` names (`` `module::test_name` ``, module a file of tests/e2e/) that
+/// `files` (path, text) do not define; a name ending in `_` names a group by its prefix, which
+/// must match one test at least.
+fn missing_tests(doc: &str, files: &[(String, String)]) -> Vec<String> {
+    let mut missing = Vec::new();
+    for (i, _) in doc.match_indices('`') {
+        let rest = &doc[i + 1..];
+        let Some(end) = rest.find('`') else { break };
+        let cited = &rest[..end];
+        let Some((module, name)) = cited.split_once("::") else {
+            continue;
+        };
+        let plain = |t: &str| {
+            !t.is_empty()
+                && t.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        };
+        if !plain(module) || !plain(name) {
+            continue;
+        }
+        let path = format!("tests/e2e/{module}.rs");
+        let Some((_, text)) = files.iter().find(|(p, _)| *p == path) else {
+            continue;
+        };
+        let defined = text.match_indices(&format!("fn {name}")).any(|(j, _)| {
+            let after = text[j + 3 + name.len()..].chars().next();
+            name.ends_with('_') || !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+        if !defined && !missing.contains(&cited.to_string()) {
+            missing.push(cited.to_string());
+        }
+    }
+    missing
+}
+
 fn report(rule: &str, offenders: &[String]) {
     assert!(
         offenders.is_empty(),
@@ -550,6 +585,28 @@ fn every_path_architecture_md_names_exists() {
     report(
         "rule: every path ARCHITECTURE.md names exists",
         &missing_paths(&doc),
+    );
+}
+
+#[test]
+fn every_test_security_md_names_exists() {
+    let doc = std::fs::read_to_string(root().join("SECURITY.md")).unwrap();
+    let dir = root().join("tests/e2e");
+    let files: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "rs"))
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            (
+                format!("tests/e2e/{name}"),
+                std::fs::read_to_string(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    report(
+        "rule: every test SECURITY.md names as the one that attacks a claim exists (rename the test and the claim together)",
+        &missing_tests(&doc, &files),
     );
 }
 
@@ -639,6 +696,22 @@ fn each_guard_fails_on_a_planted_violation() {
     assert!(
         found[0].starts_with("src/a.rs:1: pub async fn rename("),
         "{found:?}"
+    );
+    assert_eq!(
+        missing_tests(
+            "`hostile::a_real_one`, `hostile::gone`, `hostile::a_real`, `grp::pre_`, `grp::none_`, `unit::x`, `sandbox/park.rs`, `a::B`",
+            &[
+                (
+                    "tests/e2e/hostile.rs".to_string(),
+                    "async fn a_real_one() {}".to_string()
+                ),
+                (
+                    "tests/e2e/grp.rs".to_string(),
+                    "fn pre_one() {}".to_string()
+                ),
+            ]
+        ),
+        ["hostile::gone", "hostile::a_real", "grp::none_"]
     );
     assert_eq!(
         missing_paths(
