@@ -101,7 +101,8 @@ cargo test --release --locked --no-fail-fast --test e2e -- --test-threads=2 root
 # - hostile:: the channel is a host file under gVisor (short writes, other fd names).
 # - files:: files out come back through the channel under gVisor, not through the engine.
 # - packages::an_allowed_install_works_and_changes_nothing_else: the install directory is a
-#   bind mount served by gVisor's gofer (read-only, C extensions load), not the host's kernel.
+#   bind mount served by gVisor's gofer (read-only, C extensions load), not the host's kernel;
+#   packages::the_package_mount_names_nothing_of_the_host: what gVisor shows of its source.
 # - faults::resources_ (fork and memory bombs, a full tmpfs, a CPU spin measured on the host,
 #   output floods) and faults_lifecycle::lifecycle_ (SIGTERM, SIGKILL and its orphans, the idle
 #   reaper, a restarted podman service run with --runtime runsc): gVisor's kernel dies or is
@@ -115,6 +116,7 @@ cargo test --release --locked --no-fail-fast --test e2e -- --test-threads=2 root
 # cost minutes), isolation:: (above: it asks for gVisor itself).
 gvisor_suites=(security:: sandbox:: hostile:: files::
     packages::an_allowed_install_works_and_changes_nothing_else
+    packages::the_package_mount_names_nothing_of_the_host
     faults::resources_ faults_lifecycle::lifecycle_)
 step "under gVisor: ${gvisor_suites[*]} (MCP_BRIDGE_TEST_ISOLATION=gvisor)"
 gvisor_start=$(date +%s)

@@ -26,6 +26,7 @@ pub(super) fn list(config: &Config, json: bool) -> ExitCode {
                     "parked_at": p.parked_at,
                     "expires": p.expires,
                     "expires_in_secs": p.expires.saturating_sub(now),
+                    "last_call_ms": p.used_at_ms,
                 })
             })
             .collect();

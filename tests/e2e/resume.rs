@@ -552,3 +552,56 @@ async fn parked_sessions_are_listed_ended_by_hand_and_count_toward_max_sessions(
         keeper_sockets(&home)
     );
 }
+
+/// Over `serve`, an identity's parked sessions count toward its own
+/// `http.max_sessions_per_identity`: alice at her bound has her oldest parked session ended
+/// (she is told), never bob's, whose session is still there to resume.
+#[tokio::test(flavor = "multi_thread")]
+async fn over_serve_an_identitys_parked_sessions_count_toward_its_own_bound() {
+    const ALICE: &str = "alice-0123456789abcdef0123";
+    const BOB: &str = "bob-fedcba9876543210fedcba98";
+    let shared = tempfile::tempdir().unwrap();
+    let state = shared.path().join("state");
+    let tokens = shared.path().join("tokens");
+    std::fs::write(&tokens, format!("alice:{ALICE}\nbob:{BOB}\n")).unwrap();
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (state_s, tokens_s) = (state.display().to_string(), tokens.display().to_string());
+    let env: Vec<(&str, &str)> = ENV
+        .iter()
+        .copied()
+        .chain([
+            ("MCP_BRIDGE_STATE_DIR", state_s.as_str()),
+            ("MCP_BRIDGE_TOKEN_FILE", tokens_s.as_str()),
+            ("MCP_BRIDGE_HTTP_MAX_SESSIONS_PER_IDENTITY", "2"),
+        ])
+        .collect();
+    let mut first = Served::start(Home::new(), &env, &[]);
+    let alice = first.client(Some(ALICE)).await;
+    let bob = first.client(Some(BOB)).await;
+    call_on(&alice, "a1", "v = 1").await.ok();
+    call_on(&bob, "b1", "v = 'bob'").await.ok();
+    call_on(&alice, "a2", "v = 2").await.ok();
+    let _ = alice.cancel().await;
+    let _ = bob.cancel().await;
+    assert!(
+        first.terminate(Duration::from_secs(60)).is_some(),
+        "serve did not stop"
+    );
+
+    let second = Served::start(Home::new(), &env, &[]);
+    let alice = second.client(Some(ALICE)).await;
+    let r = call_on(&alice, "a3", "print('a3')").await.ok();
+    assert!(
+        r.text().contains("session \"a1\", parked by the bridge before this one, was closed to stay within http.max_sessions_per_identity = 2"),
+        "{}",
+        r.text()
+    );
+    let r = call_on(&alice, "a2", "print(v)").await.ok();
+    assert_eq!(r.stdout(), "2\n", "{}", r.text());
+    let bob = second.client(Some(BOB)).await;
+    let r = call_on(&bob, "b1", "print(v)").await.ok();
+    assert_eq!(r.stdout(), "bob\n", "{}", r.text());
+    assert_eq!(r.meta()["resumed"], json!("live"));
+    let _ = alice.cancel().await;
+    let _ = bob.cancel().await;
+}

@@ -217,6 +217,10 @@ impl Sandbox {
                 .flatten(),
             session: slot.session().map(str::to_string),
             parked_at: crate::clock::now_secs(),
+            used_at_ms: std::time::SystemTime::now()
+                .checked_sub(s.idle_for())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_millis() as u64),
         };
         let state = self.config.state_dir.clone();
         let handed =

@@ -70,6 +70,10 @@ pub struct Meta {
     /// Seconds since the epoch when it was parked.
     #[serde(default)]
     pub parked_at: u64,
+    /// Milliseconds since the epoch of its last call (sessions parked together are told
+    /// apart by it: the least recently used is ended first).
+    #[serde(default)]
+    pub used_at_ms: u64,
 }
 
 /// Whether this bridge's sandboxes may be parked and adopted: with `engine_linger` (the same

@@ -26,6 +26,8 @@ pub struct Parked {
     /// Seconds since the epoch when it was parked, and when its keeper ends it.
     pub parked_at: u64,
     pub expires: u64,
+    /// Milliseconds since the epoch of its last call.
+    pub used_at_ms: u64,
 }
 
 impl Parked {
@@ -41,6 +43,7 @@ impl Parked {
             container: meta.container_id.clone(),
             parked_at: meta.parked_at,
             expires: meta.expires,
+            used_at_ms: meta.used_at_ms,
         })
     }
 
@@ -53,7 +56,7 @@ impl Parked {
     }
 }
 
-/// The sessions parked in `state_dir`, oldest first.
+/// The sessions parked in `state_dir`, least recently used first.
 pub fn list(state_dir: &Path) -> Vec<Parked> {
     let dir = state_dir.join("engine").join("sessions");
     let mut out: Vec<Parked> = std::fs::read_dir(dir)
@@ -65,7 +68,7 @@ pub fn list(state_dir: &Path) -> Vec<Parked> {
         .filter_map(|sock| park::read_listing(&park::listing_of(&sock)))
         .filter_map(|m| Parked::of(&m))
         .collect();
-    out.sort_by(|a, b| (a.parked_at, &a.container).cmp(&(b.parked_at, &b.container)));
+    out.sort_by(|a, b| (a.used_at_ms, &a.container).cmp(&(b.used_at_ms, &b.container)));
     out
 }
 
@@ -99,6 +102,7 @@ mod tests {
             session: Some(key.into()),
             podman: None,
             parked_at: 10,
+            used_at_ms: 9_000,
         };
         let p = Parked::of(&meta("alice@example.com/default")).unwrap();
         assert_eq!(p.identity.as_deref(), Some("alice@example.com"));

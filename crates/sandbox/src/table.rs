@@ -252,9 +252,10 @@ impl Sandbox {
     }
 
     /// Sessions a bridge before this one parked count toward `max_sessions` (their containers
-    /// run): when they make it full, the oldest is ended, before any live session is closed.
-    /// `Some` (with the caller's notice, if it was the caller's own) when one was ended; each
-    /// is tried once (a keeper that does not answer is left to its time).
+    /// run), and under `serve` an identity's toward `http.max_sessions_per_identity`: when they
+    /// make either full, the oldest parked one that counts is ended, before any live session is
+    /// closed. `Some` (with the caller's notice, if it was the caller's own) when one was ended;
+    /// each is tried once (a keeper that does not answer is left to its time).
     async fn end_oldest_parked(
         &self,
         name: &SessionKey,
@@ -269,17 +270,38 @@ impl Sandbox {
             .into_iter()
             .filter(|p| p.key() != me && !tried.contains(&p.key()))
             .collect();
-        let oldest = parked.first()?;
-        let live = self
-            .sessions
-            .lock()
-            .await
-            .iter()
-            .filter(|(k, s)| *k != name && !s.is_dead())
-            .count();
-        if live + self.pool.held() + parked.len() < max {
+        if parked.is_empty() {
             return None;
         }
+        let owner = name.owner();
+        let (live, mine_live) = {
+            let sessions = self.sessions.lock().await;
+            let live: Vec<&SessionKey> = sessions
+                .iter()
+                .filter(|(k, s)| *k != name && !s.is_dead())
+                .map(|(k, _)| k)
+                .collect();
+            let mine = live.iter().filter(|k| k.owner() == owner).count();
+            (live.len(), mine)
+        };
+        let mine: Vec<&parked::Parked> = parked
+            .iter()
+            .filter(|p| p.identity.as_deref() == owner.name())
+            .collect();
+        let per_identity = self.config.http.max_sessions_per_identity as usize;
+        let (oldest, limit, limit_key) =
+            if *owner != Identity::Local && mine_live + mine.len() >= per_identity {
+                // Only its own parked sessions make room for an identity at its own bound.
+                (
+                    *mine.first()?,
+                    per_identity,
+                    "http.max_sessions_per_identity",
+                )
+            } else if live + self.pool.held() + parked.len() >= max {
+                (&parked[0], max, "max_sessions")
+            } else {
+                return None;
+            };
         let key = oldest.key();
         tried.insert(key.clone());
         let state = self.config.state_dir.clone();
@@ -288,7 +310,7 @@ impl Sandbox {
             .await
             .ok()
             .flatten();
-        tracing::info!(session = %key, ended = ended.is_some(), limit = max, "ending a session the bridge before this one parked, to stay within max_sessions");
+        tracing::info!(session = %key, ended = ended.is_some(), limit, key = limit_key, "ending a session the bridge before this one parked, to make room");
         if ended.is_some() {
             let owner = oldest
                 .identity
@@ -296,7 +318,7 @@ impl Sandbox {
                 .map_or(Identity::Local, Identity::Named);
             self.lost.note(
                 &SessionKey::new(owner, oldest.session.clone()),
-                format!("it was parked by the bridge before this one and closed to stay within max_sessions = {max}"),
+                format!("it was parked by the bridge before this one and closed to stay within {limit_key} = {limit}"),
             );
         }
         let own = oldest.identity.as_deref() == name.owner().name();
@@ -304,7 +326,7 @@ impl Sandbox {
             (ended.is_some() && own)
                 .then(|| {
                     format!(
-                        "session {:?}, parked by the bridge before this one, was closed to stay within max_sessions = {max}; its variables are gone",
+                        "session {:?}, parked by the bridge before this one, was closed to stay within {limit_key} = {limit}; its variables are gone",
                         oldest.session
                     )
                 })
