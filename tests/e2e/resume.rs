@@ -369,27 +369,56 @@ async fn the_python_sdk_client_finds_its_session_after_a_restart_in_both_modes()
     }
 }
 
+/// Two identities' tokens for `serve`.
+const ALICE: &str = "alice-0123456789abcdef0123";
+const BOB: &str = "bob-fedcba9876543210fedcba98";
+
+/// A state dir and a token file (alice, bob) that two `serve`s in turn share, with [`ENV`] and
+/// `extra` for their environment.
+struct Team {
+    _dir: tempfile::TempDir,
+    state: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl Team {
+    fn new(extra: &[(&str, &str)]) -> Team {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let tokens = dir.path().join("tokens");
+        std::fs::write(&tokens, format!("alice:{ALICE}\nbob:{BOB}\n")).unwrap();
+        std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let env = ENV
+            .iter()
+            .chain(extra)
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain([
+                ("MCP_BRIDGE_STATE_DIR".into(), state.display().to_string()),
+                ("MCP_BRIDGE_TOKEN_FILE".into(), tokens.display().to_string()),
+            ])
+            .collect();
+        Team {
+            _dir: dir,
+            state,
+            env,
+        }
+    }
+
+    fn env(&self) -> Vec<(&str, &str)> {
+        self.env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+}
+
 /// Over `serve`, a session is its identity's: alice and bob each leave state in a session of the
 /// same name, `serve` is stopped (SIGTERM) and started again on the same state dir, and each
 /// finds exactly their own, resumed live; neither resumes, reads or ends the other's.
 #[tokio::test(flavor = "multi_thread")]
 async fn over_serve_each_identity_resumes_only_its_own_session_of_a_shared_name() {
-    const ALICE: &str = "alice-0123456789abcdef0123";
-    const BOB: &str = "bob-fedcba9876543210fedcba98";
-    let shared = tempfile::tempdir().unwrap();
-    let state = shared.path().join("state");
-    let tokens = shared.path().join("tokens");
-    std::fs::write(&tokens, format!("alice:{ALICE}\nbob:{BOB}\n")).unwrap();
-    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let (state_s, tokens_s) = (state.display().to_string(), tokens.display().to_string());
-    let env: Vec<(&str, &str)> = ENV
-        .iter()
-        .copied()
-        .chain([
-            ("MCP_BRIDGE_STATE_DIR", state_s.as_str()),
-            ("MCP_BRIDGE_TOKEN_FILE", tokens_s.as_str()),
-        ])
-        .collect();
+    let team = Team::new(&[]);
+    let (state, env) = (&team.state, team.env());
 
     let mut first = Served::start(Home::new(), &env, &[]);
     let alice = first.client(Some(ALICE)).await;
@@ -558,23 +587,8 @@ async fn parked_sessions_are_listed_ended_by_hand_and_count_toward_max_sessions(
 /// (she is told), never bob's, whose session is still there to resume.
 #[tokio::test(flavor = "multi_thread")]
 async fn over_serve_an_identitys_parked_sessions_count_toward_its_own_bound() {
-    const ALICE: &str = "alice-0123456789abcdef0123";
-    const BOB: &str = "bob-fedcba9876543210fedcba98";
-    let shared = tempfile::tempdir().unwrap();
-    let state = shared.path().join("state");
-    let tokens = shared.path().join("tokens");
-    std::fs::write(&tokens, format!("alice:{ALICE}\nbob:{BOB}\n")).unwrap();
-    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let (state_s, tokens_s) = (state.display().to_string(), tokens.display().to_string());
-    let env: Vec<(&str, &str)> = ENV
-        .iter()
-        .copied()
-        .chain([
-            ("MCP_BRIDGE_STATE_DIR", state_s.as_str()),
-            ("MCP_BRIDGE_TOKEN_FILE", tokens_s.as_str()),
-            ("MCP_BRIDGE_HTTP_MAX_SESSIONS_PER_IDENTITY", "2"),
-        ])
-        .collect();
+    let team = Team::new(&[("MCP_BRIDGE_HTTP_MAX_SESSIONS_PER_IDENTITY", "2")]);
+    let env = team.env();
     let mut first = Served::start(Home::new(), &env, &[]);
     let alice = first.client(Some(ALICE)).await;
     let bob = first.client(Some(BOB)).await;
