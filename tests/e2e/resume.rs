@@ -443,7 +443,7 @@ async fn over_serve_each_identity_resumes_only_its_own_session_of_a_shared_name(
     let out = Home::new()
         .command()
         .args(["sessions", "list", "--json"])
-        .env("MCP_BRIDGE_STATE_DIR", &state)
+        .env("MCP_BRIDGE_STATE_DIR", state)
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
