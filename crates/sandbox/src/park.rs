@@ -435,16 +435,22 @@ pub fn keeper_main() -> std::process::ExitCode {
     }
     unlink_if_ours(&listener, ours, &meta);
     drop(attach);
-    remove_container(&meta);
-    crate::pkgdir::remove_last(&meta.packages);
+    remove_parked(&meta);
     std::process::ExitCode::SUCCESS
+}
+
+/// Remove a parked sandbox whose connection is closed: its container ([`remove_container`]),
+/// then its package directory (and the mount root, if it was the last).
+pub(crate) fn remove_parked(meta: &Meta) {
+    remove_container(meta);
+    crate::pkgdir::remove_last(&meta.packages);
 }
 
 /// Remove the parked container at the end of its time: with `podman rm` on podman (the engine
 /// service may have ended, and asking it would keep it up another linger), else through the
 /// engine's socket. Best effort: a container left is no longer running (its stdin closed) and
 /// the next bridge reaps it.
-pub(crate) fn remove_container(meta: &Meta) {
+fn remove_container(meta: &Meta) {
     if let Some(podman) = &meta.podman {
         let _ = std::process::Command::new(podman)
             .args(["rm", "--force", "--time", "0", &meta.container_id])

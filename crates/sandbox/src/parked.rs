@@ -79,8 +79,7 @@ pub fn end(state_dir: &Path, key: &str) -> Option<Parked> {
     let (meta, fd) = park::claim(state_dir, &Slot::Session(key.to_string()))?;
     // Its attach connection closes: the runtime reads the end of its stdin and exits.
     drop(fd);
-    park::remove_container(&meta);
-    crate::pkgdir::remove_last(&meta.packages);
+    park::remove_parked(&meta);
     Parked::of(&meta)
 }
 

@@ -93,8 +93,15 @@ pub fn remove(record: &Path) {
 pub fn remove_last(record: &Path) {
     let dir = std::fs::read_link(record).ok().filter(|d| is_mount_dir(d));
     remove(record);
-    if let Some(root) = dir.as_deref().and_then(Path::parent)
-        && std::fs::remove_dir(root).is_ok()
+    if let Some(root) = dir.as_deref().and_then(Path::parent) {
+        remove_root_if_empty(root);
+    }
+}
+
+/// Remove a mount root, and `/var/tmp/mcp-code-bridge-<uid>` above it, when nothing is left in
+/// them (another bridge that had it cached makes it again: [`make`]).
+fn remove_root_if_empty(root: &Path) {
+    if std::fs::remove_dir(root).is_ok()
         && let Some(top) = root.parent()
         && top.starts_with("/var/tmp")
     {
@@ -182,14 +189,8 @@ pub fn leave(config: &Config) {
             remove(&e.path());
         }
     }
-    let Ok(root) = mount_root(config) else {
-        return;
-    };
-    if std::fs::remove_dir(&root).is_ok()
-        && let Some(top) = root.parent()
-        && top.starts_with("/var/tmp")
-    {
-        let _ = std::fs::remove_dir(top);
+    if let Ok(root) = mount_root(config) {
+        remove_root_if_empty(&root);
     }
     forget(config);
 }

@@ -321,18 +321,14 @@ impl Sandbox {
                 format!("it was parked by the bridge before this one and closed to stay within {limit_key} = {limit}"),
             );
         }
-        let own = oldest.identity.as_deref() == name.owner().name();
-        Some(
-            (ended.is_some() && own)
-                .then(|| {
-                    format!(
-                        "session {:?}, parked by the bridge before this one, was closed to stay within {limit_key} = {limit}; its variables are gone",
-                        oldest.session
-                    )
-                })
-                .into_iter()
-                .collect(),
-        )
+        let mut notices = Vec::new();
+        if ended.is_some() && oldest.identity.as_deref() == name.owner().name() {
+            notices.push(format!(
+                "session {:?}, parked by the bridge before this one, was closed to stay within {limit_key} = {limit}; its variables are gone",
+                oldest.session
+            ));
+        }
+        Some(notices)
     }
 
     pub(super) async fn reap_idle(&self, idle: Duration) {
