@@ -2,9 +2,9 @@
 # Build the mcp-code-bridge sandbox image from Debian packages (for hosts without Nix) and write it
 # as a docker-archive tarball that `mcp-code-bridge image load`, `podman load` or `docker load` read.
 #
-# The image: Debian sid's python3 (3.14) + numpy + pandas + matplotlib (+ --extra packages), user
-# 65534:65534, workdir /workspace, CMD ["python3"]. The Python runtime of the bridge is not in the
-# image: the bridge injects it at session start, so any image with python3 works.
+# The image: Debian sid's python3 (3.14) + numpy + pandas + matplotlib + cloudpickle (+ --extra
+# packages), user 65534:65534, workdir /workspace, CMD ["python3"]. The Python runtime of the bridge
+# is not in the image: the bridge injects it at session start, so any image with python3 works.
 #
 # Needs: mmdebstrap, podman (rootful or rootless). The script never touches the podman image store
 # you use: it imports, saves and smoke-tests the image in a throwaway store that it deletes.
@@ -12,9 +12,10 @@
 # Usage: image/build-debian.sh [--profile default|data] [--output PATH] [--tag NAME:TAG]
 #                              [--extra PKG]... [--mirror URL] [--suite SUITE] [--keep-rootfs PATH]
 #
-# Profiles: `default` (python3, numpy, pandas, matplotlib) and `data`, which adds scipy,
-# scikit-learn and pyarrow (Parquet). The image carries its profile as the label
-# io.mcp-code-bridge.profile, which `mcp-code-bridge doctor` shows.
+# Profiles: `default` (python3, numpy, pandas, matplotlib, cloudpickle) and `data`, which adds
+# scipy, scikit-learn and pyarrow (Parquet). cloudpickle: a session's snapshot keeps the functions
+# and classes its cells defined by value (docs/protocol.md, "Snapshots"). The image carries its
+# profile as the label io.mcp-code-bridge.profile, which `mcp-code-bridge doctor` shows.
 set -euo pipefail
 
 output=""
@@ -36,12 +37,12 @@ Builds the mcp-code-bridge sandbox image from Debian packages with mmdebstrap an
 docker-archive tarball (a plain tar whose layer is gzip-compressed).
 
 Options:
-  --profile NAME  default (python3, numpy, pandas, matplotlib) or data (also scipy,
-                  scikit-learn and pyarrow)
+  --profile NAME  default (python3, numpy, pandas, matplotlib, cloudpickle) or data (also
+                  scipy, scikit-learn and pyarrow)
   --output PATH   where to write the archive (default: ./mcp-code-bridge-sandbox[-data].tar)
   --tag NAME:TAG  the image's name in the archive (default: mcp-code-bridge-sandbox[-data]:latest)
   --extra PKG     an extra Debian package to install (repeatable), e.g. python3-scipy
-                  (python3, numpy, pandas and matplotlib are always installed)
+                  (python3, numpy, pandas, matplotlib and cloudpickle are always installed)
   --mirror URL    the Debian mirror (default: the Debian mirror apt on this host is configured with)
   --suite SUITE   the Debian suite (default: sid, whose python3 is 3.14)
   --keep-rootfs PATH  also keep the root filesystem tarball at PATH
@@ -123,8 +124,10 @@ if command -v apt-config >/dev/null; then
     done
 fi
 
-# The default packages: what the tool description promises (display() of a matplotlib figure).
-defaults=(python3 python3-numpy python3-pandas python3-matplotlib ${profile_packages[@]+"${profile_packages[@]}"})
+# The default packages: what the tool description promises (display() of a matplotlib figure), and
+# cloudpickle, with which a session's snapshot keeps the functions and classes its cells defined.
+defaults=(python3 python3-numpy python3-pandas python3-matplotlib python3-cloudpickle
+          ${profile_packages[@]+"${profile_packages[@]}"})
 include=$(IFS=,; printf '%s' "${defaults[*]}")
 for pkg in ${extras[@]+"${extras[@]}"}; do
     [[ ",$include," == *",$pkg,"* ]] || include+=",$pkg"
@@ -261,7 +264,7 @@ timeout 120 "${P[@]}" run -d --name "$smoke" --network none --read-only --cap-dr
     --security-opt no-new-privileges --user 65534:65534 \
     --tmpfs /tmp:rw,noexec,nosuid,nodev,size=64m --tmpfs /workspace:rw,noexec,nosuid,nodev,size=64m \
     "$tag" python3 -c '
-import io, sys, os, numpy, pandas, matplotlib
+import io, sys, os, numpy, pandas, matplotlib, cloudpickle
 assert os.getcwd() == "/workspace", os.getcwd()
 assert (os.getuid(), os.getgid()) == (65534, 65534)
 import matplotlib.pyplot as plt, PIL.Image
@@ -280,6 +283,12 @@ print("python", sys.version.split()[0])
 print("numpy", numpy.__version__)
 print("pandas", pandas.__version__)
 print("matplotlib", matplotlib.__version__, "(" + matplotlib.get_backend() + ")")
+# A function by value and a numpy buffer out of band, as a snapshot pickles them.
+buffers = []
+data = cloudpickle.dumps([lambda x: x + 1, numpy.arange(4)], protocol=5, buffer_callback=buffers.append)
+f, a = cloudpickle.loads(data, buffers=buffers)
+assert f(1) == 2 and a.sum() == 6 and len(buffers) == 1
+print("cloudpickle", cloudpickle.__version__)
 if sys.argv[1] == "data":
     import numpy as np, scipy, scipy.optimize, sklearn, sklearn.linear_model, pyarrow, pyarrow.parquet
     r = scipy.optimize.minimize_scalar(lambda x: (x - 2) ** 2)

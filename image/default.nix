@@ -1,4 +1,5 @@
-# The sandbox image: Python 3.14 with pandas, numpy and matplotlib, nothing of this repository.
+# The sandbox image: Python 3.14 with pandas, numpy, matplotlib and cloudpickle, nothing of this
+# repository.
 # The bridge injects its Python runtime (image/runtime/) at container start, so the image
 # only has to provide `python3` on PATH, an unprivileged user and the /tmp and /workspace
 # mount points. The result is a docker-archive (.tar.gz) that `mcp-code-bridge image load`
@@ -13,8 +14,9 @@
   dockerTools,
   runCommand,
   python314,
-  # "default" (pandas, numpy, matplotlib) or "data" (also scipy, scikit-learn and pyarrow), the
-  # profiles of image/build-debian.sh; the image's label io.mcp-code-bridge.profile says which.
+  # "default" (pandas, numpy, matplotlib, cloudpickle) or "data" (also scipy, scikit-learn and
+  # pyarrow), the profiles of image/build-debian.sh; the image's label io.mcp-code-bridge.profile
+  # says which.
   profile ? "default",
   # Python packages added on top of the profile's: a function of the package set.
   extraPythonPackages ? (_ps: [ ]),
@@ -39,11 +41,13 @@ assert lib.assertOneOf "profile" profile [
 let
   # The image's Python packages by name: the profile's (image/build-debian.sh has the same two
   # profiles), then extraPythonPackages. matplotlib: the tool description promises that display()
-  # of a figure returns an image.
+  # of a figure returns an image. cloudpickle: a session's snapshot keeps the functions and
+  # classes its cells defined by value (docs/protocol.md, "Snapshots").
   profileNames = [
     "pandas"
     "numpy"
     "matplotlib"
+    "cloudpickle"
   ]
   ++ lib.optionals (profile == "data") [
     "scipy"

@@ -145,6 +145,7 @@ let
     "pandas"
     "numpy"
     "matplotlib"
+    "cloudpickle"
     "scipy"
     "scikit-learn"
     "pyarrow"
@@ -1243,11 +1244,13 @@ let
           "pandas"
           "numpy"
           "matplotlib"
+          "cloudpickle"
         ];
         tests = [
           "pandas"
           "numpy"
           "matplotlib"
+          "cloudpickle"
           "pytest"
         ];
       };
@@ -1277,6 +1280,7 @@ let
           "pandas"
           "numpy"
           "matplotlib"
+          "cloudpickle"
           "scipy"
           "scikit-learn"
           "pyarrow"

@@ -80,6 +80,7 @@ PIP_PACKAGES=(
     "pandas==2.3.3"
     "matplotlib==3.10.7"
     "nbformat==5.11.1"  # tests/e2e/notebook.rs validates export_notebook()'s file with it
+    "cloudpickle==3.1.1"  # image/tests/test_snapshots.py: the runtime's snapshots as the image makes them
 )
 
 step() { printf '\n==> [setup-debian] %s\n' "$*" >&2; }

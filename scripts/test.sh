@@ -103,6 +103,9 @@ cargo test --release --locked --no-fail-fast --test e2e -- --test-threads=2 root
 # - packages::an_allowed_install_works_and_changes_nothing_else: the install directory is a
 #   bind mount served by gVisor's gofer (read-only, C extensions load), not the host's kernel;
 #   packages::the_package_mount_names_nothing_of_the_host: what gVisor shows of its source.
+# - snapshots::a_session_closed_idle_ and snapshots::a_fork_diverges_: a session's state
+#   streamed out of and into gVisor's kernel over the channel (no parking under gVisor: the
+#   snapshot is how its sessions outlive their sandbox).
 # - faults::resources_ (fork and memory bombs, a full tmpfs, a CPU spin measured on the host,
 #   output floods) and faults_lifecycle::lifecycle_ (SIGTERM, SIGKILL and its orphans, the idle
 #   reaper, a restarted podman service run with --runtime runsc): gVisor's kernel dies or is
@@ -117,6 +120,7 @@ cargo test --release --locked --no-fail-fast --test e2e -- --test-threads=2 root
 gvisor_suites=(security:: sandbox:: hostile:: files::
     packages::an_allowed_install_works_and_changes_nothing_else
     packages::the_package_mount_names_nothing_of_the_host
+    snapshots::a_session_closed_idle_ snapshots::a_fork_diverges_
     faults::resources_ faults_lifecycle::lifecycle_)
 step "under gVisor: ${gvisor_suites[*]} (MCP_BRIDGE_TEST_ISOLATION=gvisor)"
 gvisor_start=$(date +%s)

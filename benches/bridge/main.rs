@@ -16,6 +16,7 @@
 //! BENCH_ONLY=results cargo bench --bench bridge                   # section 12: result size, tokens and time for prints of 1 KB, 100 KB, 10 MB
 //! BENCH_ONLY=packages cargo bench --bench bridge                  # section 13: installs from a local index, from the cache, statsmodels from PyPI
 //! BENCH_ONLY=isolation cargo bench --bench bridge                 # section 14: runc and gVisor side by side (needs runsc)
+//! BENCH_ONLY=snapshots cargo bench --bench bridge                 # section 15: snapshot and restore, empty and a 1M-row DataFrame
 //! BENCH_ONLY=capacity cargo bench --bench bridge                  # section 11: sandboxes' memory and idle CPU, serve at 1/5/20 identities (~8 min)
 //! BENCH_ONLY=capacity-sandboxes cargo bench --bench bridge        # section 11's sandbox rows alone (memory, idle CPU)
 //! BENCH_ONLY=capacity-bounds cargo bench --bench bridge           # section 11's bounds alone: max_sessions, a busy session, 429
@@ -50,6 +51,7 @@ mod pool;
 mod proxy;
 mod raw;
 mod results;
+mod snapshots;
 mod startup;
 mod table;
 
@@ -87,6 +89,7 @@ use pool::*;
 use proxy::*;
 use raw::*;
 use results::*;
+use snapshots::*;
 use startup::*;
 use table::*;
 
@@ -208,6 +211,10 @@ async fn main() {
     if o.wants("isolation") {
         eprintln!("bench: the isolation levels side by side…");
         isolation_section(&o, &fx, &mut t).await;
+    }
+    if o.wants("snapshots") {
+        eprintln!("bench: sessions kept on disk…");
+        snapshots_section(&o, &mut t).await;
     }
     println!();
     println!(

@@ -14,7 +14,7 @@ import os
 import platform
 import threading
 
-from . import discovery, installs, notebook, output, proxies, rpc, skills, state, values
+from . import discovery, installs, notebook, output, proxies, rpc, skills, snapshot, state, values
 from . import display as _display
 
 DOC = """Helpers of the mcp-code-bridge sandbox.
@@ -27,7 +27,9 @@ await call_tool(server, tool, arguments=None, raw=False),
 export_notebook(path="/workspace/out/session.ipynb") (the session as a Jupyter notebook),
 save_skill(func, description=None) (alias save_tool), list_skills(), delete_skill(name),
 await install(*requirements) (packages into this session, by the bridge; PackageDenied,
-PackageError), installed().
+PackageError), installed(),
+await fork(name, reset=False) / fork_sync(...) (a new session `name` starting from this one's
+variables, functions, classes, imports and notebook; SnapshotError when the state is too large).
 """
 
 
@@ -154,6 +156,9 @@ list_skills = skills.list_skills
 delete_skill = skills.delete_skill
 install = installs.install
 installed = installs.installed
+fork = snapshot.fork
+fork_sync = snapshot.fork_sync
+SnapshotError = snapshot.SnapshotError
 PackageError = installs.PackageError
 PackageDenied = installs.PackageDenied
 NotebookTooLarge = notebook.NotebookTooLarge
@@ -192,6 +197,9 @@ NAMES = (
     "installed",
     "PackageError",
     "PackageDenied",
+    "fork",
+    "fork_sync",
+    "SnapshotError",
     "display",
     "export_notebook",
     "NotebookTooLarge",

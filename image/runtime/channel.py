@@ -6,8 +6,9 @@ and the frame reader reads), so user code, C extensions and subprocesses never w
 accident. Frames out: `send` (and `send_bytes` for one already encoded), whole and atomic with
 respect to other threads and to interrupts. Frames in: the reader thread hands `exec` frames to
 the main thread's queue, `rpc_result` frames to the request waiting for them (`pending`), and
-`interrupt` frames to `interrupts`, those of a type in `handlers` to their handler; anything
-else is ignored.
+`interrupt` frames to `interrupts`, those of a type in `handlers` to their handler (`outdir`
+takes `keep` and `files`, `snapshot` takes `snapshot`, `restore` and `restore_data`, and hands
+the work to the main thread's queue); anything else is ignored.
 """
 
 import collections.abc
@@ -21,6 +22,7 @@ from . import constants, interrupts, notebook, state
 
 write_lock = threading.Lock()
 # Frames in that other modules handle, by type (`outdir` takes `keep`), called on the reader thread.
+# They must not block: the reader goes on reading (a restore's data, an interrupt) meanwhile.
 handlers = {}
 _input = None  # the buffered reader of the host's frames
 

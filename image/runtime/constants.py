@@ -3,7 +3,7 @@
 Two kinds. The runtime's own (how output is coalesced, how much of a value or a traceback is
 shown, how large the notebook record grows) are written here. The host's (the longest frame it
 reads, the largest image it keeps, where files out are and how many entries it copies, how deep
-a skill's default values may nest) are written once, in the bridge, and arrive in the boot
+a skill's default values may nest, how large a snapshot of the session may be) are written once, in the bridge, and arrive in the boot
 frame's `constants`: they are None until `apply` takes them, which `boot.main` does before
 anything else runs.
 
@@ -36,6 +36,11 @@ SKILL_NOTICE_CAP = 4000  # characters of the "[skills] not defined" line
 NOTEBOOK_MAX_CELLS = 500
 NOTEBOOK_MAX_BYTES = 32 * 1024 * 1024  # code + output text + base64 images held in the record
 NOTEBOOK_EXPORT_CAP = 48 * 1024 * 1024  # the JSON written, framing and escapes included
+SNAPSHOT_PIECE = 1024 * 1024  # bytes of a snapshot per `snap` frame: 1.4 MB of base64
+SNAPSHOT_LIST_CAP = 200  # names (and lost names) a snapshot's info lists; the rest are counted
+SNAPSHOT_NAME_CAP = 200  # characters of a name, a type or a module in that info
+SNAPSHOT_WHY_CAP = 300  # characters of why a name was lost
+SNAPSHOT_LARGEST = 5  # the largest values named, for a snapshot over the limit
 
 # ------------------------------------------------------------------ the host's, from the boot frame
 

@@ -7,7 +7,8 @@ Before the code runs, what earlier cells broke is repaired (std fds and streams,
 so the saved skills are defined. Tracebacks keep only the frames of the user's cells
 (`<cell-ID>`) and what they called, never the runtime's. The result frame comes after every
 output frame of the exec and carries a digest of the host's OUT_DIR, so the host copies the
-files out only when they changed.
+files out only when they changed. The same thread, between execs and in their order of arrival,
+writes and restores the session's snapshots (`snapshot`).
 """
 
 import ast
@@ -21,7 +22,8 @@ import traceback
 import types
 import warnings
 
-from . import channel, constants, discovery, display, interrupts, notebook, outdir, output, package, proxies, skills, state
+from . import (channel, constants, discovery, display, interrupts, notebook, outdir, output, package, proxies, skills,
+               snapshot, state)
 
 
 # ---------------------------------------------------------------------------------- errors
@@ -280,12 +282,19 @@ def run_exec(msg):
 
 
 def serve():
-    """The main thread's loop: exec frames one at a time, for ever. The runtime itself must not
-    die: an error of its own ends the exec with an error result."""
+    """The main thread's loop: the frames of its queue one at a time, for ever: execs, and
+    snapshots taken or restored between them. The runtime itself must not die: an error of its
+    own ends the exec with an error result."""
     while True:
         try:
             msg = state.exec_queue.get()
-            run_exec(msg)
+            kind = msg.get("type")
+            if kind == "exec":
+                run_exec(msg)
+            elif kind == "snapshot":
+                snapshot.take(msg)
+            elif kind == "restore":
+                snapshot.restore(msg)
         except KeyboardInterrupt:
             continue
         except BaseException as e:

@@ -2,7 +2,8 @@
 display, value and error frames exactly as sent to the host, so what the model saw is what the
 notebook shows); `write` turns the record into nbformat 4.5 JSON.
 
-The record lives in this interpreter, so `reset` (a new one) starts an empty record. It is
+The record lives in this interpreter, so `reset` (a new one) starts an empty record, unless the
+session is restored from a snapshot, which carries the record (`saved`, `restore`). It is
 bounded in cells and bytes (constants.NOTEBOOK_*), the oldest cells dropped first. The channel
 hands it every output and display frame it sends (`record.frame`); the exec loop opens and closes
 the cells. `mcp.runtime.export_notebook` is `api.export_notebook`, which settles the output first.
@@ -118,6 +119,31 @@ class NotebookRecord:
                                  "evalue": str(error.get("message", "")),
                                  "traceback": tb.splitlines() or [str(error.get("type", ""))]}, len(tb))
 
+    def saved(self):
+        """The record as JSON (ASCII bytes) for a snapshot of the session, and how many cells
+        it holds; `restore` takes it back in the next sandbox."""
+        with self.lock:
+            cells = [{"number": c.number, "source": c.source, "outputs": c.outputs, "omitted": c.omitted}
+                     for c in self.cells]
+            data = json.dumps({"count": self.count, "dropped": self.dropped, "cells": cells})
+        return data.encode("ascii"), len(cells)
+
+    def restore(self, data):
+        """Take back the cells of a snapshot (`saved`'s JSON) as the oldest of this record, so
+        that export_notebook() shows the session's history; ValueError when they are not cells
+        `saved` wrote. Bounded as the record is (the oldest dropped)."""
+        saved = json.loads(data)
+        if not isinstance(saved, dict) or not isinstance(saved.get("cells"), list):
+            raise ValueError("the notebook record is not an object with a list of cells")
+        cells = [_restored_cell(c) for c in saved["cells"]]
+        count, dropped = saved.get("count"), saved.get("dropped")
+        with self.lock:
+            self.cells.extendleft(reversed(cells))
+            self.size += sum(c.size for c in cells)
+            self.count = max([self.count] + [c.number for c in cells] + ([count] if _is_int(count) else []))
+            self.dropped += dropped if _is_int(dropped) and dropped > 0 else 0
+            self._trim()
+
     def notebook(self):
         """The record as an nbformat 4.5 notebook (a dict)."""
         cells = []
@@ -172,6 +198,45 @@ class NotebookRecord:
         with open(path, "wb") as f:
             f.write(data)
         return path
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _output_size(o):
+    """What an output counts in the record's bytes: its text, as `_add` counted it."""
+    if o["output_type"] == "stream":
+        return sum(len(t) for t in o["text"])
+    if o["output_type"] == "error":
+        return sum(len(t) for t in o["traceback"])
+    return sum(len(v) for v in o["data"].values())
+
+
+def _restored_cell(c):
+    """One cell of a snapshot's record, checked to be what `notebook()` reads."""
+    outputs = c.get("outputs") if isinstance(c, dict) else None
+    if not (isinstance(c, dict) and _is_int(c.get("number")) and isinstance(c.get("source"), str)
+            and isinstance(outputs, list) and _is_int(c.get("omitted"))):
+        raise ValueError("a cell of the notebook record is malformed")
+    for o in outputs:
+        kind = o.get("output_type") if isinstance(o, dict) else None
+        if kind == "stream":
+            ok = isinstance(o.get("name"), str) and isinstance(o.get("text"), list) and all(
+                isinstance(t, str) for t in o["text"])
+        elif kind == "error":
+            ok = isinstance(o.get("traceback"), list) and all(isinstance(t, str) for t in o["traceback"])
+        elif kind in ("display_data", "execute_result"):
+            ok = isinstance(o.get("data"), dict) and all(isinstance(v, str) for v in o["data"].values())
+        else:
+            ok = False
+        if not ok:
+            raise ValueError("an output of the notebook record is malformed")
+    cell = _Cell(c["number"], None, c["source"])  # no exec of this interpreter's: never current
+    cell.outputs = outputs
+    cell.omitted = c["omitted"]
+    cell.size += sum(_output_size(o) for o in outputs)
+    return cell
 
 
 record = NotebookRecord()

@@ -4,7 +4,8 @@ and the exceptions a refusal becomes.
 A request names the running exec (there is none between calls, and none in a forked child) and
 must fit in one frame; an answer with `ok:false` raises `McpError`, or `ToolDenied` when the
 host says the user's policy refused it (`PackageDenied` and `PackageError` for an install,
-which `installs` names).
+which `installs` names). `SnapshotError` is the runtime's own: a `runtime.fork()` whose snapshot
+could not be written (`snapshot` raises it, before any request).
 """
 
 import asyncio
@@ -41,6 +42,16 @@ class PackageError(McpError):
 class PackageDenied(PermissionError):
     """The user's `[packages]` policy, or the user when asked, refused an install. Retrying the
     same install is refused the same way without asking again."""
+
+
+class SnapshotError(McpError):
+    """runtime.fork() could not write the session's state: it is larger than the bridge's
+    snapshot_max_size (the message names the largest values: delete what you do not need and
+    fork again), or snapshots are off. `.info` holds what the snapshot said of the state."""
+
+    def __init__(self, message, info=None):
+        super().__init__(message)
+        self.info = info or {}
 
 
 _ids = itertools.count(1)

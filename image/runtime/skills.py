@@ -17,6 +17,7 @@ import linecache
 import re
 import sys
 import textwrap
+import types
 
 from . import channel, constants, discovery, display, rpc, state
 
@@ -91,6 +92,13 @@ def delete_skill(name):
     result = rpc.request_sync("delete_skill", {"name": str(name)})
     _skills.pop(str(name), None)
     return result
+
+
+def defined(name, obj):
+    """Whether `obj` is the saved skill `name` as `load` defined it in this interpreter (a
+    snapshot leaves it out: the next session defines it from the store again)."""
+    return (name in _skills and isinstance(obj, types.FunctionType)
+            and obj.__code__.co_filename == "<skill %s>" % name)
 
 
 def _literal(node, depth=0):

@@ -1,5 +1,6 @@
 """The process-wide state every part of the runtime shares, as this module's attributes
-(`state.running`, `state.loaded`, ...), and the queue of exec frames waiting for the main thread.
+(`state.running`, `state.loaded`, ...), and the queue of frames waiting for the main thread
+(execs, and the snapshots taken and restored between them).
 
 It holds references only (descriptors, the running exec, the user's namespace, the servers of
 this exec); the code that changes each one lives in the module that owns that concern.
@@ -28,4 +29,4 @@ std_objects = ()  # our sys.stdin/stdout/stderr
 fd_targets = {}  # fd -> (private fd, (st_dev, st_ino))
 readers = []  # output.PipeReader of fd 1 and fd 2
 c_fflush = None
-exec_queue = queue.Queue()  # exec frames, in arrival order, for the main thread
+exec_queue = queue.Queue()  # exec, snapshot and restore frames, in arrival order, for the main thread

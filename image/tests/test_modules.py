@@ -490,6 +490,26 @@ def test_a_notebook_larger_than_the_cap_is_not_written(rt, monkeypatch, tmp_path
     assert not (tmp_path / "big.ipynb").exists()
 
 
+def test_saved_cells_come_back_as_the_oldest_of_a_record(rt):
+    old = rt.notebook.NotebookRecord()
+    old.begin(7, "print('a')")
+    old.frame({"type": "output", "id": 7, "stream": "stdout", "data": "a\n"})
+    old.finish(7, "ok", "1", None)
+    data, count = old.saved()
+    assert count == 1
+    new = rt.notebook.NotebookRecord()
+    new.restore(data)
+    new.begin(1, "2")
+    new.finish(1, "ok", "2", None)
+    cells = new.notebook()["cells"]
+    assert [(c["execution_count"], c["source"]) for c in cells] == [(1, "print('a')"), (2, "2")]
+    assert cells[0]["outputs"] == old.notebook()["cells"][0]["outputs"]
+    for bad in (b"[]", b'{"cells": [{"number": 1}]}', b'{"cells": [{"number": 1, "source": "", "omitted": 0, '
+                b'"outputs": [{"output_type": "stream", "text": "not a list"}]}]}', b"not json"):
+        with pytest.raises(ValueError):
+            rt.notebook.NotebookRecord().restore(bad)
+
+
 # ------------------------------------------------------------------- discovery and proxies
 
 
@@ -549,6 +569,44 @@ def test_a_tool_function_has_the_tools_signature_and_calls_it(rt, monkeypatch):
     # Optional arguments left at their default are not sent; the real names are.
     assert calls == [("call_tool", {"server": "file-system", "tool": "read-file",
                                     "arguments": {"path": "/a", "class": True}})]
+
+
+# -------------------------------------------------------------------------------- snapshot
+
+
+def test_values_that_refer_to_each_other_round_a_cycle_are_tangled(rt):
+    tangled = rt.snapshot._tangled
+    assert tangled({"a": {"b"}, "b": {"c"}, "c": set()}) == set()
+    assert tangled({"a": {"b"}, "b": {"a"}, "c": {"a"}, "d": {"c"}}) == {"a", "b"}
+    # Between two cycles: no order restores it either. References to names that are no values
+    # (modules, statements) are no edges.
+    assert tangled({"a": {"b"}, "b": {"a", "m"}, "x": {"a", "y"}, "y": {"x"}}) == {"a", "b", "x", "y"}
+    assert tangled({"a": {"a", "m"}}) == {"a"}
+
+
+def test_a_snapshot_stream_is_read_whole_or_refused(rt, monkeypatch):
+    snap = rt.snapshot
+    monkeypatch.setattr(rt.state, "ns", {"xs": [1, 2.5, "three"], "same": None, "mod": json, "__name__": "__main__"})
+    rt.state.ns["same"] = rt.state.ns["xs"]
+    parts, size = snap._layout(snap.collect())
+    data = b"".join(bytes(p) for p in parts)
+    assert len(data) == size and data.startswith(b"MCBSNAP1")
+    records, nb = snap.parse(memoryview(data))
+    assert sorted(records) == ["mod", "same", "xs"] and records["mod"] == ("M", "module", "json")
+    assert records["xs"][:2] == ("V", "list") and nb is not None
+    # Every cut is refused, and every byte changed either still reads or is refused: never
+    # another exception, never a read past the end.
+    for n in range(len(data)):
+        with pytest.raises(snap._Malformed):
+            snap.parse(memoryview(data[:n]))
+    for i in range(len(data)):
+        for flip in (0x01, 0x80, 0xFF):
+            changed = bytearray(data)
+            changed[i] ^= flip
+            try:
+                snap.parse(memoryview(changed))
+            except snap._Malformed:
+                pass
 
 
 # --------------------------------------------------------------------------------- display

@@ -245,6 +245,22 @@ fn row(r: &Value) -> String {
             format!("save_skill {}", s("skill")),
             decided(&format!("{} → {}", s("decision"), s("status"))),
         ),
+        kind @ ("snapshot" | "restore" | "fork" | "session_end") => {
+            let mut what = format!("{kind} {} bytes", r["size"].as_u64().unwrap_or(0));
+            if let Some(to) = r["to"].as_str() {
+                what = format!(
+                    "fork → {} ({} bytes)",
+                    visible(to),
+                    r["size"].as_u64().unwrap_or(0)
+                );
+            }
+            let mut result = format!("{} → {}", s("why"), s("status"));
+            let lost = names("lost");
+            if !lost.is_empty() {
+                result.push_str(&format!(" lost {}", lost.join(",")));
+            }
+            (what, result)
+        }
         _ => (s("kind").into_owned(), s("status").into_owned()),
     };
     let mut line = format!(

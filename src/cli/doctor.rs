@@ -188,6 +188,15 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             "; this configuration parks none: it needs engine_linger, isolation = \"container\" and no inputs"
         }
     ));
+    let stored = crate::sandbox::snapshots::list(&config.state_dir);
+    c.note(&format!(
+        "session snapshots on disk: {} ({} bytes of snapshot_store_size = {}; snapshot_max_size = {}, snapshot_ttl = {}; `sessions list` shows them)",
+        stored.len(),
+        stored.iter().map(|l| l.size).sum::<u64>(),
+        config.snapshot_store_size,
+        config.snapshot_max_size,
+        config.snapshot_ttl
+    ));
     let archive_ok = check_archive(&mut c, loaded, quick).await;
     if let Some(engine) = &engine {
         let image_src = loaded.source("image");

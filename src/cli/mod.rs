@@ -120,7 +120,8 @@ pub enum Command {
         command: SkillsCommand,
     },
     /// Sessions kept past their bridge: the ones keepers hold for the next bridge
-    /// (session_linger), <state_dir>/engine/sessions.
+    /// (session_linger, <state_dir>/engine/sessions) and their snapshots on disk
+    /// (snapshot_max_size, <state_dir>/sessions).
     Sessions {
         #[command(subcommand)]
         command: SessionsCommand,
@@ -150,18 +151,20 @@ pub enum PackagesCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum SessionsCommand {
-    /// List the parked sessions: identity, name, parked for, time left, container.
+    /// List the sessions' snapshots (identity, name, size, age, time left, what they hold)
+    /// and the parked sessions (identity, name, parked for, time left, container).
     List {
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
     },
-    /// End parked sessions before their time: NAME, or IDENTITY/NAME for one of `serve`.
+    /// End parked sessions and remove their snapshots before their time: NAME, or
+    /// IDENTITY/NAME for one of `serve`.
     Rm {
         #[arg(required = true)]
         names: Vec<String>,
     },
-    /// End every parked session.
+    /// End every parked session and remove every snapshot.
     Prune,
 }
 

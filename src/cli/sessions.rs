@@ -1,7 +1,8 @@
 //! `sessions list|rm|prune`: the sessions keepers hold for the next bridge on this state dir
-//! (`session_linger`), read and ended the way bridges do (`sandbox::parked`), so a person sees
-//! what is still running and in memory after every client has gone, and ends what should not
-//! wait out its time.
+//! (`session_linger`), read and ended the way bridges do (`sandbox::parked`), and the sessions'
+//! snapshots on disk (`sandbox::snapshots`), so a person sees what is still running and in
+//! memory, and what is kept on disk, after every client has gone, and ends what should not wait
+//! out its time.
 //!
 //! Session names are the model's choice and identities a token's, so what is printed for a
 //! person goes through `crate::text::visible`; `--json` is exact.
@@ -10,10 +11,12 @@ use std::process::ExitCode;
 
 use crate::config::{Config, Secs};
 use crate::sandbox::parked::{self, Parked};
+use crate::sandbox::snapshots::{self, Listing};
 use crate::text::visible;
 
 pub(super) fn list(config: &Config, json: bool) -> ExitCode {
     let sessions = parked::list(&config.state_dir);
+    let stored = snapshots::list(&config.state_dir);
     if json {
         let now = crate::clock::now_secs();
         let rows: Vec<_> = sessions
@@ -30,9 +33,30 @@ pub(super) fn list(config: &Config, json: bool) -> ExitCode {
                 })
             })
             .collect();
-        println!("{}", serde_json::json!({ "parked": rows }));
+        let snaps: Vec<_> = stored
+            .iter()
+            .map(|l| {
+                serde_json::json!({
+                    "identity": l.identity,
+                    "session": l.session,
+                    "size": l.size,
+                    "written_at": l.written_at,
+                    "expires": l.expires,
+                    "why": l.why,
+                    "names": l.info.names,
+                    "modules": l.info.modules,
+                    "lost": l.info.lost,
+                    "cells": l.info.cells,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({ "parked": rows, "snapshots": snaps })
+        );
         return ExitCode::SUCCESS;
     }
+    list_snapshots(config, &stored);
     if sessions.is_empty() {
         println!(
             "no sessions parked in {} (a bridge parks its sessions as it exits, with session_linger = {})",
@@ -75,16 +99,100 @@ pub(super) fn list(config: &Config, json: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// End each named parked session; an unknown name is an error (the others are still ended).
+/// The snapshots kept on disk, as a table (nothing when there are none).
+fn list_snapshots(config: &Config, stored: &[Listing]) {
+    if stored.is_empty() {
+        println!(
+            "no session snapshots in {} (written when a session is closed without a caller, with snapshot_max_size = {})",
+            config.state_dir.display(),
+            config.snapshot_max_size
+        );
+        return;
+    }
+    let now = crate::clock::now_secs();
+    let who = |l: &Listing| {
+        l.identity
+            .as_deref()
+            .map_or_else(|| "-".to_string(), |i| visible(i).into_owned())
+    };
+    let width = stored
+        .iter()
+        .map(|l| who(l).chars().count())
+        .max()
+        .unwrap_or(8)
+        .max(8);
+    println!(
+        "{:width$}  {:24}  {:>10}  {:>10}  {:>10}  {:12}  HOLDS",
+        "IDENTITY", "SESSION", "SIZE", "WRITTEN", "ENDS IN", "WHY"
+    );
+    for l in stored {
+        let session: String = visible(&l.session).chars().take(24).collect();
+        let mut holds = format!("{} name(s)", l.info.names.len() + l.info.modules.len());
+        if !l.info.lost.is_empty() {
+            holds.push_str(&format!(", {} lost", l.info.lost.len()));
+        }
+        println!(
+            "{:width$}  {session:24}  {:>10}  {:>10}  {:>10}  {:12}  {holds}",
+            who(l),
+            crate::config::Size(l.size).to_string(),
+            ago(now.saturating_sub(l.written_at)),
+            ago(l.expires.saturating_sub(now)),
+            visible(&l.why),
+        );
+    }
+    println!(
+        "{} snapshot(s), {} bytes, in {}; `sessions rm NAME` removes one",
+        stored.len(),
+        stored.iter().map(|l| l.size).sum::<u64>(),
+        snapshots::dir(&config.state_dir).display()
+    );
+}
+
+/// Remove the snapshot of the session named `name` (`NAME`, or `IDENTITY/NAME` under `serve`);
+/// whether there was one. Recorded in the audit log (`session_end`).
+fn remove_snapshot(config: &Config, audit: &crate::audit::Audit, name: &str) -> bool {
+    let Some(l) = snapshots::list(&config.state_dir)
+        .into_iter()
+        .find(|l| l.key().to_string() == name)
+    else {
+        return false;
+    };
+    if !snapshots::remove(&config.state_dir, &l.key()) {
+        return false;
+    }
+    audit.session_state(
+        crate::audit::StateEvent::SessionEnd,
+        crate::audit::SessionStateRecord {
+            session: l.session.clone(),
+            identity: l.identity.clone(),
+            why: "sessions rm".into(),
+            size: l.size,
+            status: "ok".into(),
+            ..Default::default()
+        },
+    );
+    println!(
+        "removed the snapshot of session {} ({} bytes)",
+        visible(name),
+        l.size
+    );
+    true
+}
+
+/// End each named parked session and remove its snapshot; a name that is neither is an error
+/// (the others are still ended).
 pub(super) fn rm(config: &Config, names: &[String]) -> ExitCode {
     let mut status = ExitCode::SUCCESS;
+    let audit = crate::audit::Audit::open(config);
     for name in names {
+        let removed = remove_snapshot(config, &audit, name);
         match parked::end(&config.state_dir, name) {
             Some(p) => println!(
                 "ended parked session {} (container {})",
                 visible(&p.key()),
                 p.container.get(..12).unwrap_or(&p.container)
             ),
+            None if removed => {}
             None => {
                 status = super::fail(
                     &NotParked {
@@ -96,12 +204,13 @@ pub(super) fn rm(config: &Config, names: &[String]) -> ExitCode {
             }
         }
     }
+    audit.flush(std::time::Duration::from_secs(5));
     status
 }
 
-/// `sessions rm` named a session no keeper holds.
+/// `sessions rm` named a session no keeper holds and no snapshot keeps.
 #[derive(Debug, thiserror::Error)]
-#[error("no session {name} is parked in {}", state_dir.display())]
+#[error("no session {name} is parked or kept as a snapshot in {}", state_dir.display())]
 struct NotParked {
     name: String,
     state_dir: std::path::PathBuf,
@@ -115,8 +224,15 @@ impl crate::error::Hinted for NotParked {
     }
 }
 
-/// End every parked session.
+/// End every parked session and remove every snapshot.
 pub(super) fn prune(config: &Config) -> ExitCode {
+    let audit = crate::audit::Audit::open(config);
+    let removed = snapshots::list(&config.state_dir)
+        .iter()
+        .filter(|l| remove_snapshot(config, &audit, &l.key().to_string()))
+        .count();
+    audit.flush(std::time::Duration::from_secs(5));
+    println!("removed {removed} session snapshot(s)");
     let sessions = parked::list(&config.state_dir);
     let ended = sessions
         .iter()

@@ -142,12 +142,14 @@ async fn lifecycle_idle_timeout_removes_every_idle_container() {
     assert_eq!(r.stdout(), "busy done\n");
     let left = common::wait_no_containers(b.pid, Duration::from_secs(15)).await;
     assert!(left.is_empty(), "idle containers left: {left:?}");
+    // Its container is gone, its state kept on disk: restored in a new sandbox.
     let r = Outcome(
         b.call(json!({"code": "print('v' in globals())", "session": "a"}))
             .await,
     )
     .ok();
-    assert_eq!(r.stdout(), "False\n");
+    assert_eq!(r.stdout(), "True\n");
+    assert_eq!(r.meta()["resumed"], json!("snapshot"));
     b.shutdown_clean().await;
 }
 

@@ -35,5 +35,6 @@ mod sandbox;
 mod security;
 mod security_rootless;
 mod skills;
+mod snapshots;
 mod tasks;
 mod upstream_real;

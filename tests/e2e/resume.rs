@@ -15,11 +15,14 @@ use crate::common::served::Served;
 use crate::common::{self, Bridge, Home, Outcome};
 
 /// Session parking on: the bridge's own podman service lingers (a parked session lives no
-/// longer than it), no pool (every session here is one that ran code).
-const ENV: [(&str, &str); 3] = [
+/// longer than it), no pool (every session here is one that ran code). Snapshots off: what
+/// these tests find is what was parked alive (tests/e2e/snapshots.rs has the snapshots, and
+/// the Python SDK's test here turns them on).
+const ENV: [(&str, &str); 4] = [
     ("MCP_BRIDGE_ENGINE_LINGER", "60s"),
     ("MCP_BRIDGE_SESSION_LINGER", "60s"),
     ("MCP_BRIDGE_POOL_SIZE", "0"),
+    ("MCP_BRIDGE_SNAPSHOT_MAX_SIZE", "0"),
 ];
 
 fn sessions_dir(home: &Home) -> PathBuf {
@@ -157,6 +160,7 @@ async fn a_session_left_by_its_bridge_is_resumed_live_by_the_next_on_the_first_c
             ("MCP_BRIDGE_ENGINE_LINGER", "60s"),
             ("MCP_BRIDGE_SESSION_LINGER", "0"),
             ("MCP_BRIDGE_POOL_SIZE", "0"),
+            ("MCP_BRIDGE_SNAPSHOT_MAX_SIZE", "0"),
         ],
         None,
     )
@@ -312,7 +316,9 @@ async fn a_parked_session_nobody_takes_ends_with_its_time() {
 
 /// The official Python SDK's `Client` (its fixture starts the bridge over stdio and closes it at
 /// the end): one run leaves a DataFrame in session `w`, the next run's first call finds it,
-/// resumed live, in the client's default mode (2026-07-28) and in its legacy one (2025-11-25).
+/// resumed live; past its idle timeout the session is closed and the next call finds it again,
+/// restored from its snapshot, the generator it held named as lost; in the client's default
+/// mode (2026-07-28) and in its legacy one (2025-11-25).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_python_sdk_client_finds_its_session_after_a_restart_in_both_modes() {
     for mode in ["auto", "legacy"] {
@@ -324,6 +330,8 @@ async fn the_python_sdk_client_finds_its_session_after_a_restart_in_both_modes()
                 .env_clear()
                 .envs(home.env())
                 .envs(ENV)
+                .env("MCP_BRIDGE_RUNTIME_IDLE_TIMEOUT", "2s")
+                .env("MCP_BRIDGE_SNAPSHOT_MAX_SIZE", "256m")
                 .current_dir(home.path())
                 .stderr(std::fs::File::create(home.path().join("client.err")).unwrap())
                 .output()
@@ -337,7 +345,7 @@ async fn the_python_sdk_client_finds_its_session_after_a_restart_in_both_modes()
                 .collect::<Vec<_>>()
         };
         let first = sdk(json!([{
-            "code": "import pandas as pd\ndf = pd.DataFrame({'a': range(5)})",
+            "code": "import pandas as pd\ndf = pd.DataFrame({'a': range(5)})\ng = (i for i in df.a)",
             "session": "w"
         }]));
         assert_eq!(
@@ -353,7 +361,9 @@ async fn the_python_sdk_client_finds_its_session_after_a_restart_in_both_modes()
         }
         let second = sdk(json!([
             {"code": "print(int(df.a.sum()))", "session": "w"},
-            {"code": "print(len(df))", "session": "w"}
+            {"code": "print(len(df))", "session": "w"},
+            // Past the idle timeout: the session is closed, its state kept as a snapshot.
+            {"code": "print(int(df.a.sum()), 'g' in globals())", "session": "w", "sleep": 5}
         ]));
         let (a, b) = (&second[0]["structured"], &second[1]["structured"]);
         assert_eq!(a["stdout"], json!("10\n"), "{mode}: {second:?}");
@@ -366,6 +376,10 @@ async fn the_python_sdk_client_finds_its_session_after_a_restart_in_both_modes()
         );
         assert_eq!(b["stdout"], json!("5\n"));
         assert!(b.get("resumed").is_none(), "{mode}: {b}");
+        let c = &second[2]["structured"];
+        assert_eq!(c["stdout"], json!("10 False\n"), "{mode}: {c}");
+        assert_eq!(c["resumed"], json!("snapshot"), "{mode}: {c}");
+        assert_eq!(c["lost"], json!(["g (generator)"]), "{mode}: {c}");
     }
 }
 

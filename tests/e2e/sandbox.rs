@@ -359,8 +359,10 @@ async fn idle_sessions_are_removed() {
         common::containers_of(b.pid).await.is_empty(),
         "idle container still there"
     );
+    // Its state was kept on disk as it closed: the next call restores it in a new sandbox.
     let r = b.py("print('z' in globals())").await.ok();
-    assert_eq!(r.stdout(), "False\n");
+    assert_eq!(r.stdout(), "True\n");
+    assert_eq!(r.meta()["resumed"], json!("snapshot"), "{:?}", r.meta());
     b.shutdown().await;
 }
 
@@ -400,15 +402,19 @@ async fn max_sessions_closes_the_least_recently_used_idle_session_and_says_so() 
     assert_eq!(run("print(a)", "a").await.ok().stdout(), "1\n");
     let r = run("c = 3", "c").await.ok();
     assert!(
-        r.text().contains("session \"b\"") && r.text().contains("max_sessions = 2"),
+        r.text().contains("session \"b\"")
+            && r.text().contains("max_sessions = 2")
+            && r.text().contains("its state was kept as a snapshot"),
         "the closing is not reported: {}",
         r.text()
     );
     assert_eq!(common::containers_of(b.pid).await.len(), 2);
-    // "a" kept its state; "b" lost it, and starting it again closed "a" (now the oldest).
+    // "a" kept its sandbox; "b" its state, on disk, restored in a new sandbox (starting it
+    // closed "c", now the oldest).
     assert_eq!(run("print(a)", "a").await.ok().stdout(), "1\n");
-    let r = run("print('b' in globals())", "b").await.ok();
-    assert_eq!(r.stdout(), "False\n");
+    let r = run("print(b)", "b").await.ok();
+    assert_eq!(r.stdout(), "2\n");
+    assert_eq!(r.meta()["resumed"], json!("snapshot"));
     assert!(r.text().contains("session \"c\""), "{}", r.text());
     assert_eq!(common::containers_of(b.pid).await.len(), 2);
     b.shutdown().await;

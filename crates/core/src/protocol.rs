@@ -280,6 +280,26 @@ pub enum HostFrame<'a> {
         limit: u64,
         timeout: u64,
     },
+    /// Write the session's state as a snapshot, in `snap` frames of this id, at most `limit`
+    /// bytes (docs/protocol.md, "Snapshots"). Sent between execs only.
+    Snapshot {
+        id: u64,
+        limit: u64,
+    },
+    /// A snapshot of `size` bytes follows in `restore_data` frames: restore it. Sent to a fresh
+    /// sandbox of the snapshot's own session, before its first exec; answered by `restored`.
+    Restore {
+        id: u64,
+        size: u64,
+    },
+    /// The next bytes (base64) of the snapshot a `restore` frame announced; `end` on the last.
+    RestoreData {
+        id: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data: Option<String>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        end: bool,
+    },
 }
 
 impl HostFrame<'_> {
@@ -414,6 +434,35 @@ pub enum SandboxFrame {
         data: Option<String>,
         #[serde(default)]
         end: bool,
+        #[serde(default)]
+        error: Option<String>,
+    },
+    /// One piece of a snapshot (`snapshot` frame, or `runtime.fork()` during exec `id`): `data`
+    /// is the next bytes (base64); the last frame has `end`, what the runtime says of the
+    /// snapshot (`info`: names kept and lost, sizes) and, when it wrote none, `error`.
+    Snap {
+        id: u64,
+        #[serde(default)]
+        data: Option<String>,
+        #[serde(default)]
+        end: bool,
+        #[serde(default)]
+        error: Option<String>,
+        #[serde(default)]
+        info: Option<Value>,
+    },
+    /// The answer to a restore: the names restored and those lost, or why none were.
+    Restored {
+        id: u64,
+        #[serde(default)]
+        names: Vec<Value>,
+        /// Names restored past the ones listed.
+        #[serde(default)]
+        more_names: u64,
+        #[serde(default)]
+        lost: Vec<Value>,
+        #[serde(default)]
+        modules: Vec<Value>,
         #[serde(default)]
         error: Option<String>,
     },

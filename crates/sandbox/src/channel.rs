@@ -207,7 +207,9 @@ impl Reader {
             | SandboxFrame::Display { id, .. }
             | SandboxFrame::Result { id, .. }
             | SandboxFrame::Kept { id, .. }
-            | SandboxFrame::Tar { id, .. } => *id == current && current != 0,
+            | SandboxFrame::Tar { id, .. }
+            | SandboxFrame::Snap { id, .. }
+            | SandboxFrame::Restored { id, .. } => *id == current && current != 0,
             // RPCs of a finished exec are answered with a refusal by the exec loop while one
             // runs (so a waiting thread learns why); between execs nobody is there to answer.
             SandboxFrame::Rpc { .. } => current != 0,

@@ -8,10 +8,13 @@
 
 // The layers below, under the names the code gives them (`crate::config::…`).
 use mcp_code_bridge_core::boxed::Boxed;
-use mcp_code_bridge_core::{clock, config, identity, logging, procfs, protocol, statefile, text};
+use mcp_code_bridge_core::{
+    audit, clock, config, identity, logging, procfs, protocol, statefile, text,
+};
 
 mod adopt;
 mod attach;
+mod carry;
 mod channel;
 mod compiled;
 pub mod container;
@@ -31,6 +34,7 @@ mod readiness;
 mod resume;
 mod runtime;
 pub mod session;
+pub mod snapshots;
 mod table;
 
 use std::collections::{HashMap, HashSet};
@@ -105,6 +109,8 @@ pub struct Sandbox {
     /// The boot frame every sandbox is sent, with the runtime's compiled code once a sandbox
     /// sent it (kept in the state dir for the next bridges).
     compiled: compiled::Compiled,
+    /// Where the records of sessions' snapshots, restores and forks go (`carry`).
+    audit: std::sync::OnceLock<crate::audit::Audit>,
 }
 
 /// A reporter of image-load progress: bytes streamed so far.
@@ -137,6 +143,7 @@ impl Sandbox {
             adopt_tried: Default::default(),
             revoked: std::sync::OnceLock::new(),
             unchecked: std::sync::Mutex::new(None),
+            audit: std::sync::OnceLock::new(),
         });
         let weak = Arc::downgrade(&sb);
         let idle = sb.config.runtime_idle_timeout.0;
@@ -318,6 +325,8 @@ impl Sandbox {
     ) -> Result<ExecOutcome, SandboxError> {
         let (session, start, mut notices) = self.session(name, reset).await?;
         let fresh = start != Start::Running;
+        let mut req = req;
+        req.binding.rpc = self.fork_handler(name, &session, req.binding.rpc);
         req.binding.rpc.on_interpreter(&session.interpreter);
         let cancel = req.cancel.clone();
         let Some(mut outcome) = session.exec(req, name).await else {
@@ -362,14 +371,21 @@ impl Sandbox {
             outcome.notices.insert(0, n);
         }
         if fresh && let Some(n) = self.lost.take(name) {
-            // A reset asked for needs no explanation.
-            if !reset {
+            // A reset asked for needs no explanation; a restore has its own.
+            if !reset && !matches!(start, Start::Restored { .. }) {
                 outcome.notices.insert(0, n);
             }
         }
-        if start == Start::Resumed {
-            outcome.notices.insert(0, resume::RESUMED.into());
-            outcome.resumed = Some("live");
+        match start {
+            Start::Resumed => {
+                outcome.notices.insert(0, resume::RESUMED.into());
+                outcome.resumed = Some("live");
+            }
+            Start::Restored { lost } => {
+                outcome.resumed = Some("snapshot");
+                outcome.lost = lost;
+            }
+            Start::Running | Start::Fresh => {}
         }
         if fresh && reset {
             outcome
@@ -416,6 +432,7 @@ impl Sandbox {
         // Before parking: a sandbox is parked only under an answer the engine confirmed.
         self.check_kept(true).await;
         self.park_one().await;
+        self.snapshot_at_exit().await;
         self.park_sessions().await;
         self.pool.closed.store(true, Ordering::SeqCst);
         self.closing.cancel();

@@ -49,6 +49,9 @@ pub struct ExecOutcome {
     /// `"live"` when the call's session was taken from the bridge before this one
     /// (`sandbox::resume`).
     pub resumed: Option<&'static str>,
+    /// With `resumed: "snapshot"`: the names its snapshot could not keep or bring back, as
+    /// `name (type)`.
+    pub lost: Vec<String>,
 }
 
 impl ExecOutcome {
@@ -72,6 +75,7 @@ impl ExecOutcome {
             kept: vec![],
             bridge_named_files: 0,
             resumed: None,
+            lost: Vec::new(),
         }
     }
 }
@@ -268,6 +272,7 @@ impl Collector {
             kept: Vec::new(),
             bridge_named_files: 0,
             resumed: None,
+            lost: Vec::new(),
         }
     }
 }

@@ -37,6 +37,7 @@ pub const MODULES: &[(&str, &str)] = &[
     module!("rpc"),
     module!("seccomp"),
     module!("skills"),
+    module!("snapshot"),
     module!("state"),
     module!("values"),
 ];

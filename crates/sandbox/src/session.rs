@@ -20,6 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 mod exec;
 mod keep;
+mod snap;
+
+pub use snap::{Restored, SnapFailed};
 
 use super::channel::{Channel, Queued, rpc_line};
 use super::compiled::{BootLine, Compiled};
@@ -116,6 +119,14 @@ pub struct Session {
     /// A pooled sandbox attached through `sandbox::attach`: its attach connection, for
     /// `sandbox::park` to hand to a keeper when the bridge exits.
     park_fd: std::sync::Mutex<Option<std::os::fd::OwnedFd>>,
+    /// The state dir, where snapshots of it are written (`sandbox::snapshots`), and
+    /// `snapshot_max_size` (0: none).
+    state_dir: std::path::PathBuf,
+    snapshot_limit: Option<u64>,
+    /// The snapshot the last `runtime.fork()` sent, until its `fork` call takes it.
+    forked: std::sync::Mutex<Option<Result<crate::snapshots::Received, crate::snapshots::Failed>>>,
+    /// Whether code of a call ran in it: only such a session is worth a snapshot.
+    ran_code: AtomicBool,
     /// What follows its engine-side name: the adopter's mark on a sandbox adopted from a bridge
     /// that is gone (`container::adopted_name`), kept when a session takes it.
     name_suffix: String,
@@ -496,6 +507,10 @@ impl Session {
         Session {
             start_notices: std::sync::Mutex::new(Vec::new()),
             park_fd: std::sync::Mutex::new(None),
+            state_dir: config.state_dir.clone(),
+            snapshot_limit: Some(config.snapshot_max_size.0).filter(|l| *l > 0),
+            forked: std::sync::Mutex::new(None),
+            ran_code: AtomicBool::new(false),
             name_suffix: String::new(),
             name: name.to_string(),
             container_id: id.to_string(),
@@ -527,6 +542,11 @@ impl Session {
     /// The attach connection of a pooled sandbox that may be parked (taken once).
     pub fn take_park_fd(&self) -> Option<std::os::fd::OwnedFd> {
         self.park_fd.lock().unwrap().take()
+    }
+
+    /// Whether code of a call ran in it (its state may be worth a snapshot).
+    pub fn ran_code(&self) -> bool {
+        self.ran_code.load(Ordering::Relaxed)
     }
 
     /// Whether the container is gone or the channel broke.

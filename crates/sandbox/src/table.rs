@@ -5,7 +5,7 @@
 use super::*;
 
 /// How a call's session came to be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Start {
     /// It was running already.
     Running,
@@ -13,6 +13,9 @@ pub enum Start {
     Fresh,
     /// Taken from the bridge before this one, its state as it was (`sandbox::resume`).
     Resumed,
+    /// Started for this call with its snapshot restored (`sandbox::snapshots`): the names that
+    /// could not be kept or brought back, as `name (type)`.
+    Restored { lost: Vec<String> },
 }
 
 /// The notice of a call whose session a keeper held but that could not be resumed.
@@ -73,19 +76,45 @@ impl Sandbox {
             s.destroy().await;
         }
         let mut notices = Vec::new();
-        if reset {
+        let stored = if reset {
             self.discard_parked(name).await;
-        } else if self.has_parked(name) {
-            notices = self.make_room(name).await?;
-            let t0 = std::time::Instant::now();
-            if let Some(s) = self.resume_parked(name).await {
-                tracing::info!(session = %name, container = %&s.container_id[..12.min(s.container_id.len())], ms = t0.elapsed().as_millis() as u64, "resumed the session the previous bridge parked");
-                self.saw(&s);
-                let claim = self.hand_out(name, Arc::new(s)).await?;
-                return Ok((claim, Start::Resumed, notices));
+            self.discard_snapshot(name).await;
+            None
+        } else {
+            if self.has_parked(name) {
+                notices = self.make_room(name).await?;
+                let t0 = std::time::Instant::now();
+                if let Some(s) = self.resume_parked(name).await {
+                    tracing::info!(session = %name, container = %&s.container_id[..12.min(s.container_id.len())], ms = t0.elapsed().as_millis() as u64, "resumed the session the previous bridge parked");
+                    self.saw(&s);
+                    self.drop_snapshot(name).await;
+                    let claim = self.hand_out(name, Arc::new(s)).await?;
+                    return Ok((claim, Start::Resumed, notices));
+                }
+                // Another bridge took it (or it ended): its snapshot is not restored here
+                // either, so that two bridges never both carry the session on.
+                notices.push(NOT_RESUMED.to_string());
+                None
+            } else {
+                self.stored_snapshot(name).await
             }
-            notices.push(NOT_RESUMED.to_string());
-        }
+        };
+        let s = self.new_sandbox(name, &mut notices).await?;
+        let (s, start) = match stored {
+            Some(listing) => self.restore_into(name, s, listing, &mut notices).await?,
+            None => (s, Start::Fresh),
+        };
+        let claim = self.hand_out(name, s).await?;
+        Ok((claim, start, notices))
+    }
+
+    /// A sandbox for session `name`, not handed out yet: a pooled one, or one started now
+    /// (after room is made for it).
+    pub(super) async fn new_sandbox(
+        &self,
+        name: &SessionKey,
+        notices: &mut Vec<String>,
+    ) -> Result<Arc<Session>, SandboxError> {
         // A pooled sandbox never served a session: it is as fresh as one started now. When none
         // is ready, one being started is waited for when there is no room for another, or when
         // it should be done before one started now would be.
@@ -101,8 +130,7 @@ impl Sandbox {
         if let Some(mut s) = pooled {
             let serial = self.serial.fetch_add(1, Ordering::Relaxed);
             s.hand_to(&name.to_string(), serial);
-            let claim = self.hand_out(name, Arc::new(s)).await?;
-            return Ok((claim, Start::Fresh, notices));
+            return Ok(Arc::new(s));
         }
         let engine = self.engine().await?;
         notices.extend(self.make_room(name).await?);
@@ -129,8 +157,7 @@ impl Sandbox {
         );
         self.pool.cold_took(t0.elapsed());
         self.saw(&s);
-        let claim = self.hand_out(name, s).await?;
-        Ok((claim, Start::Fresh, notices))
+        Ok(s)
     }
 
     /// Make `s` session `name`'s and claim it, unless the engine's answer was revoked
@@ -235,19 +262,31 @@ impl Sandbox {
                 }
             }
             tracing::info!(session = %victim, idle_secs = idle, limit, key, "closing the least recently used session to make room");
+            let snapshot = self
+                .snapshot_before_close(&victim, &s, carry::Closed::MaxSessions)
+                .await;
             s.destroy().await;
-            self.lost.note(
-                &victim,
-                format!("it was closed, unused for {idle}s, to stay within {key} = {limit}"),
-            );
             let shown = if victim.owner() == owner {
                 format!("session {:?}", victim.name())
             } else {
                 "another user's session".to_string()
             };
-            notices.push(format!(
-                "{shown} (unused for {idle}s) was closed to stay within {key} = {limit}; its variables are gone"
-            ));
+            let kept = matches!(snapshot, Some(Ok(_)));
+            if !kept {
+                self.lost.note(
+                    &victim,
+                    format!("it was closed, unused for {idle}s, to stay within {key} = {limit}"),
+                );
+            }
+            notices.push(if kept {
+                format!(
+                    "{shown} (unused for {idle}s) was closed to stay within {key} = {limit}; its state was kept as a snapshot, restored by the next call that names it"
+                )
+            } else {
+                format!(
+                    "{shown} (unused for {idle}s) was closed to stay within {key} = {limit}; its variables are gone"
+                )
+            });
         }
     }
 
@@ -311,21 +350,31 @@ impl Sandbox {
             .ok()
             .flatten();
         tracing::info!(session = %key, ended = ended.is_some(), limit, key = limit_key, "ending a session the bridge before this one parked, to make room");
-        if ended.is_some() {
-            let owner = oldest
+        let ended_key = SessionKey::new(
+            oldest
                 .identity
                 .clone()
-                .map_or(Identity::Local, Identity::Named);
+                .map_or(Identity::Local, Identity::Named),
+            oldest.session.clone(),
+        );
+        // Its bridge wrote its snapshot as it exited: then it is restored by the call naming it.
+        let kept = ended.is_some() && self.has_snapshot(&ended_key).await;
+        if ended.is_some() && !kept {
             self.lost.note(
-                &SessionKey::new(owner, oldest.session.clone()),
+                &ended_key,
                 format!("it was parked by the bridge before this one and closed to stay within {limit_key} = {limit}"),
             );
         }
         let mut notices = Vec::new();
         if ended.is_some() && oldest.identity.as_deref() == name.owner().name() {
             notices.push(format!(
-                "session {:?}, parked by the bridge before this one, was closed to stay within {limit_key} = {limit}; its variables are gone",
-                oldest.session
+                "session {:?}, parked by the bridge before this one, was closed to stay within {limit_key} = {limit}; {}",
+                oldest.session,
+                if kept {
+                    "its state is kept as a snapshot, restored by the next call that names it"
+                } else {
+                    "its variables are gone"
+                }
             ));
         }
         Some(notices)
@@ -350,7 +399,7 @@ impl Sandbox {
         // theirs): one that `make_room` closed while this waited is no longer there, and one a
         // call claimed is busy, so each session is closed once.
         let _starting = self.starting.lock().await;
-        let closing: Vec<Arc<Session>> = {
+        let closing: Vec<(SessionKey, Arc<Session>)> = {
             let mut sessions = self.sessions.lock().await;
             let names: Vec<SessionKey> = sessions
                 .iter()
@@ -366,12 +415,28 @@ impl Sandbox {
                             .note(&name, "its sandbox stopped between calls".into());
                     }
                     tracing::info!(session = %name, "removing idle sandbox");
-                    Some(s)
+                    Some((name, s))
                 })
                 .collect()
         };
-        // Together, so a start waits for one removal, not for each.
-        futures::future::join_all(closing.iter().map(|s| s.destroy())).await;
+        // Together, so a start waits for one removal, not for each; each writes its
+        // snapshot first (the start of a call naming it waits for `starting`, so it finds it).
+        futures::future::join_all(closing.iter().map(|(name, s)| async move {
+            let idle = s.idle_for().as_secs();
+            if let Some(Err(why)) = self
+                .snapshot_before_close(name, s, carry::Closed::Idle)
+                .await
+            {
+                self.lost.note(
+                    name,
+                    format!(
+                        "it was closed, unused for {idle}s, and its snapshot was not kept: {why}"
+                    ),
+                );
+            }
+            s.destroy().await
+        }))
+        .await;
     }
 
     /// Remove containers of this bridge that no live session uses. A removal that failed while

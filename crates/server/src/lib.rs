@@ -76,6 +76,7 @@ impl Bridge {
         let audit = Audit::open(&config);
         let skills = Arc::new(skills::Store::from_config(&config));
         let packages = crate::packages::Packages::new(&config, audit.clone());
+        sandbox.set_audit(audit.clone());
         if !config.packages.preinstall.0.is_empty() {
             sandbox.set_provision(Arc::new(crate::packages::Preinstall(packages.clone())));
         }

@@ -41,9 +41,13 @@ pub struct Meta<'a> {
     pub truncated_bytes: u64,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub session_reset: bool,
-    /// `"live"`: the session was taken, running, from the bridge before this one.
+    /// `"live"`: the session was taken, running, from the bridge before this one;
+    /// `"snapshot"`: it was restored from its snapshot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resumed: Option<&'static str>,
+    /// With `"snapshot"`: the names that could not be kept, as `name (type)`.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub lost: &'a [String],
     pub duration_ms: u64,
     /// The parts over `output_budget`, kept whole: `{part, uri, path, size}`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -121,6 +125,7 @@ pub fn meta<'a>(o: &'a ExecOutcome, session: &'a str) -> Meta<'a> {
         truncated_bytes: o.truncated,
         session_reset: o.session_reset,
         resumed: o.resumed,
+        lost: &o.lost,
         duration_ms: o.duration.as_millis() as u64,
         kept: o
             .kept

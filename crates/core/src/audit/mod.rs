@@ -241,6 +241,30 @@ pub struct SkillSaveRecord {
     pub status: String,
 }
 
+/// A session's state written, restored, forked or ended by hand (`sandbox::snapshots`): kind
+/// `snapshot`, `restore`, `fork` or `session_end`.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct SessionStateRecord {
+    pub session: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// `fork`: the session it was forked into.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// What led to it: `idle`, `max_sessions`, `exit`, `reset`, `sessions rm`, ...
+    pub why: String,
+    /// Bytes of the snapshot.
+    pub size: u64,
+    /// Names the snapshot could not keep or bring back, as `name (type)`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<String>,
+    /// `ok`, `refused` or `failed`.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub duration_ms: u64,
+}
+
 /// What is queued: a record with its time.
 #[derive(Debug, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -249,6 +273,19 @@ enum Record {
     ToolCall(ToolCallRecord),
     Install(InstallRecord),
     SkillSave(SkillSaveRecord),
+    Snapshot(SessionStateRecord),
+    Restore(SessionStateRecord),
+    Fork(SessionStateRecord),
+    SessionEnd(SessionStateRecord),
+}
+
+/// Which session-state record: [`Audit::session_state`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateEvent {
+    Snapshot,
+    Restore,
+    Fork,
+    SessionEnd,
 }
 
 /// The SHA-256 (hex) of a tool call's arguments as the bridge forwards them (`{}` when none).
@@ -387,6 +424,26 @@ impl Audit {
         self.send(Record::SkillSave(r), Duration::ZERO);
     }
 
+    /// Record a session's state written, restored, forked or ended (names bounded as above).
+    pub fn session_state(&self, event: StateEvent, mut r: SessionStateRecord) {
+        r.session = cap(&r.session);
+        r.identity = r.identity.as_deref().map(cap);
+        r.to = r.to.as_deref().map(cap);
+        r.lost = r.lost.iter().take(64).map(|s| cap(s)).collect();
+        r.error = r.error.as_deref().map(|e| {
+            let cut = crate::text::floor_char_boundary(e, 1024);
+            e[..cut].to_string()
+        });
+        let took = Duration::from_millis(r.duration_ms);
+        let record = match event {
+            StateEvent::Snapshot => Record::Snapshot(r),
+            StateEvent::Restore => Record::Restore(r),
+            StateEvent::Fork => Record::Fork(r),
+            StateEvent::SessionEnd => Record::SessionEnd(r),
+        };
+        self.send(record, took);
+    }
+
     /// Records lost so far (queue full, file unwritable).
     pub fn dropped(&self) -> u64 {
         self.inner
@@ -462,6 +519,9 @@ fn record_size(r: &Record) -> usize {
     512 + match r {
         Record::Exec(e) => e.code.as_ref().map_or(0, String::len),
         Record::ToolCall(_) | Record::SkillSave(_) => 0,
+        Record::Snapshot(r) | Record::Restore(r) | Record::Fork(r) | Record::SessionEnd(r) => {
+            r.lost.iter().map(String::len).sum::<usize>() + r.error.as_ref().map_or(0, String::len)
+        }
         Record::Install(i) => {
             i.requested.iter().map(String::len).sum::<usize>() + i.resolved.len() * 128
         }

@@ -145,6 +145,18 @@ pub const KEYS: &[Key] = &[
         doc: "How long a session that ran code stays running, parked, after its bridge exits, for the next bridge on the same state_dir to resume on the first call naming it (at most engine_linger; runc only, no inputs); 0 closes sessions with their bridge.",
     },
     Key {
+        name: "snapshot_max_size",
+        doc: "Largest snapshot of one session's state, written when the session is closed without a caller (idle timeout, max_sessions, the bridge's exit) and restored by the next call naming it; a larger state is not kept (a notice names its largest values); 0 keeps no snapshots.",
+    },
+    Key {
+        name: "snapshot_ttl",
+        doc: "How long a session's snapshot is kept after it was written.",
+    },
+    Key {
+        name: "snapshot_store_size",
+        doc: "Every snapshot of the state dir together; past it the oldest are removed first.",
+    },
+    Key {
         name: "output_mode",
         doc: "Response text format: compact or toon.",
     },

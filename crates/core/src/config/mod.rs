@@ -94,6 +94,12 @@ pub struct Config {
     /// How long a session that ran code stays parked, running, after its bridge exits, for the
     /// next bridge on the same `state_dir` to resume (`sandbox::park`, `sandbox::resume`).
     pub session_linger: Secs,
+    /// Largest snapshot of one session's state (`sandbox::snapshots`); 0: no snapshots.
+    pub snapshot_max_size: Size,
+    /// How long a snapshot is kept after it was written.
+    pub snapshot_ttl: Secs,
+    /// Every snapshot of the state dir together; the oldest go first.
+    pub snapshot_store_size: Size,
     pub output_mode: OutputMode,
     pub output_cap: Size,
     /// cl100k tokens one result may put into the model's context; past them it carries a
@@ -172,6 +178,9 @@ impl Default for Config {
             state_dir: default_state_dir(),
             engine_linger: Secs(Duration::from_secs(300)),
             session_linger: Secs(Duration::from_secs(600)),
+            snapshot_max_size: Size(256 << 20),
+            snapshot_ttl: Secs(Duration::from_secs(7 * 86_400)),
+            snapshot_store_size: Size(2 << 30),
             output_mode: OutputMode::Compact,
             output_cap: Size(4 << 20),
             output_budget: 8000,
@@ -324,6 +333,24 @@ impl Config {
                 format!(
                     "{} is more than a day: a session left running holds its memory that long; use a day or less (0 closes sessions with their bridge)",
                     self.session_linger
+                ),
+            );
+        }
+        if self.snapshot_max_size.0 > self.snapshot_store_size.0 {
+            return bad(
+                "snapshot_max_size",
+                format!(
+                    "{} is more than snapshot_store_size ({}): no snapshot that large could be kept; raise snapshot_store_size or lower snapshot_max_size",
+                    self.snapshot_max_size, self.snapshot_store_size
+                ),
+            );
+        }
+        if self.snapshot_ttl.0 > Duration::from_secs(366 * 86_400) {
+            return bad(
+                "snapshot_ttl",
+                format!(
+                    "{} is more than a year; use a year or less (snapshot_max_size = 0 keeps none)",
+                    self.snapshot_ttl
                 ),
             );
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// A duration written as `30`, `30s`, `1.5s`, `500ms`, `2m` or `1h`.
+/// A duration written as `30`, `30s`, `1.5s`, `500ms`, `2m`, `1h` or `7d`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Secs(pub Duration);
 
@@ -27,9 +27,10 @@ impl Secs {
             "ms" => 0.001,
             "m" | "min" => 60.0,
             "h" => 3600.0,
+            "d" | "day" | "days" => 86_400.0,
             u => {
                 return Err(InvalidValue(format!(
-                    "{s:?} has an unknown unit {u:?}; use ms, s, m or h"
+                    "{s:?} has an unknown unit {u:?}; use ms, s, m, h or d"
                 )));
             }
         };

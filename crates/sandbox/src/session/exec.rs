@@ -29,6 +29,8 @@ pub(super) struct ExecRun {
     /// Set once an interrupt was sent: why, and when the first was sent.
     pub(super) interrupted: Option<(Outcome, tokio::time::Instant)>,
     pub(super) interrupts_sent: u32,
+    /// The `snap` frames of a `runtime.fork()` of this exec, as they arrive.
+    pub(super) fork: Option<crate::snapshots::Receiving>,
 }
 
 impl ExecRun {
@@ -108,6 +110,7 @@ impl Session {
             rpcs: tokio::task::JoinSet::new(),
             interrupted: None,
             interrupts_sent: 0,
+            fork: None,
         };
         self.current.store(id, Ordering::SeqCst);
         let deadline = tokio::time::Instant::now() + req.timeout;
@@ -128,6 +131,9 @@ impl Session {
             }
             _ = tokio::time::sleep_until(deadline) => false,
         };
+        if sent {
+            self.ran_code.store(true, Ordering::Relaxed);
+        }
         // The session's start notices go to the first call that ran.
         run.notices = std::mem::take(&mut *self.start_notices.lock().unwrap());
         if !sent {
@@ -298,6 +304,13 @@ impl Session {
                     });
                 }
             }
+            SandboxFrame::Snap {
+                id: fid,
+                data,
+                end,
+                error,
+                info,
+            } if fid == id => self.on_fork_piece(&mut run.fork, data, end, error, info),
             SandboxFrame::Result {
                 id: fid,
                 status,

@@ -1,0 +1,512 @@
+//! A session's state carried past its sandbox (`snapshots` is the store): written when the
+//! session is closed without a caller (idle timeout, room made under `max_sessions`, the
+//! bridge's exit, before it is parked), restored into a new sandbox by the next call that names
+//! it (`"resumed": "snapshot"`), and copied into another session by `runtime.fork()`.
+//!
+//! Only under `run` and `serve` ([`Sandbox::park_sessions_at_exit`]: their clients come back;
+//! `exec` expects a fresh interpreter), with `snapshot_max_size` above 0. A snapshot is only
+//! ever restored into a sandbox of its own key (identity and name): the store finds it by the
+//! key and checks the key it lists. Each step is an audit record (`snapshot`, `restore`, `fork`).
+
+use super::*;
+use crate::audit::{SessionStateRecord, StateEvent};
+use crate::protocol::{RpcFailure, RpcHandler};
+use serde_json::{Value, json};
+use snapshots::Listing;
+
+/// The longest the snapshots at the bridge's exit may take together: a client that restarts
+/// its server does not wait for ever.
+const AT_EXIT: Duration = Duration::from_secs(30);
+
+/// Why a session was closed, as its snapshot's listing and audit record say.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Closed {
+    Idle,
+    MaxSessions,
+    Exit,
+}
+
+impl Closed {
+    fn as_str(self) -> &'static str {
+        match self {
+            Closed::Idle => "idle",
+            Closed::MaxSessions => "max_sessions",
+            Closed::Exit => "exit",
+        }
+    }
+}
+
+impl Sandbox {
+    /// The audit log the session-state records go to (`server` sets it).
+    pub fn set_audit(&self, audit: crate::audit::Audit) {
+        let _ = self.audit.set(audit);
+    }
+
+    fn audit(&self, event: StateEvent, r: SessionStateRecord) {
+        if let Some(a) = self.audit.get() {
+            a.session_state(event, r);
+        }
+    }
+
+    /// Whether sessions' states are written and restored (see the module's text).
+    pub(super) fn keeps_snapshots(&self) -> bool {
+        self.parks_sessions.load(Ordering::SeqCst) && self.config.snapshot_max_size.0 > 0
+    }
+
+    fn snapshot_timeout(&self) -> Duration {
+        self.config.max_timeout.0
+    }
+
+    /// `key`'s stored snapshot, when there is one to restore.
+    pub(super) async fn stored_snapshot(&self, key: &SessionKey) -> Option<Listing> {
+        if !self.keeps_snapshots() {
+            return None;
+        }
+        let state = self.config.state_dir.clone();
+        let k = key.clone();
+        tokio::task::spawn_blocking(move || snapshots::find(&state, &k))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// A session resumed live: its snapshot (written as its bridge exited) is older than it.
+    pub(super) async fn drop_snapshot(&self, key: &SessionKey) {
+        let state = self.config.state_dir.clone();
+        let k = key.clone();
+        let _ = tokio::task::spawn_blocking(move || snapshots::remove(&state, &k)).await;
+    }
+
+    /// Whether session `key` has a snapshot (for the notices of a session closed).
+    pub(super) async fn has_snapshot(&self, key: &SessionKey) -> bool {
+        self.keeps_snapshots() && self.stored_snapshot(key).await.is_some()
+    }
+
+    /// On a reset: `key`'s snapshot goes too.
+    pub(super) async fn discard_snapshot(&self, key: &SessionKey) {
+        let state = self.config.state_dir.clone();
+        let k = key.clone();
+        let removed = tokio::task::spawn_blocking(move || snapshots::remove(&state, &k))
+            .await
+            .unwrap_or(false);
+        if removed {
+            tracing::info!(session = %key, "removed the session's snapshot: the call asked for a reset");
+            self.audit(
+                StateEvent::SessionEnd,
+                record(key, "reset", 0, Vec::new(), "ok", None, Duration::ZERO),
+            );
+        }
+    }
+
+    /// Restore `listing` into `s`, the fresh sandbox of session `key`. A restore that failed
+    /// leaves no half-restored interpreter: `s` is closed and another fresh one taken, and the
+    /// notice says why.
+    pub(super) async fn restore_into(
+        &self,
+        key: &SessionKey,
+        s: Arc<Session>,
+        listing: Listing,
+        notices: &mut Vec<String>,
+    ) -> Result<(Arc<Session>, Start), SandboxError> {
+        let t0 = std::time::Instant::now();
+        let state = self.config.state_dir.clone();
+        let k = key.clone();
+        let limit = self.config.snapshot_max_size.0;
+        let taken = tokio::task::spawn_blocking(move || snapshots::take(&state, &k, limit))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r);
+        let mut taken = match taken {
+            Ok(Some(t)) => t,
+            // Another bridge restored it between our look and now: it is that bridge's.
+            Ok(None) => {
+                notices.push(format!(
+                    "session {:?} had a snapshot, but another bridge on this state_dir restored it first; this is a fresh interpreter",
+                    key.name()
+                ));
+                return Ok((s, Start::Fresh));
+            }
+            Err(e) => {
+                notices.push(format!(
+                    "session {:?} had a snapshot, but it could not be read ({e}); this is a fresh interpreter",
+                    key.name()
+                ));
+                return Ok((s, Start::Fresh));
+            }
+        };
+        let restored = match taken.file() {
+            Some(file) => s
+                .restore(file, taken.size, self.snapshot_timeout())
+                .await
+                .map_err(|e| e.0),
+            None => Err("it could not be read".to_string()),
+        };
+        let took = t0.elapsed();
+        let age = clock::now_secs().saturating_sub(listing.written_at);
+        match restored {
+            Ok(r) => {
+                // Restored: the session is live again, and its state is there alone.
+                drop(taken);
+                let mut lost: Vec<String> = listing.info.lost_names();
+                lost.extend(r.lost.iter().map(|l| l.shown()));
+                lost.extend(r.modules.iter().map(|m| format!("{m} (module)")));
+                tracing::info!(session = %key, bytes = listing.size, names = r.names, lost = lost.len(), ms = took.as_millis() as u64, "restored the session from its snapshot");
+                self.audit(
+                    StateEvent::Restore,
+                    record(
+                        key,
+                        listing.why.as_str(),
+                        listing.size,
+                        lost.clone(),
+                        "ok",
+                        None,
+                        took,
+                    ),
+                );
+                let mut notice = format!(
+                    "restored this session from its snapshot of {} ago (written when it was closed: {}): {} name(s) are back",
+                    ago(age),
+                    listing.why,
+                    r.names
+                );
+                if lost.is_empty() {
+                    notice.push_str("; nothing was lost. Files under /workspace and installed packages were not kept: write them again if needed");
+                } else {
+                    let shown: Vec<String> =
+                        lost.iter().map(|l| text::visible(l).into_owned()).collect();
+                    notice.push_str(&format!(
+                        "; lost (could not be kept): {}. Files under /workspace and installed packages were not kept either",
+                        shown.join(", ")
+                    ));
+                }
+                notices.push(notice);
+                Ok((s, Start::Restored { lost }))
+            }
+            Err(why) => {
+                // Kept for a later call (a larger `memory`, say), unless a newer one is there.
+                let _ = tokio::task::spawn_blocking(move || taken.put_back()).await;
+                tracing::warn!(session = %key, "could not restore the session's snapshot: {why}");
+                self.audit(
+                    StateEvent::Restore,
+                    record(
+                        key,
+                        listing.why.as_str(),
+                        listing.size,
+                        Vec::new(),
+                        "failed",
+                        Some(why.clone()),
+                        took,
+                    ),
+                );
+                notices.push(format!(
+                    "session {:?} has a snapshot of {} ago, but it could not be restored ({why}); this is a fresh interpreter",
+                    key.name(),
+                    ago(age)
+                ));
+                s.destroy().await;
+                Ok((self.new_sandbox(key, notices).await?, Start::Fresh))
+            }
+        }
+    }
+
+    /// Write session `key`'s state before it is closed without a caller; the notice for
+    /// whoever closed it (`None`: nothing to say, e.g. snapshots are off or it ran no code).
+    pub(super) async fn snapshot_before_close(
+        &self,
+        key: &SessionKey,
+        s: &Session,
+        why: Closed,
+    ) -> Option<Result<Listing, String>> {
+        if !self.keeps_snapshots() || !s.ran_code() || s.is_dead() {
+            return None;
+        }
+        let t0 = std::time::Instant::now();
+        let limit = self.config.snapshot_max_size.0;
+        let taken = s.snapshot(limit, self.snapshot_timeout()).await;
+        let kept = match taken {
+            Ok(received) => {
+                let config = Arc::clone(&self.config);
+                let k = key.clone();
+                tokio::task::spawn_blocking(move || received.keep(&config, &k, why.as_str()))
+                    .await
+                    .map_err(std::io::Error::other)
+                    .and_then(|r| r)
+                    .map_err(|e| {
+                        (
+                            format!("it could not be stored: {e}"),
+                            snapshots::Info::default(),
+                        )
+                    })
+            }
+            Err(f) => Err((f.notice(), *f.info)),
+        };
+        let took = t0.elapsed();
+        Some(match kept {
+            Ok(listing) => {
+                tracing::info!(session = %key, bytes = listing.size, why = why.as_str(), lost = listing.info.lost.len(), ms = took.as_millis() as u64, "wrote the session's snapshot");
+                self.audit(
+                    StateEvent::Snapshot,
+                    record(
+                        key,
+                        why.as_str(),
+                        listing.size,
+                        listing.info.lost_names(),
+                        "ok",
+                        None,
+                        took,
+                    ),
+                );
+                Ok(listing)
+            }
+            Err((why_not, info)) => {
+                tracing::warn!(session = %key, "could not write the session's snapshot: {why_not}");
+                let status = if info.largest.is_empty() {
+                    "failed"
+                } else {
+                    "refused"
+                };
+                self.audit(
+                    StateEvent::Snapshot,
+                    record(
+                        key,
+                        why.as_str(),
+                        0,
+                        info.lost_names(),
+                        status,
+                        Some(why_not.clone()),
+                        took,
+                    ),
+                );
+                Err(why_not)
+            }
+        })
+    }
+
+    /// At the bridge's exit, before sessions are parked or closed: a snapshot of each idle
+    /// session that ran code, together, within [`AT_EXIT`].
+    pub(super) async fn snapshot_at_exit(&self) {
+        if !self.keeps_snapshots() || self.revoked.get().is_some() {
+            return;
+        }
+        let sessions: Vec<(SessionKey, Arc<Session>)> = self
+            .sessions
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, s)| !s.is_dead() && !s.is_busy() && s.ran_code())
+            .map(|(k, s)| (k.clone(), Arc::clone(s)))
+            .collect();
+        if sessions.is_empty() {
+            return;
+        }
+        let all = futures::future::join_all(
+            sessions
+                .iter()
+                .map(|(k, s)| self.snapshot_before_close(k, s, Closed::Exit)),
+        );
+        if tokio::time::timeout(AT_EXIT, all).await.is_err() {
+            tracing::warn!(
+                "the sessions' snapshots at exit took more than {}s; those not written are lost",
+                AT_EXIT.as_secs()
+            );
+        }
+    }
+
+    /// `rpc` with `fork` answered here, for the calls of session `key`'s exec in `s`.
+    pub(super) fn fork_handler(
+        &self,
+        key: &SessionKey,
+        s: &Arc<Session>,
+        rpc: Arc<dyn RpcHandler>,
+    ) -> Arc<dyn RpcHandler> {
+        match self.this.upgrade() {
+            Some(sandbox) => Arc::new(ForkRpc {
+                sandbox,
+                key: key.clone(),
+                session: Arc::clone(s),
+                inner: rpc,
+            }),
+            None => rpc,
+        }
+    }
+
+    /// `runtime.fork(name, reset=True)`: session `key` goes in every form (live, parked, kept),
+    /// unless it is running code. Called with `starting` held.
+    async fn replace_for_fork(&self, key: &SessionKey) -> Result<(), String> {
+        let live = {
+            let mut sessions = self.sessions.lock().await;
+            match sessions.get(key) {
+                Some(s) if s.is_busy() => {
+                    return Err(format!(
+                        "session {:?} is running code; fork into it once its call is done",
+                        key.name()
+                    ));
+                }
+                Some(_) => sessions.remove(key),
+                None => None,
+            }
+        };
+        if let Some(s) = live {
+            tracing::info!(session = %key, "closing the session: a fork replaces it");
+            s.destroy().await;
+        }
+        self.discard_parked(key).await;
+        Ok(())
+    }
+
+    /// Whether session `key` exists in any form: live here, parked by the bridge before, or
+    /// kept as a snapshot.
+    async fn session_exists(&self, key: &SessionKey) -> bool {
+        self.sessions
+            .lock()
+            .await
+            .get(key)
+            .is_some_and(|s| !s.is_dead())
+            || self.has_parked(key)
+            || {
+                let state = self.config.state_dir.clone();
+                let k = key.clone();
+                tokio::task::spawn_blocking(move || snapshots::find(&state, &k).is_some())
+                    .await
+                    .unwrap_or(true)
+            }
+    }
+}
+
+/// The `fork` RPC of `runtime.fork(name, reset=False)`: `{"session": name, "begin": true}`
+/// first (is the target free, and how large may the snapshot be), then the snapshot's `snap`
+/// frames (taken by the exec loop into the session), then `{"session": name}` to keep it as
+/// `name`'s, under the caller's identity; with `"reset": true` in both, a session `name` that
+/// exists is replaced. Any other method goes to `inner`.
+struct ForkRpc {
+    sandbox: Arc<Sandbox>,
+    key: SessionKey,
+    session: Arc<Session>,
+    inner: Arc<dyn RpcHandler>,
+}
+
+impl ForkRpc {
+    async fn fork(&self, params: &Value) -> Result<Value, String> {
+        let sb = &self.sandbox;
+        if !sb.keeps_snapshots() {
+            return Err(if sb.config.snapshot_max_size.0 == 0 {
+                "snapshots are off (snapshot_max_size = 0), so sessions cannot be forked".into()
+            } else {
+                "this bridge keeps no session state (only `run` and `serve` do)".into()
+            });
+        }
+        let name = params
+            .get("session")
+            .and_then(Value::as_str)
+            .ok_or("fork needs a session name (a string)")?;
+        if name.is_empty() || name.chars().count() > 128 || name.chars().any(char::is_control) {
+            return Err(
+                "a session name is 1 to 128 characters, none of them a control character".into(),
+            );
+        }
+        let to = SessionKey::new(self.key.owner().clone(), name);
+        if to == self.key {
+            return Err("a session cannot be forked into itself".into());
+        }
+        let begin = params
+            .get("begin")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let reset = params
+            .get("reset")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let exists = || {
+            format!(
+                "session {name:?} exists; fork into a new name, or replace it with runtime.fork({name:?}, reset=True)"
+            )
+        };
+        if begin {
+            // Forget a snapshot an earlier fork sent but never kept.
+            drop(self.session.take_forked());
+            if !reset && sb.session_exists(&to).await {
+                return Err(exists());
+            }
+            return Ok(json!({"limit": sb.config.snapshot_max_size.0}));
+        }
+        let t0 = std::time::Instant::now();
+        let received = match self.session.take_forked() {
+            Some(Ok(r)) => r,
+            Some(Err(why)) => return Err(format!("the snapshot was not kept: {}", why.0)),
+            None => return Err("no snapshot arrived before the fork call".into()),
+        };
+        // Under `starting`, as a start is: no session of that name starts meanwhile.
+        let _starting = sb.starting.lock().await;
+        if reset {
+            sb.replace_for_fork(&to).await?;
+        } else if sb.session_exists(&to).await {
+            return Err(exists());
+        }
+        let config = Arc::clone(&sb.config);
+        let k = to.clone();
+        let listing = tokio::task::spawn_blocking(move || received.keep(&config, &k, "fork"))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("the snapshot could not be stored: {e}"))?;
+        let lost = listing.info.lost_names();
+        let mut r = record(
+            &self.key,
+            "fork",
+            listing.size,
+            lost.clone(),
+            "ok",
+            None,
+            t0.elapsed(),
+        );
+        r.to = Some(name.to_string());
+        sb.audit(StateEvent::Fork, r);
+        tracing::info!(session = %self.key, to = %to, bytes = listing.size, "forked the session");
+        Ok(json!({"session": name, "size": listing.size, "lost": lost}))
+    }
+}
+
+#[async_trait::async_trait]
+impl RpcHandler for ForkRpc {
+    async fn handle(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
+        if method == "fork" {
+            return self.fork(&params).await.map_err(RpcFailure::from);
+        }
+        self.inner.handle(method, params).await
+    }
+
+    fn on_interpreter(&self, interpreter: &crate::protocol::Interpreter) {
+        self.inner.on_interpreter(interpreter);
+    }
+}
+
+fn record(
+    key: &SessionKey,
+    why: &str,
+    size: u64,
+    lost: Vec<String>,
+    status: &str,
+    error: Option<String>,
+    took: Duration,
+) -> SessionStateRecord {
+    SessionStateRecord {
+        session: key.name().to_string(),
+        identity: key.owner().name().map(str::to_string),
+        to: None,
+        why: why.to_string(),
+        size,
+        lost,
+        status: status.to_string(),
+        error,
+        duration_ms: took.as_millis() as u64,
+    }
+}
+
+/// `secs` as a person says it: `40s`, `12m`, `3h`, `2d`.
+fn ago(secs: u64) -> String {
+    match secs {
+        0..120 => format!("{secs}s"),
+        120..7200 => format!("{}m", secs / 60),
+        7200..172_800 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86_400),
+    }
+}

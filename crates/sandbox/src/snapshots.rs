@@ -1,0 +1,689 @@
+//! Snapshots of sessions on disk: what a sandbox wrote of its session's state when the session
+//! was closed without a caller (idle timeout, room made under `max_sessions`, the bridge's
+//! exit) or forked (`runtime.fork`), kept in `<state_dir>/sessions/` for the next call that
+//! names the session, which restores it in a new sandbox (`"resumed": "snapshot"`).
+//!
+//! The bytes are the sandbox's own (its runtime's pickles, docs/protocol.md "Snapshots"): the
+//! host never unpickles them, only stores them and sends them back to a sandbox of the same
+//! session (same identity, same name). Beside each snapshot, a listing (`<digest>.json`) of
+//! whose it is and what the runtime said it holds (names kept and lost, sizes), bounded and
+//! shown only through `text::visible`.
+//!
+//! Bounds: one snapshot is at most `snapshot_max_size` bytes (counted as they arrive: a sandbox
+//! that sends more is cut off and nothing is kept), all of them together at most
+//! `snapshot_store_size` (the oldest go first), each at most `snapshot_ttl` old, at most
+//! [`MAX_SNAPSHOTS`] of them. Files are made 0600 in a 0700 directory, written under a
+//! temporary name and renamed whole, and opened without following links; the name of a file is
+//! a digest of its key, so no name the model chose is ever a path.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::clock::now_secs;
+use crate::config::Config;
+use crate::identity::{Identity, SessionKey};
+use crate::statefile;
+
+/// The directory of snapshots under the state dir.
+pub const DIR: &str = "sessions";
+/// Snapshots kept at most, whatever their size (each is two files).
+pub const MAX_SNAPSHOTS: usize = 10_000;
+/// Largest listing read back.
+const MAX_LISTING: u64 = 256 << 10;
+/// Names of a listing kept at most (kept and lost each), and their longest spelling.
+const MAX_NAMES: usize = 200;
+const MAX_NAME: usize = 200;
+const MAX_WHY: usize = 300;
+/// A temporary file older than this is a writer's that died: removed by [`prune`].
+const STALE_TMP: Duration = Duration::from_secs(3600);
+
+/// Why a snapshot was not received or restored, said for the model and the log.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Failed(pub String);
+
+/// One name the snapshot could not keep, and why (as the sandbox said).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LostName {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub why: String,
+}
+
+/// What the sandbox said of its snapshot (the `info` of its last `snap` frame), bounded.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Info {
+    #[serde(default)]
+    pub names: Vec<String>,
+    #[serde(default)]
+    pub modules: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub lost: Vec<LostName>,
+    /// Names left out of `names` and `lost` past [`MAX_NAMES`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub more: u64,
+    #[serde(default)]
+    pub cells: u64,
+    /// The largest values, by size: a refused snapshot's notice names them.
+    #[serde(default)]
+    pub largest: Vec<(String, u64)>,
+    #[serde(default)]
+    pub pickler: String,
+}
+
+/// `s` cut to `max` bytes at a character boundary.
+fn cut(s: &str, max: usize) -> String {
+    s[..crate::text::floor_char_boundary(s, max)].to_string()
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Info {
+    /// The `info` object of a `snap` frame, taken field by field: anything of the wrong shape
+    /// is left out, strings are cut, lists bounded.
+    pub fn from_frame(v: Option<&Value>) -> Info {
+        let Some(v) = v else {
+            return Info::default();
+        };
+        let text = |v: &Value, max: usize| v.as_str().map(|s| cut(s, max));
+        let mut info = Info::default();
+        let mut more = ["more_names", "more_lost"]
+            .iter()
+            .filter_map(|k| v.get(k).and_then(Value::as_u64))
+            .fold(0u64, u64::saturating_add);
+        if let Some(names) = v.get("names").and_then(Value::as_array) {
+            more = more.saturating_add(names.len().saturating_sub(MAX_NAMES) as u64);
+            info.names = names
+                .iter()
+                .take(MAX_NAMES)
+                .filter_map(|n| text(n, MAX_NAME))
+                .collect();
+        }
+        if let Some(lost) = v.get("lost").and_then(Value::as_array) {
+            more = more.saturating_add(lost.len().saturating_sub(MAX_NAMES) as u64);
+            info.lost = lost.iter().take(MAX_NAMES).filter_map(lost_name).collect();
+        }
+        if let Some(modules) = v.get("modules").and_then(Value::as_object) {
+            info.modules = modules
+                .iter()
+                .take(MAX_NAMES)
+                .filter_map(|(k, m)| Some((cut(k, MAX_NAME), text(m, MAX_NAME)?)))
+                .collect();
+        }
+        if let Some(largest) = v.get("largest").and_then(Value::as_array) {
+            info.largest = largest
+                .iter()
+                .take(5)
+                .filter_map(|l| Some((text(l.get("name")?, MAX_NAME)?, l.get("size")?.as_u64()?)))
+                .collect();
+        }
+        info.cells = v.get("cells").and_then(Value::as_u64).unwrap_or(0);
+        info.pickler = v
+            .get("pickler")
+            .and_then(|p| text(p, 32))
+            .unwrap_or_default();
+        info.more = more;
+        info
+    }
+
+    /// The names lost, as the notice and `_meta` show them: `name (type)`.
+    pub fn lost_names(&self) -> Vec<String> {
+        self.lost.iter().map(LostName::shown).collect()
+    }
+}
+
+/// A lost name of a frame (`{name, type, why}`), if it has a name.
+pub fn lost_name(v: &Value) -> Option<LostName> {
+    let text = |k: &str, max: usize| v.get(k).and_then(Value::as_str).map(|s| cut(s, max));
+    Some(LostName {
+        name: text("name", MAX_NAME)?,
+        kind: text("type", MAX_NAME).unwrap_or_default(),
+        why: text("why", MAX_WHY).unwrap_or_default(),
+    })
+}
+
+impl LostName {
+    pub fn shown(&self) -> String {
+        if self.kind.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{} ({})", self.name, self.kind)
+        }
+    }
+}
+
+/// A snapshot's listing: whose it is, when it was written, why, and what it holds.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Listing {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    pub session: String,
+    pub size: u64,
+    /// Seconds since the epoch.
+    pub written_at: u64,
+    pub expires: u64,
+    /// What closed the session: `idle`, `max_sessions`, `exit`, `fork`.
+    pub why: String,
+    #[serde(default)]
+    pub info: Info,
+}
+
+impl Listing {
+    pub fn key(&self) -> SessionKey {
+        SessionKey::new(
+            self.identity
+                .clone()
+                .map_or(Identity::Local, Identity::Named),
+            self.session.clone(),
+        )
+    }
+}
+
+/// The directory of snapshots of `state_dir`.
+pub fn dir(state_dir: &Path) -> PathBuf {
+    state_dir.join(DIR)
+}
+
+/// The file name of `key`'s snapshot, without extension: a digest of identity and name (as
+/// JSON, so that no local name equals an identity's session).
+fn stem(key: &SessionKey) -> String {
+    let canonical = serde_json::to_vec(&(key.owner().name(), key.name())).expect("strings");
+    hex::encode(&Sha256::digest(&canonical)[..16])
+}
+
+fn paths(state_dir: &Path, key: &SessionKey) -> (PathBuf, PathBuf) {
+    let d = dir(state_dir);
+    let s = stem(key);
+    (d.join(format!("{s}.snap")), d.join(format!("{s}.json")))
+}
+
+/// The directory, made 0700 when missing; refused when it is not this user's directory.
+fn ensure_dir(state_dir: &Path) -> io::Result<PathBuf> {
+    let d = dir(state_dir);
+    match fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(false)
+        .create(&d)
+    {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let meta = fs::symlink_metadata(&d)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if !meta.is_dir() || meta.uid() != unsafe { libc::geteuid() } {
+        return Err(io::Error::other(format!(
+            "{} is not a directory of this user's; remove it",
+            d.display()
+        )));
+    }
+    Ok(d)
+}
+
+/// A snapshot being received: a temporary file in the snapshots' directory, bounded.
+pub struct Receiving {
+    file: File,
+    tmp: PathBuf,
+    size: u64,
+    limit: u64,
+    failed: Option<String>,
+}
+
+impl Receiving {
+    pub fn new(state_dir: &Path, limit: u64) -> io::Result<Receiving> {
+        let d = ensure_dir(state_dir)?;
+        let mut random = [0u8; 12];
+        getrandom::fill(&mut random).expect("the OS random source");
+        let tmp = d.join(format!(".tmp-{}", hex::encode(random)));
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        Ok(Receiving {
+            file,
+            tmp,
+            size: 0,
+            limit,
+            failed: None,
+        })
+    }
+
+    /// Take the next piece (base64). Past the limit, or a piece that is not base64, nothing
+    /// more is written and [`Receiving::finish`] fails.
+    pub fn push(&mut self, data: &str) {
+        if self.failed.is_some() {
+            return;
+        }
+        use base64::Engine as _;
+        let bytes = match base64::engine::general_purpose::STANDARD.decode(data) {
+            Ok(b) => b,
+            Err(_) => {
+                self.failed = Some("a piece of the snapshot was not base64".into());
+                return;
+            }
+        };
+        self.size += bytes.len() as u64;
+        if self.size > self.limit {
+            self.failed = Some(format!(
+                "the sandbox sent more than snapshot_max_size ({} bytes)",
+                self.limit
+            ));
+            return;
+        }
+        if let Err(e) = self.file.write_all(&bytes) {
+            self.failed = Some(format!("the snapshot could not be written: {e}"));
+        }
+    }
+
+    /// The snapshot received whole, to be kept by [`Received::keep`].
+    pub fn finish(mut self, info: Info) -> Result<Received, Failed> {
+        if let Some(why) = &self.failed {
+            return Err(Failed(why.clone()));
+        }
+        self.file
+            .sync_data()
+            .map_err(|e| Failed(format!("the snapshot could not be written: {e}")))?;
+        Ok(Received {
+            tmp: Some(std::mem::take(&mut self.tmp)),
+            size: self.size,
+            info,
+        })
+    }
+
+    /// Bytes taken so far.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// A snapshot received whole and not kept yet; removed if dropped.
+#[derive(Debug)]
+pub struct Received {
+    tmp: Option<PathBuf>,
+    pub size: u64,
+    pub info: Info,
+}
+
+impl Received {
+    /// Keep it as `key`'s snapshot (replacing any), after making room under
+    /// `snapshot_store_size` and [`MAX_SNAPSHOTS`]. Returns its listing.
+    pub fn keep(mut self, config: &Config, key: &SessionKey, why: &str) -> io::Result<Listing> {
+        let state_dir = &config.state_dir;
+        let tmp = self.tmp.take().expect("kept once");
+        let (snap, listing_path) = paths(state_dir, key);
+        let now = now_secs();
+        let listing = Listing {
+            identity: key.owner().name().map(str::to_string),
+            session: key.name().to_string(),
+            size: self.size,
+            written_at: now,
+            expires: now + config.snapshot_ttl.0.as_secs(),
+            why: why.to_string(),
+            info: std::mem::take(&mut self.info),
+        };
+        let result = (|| {
+            remove(state_dir, key);
+            make_room(config, self.size)?;
+            fs::rename(&tmp, &snap)?;
+            let json = serde_json::to_vec(&listing).expect("a listing serializes");
+            statefile::write_atomic(&dir(state_dir), &listing_path, &json)
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+            let _ = fs::remove_file(&snap);
+        }
+        result.map(|()| listing)
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        if let Some(tmp) = &self.tmp {
+            let _ = fs::remove_file(tmp);
+        }
+    }
+}
+
+/// Make room for a snapshot of `size` bytes: expired ones and, past `snapshot_store_size` or
+/// [`MAX_SNAPSHOTS`], the oldest.
+fn make_room(config: &Config, size: u64) -> io::Result<()> {
+    let mut all = list(&config.state_dir);
+    let mut total: u64 = all.iter().map(|l| l.size).sum();
+    let cap = config.snapshot_store_size.0;
+    while !all.is_empty() && (total + size > cap || all.len() >= MAX_SNAPSHOTS) {
+        let oldest = all.remove(0);
+        total -= oldest.size;
+        tracing::info!(session = %oldest.key(), bytes = oldest.size, "removing the oldest session snapshot to stay within snapshot_store_size");
+        remove(&config.state_dir, &oldest.key());
+    }
+    Ok(())
+}
+
+/// Every snapshot's listing, oldest first; expired ones (and temporary files of writers that
+/// died) are removed on the way, as are listings whose snapshot is missing.
+pub fn list(state_dir: &Path) -> Vec<Listing> {
+    let d = dir(state_dir);
+    let Ok(entries) = fs::read_dir(&d) else {
+        return Vec::new();
+    };
+    let now = now_secs();
+    let mut out = Vec::new();
+    for e in entries.flatten().take(4 * MAX_SNAPSHOTS) {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let path = e.path();
+        if name.starts_with(".tmp-") {
+            let stale = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| SystemTime::now().duration_since(t).ok())
+                .is_some_and(|age| age > STALE_TMP);
+            if stale {
+                let _ = fs::remove_file(&path);
+            }
+            continue;
+        }
+        let Some(stem) = name.strip_suffix(".json") else {
+            continue;
+        };
+        let Some(listing) = statefile::read_own(&path, MAX_LISTING)
+            .and_then(|t| serde_json::from_str::<Listing>(&t).ok())
+        else {
+            continue;
+        };
+        let snap = d.join(format!("{stem}.snap"));
+        if stem != self::stem(&listing.key()) {
+            continue;
+        }
+        if listing.expires <= now
+            || fs::symlink_metadata(&snap)
+                .map(|m| !m.is_file())
+                .unwrap_or(true)
+        {
+            let _ = fs::remove_file(&snap);
+            let _ = fs::remove_file(&path);
+            continue;
+        }
+        out.push(listing);
+    }
+    out.sort_by_key(|l| l.written_at);
+    out
+}
+
+/// `key`'s snapshot listing, when one is kept and not expired.
+pub fn find(state_dir: &Path, key: &SessionKey) -> Option<Listing> {
+    let (snap, listing_path) = paths(state_dir, key);
+    let listing: Listing =
+        serde_json::from_str(&statefile::read_own(&listing_path, MAX_LISTING)?).ok()?;
+    if listing.key() != *key {
+        return None;
+    }
+    if listing.expires <= now_secs() {
+        remove(state_dir, key);
+        return None;
+    }
+    fs::symlink_metadata(&snap)
+        .ok()?
+        .is_file()
+        .then_some(listing)
+}
+
+/// `key`'s snapshot taken for a restore: moved out of the store under a temporary name (one
+/// rename, so of two bridges restoring the same session at once only one gets it; the other
+/// finds nothing), opened as a regular file of this user's (never through a link) no larger
+/// than `limit`. `Ok(None)` when another took it first. Dropped, the taken file is removed;
+/// [`Taken::put_back`] returns it to the store.
+pub fn take(state_dir: &Path, key: &SessionKey, limit: u64) -> io::Result<Option<Taken>> {
+    let (snap, listing_path) = paths(state_dir, key);
+    let listing = statefile::read_own(&listing_path, MAX_LISTING);
+    let mut random = [0u8; 12];
+    getrandom::fill(&mut random).expect("the OS random source");
+    let tmp = dir(state_dir).join(format!(".tmp-{}", hex::encode(random)));
+    match fs::rename(&snap, &tmp) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+        Ok(()) => {}
+    }
+    let _ = fs::remove_file(&listing_path);
+    let mut taken = Taken {
+        tmp,
+        snap,
+        listing_path,
+        listing,
+        file: None,
+        size: 0,
+    };
+    let file = statefile::open_read(&taken.tmp)?;
+    let meta = file.metadata()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if meta.uid() != unsafe { libc::geteuid() } {
+        return Err(io::Error::other("the snapshot is not this user's file"));
+    }
+    if meta.len() > limit {
+        return Err(io::Error::other(format!(
+            "the snapshot is {} bytes, over snapshot_max_size ({limit} bytes)",
+            meta.len()
+        )));
+    }
+    taken.size = meta.len();
+    taken.file = Some(file);
+    Ok(Some(taken))
+}
+
+/// A snapshot taken out of the store for a restore (see [`take`]).
+pub struct Taken {
+    tmp: PathBuf,
+    snap: PathBuf,
+    listing_path: PathBuf,
+    listing: Option<String>,
+    file: Option<File>,
+    pub size: u64,
+}
+
+impl Taken {
+    /// Its file, to read once.
+    pub fn file(&mut self) -> Option<File> {
+        self.file.take()
+    }
+
+    /// Back into the store (a restore that failed), unless a newer snapshot of the session was
+    /// kept meanwhile.
+    pub fn put_back(mut self) {
+        self.file = None;
+        if fs::symlink_metadata(&self.snap).is_ok() {
+            return;
+        }
+        if fs::rename(&self.tmp, &self.snap).is_ok()
+            && let Some(listing) = self.listing.take()
+            && let Some(dir) = self.listing_path.parent()
+        {
+            let _ = statefile::write_atomic(dir, &self.listing_path, listing.as_bytes());
+        }
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.tmp);
+    }
+}
+
+/// Remove `key`'s snapshot; whether there was one.
+pub fn remove(state_dir: &Path, key: &SessionKey) -> bool {
+    let (snap, listing) = paths(state_dir, key);
+    let a = fs::remove_file(&listing).is_ok();
+    let b = fs::remove_file(&snap).is_ok();
+    a || b
+}
+
+/// Read the next piece of a snapshot (at most `max` bytes), base64, for a `restore_data` frame;
+/// `None` at its end.
+pub fn next_piece(file: &mut File, max: usize) -> io::Result<Option<String>> {
+    use base64::Engine as _;
+    let mut buf = Vec::with_capacity(max);
+    file.take(max as u64).read_to_end(&mut buf)?;
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(base64::engine::general_purpose::STANDARD.encode(&buf)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Size;
+
+    fn config(dir: &Path) -> Config {
+        Config {
+            state_dir: dir.to_path_buf(),
+            snapshot_store_size: Size(10),
+            ..Config::default()
+        }
+    }
+
+    fn receive(dir: &Path, bytes: &[u8], limit: u64) -> Result<Received, Failed> {
+        use base64::Engine as _;
+        let mut r = Receiving::new(dir, limit).unwrap();
+        for chunk in bytes.chunks(3) {
+            r.push(&base64::engine::general_purpose::STANDARD.encode(chunk));
+        }
+        r.finish(Info::default())
+    }
+
+    #[test]
+    fn kept_under_a_digest_found_by_its_key_only_and_removed() {
+        let t = tempfile::tempdir().unwrap();
+        let c = config(t.path());
+        let a = SessionKey::new(Identity::Named("alice".into()), "s");
+        let local = SessionKey::local("alice/s");
+        let l = receive(t.path(), b"abcd", 100)
+            .unwrap()
+            .keep(&c, &a, "idle")
+            .unwrap();
+        assert_eq!(l.size, 4);
+        assert!(find(t.path(), &a).is_some());
+        assert!(
+            find(t.path(), &local).is_none(),
+            "a local name spelled as an identity's key"
+        );
+        let mode = fs::metadata(dir(t.path())).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        for e in fs::read_dir(dir(t.path())).unwrap() {
+            assert_eq!(e.unwrap().metadata().unwrap().mode() & 0o777, 0o600);
+        }
+        // Taken once: a second taker finds nothing; put back, it is there again.
+        let mut taken = take(t.path(), &a, 100).unwrap().unwrap();
+        assert_eq!(taken.size, 4);
+        assert!(take(t.path(), &a, 100).unwrap().is_none());
+        assert!(find(t.path(), &a).is_none());
+        let piece = next_piece(&mut taken.file().unwrap(), 3).unwrap().unwrap();
+        assert_eq!(piece, "YWJj");
+        taken.put_back();
+        assert!(find(t.path(), &a).is_some());
+        assert!(take(t.path(), &a, 3).is_err(), "larger than the limit");
+        // A restore that worked: the taken file goes.
+        receive(t.path(), b"abcd", 100)
+            .unwrap()
+            .keep(&c, &a, "idle")
+            .unwrap();
+        drop(take(t.path(), &a, 100).unwrap().unwrap());
+        assert!(find(t.path(), &a).is_none());
+        receive(t.path(), b"abcd", 100)
+            .unwrap()
+            .keep(&c, &a, "idle")
+            .unwrap();
+        assert!(remove(t.path(), &a));
+        assert!(find(t.path(), &a).is_none());
+        assert_eq!(fs::read_dir(dir(t.path())).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn over_the_limit_nothing_is_kept_and_the_store_drops_the_oldest() {
+        let t = tempfile::tempdir().unwrap();
+        let c = config(t.path());
+        let err = receive(t.path(), b"0123456789", 5).unwrap_err().0;
+        assert!(err.contains("more than snapshot_max_size"), "{err}");
+        assert_eq!(
+            fs::read_dir(dir(t.path())).unwrap().count(),
+            0,
+            "the temporary file went"
+        );
+        let a = SessionKey::local("a");
+        let b = SessionKey::local("b");
+        receive(t.path(), b"123456", 100)
+            .unwrap()
+            .keep(&c, &a, "idle")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        // 6 + 6 > 10: a goes.
+        receive(t.path(), b"654321", 100)
+            .unwrap()
+            .keep(&c, &b, "idle")
+            .unwrap();
+        assert!(find(t.path(), &a).is_none());
+        assert!(find(t.path(), &b).is_some());
+    }
+
+    #[test]
+    fn a_link_planted_as_a_snapshot_is_not_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let c = config(t.path());
+        let a = SessionKey::local("a");
+        receive(t.path(), b"x", 100)
+            .unwrap()
+            .keep(&c, &a, "idle")
+            .unwrap();
+        let (snap, _) = paths(t.path(), &a);
+        fs::remove_file(&snap).unwrap();
+        let secret = t.path().join("secret");
+        fs::write(&secret, b"secret").unwrap();
+        std::os::unix::fs::symlink(&secret, &snap).unwrap();
+        assert!(take(t.path(), &a, 100).is_err());
+        assert!(find(t.path(), &a).is_none());
+        assert!(
+            list(t.path()).is_empty(),
+            "a listing whose snapshot is a link is dropped"
+        );
+        assert_eq!(fs::read(&secret).unwrap(), b"secret");
+    }
+
+    #[test]
+    fn the_sandboxs_info_is_bounded() {
+        let names: Vec<String> = (0..500).map(|i| format!("n{i}")).collect();
+        let v = serde_json::json!({
+            "names": names,
+            "lost": [{"name": "g".repeat(1000), "type": "generator", "why": "no"}, 7],
+            "largest": [{"name": "df", "size": 80}],
+            "modules": {"pd": "pandas"},
+            "cells": 3,
+        });
+        let info = Info::from_frame(Some(&v));
+        assert_eq!(info.names.len(), MAX_NAMES);
+        assert_eq!(info.more, 300);
+        assert_eq!(info.lost.len(), 1);
+        assert!(info.lost[0].name.len() <= MAX_NAME);
+        assert_eq!(info.largest, vec![("df".to_string(), 80)]);
+        assert_eq!(info.modules["pd"], "pandas");
+    }
+}
