@@ -26,22 +26,30 @@ pub(crate) async fn snapshots_section(o: &Opts, t: &mut Table) {
         live.ok(json!({"code": setup, "session": "source", "timeout": 120}))
             .await;
         let (mut taken, mut sizes, mut restored) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..runs {
-            // The fork writes the snapshot (timed in the sandbox, store included: the `fork`
-            // call returns once the bridge kept it) and replaces the copy left by the last run.
+        for i in 0..runs {
+            // The fork writes the snapshot (timed in the sandbox, the store included: the `fork`
+            // call returns once the bridge kept it), into a session of a new name.
+            let fork = format!(
+                "from mcp import runtime\nimport time\nt0 = time.perf_counter()\nr = await runtime.fork('copy-{i}')\nprint((time.perf_counter() - t0) * 1000, r['size'])"
+            );
             let (stdout, _) = live
-                .ok(json!({"code": "from mcp import runtime\nimport time\nt0 = time.perf_counter()\nr = await runtime.fork('copy', reset=True)\nprint((time.perf_counter() - t0) * 1000, r['size'])", "session": "source", "timeout": 120}))
+                .ok(json!({"code": fork, "session": "source", "timeout": 120}))
                 .await;
             let mut parts = stdout.split_whitespace();
             taken.push(parts.next().unwrap().parse::<f64>().unwrap());
             sizes.push(parts.next().unwrap().parse::<f64>().unwrap());
             // A pause for the pool's sandbox to be ready, as a model's thinking gives it.
             tokio::time::sleep(THINK).await;
+            let copy = format!("copy-{i}");
             restored.push(
-                live.ok(json!({"code": "pass", "session": "copy", "timeout": 120}))
+                live.ok(json!({"code": "pass", "session": copy, "timeout": 120}))
                     .await
                     .1,
             );
+            // Its memory back before the next run (untimed): a reset leaves a fresh interpreter.
+            live.ok(json!({"code": "pass", "session": copy, "reset": true}))
+                .await;
+            tokio::time::sleep(THINK).await;
         }
         t.samples(
             &format!("size of the snapshot of {what}"),
