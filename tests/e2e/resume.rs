@@ -178,7 +178,12 @@ async fn beside(home: &Home, env: &[(&str, &str)]) -> (RunningService<RoleClient
     (client, pid)
 }
 
-async fn call_on(client: &RunningService<RoleClient, ()>, session: &str, code: &str) -> Outcome {
+/// One `run_python` call naming `session` on `client` (also tests/e2e/snapshots.rs's).
+pub(crate) async fn call_on(
+    client: &RunningService<RoleClient, ()>,
+    session: &str,
+    code: &str,
+) -> Outcome {
     let params = CallToolRequestParams::new("run_python").with_arguments(
         json!({"code": code, "session": session})
             .as_object()
@@ -384,8 +389,8 @@ async fn the_python_sdk_client_finds_its_session_after_a_restart_in_both_modes()
 }
 
 /// Two identities' tokens for `serve`.
-const ALICE: &str = "alice-0123456789abcdef0123";
-const BOB: &str = "bob-fedcba9876543210fedcba98";
+pub(crate) const ALICE: &str = "alice-0123456789abcdef0123";
+pub(crate) const BOB: &str = "bob-fedcba9876543210fedcba98";
 
 /// A state dir and a token file (alice, bob) that two `serve`s in turn share, with [`ENV`] and
 /// `extra` for their environment.

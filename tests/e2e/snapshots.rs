@@ -8,13 +8,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rmcp::RoleClient;
-use rmcp::model::CallToolRequestParams;
-use rmcp::service::RunningService;
 use serde_json::{Value, json};
 
 use crate::common::served::Served;
 use crate::common::{self, Bridge, Home, Outcome};
+use crate::resume::{ALICE, BOB, call_on};
 
 /// Sessions closed after 2 s unused (the reaper looks every 0.5 s); no pool, so each session
 /// here is one that ran code.
@@ -289,24 +287,6 @@ async fn a_fork_diverges_from_its_session_and_never_overwrites_another() {
         .count();
     assert_eq!(fork_records, 2, "the two forks kept, not the refused ones");
     b.shutdown_clean().await;
-}
-
-const ALICE: &str = "alice-0123456789abcdef0123";
-const BOB: &str = "bob-fedcba9876543210fedcba98";
-
-async fn call_on(client: &RunningService<RoleClient, ()>, session: &str, code: &str) -> Outcome {
-    let params = CallToolRequestParams::new("run_python").with_arguments(
-        json!({"code": code, "session": session})
-            .as_object()
-            .cloned()
-            .unwrap(),
-    );
-    Outcome(
-        tokio::time::timeout(Duration::from_secs(240), client.call_tool(params))
-            .await
-            .expect("answered")
-            .expect("run_python"),
-    )
 }
 
 /// Over `serve`, a snapshot is its identity's: alice's session `work`, closed idle, comes back

@@ -646,6 +646,23 @@ mod tests {
     }
 
     #[test]
+    fn an_expired_snapshot_is_neither_found_nor_listed_and_its_files_go() {
+        let t = tempfile::tempdir().unwrap();
+        let c = Config {
+            snapshot_ttl: crate::config::Secs(Duration::ZERO),
+            ..config(t.path())
+        };
+        let a = SessionKey::local("a");
+        receive(t.path(), b"x", 100)
+            .unwrap()
+            .keep(&c, &a, "idle")
+            .unwrap();
+        assert!(list(t.path()).is_empty());
+        assert!(find(t.path(), &a).is_none());
+        assert_eq!(fs::read_dir(dir(t.path())).unwrap().count(), 0);
+    }
+
+    #[test]
     fn a_link_planted_as_a_snapshot_is_not_followed() {
         let t = tempfile::tempdir().unwrap();
         let c = config(t.path());
