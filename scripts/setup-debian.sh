@@ -81,6 +81,9 @@ PIP_PACKAGES=(
     "matplotlib==3.10.7"
     "nbformat==5.11.1"  # tests/e2e/notebook.rs validates export_notebook()'s file with it
     "cloudpickle==3.1.1"  # image/tests/test_snapshots.py: the runtime's snapshots as the image makes them
+    # tests/fixtures/otlp_receiver.py: the OTLP receiver of tests/e2e/traces.rs
+    "opentelemetry-proto==1.45.2"
+    "protobuf==7.36.2"
 )
 
 step() { printf '\n==> [setup-debian] %s\n' "$*" >&2; }

@@ -8,10 +8,11 @@
 pub mod cli;
 pub mod http;
 pub mod oauth;
+pub mod otel;
 
 pub use mcp_code_bridge_core::{
     audit, clock, config, error, flock, identity, logging, policy, procfs, protocol, statefile,
-    text,
+    text, trace,
 };
 pub use mcp_code_bridge_packages as packages;
 pub use mcp_code_bridge_sandbox as sandbox;

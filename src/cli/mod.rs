@@ -257,6 +257,7 @@ pub fn entry() -> ExitCode {
     let code = runtime.block_on(main(cli));
     // Background tasks (idle reapers, pipes) must not keep the process alive.
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    crate::otel::shutdown();
     code
 }
 
@@ -286,6 +287,11 @@ pub async fn main(cli: Cli) -> ExitCode {
         for n in &loaded.notes {
             tracing::info!("{n}");
         }
+    }
+    if matches!(command, Command::Run | Command::Serve)
+        && let Err(e) = crate::otel::init(&config)
+    {
+        return fail(&e, 2);
     }
     match command {
         Command::Run => {

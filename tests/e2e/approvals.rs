@@ -70,7 +70,7 @@ pub(crate) fn python(
 }
 
 /// Run the TypeScript client fixture; one JSON value per step.
-fn typescript(
+pub(crate) fn typescript(
     home: &Home,
     mode: &str,
     target: &str,

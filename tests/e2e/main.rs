@@ -37,4 +37,5 @@ mod security_rootless;
 mod skills;
 mod snapshots;
 mod tasks;
+mod traces;
 mod upstream_real;

@@ -16,3 +16,4 @@ pub mod procfs;
 pub mod protocol;
 pub mod statefile;
 pub mod text;
+pub mod trace;

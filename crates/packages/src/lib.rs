@@ -17,7 +17,7 @@
 //! `server`.
 
 // The layers below, under the names the code gives them (`crate::config::…`).
-use mcp_code_bridge_core::{audit, config, flock, identity, policy, protocol, statefile};
+use mcp_code_bridge_core::{audit, config, flock, identity, policy, protocol, statefile, trace};
 
 mod decide;
 mod error;
@@ -164,15 +164,35 @@ impl Packages {
             decision: "none".into(),
             ..Default::default()
         };
-        let result = self
-            .install_inner(interpreter, requirements, &who, &mut record)
-            .await;
+        // A span of the call: what was asked for (names from the code, bounded), how it ended.
+        let asked: String = requirements.join(" ").chars().take(512).collect();
+        let span = trace::Guard::new(trace::internal(
+            "packages.install",
+            vec![trace::Attr::new("mcp_code_bridge.packages.requested", asked)],
+        ));
+        let result = {
+            use trace::Within as _;
+            self.install_inner(interpreter, requirements, &who, &mut record)
+                .within(span.context().clone())
+                .await
+        };
         record.duration_ms = t0.elapsed().as_millis() as u64;
         match &result {
-            Ok(_) => record.status = "ok".into(),
+            Ok(installed) => {
+                record.status = "ok".into();
+                trace::set(
+                    span.context(),
+                    vec![trace::Attr::new(
+                        "mcp_code_bridge.packages.installed",
+                        installed.len() as i64,
+                    )],
+                );
+                span.end(None);
+            }
             Err(e) => {
                 record.status = if e.is_refusal() { "denied" } else { "failed" }.into();
                 record.error_type = Some(e.kind().into());
+                span.end(Some(e.kind()));
             }
         }
         self.audit.install(record);

@@ -9,7 +9,7 @@
 // The layers below, under the names the code gives them (`crate::config::…`).
 use mcp_code_bridge_core::boxed::Boxed;
 use mcp_code_bridge_core::{
-    audit, clock, config, identity, logging, procfs, protocol, statefile, text,
+    audit, clock, config, identity, logging, procfs, protocol, statefile, text, trace,
 };
 
 mod adopt;
@@ -43,6 +43,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Mutex, OnceCell};
+
+use crate::trace::Within as _;
 
 use crate::config::Config;
 use crate::identity::{Identity, SessionKey};
@@ -323,7 +325,33 @@ impl Sandbox {
         reset: bool,
         req: ExecRequest,
     ) -> Result<ExecOutcome, SandboxError> {
-        let (session, start, mut notices) = self.session(name, reset).await?;
+        // The session's sandbox as a span of the call: found running, handed out of the pool,
+        // started, resumed or restored, and how long that took.
+        let span = trace::Guard::new(trace::internal("sandbox", vec![]));
+        let got = self
+            .session(name, reset)
+            .within(span.context().clone())
+            .await;
+        let (session, start, mut notices) = match got {
+            Ok(got) => {
+                let how = match &got.1 {
+                    Start::Running => "running",
+                    Start::Fresh => "new",
+                    Start::Resumed => "resumed",
+                    Start::Restored { .. } => "restored",
+                };
+                trace::set(
+                    span.context(),
+                    vec![trace::Attr::new("mcp_code_bridge.sandbox.session", how)],
+                );
+                span.end(None);
+                got
+            }
+            Err(e) => {
+                span.end(Some("SandboxUnavailable"));
+                return Err(e);
+            }
+        };
         let fresh = start != Start::Running;
         let mut req = req;
         req.binding.rpc = self.fork_handler(name, &session, req.binding.rpc);

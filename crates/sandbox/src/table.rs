@@ -127,11 +127,17 @@ impl Sandbox {
         {
             pooled = self.pool.take(session::START_TIMEOUT).await;
         }
+        let from = |how: &'static str| {
+            let attr = crate::trace::Attr::new("mcp_code_bridge.sandbox.from", how);
+            crate::trace::set(&crate::trace::Context::current(), vec![attr]);
+        };
         if let Some(mut s) = pooled {
             let serial = self.serial.fetch_add(1, Ordering::Relaxed);
             s.hand_to(&name.to_string(), serial);
+            from("pool");
             return Ok(Arc::new(s));
         }
+        from("started");
         let engine = self.engine().await?;
         notices.extend(self.make_room(name).await?);
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);

@@ -8,7 +8,7 @@
 
 // The layers below, under the names the code gives them (`crate::config::…`).
 use mcp_code_bridge_core::boxed::Boxed;
-use mcp_code_bridge_core::{audit, config, error, identity, policy, protocol, text};
+use mcp_code_bridge_core::{audit, config, error, identity, policy, protocol, text, trace};
 use mcp_code_bridge_packages as packages;
 use mcp_code_bridge_sandbox as sandbox;
 use mcp_code_bridge_skills as skills;

@@ -120,3 +120,46 @@ mod tests {
         assert_eq!(v["required"], json!(["decision"]));
     }
 }
+
+/// An approver whose every question is a span of the call (`approval`, under the proxied
+/// call, install or save that asks): how long the human took, and what they answered.
+pub(super) struct TracedApprover(pub(super) std::sync::Arc<dyn Approver>);
+
+#[async_trait::async_trait]
+impl Approver for TracedApprover {
+    fn can_ask(&self) -> bool {
+        self.0.can_ask()
+    }
+
+    fn path(&self) -> &'static str {
+        self.0.path()
+    }
+
+    async fn ask(&self, request: &ApprovalRequest) -> Approval {
+        use crate::trace::{self, Within as _};
+        let mut attrs = vec![trace::Attr::new("mcp_code_bridge.ask.path", self.0.path())];
+        match &request.asked {
+            crate::policy::Asked::ToolCall => {
+                attrs.push(trace::Attr::new("mcp_code_bridge.server", request.server.clone()));
+                attrs.push(trace::Attr::new("gen_ai.tool.name", request.tool.clone()));
+            }
+            crate::policy::Asked::Other { title, .. } => {
+                attrs.push(trace::Attr::new("mcp_code_bridge.ask.title", *title));
+            }
+        }
+        let span = trace::Guard::new(trace::internal("approval", attrs));
+        let answer = self.0.ask(request).within(span.context().clone()).await;
+        let said = match &answer {
+            Approval::Once => "allow_once",
+            Approval::Session => "allow_session",
+            Approval::Denied => "denied",
+            Approval::Unavailable(_) => "unavailable",
+        };
+        trace::set(
+            span.context(),
+            vec![trace::Attr::new("mcp_code_bridge.ask.answer", said)],
+        );
+        span.end(None);
+        answer
+    }
+}

@@ -315,6 +315,14 @@ pub fn tool_result(
     r
 }
 
+/// Name the trace of the call in its result's `_meta` (`trace_id`, 32 hex digits), so a log
+/// line, an audit record and a trace find each other.
+pub fn add_trace_id(r: &mut CallToolResult, id: &str) {
+    if let Some(Value::Object(m)) = r.meta.as_mut().and_then(|m| m.0.get_mut(RESULT_META)) {
+        m.insert("trace_id".into(), Value::from(id));
+    }
+}
+
 /// A call that could not start: no sandbox (`SandboxUnavailable`: no engine, no image), a server
 /// name not configured (`UnknownServer`), or a loaded server that could not be started
 /// (`ServerUnavailable`). An error result the model can read; `kind` is its `error.type`, and

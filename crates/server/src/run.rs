@@ -17,6 +17,7 @@ use serde_json::json;
 use super::budget::Budget;
 use super::progress::Forwarder;
 use super::replies::refused;
+use super::link::TracedApprover;
 use super::{Bridge, RunArgs, render, rounds};
 use crate::audit::{self};
 use crate::error::Hinted as _;
@@ -25,6 +26,7 @@ use crate::policy::Approver;
 use crate::sandbox::files;
 use crate::sandbox::{ExecOutcome, ExecRequest, OutputSink};
 use crate::skills;
+use crate::trace::{self, Within as _};
 use crate::upstream::{CallContext, CallRelay, ProgressSink};
 use base64::Engine as _;
 
@@ -170,7 +172,10 @@ impl Bridge {
         }
     }
 
-    /// [`Bridge::execute`], its outcome rendered as the result the model sees.
+    /// [`Bridge::execute`], its outcome rendered as the result the model sees, under a span of
+    /// its own, child of `parent` (the request's `traceparent`, [`trace::parent_of`]); its
+    /// trace id in the result's `_meta` when it has one.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn run_for(
         &self,
         key: SessionKey,
@@ -179,16 +184,101 @@ impl Bridge {
         on_output: Option<OutputSink>,
         approver: Option<Arc<dyn Approver>>,
         relay: CallRelay,
+        parent: trace::Context,
     ) -> CallToolResult {
         let budget = Budget::new(self.config.output_budget);
-        match self
+        let span = self.call_span(&parent, &key, &args);
+        let approver = approver.map(|a| Arc::new(TracedApprover(a)) as Arc<dyn Approver>);
+        let outcome = self
             .execute(&key, args, cancel, on_output, approver, relay, Some(budget))
-            .await
-        {
+            .within(span.clone())
+            .await;
+        self.end_call_span(&span, &outcome);
+        let trace_id = trace::trace_id(&span);
+        let mut result = match outcome {
             Ok(outcome) => {
                 render::tool_result(outcome, self.config.output_mode, key.name(), &budget)
             }
             Err(e) => render::setup_error(e.kind, &e.message, key.name()),
+        };
+        if let Some(id) = trace_id {
+            render::add_trace_id(&mut result, &id);
+        }
+        result
+    }
+
+    /// The span of one `run_python` call (OpenTelemetry's MCP conventions, and the bridge's
+    /// own `mcp_code_bridge.*`): never the code, unless `otel_content`.
+    fn call_span(&self, parent: &trace::Context, key: &SessionKey, args: &RunArgs) -> trace::Context {
+        let mut attrs = vec![
+            trace::Attr::new("mcp.method.name", "tools/call"),
+            trace::Attr::new("gen_ai.operation.name", "execute_tool"),
+            trace::Attr::new("gen_ai.tool.name", super::TOOL_NAME),
+            trace::Attr::new("mcp_code_bridge.session", key.name().to_string()),
+            trace::Attr::new("mcp_code_bridge.reset", args.reset),
+        ];
+        if let Some(id) = key.owner().name() {
+            attrs.push(trace::Attr::new("enduser.id", id.to_string()));
+        }
+        if !args.servers.is_empty() {
+            attrs.push(trace::Attr::new(
+                "mcp_code_bridge.servers",
+                args.servers.join(","),
+            ));
+        }
+        if self.config.otel_content {
+            attrs.push(trace::Attr::new(
+                "mcp_code_bridge.code",
+                trace::content(&args.code),
+            ));
+        }
+        let name = format!("tools/call {}", super::TOOL_NAME);
+        trace::start(parent, name, trace::SpanKind::Server, attrs)
+    }
+
+    /// The call's span ended with how it went: status, output size, the error's type.
+    fn end_call_span(&self, span: &trace::Context, outcome: &Result<ExecOutcome, SetupFailure>) {
+        match outcome {
+            Ok(o) => {
+                let status = serde_json::to_value(o.outcome).unwrap_or_default();
+                let mut attrs = vec![
+                    trace::Attr::new(
+                        "mcp_code_bridge.status",
+                        status.as_str().unwrap_or("unknown").to_string(),
+                    ),
+                    trace::Attr::new(
+                        "mcp_code_bridge.output_bytes",
+                        (o.stdout.len() + o.stderr.len()) as i64,
+                    ),
+                    trace::Attr::new("mcp_code_bridge.images", o.images.len() as i64),
+                    trace::Attr::new("mcp_code_bridge.files", o.files.len() as i64),
+                ];
+                if let Some(how) = o.resumed {
+                    attrs.push(trace::Attr::new("mcp_code_bridge.resumed", how));
+                }
+                if self.config.otel_content {
+                    let mut text = o.stdout.clone();
+                    text.push_str(&o.stderr);
+                    attrs.push(trace::Attr::new("mcp_code_bridge.output", trace::content(&text)));
+                }
+                trace::set(span, attrs);
+                let error = match o.outcome {
+                    crate::sandbox::Outcome::Ok => None,
+                    _ => Some(
+                        o.error
+                            .as_ref()
+                            .map_or_else(|| status.as_str().unwrap_or("unknown"), |e| e.kind.as_str()),
+                    ),
+                };
+                trace::end(span, error);
+            }
+            Err(e) => {
+                trace::set(
+                    span,
+                    vec![trace::Attr::new("mcp_code_bridge.status", "setup_error")],
+                );
+                trace::end(span, Some(e.kind));
+            }
         }
     }
 
@@ -258,6 +348,7 @@ impl Bridge {
         responses: Option<rmcp::model::InputResponses>,
         askable: rounds::Askable,
         context: &RequestContext<RoleServer>,
+        parent: trace::Context,
     ) -> Result<CallToolResponse, ErrorData> {
         let binding = rounds::Binding::new(key.clone(), &args.code);
         let running = match request_state {
@@ -289,6 +380,7 @@ impl Bridge {
                             Some(out),
                             Some(Arc::new(approver)),
                             relay,
+                            parent,
                         )
                         .await
                 })

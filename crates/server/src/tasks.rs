@@ -129,6 +129,7 @@ impl Bridge {
     ) -> Result<Task, ErrorData> {
         let bridge = self.clone();
         let peer = context.peer.clone();
+        let parent = crate::trace::parent_of(&context.meta);
         let owner = key.clone();
         let bytes = args.code.len();
         let ended = Arc::new(AtomicBool::new(false));
@@ -165,8 +166,15 @@ impl Bridge {
                         progress: None,
                         client: Some(Arc::new(PeerLink::new(peer, key.owner().clone()))),
                     };
-                    let run =
-                        bridge.run_for(key, args, cancel.clone(), None, Some(approver), relay);
+                    let run = bridge.run_for(
+                        key,
+                        args,
+                        cancel.clone(),
+                        None,
+                        Some(approver),
+                        relay,
+                        parent,
+                    );
                     tokio::pin!(run);
                     tokio::select! {
                         r = &mut run => Ok(r),

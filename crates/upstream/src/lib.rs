@@ -18,7 +18,7 @@
 use mcp_code_bridge_core::boxed::Boxed;
 use mcp_code_bridge_core::{
     audit, clock, config, error, flock, identity, logging, policy, procfs, protocol, statefile,
-    text,
+    text, trace,
 };
 
 pub mod catalog;

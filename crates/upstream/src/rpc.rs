@@ -21,6 +21,7 @@ use crate::config::policy::Action;
 use crate::error::{Hint, Hinted};
 use crate::policy::{Approval, ApprovalRequest, Decision, Verdict};
 use crate::protocol::{RPC_DENIED, RpcFailure, RpcHandler};
+use crate::trace::{self, Within as _};
 
 /// The largest `limit` a search honours.
 pub const MAX_SEARCH_LIMIT: usize = 50;
@@ -329,11 +330,63 @@ impl ExecRpc {
                 return Err(e);
             }
         };
+        // The call's span (OpenTelemetry's MCP client conventions): its server, tool, decision,
+        // status and size, never its arguments; the approval question and the server's own
+        // spans (it gets the `traceparent`) are its children.
+        let span = trace::Guard::new(trace::client(
+            format!("tools/call {tool_name}"),
+            vec![
+                trace::Attr::new("mcp.method.name", "tools/call"),
+                trace::Attr::new("gen_ai.operation.name", "execute_tool"),
+                trace::Attr::new("gen_ai.tool.name", tool_name.clone()),
+                trace::Attr::new("mcp_code_bridge.server", slot.name().to_string()),
+            ],
+        ));
+        let outcome = self
+            .decided_call(slot, tool_name, arguments, destructive)
+            .within(span.context().clone())
+            .await;
+        // Measured only for a span that is sent: a result can be megabytes.
+        let measured = trace::recording(span.context());
+        let (bytes, error) = match &outcome.0 {
+            Ok(v) => (
+                if measured {
+                    serde_json::to_string(v).map_or(0, |t| t.len())
+                } else {
+                    0
+                },
+                (v["isError"] == true).then_some("tool_error"),
+            ),
+            Err(RpcError::Denied(_)) => (0, Some("denied")),
+            Err(RpcError::Call(e)) => (0, Some(e.kind())),
+            Err(_) => (0, Some("BadCall")),
+        };
+        trace::set(
+            span.context(),
+            vec![
+                trace::Attr::new("mcp_code_bridge.decision", outcome.1.verdict.as_str()),
+                trace::Attr::new("mcp_code_bridge.result_bytes", bytes as i64),
+            ],
+        );
+        span.end(error);
+        outcome.0
+    }
+
+    /// [`Self::call_tool`] once the tool is known: decided by the policy, then made or
+    /// refused, and audited; with the decision.
+    async fn decided_call(
+        &self,
+        slot: &Slot,
+        tool_name: String,
+        arguments: Option<Map<String, Value>>,
+        destructive: bool,
+    ) -> (Result<Value, RpcError>, Decision) {
         let started = Instant::now();
         // A call whose exec ends while the human is still being asked (a client that never
         // answers: its deadline) is recorded as denied, unanswered.
         let mut unanswered = RecordOnDrop {
             audit: &self.call.audit,
+            trace: trace::Context::current(),
             started,
             record: Some(self.record(
                 slot.name(),
@@ -357,6 +410,7 @@ impl ExecRpc {
         // is recorded as failed by the guard.
         let mut record = RecordOnDrop {
             audit: &self.call.audit,
+            trace: trace::Context::current(),
             started,
             record: Some(self.record(slot.name(), &tool_name, arguments.as_ref(), &decision)),
             dropped: (ToolStatus::Failed, "cancelled"),
@@ -394,7 +448,7 @@ impl ExecRpc {
             duration_ms = started.elapsed().as_millis() as u64,
             "proxied tool call"
         );
-        outcome
+        (outcome, decision)
     }
 
     /// The `tool_call` record of a decided call.
@@ -590,6 +644,8 @@ fn rule_text(d: &Decision) -> Option<String> {
 /// dropped first (its exec timed out or was cancelled), as `failed` / `cancelled` then.
 struct RecordOnDrop<'a> {
     audit: &'a Audit,
+    /// The call's trace, current again when the record is written from a drop.
+    trace: trace::Context,
     started: Instant,
     record: Option<ToolCallRecord>,
     /// The status and error type written when the future is dropped first.
@@ -598,6 +654,7 @@ struct RecordOnDrop<'a> {
 
 impl RecordOnDrop<'_> {
     fn finish(&mut self, status: ToolStatus, error_type: Option<&str>) {
+        let _current = self.trace.clone().attach();
         if let Some(mut r) = self.record.take() {
             r = r.finished(status, self.started.elapsed());
             if let Some(kind) = error_type {

@@ -489,7 +489,12 @@ impl Audit {
         let sent = !full
             && inner
                 .tx
-                .try_send(writer::Msg::Record { ts, record, size })
+                .try_send(writer::Msg::Record {
+                    ts,
+                    trace_id: crate::trace::current_trace_id(),
+                    record,
+                    size,
+                })
                 .is_ok();
         if !sent {
             shared.queued_bytes.fetch_sub(size, Ordering::AcqRel);

@@ -26,6 +26,8 @@ const BATCH: usize = 256;
 pub(super) enum Msg {
     Record {
         ts: String,
+        /// The trace id of the context the record was made in (`core::trace`).
+        trace_id: Option<String>,
         record: Record,
         size: usize,
     },
@@ -33,11 +35,13 @@ pub(super) enum Msg {
     Flush(SyncSender<()>),
 }
 
-/// One line as written: `ts`, `kind`, the record's fields, and the count of records lost
-/// before it when there were any.
+/// One line as written: `ts`, the trace of the call it belongs to when there is one, `kind`,
+/// the record's fields, and the count of records lost before it when there were any.
 #[derive(Serialize)]
 struct Line<'a> {
     ts: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace_id: Option<&'a str>,
     #[serde(flatten)]
     record: &'a Record,
     #[serde(skip_serializing_if = "is_zero")]
@@ -206,9 +210,14 @@ pub(super) fn run(mut file: LogFile, rx: Receiver<Msg>, shared: Arc<Shared>) {
         let mut records = Vec::new();
         for m in batch {
             match m {
-                Msg::Record { ts, record, size } => {
+                Msg::Record {
+                    ts,
+                    trace_id,
+                    record,
+                    size,
+                } => {
                     shared.queued_bytes.fetch_sub(size, Ordering::AcqRel);
-                    records.push((ts, record));
+                    records.push((ts, trace_id, record));
                 }
                 Msg::Flush(ack) => acks.push(ack),
             }
@@ -226,7 +235,7 @@ pub(super) fn run(mut file: LogFile, rx: Receiver<Msg>, shared: Arc<Shared>) {
 /// rotation happens between them.
 fn write_records(
     file: &mut LogFile,
-    records: &[(String, Record)],
+    records: &[(String, Option<String>, Record)],
     shared: &Shared,
     failing: &mut bool,
 ) {
@@ -234,9 +243,10 @@ fn write_records(
     let mut chunk: Vec<u8> = Vec::new();
     let (mut in_chunk, mut written) = (0u64, 0u64);
     let mut result = Ok(());
-    for (i, (ts, record)) in records.iter().enumerate() {
+    for (i, (ts, trace_id, record)) in records.iter().enumerate() {
         let line = Line {
             ts,
+            trace_id: trace_id.as_deref(),
             record,
             dropped_before: if i == 0 { dropped } else { 0 },
         };

@@ -173,6 +173,14 @@ pub const KEYS: &[Key] = &[
         doc: "error, warning, info, debug or trace (any case).",
     },
     Key {
+        name: "otel_endpoint",
+        doc: "Send traces (OTLP over HTTP/protobuf) to this collector, its base URL (http://127.0.0.1:4318; /v1/traces is added): a span per run_python call, its proxied calls, sandbox, installs and approvals. Unset: the standard OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_EXPORTER_OTLP_TRACES_ENDPOINT decide; without any, none are sent.",
+    },
+    Key {
+        name: "otel_content",
+        doc: "Put a call's code and output on its span (each cut at 64 KiB); off, a span never carries code, output or a tool's arguments.",
+    },
+    Key {
         name: "allow_self_server",
         doc: "Keep server entries that would launch this bridge again.",
     },

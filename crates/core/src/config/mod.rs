@@ -107,6 +107,14 @@ pub struct Config {
     #[serde(deserialize_with = "flexible_u32")]
     pub output_budget: u32,
     pub log_level: LogLevel,
+    /// Where traces go (OTLP over HTTP/protobuf), as a collector's base URL; `/v1/traces` is
+    /// added. None: the standard `OTEL_EXPORTER_OTLP_*` variables decide, and without them no
+    /// traces are sent.
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub otel_endpoint: Option<String>,
+    /// Put a call's code and output on its span (bounded by `trace::MAX_CONTENT`).
+    #[serde(deserialize_with = "flexible_bool")]
+    pub otel_content: bool,
     #[serde(deserialize_with = "flexible_bool")]
     pub allow_self_server: bool,
     #[serde(deserialize_with = "flexible_bool")]
@@ -185,6 +193,8 @@ impl Default for Config {
             output_cap: Size(4 << 20),
             output_budget: 8000,
             log_level: LogLevel::Info,
+            otel_endpoint: None,
+            otel_content: false,
             allow_self_server: false,
             allow_unenforced_limits: false,
             tmp_size: Size(64 << 20),
@@ -344,6 +354,27 @@ impl Config {
                     self.snapshot_max_size, self.snapshot_store_size
                 ),
             );
+        }
+        if let Some(endpoint) = &self.otel_endpoint {
+            match url::Url::parse(endpoint) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+                Ok(_) => {
+                    return bad(
+                        "otel_endpoint",
+                        format!(
+                            "{endpoint:?} is not an http(s) URL with a host; give the collector's OTLP/HTTP base URL, e.g. http://127.0.0.1:4318"
+                        ),
+                    );
+                }
+                Err(e) => {
+                    return bad(
+                        "otel_endpoint",
+                        format!(
+                            "{endpoint:?} is not a URL ({e}); give the collector's OTLP/HTTP base URL, e.g. http://127.0.0.1:4318"
+                        ),
+                    );
+                }
+            }
         }
         if self.snapshot_ttl.0 > Duration::from_secs(366 * 86_400) {
             return bad(

@@ -2,6 +2,7 @@
 //! RPCs, the result), the deadline and its interrupts, and the end, normal or a crash.
 
 use super::*;
+use crate::trace::Within as _;
 
 /// The refusal of a tool call made by code whose exec has ended (a thread it left running).
 pub(super) const AFTER_END: &str = "this call was made after its run_python call ended; await every tool call before the code finishes";
@@ -295,13 +296,17 @@ impl Session {
                     let writer = self.writer.clone();
                     let pending = run.pending.clone();
                     let pending_bytes = run.pending_bytes.clone();
-                    run.rpcs.spawn(async move {
-                        let _permit = slots.acquire_owned().await;
-                        let answer = rpc.handle(&method, params).await;
-                        pending_bytes.fetch_sub(len, Ordering::Relaxed);
-                        let _ = writer.send(rpc_line(rid, answer)).await;
-                        pending.fetch_sub(1, Ordering::Relaxed);
-                    });
+                    // In the call's trace: the proxied call's span is a child of the call's.
+                    run.rpcs.spawn(
+                        async move {
+                            let _permit = slots.acquire_owned().await;
+                            let answer = rpc.handle(&method, params).await;
+                            pending_bytes.fetch_sub(len, Ordering::Relaxed);
+                            let _ = writer.send(rpc_line(rid, answer)).await;
+                            pending.fetch_sub(1, Ordering::Relaxed);
+                        }
+                        .in_current(),
+                    );
                 }
             }
             SandboxFrame::Snap {

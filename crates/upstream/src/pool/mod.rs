@@ -439,6 +439,13 @@ impl Pool {
         let timeout = self.inner.settings.call_timeout;
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = arguments;
+        // SEP-414: the server's own spans join the call's trace.
+        let traced = crate::trace::meta_of(&crate::trace::Context::current());
+        if !traced.is_empty() {
+            params.meta = Some(rmcp::model::RequestMetaObject(rmcp::model::MetaObject(
+                traced,
+            )));
+        }
         // The names an error carries, made only when there is one.
         let (server_, tool_) = (|| server.to_string(), || tool.to_string());
 
