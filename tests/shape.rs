@@ -630,6 +630,46 @@ fn no_crate_is_both_a_dependency_and_a_dev_dependency() {
     );
 }
 
+/// Which files may name which OpenTelemetry crate: its API `core/trace.rs` and `src/otel.rs`
+/// (which installs the provider), its SDK and exporter only `src/otel.rs`.
+const OTEL_NAMERS: &[(&str, &[&str])] = &[
+    ("opentelemetry_sdk", &["src/otel.rs"]),
+    ("opentelemetry_otlp", &["src/otel.rs"]),
+    ("opentelemetry", &["crates/core/src/trace.rs", "src/otel.rs"]),
+];
+
+/// The files that name an OpenTelemetry crate other than the one allowed to.
+fn otel_namers(files: &[(String, String)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, text) in files {
+        let code = before_tests(text);
+        for (krate, allowed) in OTEL_NAMERS {
+            // `opentelemetry::` and `opentelemetry_sdk::`, not `core::trace`'s own names.
+            let named = code.match_indices(krate).any(|(i, _)| {
+                let before = code[..i].chars().next_back();
+                let after = &code[i + krate.len()..];
+                !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                    && (after.starts_with("::") || after.starts_with(" as "))
+            });
+            if named && !allowed.contains(&path.as_str()) {
+                found.push(format!(
+                    "{path}: names {krate} (only {} may)",
+                    allowed.join(" and ")
+                ));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn opentelemetry_is_named_only_by_trace_and_otel() {
+    report(
+        "rule: spans are made through core::trace, the exporter set up in src/otel.rs (one place each to change OpenTelemetry's version)",
+        &otel_namers(&sources()),
+    );
+}
+
 /// Each guard fails on a planted violation, naming it.
 #[test]
 fn each_guard_fails_on_a_planted_violation() {
@@ -744,4 +784,24 @@ fn each_guard_fails_on_a_planted_violation() {
         ]
     );
     assert_eq!(layer_breaches("new", "").len(), 1);
+    assert_eq!(
+        otel_namers(&[
+            (
+                "crates/upstream/src/rpc.rs".to_string(),
+                "use opentelemetry::trace::Tracer;\nuse crate::trace;\n".to_string()
+            ),
+            (
+                "crates/core/src/trace.rs".to_string(),
+                "use opentelemetry::Context;\nuse opentelemetry_sdk::Resource;\n".to_string()
+            ),
+            (
+                "src/otel.rs".to_string(),
+                "use opentelemetry_sdk::Resource;\nlet x = opentelemetry_otlp::SpanExporter::builder();\n".to_string()
+            ),
+        ]),
+        [
+            "crates/upstream/src/rpc.rs: names opentelemetry (only crates/core/src/trace.rs and src/otel.rs may)",
+            "crates/core/src/trace.rs: names opentelemetry_sdk (only src/otel.rs may)"
+        ]
+    );
 }

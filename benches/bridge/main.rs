@@ -17,6 +17,7 @@
 //! BENCH_ONLY=packages cargo bench --bench bridge                  # section 13: installs from a local index, from the cache, statsmodels from PyPI
 //! BENCH_ONLY=isolation cargo bench --bench bridge                 # section 14: runc and gVisor side by side (needs runsc)
 //! BENCH_ONLY=snapshots cargo bench --bench bridge                 # section 15: snapshot and restore, empty and a 1M-row DataFrame
+//! BENCH_ONLY=tracing cargo bench --bench bridge                   # section 16: calls with traces on and off
 //! BENCH_ONLY=capacity cargo bench --bench bridge                  # section 11: sandboxes' memory and idle CPU, serve at 1/5/20 identities (~8 min)
 //! BENCH_ONLY=capacity-sandboxes cargo bench --bench bridge        # section 11's sandbox rows alone (memory, idle CPU)
 //! BENCH_ONLY=capacity-bounds cargo bench --bench bridge           # section 11's bounds alone: max_sessions, a busy session, 429
@@ -54,6 +55,7 @@ mod results;
 mod snapshots;
 mod startup;
 mod table;
+mod traces;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -92,6 +94,7 @@ use results::*;
 use snapshots::*;
 use startup::*;
 use table::*;
+use traces::*;
 
 // ---------------------------------------------------------------------------------------------
 
@@ -215,6 +218,10 @@ async fn main() {
     if o.wants("snapshots") {
         eprintln!("bench: sessions kept on disk…");
         snapshots_section(&o, &mut t).await;
+    }
+    if o.wants("tracing") {
+        eprintln!("bench: traces on and off…");
+        tracing_section(&o, &mut t).await;
     }
     println!();
     println!(

@@ -184,13 +184,15 @@ impl Drop for Guard {
 /// `text` as a span carries it: at most [`MAX_CONTENT`] bytes, cut on a character boundary
 /// with a line saying so.
 pub fn content(text: &str) -> String {
-    let mut kept = text[..crate::text::floor_char_boundary(text, MAX_CONTENT + 1)].to_string();
-    crate::text::truncate_with(
-        &mut kept,
-        MAX_CONTENT,
-        &format!("\n[... {} bytes in all; the rest is not kept on the span]", text.len()),
-    );
-    kept
+    if text.len() <= MAX_CONTENT {
+        return text.to_string();
+    }
+    let cut = crate::text::floor_char_boundary(text, MAX_CONTENT);
+    format!(
+        "{}\n[... {} bytes in all; the rest is not kept on the span]",
+        &text[..cut],
+        text.len()
+    )
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ pub mod catalog;
 pub mod connection;
 pub mod discovery;
 pub mod pool;
+mod record;
 mod relay;
 pub mod report;
 pub mod rpc;

@@ -16,7 +16,8 @@ use super::catalog::{self, Detail, ServerTools, UnknownTool};
 use super::pool::{CallError, Slot};
 use super::report::known_servers;
 use super::{CallContext, Upstreams};
-use crate::audit::{Audit, Decision as AuditDecision, ToolCallRecord, ToolStatus};
+use super::record::{RecordOnDrop, audit_decision, rule_text};
+use crate::audit::{Decision as AuditDecision, ToolCallRecord, ToolStatus};
 use crate::config::policy::Action;
 use crate::error::{Hint, Hinted};
 use crate::policy::{Approval, ApprovalRequest, Decision, Verdict};
@@ -617,59 +618,6 @@ fn listed_name(slot: &Slot, tools: &[rmcp::model::Tool], tool: &str) -> Option<S
     ServerTools::from_tools(slot.name(), &slot.info.alias, None, tools)
         .find(tool)
         .map(|t| t.name.clone())
-}
-
-/// The audit log's name for a verdict.
-fn audit_decision(v: Verdict) -> AuditDecision {
-    match v {
-        Verdict::Allow => AuditDecision::Allow,
-        Verdict::Deny => AuditDecision::Deny,
-        Verdict::AskAllowed => AuditDecision::AskAllowed,
-        Verdict::AskDenied => AuditDecision::AskDenied,
-        Verdict::AskUnavailable => AuditDecision::AskUnavailable,
-    }
-}
-
-/// The rule of a decision and where it is set, as the audit log keeps it: `github.delete_*
-/// (config.toml)`; `None` when no rule decided.
-fn rule_text(d: &Decision) -> Option<String> {
-    let rule = d.rule.as_deref()?;
-    Some(match d.origin.as_deref() {
-        Some(origin) => format!("{rule} ({origin})"),
-        None => rule.to_string(),
-    })
-}
-
-/// A proxied call's `tool_call` record, written when the call is finished or, if its future is
-/// dropped first (its exec timed out or was cancelled), as `failed` / `cancelled` then.
-struct RecordOnDrop<'a> {
-    audit: &'a Audit,
-    /// The call's trace, current again when the record is written from a drop.
-    trace: trace::Context,
-    started: Instant,
-    record: Option<ToolCallRecord>,
-    /// The status and error type written when the future is dropped first.
-    dropped: (ToolStatus, &'static str),
-}
-
-impl RecordOnDrop<'_> {
-    fn finish(&mut self, status: ToolStatus, error_type: Option<&str>) {
-        let _current = self.trace.clone().attach();
-        if let Some(mut r) = self.record.take() {
-            r = r.finished(status, self.started.elapsed());
-            if let Some(kind) = error_type {
-                r = r.with_error_type(kind);
-            }
-            self.audit.tool_call(r);
-        }
-    }
-}
-
-impl Drop for RecordOnDrop<'_> {
-    fn drop(&mut self) {
-        let (status, why) = self.dropped;
-        self.finish(status, Some(why));
-    }
 }
 
 /// A `CallToolResult` as the sandbox gets it: `content`, `structuredContent` (when present),
