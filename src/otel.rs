@@ -105,7 +105,10 @@ pub fn init(config: &Config) -> Result<(), OtelError> {
     let Some(target) = Target::of(config) else {
         return Ok(());
     };
-    for var in ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"] {
+    for var in [
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ] {
         if let Ok(value) = std::env::var(var)
             && !value.trim().is_empty()
             && value.trim() != "http/protobuf"
@@ -123,11 +126,10 @@ pub fn init(config: &Config) -> Result<(), OtelError> {
         endpoint: target.shown.clone(),
         why: e.to_string(),
     })?;
-    let mut resource = Resource::builder()
-        .with_attribute(opentelemetry::KeyValue::new(
-            "service.version",
-            env!("CARGO_PKG_VERSION"),
-        ));
+    let mut resource = Resource::builder().with_attribute(opentelemetry::KeyValue::new(
+        "service.version",
+        env!("CARGO_PKG_VERSION"),
+    ));
     let named = std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.trim().is_empty())
         || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|v| v.contains("service.name="));
     if !named {

@@ -635,7 +635,10 @@ fn no_crate_is_both_a_dependency_and_a_dev_dependency() {
 const OTEL_NAMERS: &[(&str, &[&str])] = &[
     ("opentelemetry_sdk", &["src/otel.rs"]),
     ("opentelemetry_otlp", &["src/otel.rs"]),
-    ("opentelemetry", &["crates/core/src/trace.rs", "src/otel.rs"]),
+    (
+        "opentelemetry",
+        &["crates/core/src/trace.rs", "src/otel.rs"],
+    ),
 ];
 
 /// The files that name an OpenTelemetry crate other than the one allowed to.

@@ -11,13 +11,15 @@ const CALLS: usize = 200;
 pub(crate) async fn tracing_section(o: &Opts, t: &mut Table) {
     t.section(16, "16. Traces (OTLP)");
     let mut receiver = std::process::Command::new(server_bin("mcp-python"))
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/otlp_receiver.py"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/otlp_receiver.py"
+        ))
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| fail(&format!("the OTLP receiver did not start: {e}")));
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
-        receiver.stdout.take().unwrap(),
-    ));
+    let mut lines =
+        std::io::BufRead::lines(std::io::BufReader::new(receiver.stdout.take().unwrap()));
     let port = lines
         .next()
         .and_then(Result::ok)
@@ -56,7 +58,12 @@ pub(crate) async fn tracing_section(o: &Opts, t: &mut Table) {
         t_off.push(off.ok(print.clone()).await.1);
         t_on.push(on.ok(print.clone()).await.1);
     }
-    t.samples("warm `print(1)`, traces off", &t_off, Unit::Ms, Target::None);
+    t.samples(
+        "warm `print(1)`, traces off",
+        &t_off,
+        Unit::Ms,
+        Target::None,
+    );
     t.samples(
         "warm `print(1)`, traces on (2 spans a call, to the receiver)",
         &t_on,

@@ -14,15 +14,15 @@ use common::{Bridge, Home, Outcome};
 use serde_json::{Value, json};
 
 /// The local index: a child process serving the wheelhouse, and its request log.
-struct Index {
+pub(crate) struct Index {
     child: std::process::Child,
-    url: String,
+    pub(crate) url: String,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Index {
-    fn start(extra: &[&str]) -> Index {
+    pub(crate) fn start(extra: &[&str]) -> Index {
         let wheels = std::env::var("MCP_BRIDGE_TEST_WHEELHOUSE")
             .expect("MCP_BRIDGE_TEST_WHEELHOUSE names the wheels the package tests serve (scripts/setup-debian.sh --test-deps)");
         let dir = tempfile::tempdir().unwrap();

@@ -191,7 +191,12 @@ async fn a_call_is_one_trace_under_the_clients_traceparent_with_its_sandbox_and_
     let bridge = Bridge::start_with(home, &[("OTEL_BSP_SCHEDULE_DELAY", "100")], None).await;
 
     // With the client's traceparent: its trace, the call's span a child of the client's.
-    let r = call_with_meta(&bridge, TWO_CALLS, Some(json!({"traceparent": traceparent()}))).await;
+    let r = call_with_meta(
+        &bridge,
+        TWO_CALLS,
+        Some(json!({"traceparent": traceparent()})),
+    )
+    .await;
     let text = r.to_string();
     assert!(text.contains("CALLED True"), "{text}");
     assert_eq!(result_meta(&r)["trace_id"], TRACE, "{r:#}");
@@ -215,7 +220,10 @@ async fn a_call_is_one_trace_under_the_clients_traceparent_with_its_sandbox_and_
 
     let sandbox = one(&spans, "sandbox");
     assert_eq!(sandbox["parent_span_id"], call["span_id"]);
-    assert_eq!(sandbox["attributes"]["mcp_code_bridge.sandbox.session"], "new");
+    assert_eq!(
+        sandbox["attributes"]["mcp_code_bridge.sandbox.session"],
+        "new"
+    );
     let from = sandbox["attributes"]["mcp_code_bridge.sandbox.from"].clone();
     assert!(from == "pool" || from == "started", "{sandbox}");
 
@@ -226,7 +234,10 @@ async fn a_call_is_one_trace_under_the_clients_traceparent_with_its_sandbox_and_
         assert_eq!(t["attributes"]["mcp_code_bridge.server"], "time", "{t}");
         assert_eq!(t["attributes"]["mcp_code_bridge.decision"], "allow", "{t}");
         assert!(
-            t["attributes"]["mcp_code_bridge.result_bytes"].as_i64().unwrap() > 0,
+            t["attributes"]["mcp_code_bridge.result_bytes"]
+                .as_i64()
+                .unwrap()
+                > 0,
             "{t}"
         );
         // Within the call's time.
@@ -261,7 +272,10 @@ async fn a_call_is_one_trace_under_the_clients_traceparent_with_its_sandbox_and_
     });
     let call = one(&spans, "tools/call run_python");
     assert_eq!(call["status"], "STATUS_CODE_ERROR", "{call}");
-    assert_eq!(call["attributes"]["error.type"], "ZeroDivisionError", "{call}");
+    assert_eq!(
+        call["attributes"]["error.type"], "ZeroDivisionError",
+        "{call}"
+    );
 
     // The audit records of each call name its trace.
     let home = bridge.shutdown_clean().await;
@@ -312,7 +326,10 @@ async fn with_otel_content_the_code_and_output_are_on_the_span_and_service_name_
     });
     let call = one(&spans, "tools/call run_python");
     assert_eq!(call["attributes"]["mcp_code_bridge.code"], code);
-    assert_eq!(call["attributes"]["mcp_code_bridge.output"], "visiblevisible\n");
+    assert_eq!(
+        call["attributes"]["mcp_code_bridge.output"],
+        "visiblevisible\n"
+    );
     assert_eq!(call["service"], "bridge-of-team-a");
     bridge.shutdown().await;
 }
@@ -320,7 +337,10 @@ async fn with_otel_content_the_code_and_output_are_on_the_span_and_service_name_
 #[tokio::test(flavor = "multi_thread")]
 async fn over_serve_each_identitys_call_is_its_trace_and_the_sdks_send_the_parent_in_both_modes() {
     let receiver = Receiver::start(&[]);
-    let home = home_for(&receiver.endpoint(), "");
+    let home = home_for(
+        &receiver.endpoint(),
+        "[policy]\nask = [\"time.convert_time\"]",
+    );
     let tokens = home.path().join("tokens").display().to_string();
     let served = Served::start(
         home,
@@ -337,8 +357,18 @@ async fn over_serve_each_identitys_call_is_its_trace_and_the_sdks_send_the_paren
     let cases = [
         ("python", "auto", ALICE, "11111111111111111111111111111111"),
         ("python", "legacy", BOB, "22222222222222222222222222222222"),
-        ("typescript", "auto", BOB, "33333333333333333333333333333333"),
-        ("typescript", "legacy", ALICE, "44444444444444444444444444444444"),
+        (
+            "typescript",
+            "auto",
+            BOB,
+            "33333333333333333333333333333333",
+        ),
+        (
+            "typescript",
+            "legacy",
+            ALICE,
+            "44444444444444444444444444444444",
+        ),
     ];
     for (sdk, mode, token, trace) in cases {
         let code = "r = await mcp_time.get_current_time(timezone='UTC'); print('OK')";
@@ -367,6 +397,37 @@ async fn over_serve_each_identitys_call_is_its_trace_and_the_sdks_send_the_paren
         let tool = one(&spans, "tools/call get_current_time");
         assert_eq!(tool["parent_span_id"], call["span_id"], "{what}: {tool}");
     }
+    // A question to the user is a span of the proxied call that asked, with the answer.
+    let trace = "55555555555555555555555555555555";
+    let code = "r = await mcp_time.convert_time(source_timezone='UTC', time='12:00', target_timezone='Asia/Tokyo'); print('OK')";
+    let mut steps = step(code, trace);
+    steps[0]["answers"] = json!(["allow_once"]);
+    let out = crate::approvals::python(
+        &served.home,
+        "auto",
+        &served.url,
+        steps,
+        &["--token", ALICE],
+    );
+    assert_eq!(out[0]["asked"].as_array().unwrap().len(), 1, "{out:?}");
+    assert_eq!(out[0]["structured"]["stdout"], "OK\n", "{out:?}");
+    let spans = receiver.trace_when(trace, "the asked call", |s| {
+        s.iter().any(|s| s["name"] == "tools/call run_python")
+            && s.iter().any(|s| s["name"] == "approval")
+    });
+    let tool = one(&spans, "tools/call convert_time");
+    assert_eq!(
+        tool["attributes"]["mcp_code_bridge.decision"], "ask:allowed",
+        "{tool}"
+    );
+    let approval = one(&spans, "approval");
+    assert_eq!(approval["parent_span_id"], tool["span_id"], "{approval}");
+    let a = &approval["attributes"];
+    assert_eq!(a["mcp_code_bridge.ask.path"], "input_required", "{a}");
+    assert_eq!(a["mcp_code_bridge.ask.answer"], "allow_once", "{a}");
+    assert_eq!(a["gen_ai.tool.name"], "convert_time", "{a}");
+    assert!(!carried(&spans).contains("Asia/Tokyo"), "{spans:#?}");
+
     // One trace per call: no span of one client's call is in another's trace.
     let traces: std::collections::BTreeSet<String> = receiver
         .all()
@@ -374,7 +435,7 @@ async fn over_serve_each_identitys_call_is_its_trace_and_the_sdks_send_the_paren
         .filter(|s| s["name"] == "tools/call run_python")
         .map(|s| s["trace_id"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(traces.len(), 4, "{traces:?}");
+    assert_eq!(traces.len(), 5, "{traces:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -445,4 +506,61 @@ async fn a_bad_otel_endpoint_is_refused_with_what_to_give() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{err}");
     assert!(err.contains("http/protobuf"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_install_is_a_span_of_its_call_with_what_was_asked_and_installed() {
+    let receiver = Receiver::start(&[]);
+    let index = crate::packages::Index::start(&[]);
+    let home = home_for(
+        &receiver.endpoint(),
+        &format!(
+            "[packages]\nindex_url = {:?}\nallow = [\"tabulate\"]",
+            index.url
+        ),
+    );
+    let bridge = Bridge::start_with(
+        home,
+        &[
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("MCP_BRIDGE_TIMEOUT", "120"),
+        ],
+        None,
+    )
+    .await;
+    let r = call_with_meta(
+        &bridge,
+        "from mcp import runtime\nawait runtime.install('tabulate')\nimport tabulate\nprint('IMPORTED')",
+        None,
+    )
+    .await;
+    assert!(r.to_string().contains("IMPORTED"), "{r:#}");
+    let id = result_meta(&r)["trace_id"].as_str().unwrap().to_string();
+    let spans = receiver.trace_when(&id, "the install", |s| {
+        s.iter().any(|s| s["name"] == "tools/call run_python")
+            && s.iter().any(|s| s["name"] == "packages.install")
+    });
+    let call = one(&spans, "tools/call run_python");
+    let install = one(&spans, "packages.install");
+    assert_eq!(install["parent_span_id"], call["span_id"], "{install}");
+    let a = &install["attributes"];
+    assert_eq!(a["mcp_code_bridge.packages.requested"], "tabulate", "{a}");
+    assert_eq!(a["mcp_code_bridge.packages.installed"], 1, "{a}");
+    assert_eq!(install["status"], "STATUS_CODE_UNSET", "{install}");
+    // One that fails (no such distribution) is the span's error, by its kind.
+    let r = call_with_meta(
+        &bridge,
+        "from mcp import runtime\ntry:\n    await runtime.install('no-such-distribution')\nexcept runtime.PackageError:\n    print('FAILED')",
+        None,
+    )
+    .await;
+    assert!(r.to_string().contains("FAILED"), "{r:#}");
+    let id = result_meta(&r)["trace_id"].as_str().unwrap().to_string();
+    let spans = receiver.trace_when(&id, "the failed install", |s| {
+        s.iter().any(|s| s["name"] == "packages.install")
+    });
+    let install = one(&spans, "packages.install");
+    assert_eq!(install["status"], "STATUS_CODE_ERROR", "{install}");
+    assert!(install["attributes"]["error.type"].is_string(), "{install}");
+    bridge.shutdown().await;
 }

@@ -168,7 +168,10 @@ impl Packages {
         let asked: String = requirements.join(" ").chars().take(512).collect();
         let span = trace::Guard::new(trace::internal(
             "packages.install",
-            vec![trace::Attr::new("mcp_code_bridge.packages.requested", asked)],
+            vec![trace::Attr::new(
+                "mcp_code_bridge.packages.requested",
+                asked,
+            )],
         ));
         let result = {
             use trace::Within as _;

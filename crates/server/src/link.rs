@@ -140,7 +140,10 @@ impl Approver for TracedApprover {
         let mut attrs = vec![trace::Attr::new("mcp_code_bridge.ask.path", self.0.path())];
         match &request.asked {
             crate::policy::Asked::ToolCall => {
-                attrs.push(trace::Attr::new("mcp_code_bridge.server", request.server.clone()));
+                attrs.push(trace::Attr::new(
+                    "mcp_code_bridge.server",
+                    request.server.clone(),
+                ));
                 attrs.push(trace::Attr::new("gen_ai.tool.name", request.tool.clone()));
             }
             crate::policy::Asked::Other { title, .. } => {

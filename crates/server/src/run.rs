@@ -15,9 +15,9 @@ use rmcp::service::RequestContext;
 use serde_json::json;
 
 use super::budget::Budget;
+use super::link::TracedApprover;
 use super::progress::Forwarder;
 use super::replies::refused;
-use super::link::TracedApprover;
 use super::{Bridge, RunArgs, render, rounds};
 use crate::audit::{self};
 use crate::error::Hinted as _;
@@ -209,7 +209,12 @@ impl Bridge {
 
     /// The span of one `run_python` call (OpenTelemetry's MCP conventions, and the bridge's
     /// own `mcp_code_bridge.*`): never the code, unless `otel_content`.
-    fn call_span(&self, parent: &trace::Context, key: &SessionKey, args: &RunArgs) -> trace::Context {
+    fn call_span(
+        &self,
+        parent: &trace::Context,
+        key: &SessionKey,
+        args: &RunArgs,
+    ) -> trace::Context {
         let mut attrs = vec![
             trace::Attr::new("mcp.method.name", "tools/call"),
             trace::Attr::new("gen_ai.operation.name", "execute_tool"),
@@ -259,17 +264,20 @@ impl Bridge {
                 if self.config.otel_content {
                     let mut text = o.stdout.clone();
                     text.push_str(&o.stderr);
-                    attrs.push(trace::Attr::new("mcp_code_bridge.output", trace::content(&text)));
+                    attrs.push(trace::Attr::new(
+                        "mcp_code_bridge.output",
+                        trace::content(&text),
+                    ));
                 }
                 trace::set(span, attrs);
-                let error = match o.outcome {
-                    crate::sandbox::Outcome::Ok => None,
-                    _ => Some(
-                        o.error
-                            .as_ref()
-                            .map_or_else(|| status.as_str().unwrap_or("unknown"), |e| e.kind.as_str()),
-                    ),
-                };
+                let error =
+                    match o.outcome {
+                        crate::sandbox::Outcome::Ok => None,
+                        _ => Some(o.error.as_ref().map_or_else(
+                            || status.as_str().unwrap_or("unknown"),
+                            |e| e.kind.as_str(),
+                        )),
+                    };
                 trace::end(span, error);
             }
             Err(e) => {

@@ -59,4 +59,3 @@ impl Drop for RecordOnDrop<'_> {
         self.finish(status, Some(why));
     }
 }
-

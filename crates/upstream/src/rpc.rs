@@ -14,9 +14,9 @@ use serde_json::{Map, Value, json};
 
 use super::catalog::{self, Detail, ServerTools, UnknownTool};
 use super::pool::{CallError, Slot};
+use super::record::{RecordOnDrop, audit_decision, rule_text};
 use super::report::known_servers;
 use super::{CallContext, Upstreams};
-use super::record::{RecordOnDrop, audit_decision, rule_text};
 use crate::audit::{Decision as AuditDecision, ToolCallRecord, ToolStatus};
 use crate::config::policy::Action;
 use crate::error::{Hint, Hinted};
