@@ -72,8 +72,6 @@ impl ServerHandler for Bridge {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let (args, key) = call_args(request.name, request.arguments, &context.extensions)?;
-        // SEP-414: the client's trace, if it sent one, is the parent of the call's span.
-        let parent = crate::trace::parent_of(&context.meta);
         // A request whose own capabilities (`_meta`, as every 2026-07-28 request carries them
         // and SEP-2663 asks) declare the tasks extension gets a task: the call runs on, polled
         // with `tasks/get` and cancelled with `tasks/cancel`, however long the client's own
@@ -103,7 +101,6 @@ impl ServerHandler for Bridge {
                         request.input_responses,
                         askable,
                         &context,
-                        parent,
                     )
                     .await;
             }
@@ -128,6 +125,9 @@ impl ServerHandler for Bridge {
             )
         };
         let relay = CallRelay { progress, client };
+        // SEP-414: the client's trace, if it sent one, is the parent of the call's span (also
+        // in the task and rounds paths above).
+        let parent = crate::trace::parent_of(&context.meta);
         let result = self
             .run_for(
                 key,

@@ -103,24 +103,6 @@ impl ClientLink for PeerLink {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_approval_form_offers_three_choices() {
-        let v = serde_json::to_value(approval_schema("Allow this tool call?")).unwrap();
-        let choices: Vec<&str> = v["properties"]["decision"]["oneOf"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["const"].as_str().unwrap())
-            .collect();
-        assert_eq!(choices, [APPROVE_ONCE, APPROVE_SESSION, APPROVE_DENY]);
-        assert_eq!(v["required"], json!(["decision"]));
-    }
-}
-
 /// An approver whose every question is a span of the call (`approval`, under the proxied
 /// call, install or save that asks): how long the human took, and what they answered.
 pub(super) struct TracedApprover(pub(super) std::sync::Arc<dyn Approver>);
@@ -164,5 +146,23 @@ impl Approver for TracedApprover {
         );
         span.end(None);
         answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_approval_form_offers_three_choices() {
+        let v = serde_json::to_value(approval_schema("Allow this tool call?")).unwrap();
+        let choices: Vec<&str> = v["properties"]["decision"]["oneOf"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["const"].as_str().unwrap())
+            .collect();
+        assert_eq!(choices, [APPROVE_ONCE, APPROVE_SESSION, APPROVE_DENY]);
+        assert_eq!(v["required"], json!(["decision"]));
     }
 }

@@ -356,7 +356,6 @@ impl Bridge {
         responses: Option<rmcp::model::InputResponses>,
         askable: rounds::Askable,
         context: &RequestContext<RoleServer>,
-        parent: trace::Context,
     ) -> Result<CallToolResponse, ErrorData> {
         let binding = rounds::Binding::new(key.clone(), &args.code);
         let running = match request_state {
@@ -378,6 +377,7 @@ impl Bridge {
                 };
                 let bridge = self.clone();
                 let out = sinks.output();
+                let parent = trace::parent_of(&context.meta);
                 let run_cancel = cancel.clone();
                 rounds::Running::spawn(binding, cancel, sinks, questions, async move {
                     bridge
