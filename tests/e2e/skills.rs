@@ -372,9 +372,10 @@ async fn a_fifo_in_the_store_is_refused_not_waited_on() {
 // ---- The saved skills as MCP skills (the Skills extension, SEP-2640) ----
 //
 // Neither official SDK has the extension's methods (the Python SDK `mcp` 2.3 and the TypeScript
-// SDK have no `skills/list` or `skills/get`): the Python SDK sends them as raw requests through
-// its own session (tests/fixtures/sdk_skills_client.py); `resources/list`, `resources/read`
-// and the change notifications are the SDK's own. The conformance suite's sep-2640 scenarios
+// SDK `@modelcontextprotocol/client` 2.3 have no `skills/list` or `skills/get`): both send them
+// as raw requests through their own sessions (tests/fixtures/sdk_skills_client.py,
+// ts_skills_client.mjs); `resources/list`, `resources/read` and the change notifications are the
+// SDKs' own. The conformance suite's sep-2640 scenarios
 // are in conformance.rs.
 
 /// A skill as a bridge stores it (`<name>.py`, `<name>.json`), in the store at `dir`: what
@@ -694,4 +695,55 @@ async fn under_serve_each_identity_sees_and_is_told_of_its_own_skills_only() {
         .await
         .unwrap();
     assert_eq!(his.skill.frontmatter.name, "bobs-other");
+}
+
+/// The TypeScript SDK's client (`@modelcontextprotocol/client`, which has no methods of the
+/// extension: raw `Client.request`s, tests/fixtures/ts_skills_client.mjs) over stdio in its
+/// default mode (2026-07-28) and legacy mode: the extension is declared, `skills/list` and
+/// `skills/get` give the same entry, whose digest is that of the `SKILL.md` `resources/read`
+/// returns, and a skill not served is `-32602`.
+#[tokio::test(flavor = "multi_thread")]
+async fn saved_skills_are_mcp_skills_to_the_typescript_sdk_over_stdio_in_both_modes() {
+    for (mode, protocol) in [("auto", "2026-07-28"), ("legacy", "2025-11-25")] {
+        let home = Home::new();
+        let state = tempfile::tempdir().unwrap();
+        put_skill(
+            &state.path().join("skills"),
+            "clean_sales",
+            CLEAN,
+            "Drop refunds.",
+            "local/default",
+        );
+        let out = tokio::process::Command::new(common::server_bin("node"))
+            .arg(common::fixture("ts_skills_client.mjs"))
+            .args([mode, common::BIN])
+            .env_clear()
+            .envs(home.env())
+            .env("MCP_BRIDGE_STATE_DIR", state.path())
+            .env("NODE_PATH", common::oidc::node_modules())
+            .current_dir(home.path())
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        assert_eq!(v["protocol"], protocol, "{v}");
+        assert_eq!(v["extension"], serde_json::json!({}), "{v}");
+        let skill = &v["list"]["skills"][0];
+        assert_eq!(skill["uri"], "skill://clean-sales/SKILL.md", "{v}");
+        assert_eq!(v["get"]["skill"], *skill, "{v}");
+        let text = v["read"].as_str().unwrap_or_else(|| panic!("{v}"));
+        assert!(text.contains(CLEAN), "{text}");
+        assert_eq!(
+            skill["resources"][0]["digest"],
+            format!("sha256:{}", sha256_hex(text.as_bytes()))
+        );
+        assert_eq!(v["get_unknown"]["error"]["code"], -32602, "{v}");
+    }
 }
