@@ -116,6 +116,10 @@ pub enum Command {
     },
     /// The functions sessions saved (runtime.save_skill), which every new session defines.
     Skills {
+        /// The skills of this `serve` identity (a token_file name or an OAuth `sub`), kept in
+        /// <state_dir>/skills/users/; without it, the stdio user's.
+        #[arg(long, global = true, value_name = "IDENTITY")]
+        identity: Option<String>,
         #[command(subcommand)]
         command: SkillsCommand,
     },
@@ -384,11 +388,14 @@ pub async fn main(cli: Cli) -> ExitCode {
             SessionsCommand::Prune => sessions::prune(&config),
         },
         Command::KeepParked { .. } => crate::sandbox::park::keeper_main(),
-        Command::Skills { command } => match command {
-            SkillsCommand::List { json } => skills::list(&config, json),
-            SkillsCommand::Show { name } => skills::show(&config, &name),
-            SkillsCommand::Rm { names } => skills::rm(&config, &names),
-        },
+        Command::Skills { identity, command } => {
+            let store = skills::store(&config, identity.as_deref());
+            match command {
+                SkillsCommand::List { json } => skills::list(&store, json),
+                SkillsCommand::Show { name } => skills::show(&store, &name),
+                SkillsCommand::Rm { names } => skills::rm(&store, &names),
+            }
+        }
     }
 }
 

@@ -17,8 +17,15 @@ use crate::text::{visible, visible_lines};
 /// One line of a description in the table: its first line, cut to this many characters.
 const DESCRIPTION_WIDTH: usize = 60;
 
-pub(super) fn list(config: &Config, json: bool) -> ExitCode {
-    let store = Store::from_config(config);
+/// The store `skills` works on: an identity's of `serve` (`--identity`), or the stdio user's.
+pub(super) fn store(config: &Config, identity: Option<&str>) -> Store {
+    match identity {
+        Some(id) => Store::for_identity(config, id),
+        None => Store::from_config(config),
+    }
+}
+
+pub(super) fn list(store: &Store, json: bool) -> ExitCode {
     let listing = match store.list() {
         Ok(l) => l,
         Err(e) => {
@@ -115,8 +122,8 @@ fn listing_json(listing: &Listing) -> serde_json::Value {
 
 /// The skill's source as saved, after its description and save time as `#` comment lines, so
 /// the output is itself Python; every character a terminal would act on shown as an escape.
-pub(super) fn show(config: &Config, name: &str) -> ExitCode {
-    match Store::from_config(config).get(name) {
+pub(super) fn show(store: &Store, name: &str) -> ExitCode {
+    match store.get(name) {
         Ok(s) => {
             let saved = if s.saved_at.is_empty() {
                 "unknown".into()
@@ -150,8 +157,7 @@ pub(super) fn show(config: &Config, name: &str) -> ExitCode {
 }
 
 /// Remove each named skill; every name is tried, and the exit is 1 if any was not removed.
-pub(super) fn rm(config: &Config, names: &[String]) -> ExitCode {
-    let store = Store::from_config(config);
+pub(super) fn rm(store: &Store, names: &[String]) -> ExitCode {
     let mut failed = false;
     for name in names {
         match store.remove(name) {

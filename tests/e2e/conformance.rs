@@ -6,7 +6,9 @@
 //! resources or prompts are each revision's baseline (tests/fixtures/conformance-baseline-*.yml,
 //! each entry with its reason), which the suite also holds to: a baseline entry that starts
 //! passing fails the run. scripts/test.sh runs this with --nocapture, so the suite's summary
-//! of each revision is in the test output.
+//! of each revision is in the test output. The Skills extension's scenarios (sep-2640), which
+//! no revision's suite runs, run against a store with a skill in
+//! `sep_2640_skills_scenarios_pass_at_both_revisions`.
 
 use crate::common;
 
@@ -105,4 +107,85 @@ async fn official_conformance_suite_2026_07_28() {
         ],
     )
     .await;
+}
+
+/// The suite's sep-2640 scenarios (the Skills extension, tagged `[extension]`: not on a
+/// revision's timeline, so `--suite all` skips them and they run here with `--force`) against a
+/// `serve` whose store holds one saved skill, at each revision. Every check of
+/// `sep-2640-skills-enumeration` and `sep-2640-skills-manifest` must succeed but the two
+/// caching checks at 2025-11-25 (caching hints are 2026-07-28's), which the suite skips there;
+/// `sep-2640-skills-directory` skips its checks, as `directoryRead` (optional: each skill is one
+/// file) is not declared.
+#[tokio::test(flavor = "multi_thread")]
+async fn sep_2640_skills_scenarios_pass_at_both_revisions() {
+    let home = Home::new();
+    let state = home.path().join("state");
+    let store = state.join("skills");
+    std::fs::create_dir_all(&store).unwrap();
+    std::fs::write(
+        store.join("clean_sales.py"),
+        "def clean_sales(rows):\n    \"\"\"Drop refunds.\"\"\"\n    return [r for r in rows if r['amount'] > 0]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        store.join("clean_sales.json"),
+        r#"{"description": "Drop refunds: \"amount\" <= 0.\n\nRows are dicts.", "saved_at": "2026-11-28T21:00:00Z", "saved_by": "local/default (skills.save: allow)"}"#,
+    )
+    .unwrap();
+    let state = state.display().to_string();
+    let served = Served::start(home, &[("MCP_BRIDGE_STATE_DIR", &state)], &[]);
+    for revision in ["2026-07-28", "2025-11-25"] {
+        for (scenario, want) in [
+            ("sep-2640-skills-enumeration", 31),
+            ("sep-2640-skills-manifest", 5),
+            ("sep-2640-skills-directory", 0),
+        ] {
+            let results = tempfile::tempdir().unwrap();
+            let out = tokio::process::Command::new(common::server_bin("conformance"))
+                .args(["server", "--url", &served.url, "--scenario", scenario])
+                .args(["--spec-version", revision, "--force", "--output-dir"])
+                .arg(results.path())
+                .current_dir(results.path())
+                .output()
+                .await
+                .expect("run the conformance suite");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{scenario} at {revision}:\n{stdout}");
+            let dir = std::fs::read_dir(results.path())
+                .unwrap()
+                .flatten()
+                .find(|e| e.path().join("checks.json").exists())
+                .unwrap_or_else(|| panic!("no checks.json:\n{stdout}"));
+            let checks: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.path().join("checks.json")).unwrap())
+                    .unwrap();
+            let mut passed = 0;
+            for c in checks.as_array().unwrap() {
+                let (id, status) = (c["id"].as_str().unwrap(), c["status"].as_str().unwrap());
+                if !id.starts_with("sep-2640-") {
+                    assert_eq!(status, "SUCCESS", "{scenario} at {revision}: {c}");
+                    continue;
+                }
+                let skipped_here = scenario == "sep-2640-skills-directory"
+                    || (revision == "2025-11-25" && id.ends_with("-cache-attributes"));
+                match status {
+                    "SUCCESS" if !skipped_here => passed += 1,
+                    "SKIPPED" if skipped_here => {}
+                    _ => panic!("{scenario} at {revision}: {c}"),
+                }
+            }
+            let want = if revision == "2025-11-25" && scenario.ends_with("enumeration") {
+                want - 2
+            } else {
+                want
+            };
+            assert_eq!(passed, want, "{scenario} at {revision}:\n{stdout}");
+            eprintln!("{scenario} at {revision}: {passed} sep-2640 checks passed");
+        }
+    }
+    let log = served.home.log();
+    assert!(
+        !log.lines().any(|l| l.contains(" ERROR ")),
+        "ERROR lines in the bridge's log:\n{log}"
+    );
 }

@@ -368,3 +368,382 @@ async fn a_fifo_in_the_store_is_refused_not_waited_on() {
         "{out}"
     );
 }
+
+// ---- The saved skills as MCP skills (the Skills extension, SEP-2640) ----
+//
+// Neither official SDK has the extension's methods (the Python SDK `mcp` 2.3 and the TypeScript
+// SDK `@modelcontextprotocol/client` 2.3 have no `skills/list` or `skills/get`): both send them
+// as raw requests through their own sessions (tests/fixtures/sdk_skills_client.py,
+// ts_skills_client.mjs); `resources/list`, `resources/read` and the change notifications are the
+// SDKs' own. The conformance suite's sep-2640 scenarios
+// are in conformance.rs.
+
+/// A skill as a bridge stores it (`<name>.py`, `<name>.json`), in the store at `dir`: what
+/// another bridge process saving it leaves.
+fn put_skill(dir: &Path, name: &str, source: &str, description: &str, by: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let meta = serde_json::json!({"description": description, "saved_at": "2026-11-28T21:00:00Z", "saved_by": by});
+    std::fs::write(dir.join(format!("{name}.json")), meta.to_string()).unwrap();
+    std::fs::write(dir.join(format!("{name}.py")), source).unwrap();
+}
+
+const CLEAN: &str = "def clean_sales(rows):\n    \"\"\"Drop refunds.\"\"\"\n    return [r for r in rows if r['amount'] > 0]\n";
+
+/// The Python SDK client fixture with `--wait-change`, running: it has printed what it read and
+/// that it waits for a change. `target` is the bridge binary (stdio) or a `serve` URL.
+struct SdkSkills {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    err: std::path::PathBuf,
+}
+
+impl SdkSkills {
+    /// Start it; its first line (what it read) once it waits for a change.
+    async fn start(
+        home: &Home,
+        env: &[(&str, &str)],
+        mode: &str,
+        target: &str,
+        token: Option<&str>,
+    ) -> (SdkSkills, serde_json::Value) {
+        use tokio::io::AsyncBufReadExt;
+        let err = home.path().join(format!("client-{mode}.err"));
+        let mut cmd = tokio::process::Command::new(common::server_bin("mcp-python"));
+        cmd.arg(common::fixture("sdk_skills_client.py"))
+            .args([mode, target, "--wait-change"])
+            .env_clear()
+            .envs(home.env())
+            .envs(env.iter().copied())
+            .current_dir(home.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .kill_on_drop(true);
+        if let Some(t) = token {
+            cmd.args(["--token", t]);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut sdk = SdkSkills { child, lines, err };
+        let first = sdk.next().await;
+        assert_eq!(sdk.next().await["ready"], true);
+        (sdk, first)
+    }
+
+    async fn next(&mut self) -> serde_json::Value {
+        let err = || std::fs::read_to_string(&self.err).unwrap_or_default();
+        let line = tokio::time::timeout(std::time::Duration::from_secs(90), self.lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("no line from the client in 90 s: {}", err()))
+            .unwrap()
+            .unwrap_or_else(|| panic!("the client ended early: {}", err()));
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    }
+
+    /// Its last line (how it was told of a change, the listing after), and its end.
+    async fn told(mut self) -> serde_json::Value {
+        let last = self.next().await;
+        let status = self.child.wait().await.unwrap();
+        assert!(
+            status.success(),
+            "{}",
+            std::fs::read_to_string(&self.err).unwrap_or_default()
+        );
+        last
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// Over stdio, in the Python SDK's default mode (2026-07-28) and its legacy one (2025-11-25):
+/// the extension is declared with `resources.listChanged`; `skills/list` gives the one skill
+/// whose name maps (`clean_sales` as `clean-sales`; `_helper` is left out) with its frontmatter
+/// (who saved it, when, its sha256 under `metadata`) and its one file, whose digest and size are
+/// those of what `resources/read` returns (the source inside); `skills/get` gives the same entry
+/// and `-32602` for a skill not served; `resources/list` lists its SKILL.md. Then `skills rm`,
+/// run by another process, is told (a `notifications/resources/list_changed` in the session, or
+/// a `ResourcesListChanged` event of a `subscriptions/listen` stream) and the listing is empty.
+#[tokio::test(flavor = "multi_thread")]
+async fn saved_skills_are_mcp_skills_to_the_python_sdk_over_stdio_in_both_modes() {
+    for (mode, protocol) in [("auto", "2026-07-28"), ("legacy", "2025-11-25")] {
+        let home = Home::new();
+        let state = tempfile::tempdir().unwrap();
+        let store = state.path().join("skills");
+        put_skill(
+            &store,
+            "clean_sales",
+            CLEAN,
+            "Drop refunds.\n\nRows are dicts.",
+            "local/default (skills.save: allow)",
+        );
+        put_skill(
+            &store,
+            "_helper",
+            "def _helper():\n    return 1\n",
+            "Not served.",
+            "",
+        );
+        let state_env = state.path().display().to_string();
+        let env = [("MCP_BRIDGE_STATE_DIR", state_env.as_str())];
+        let (sdk, first) = SdkSkills::start(&home, &env, mode, common::BIN, None).await;
+        let (code, out, err) = cli(state.path(), &["skills", "rm", "clean_sales"]);
+        assert_eq!(code, 0, "{out}{err}");
+        let last = sdk.told().await;
+        assert_eq!(first["protocol"], protocol, "{first}");
+        assert_eq!(first["extension"], serde_json::json!({}), "{first}");
+        assert_eq!(first["resources"]["listChanged"], true, "{first}");
+        let skills = first["list"]["skills"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{first}"));
+        assert_eq!(skills.len(), 1, "only the mappable name is served: {first}");
+        let skill = &skills[0];
+        assert_eq!(skill["uri"], "skill://clean-sales/SKILL.md");
+        assert_eq!(skill["frontmatter"]["name"], "clean-sales");
+        assert_eq!(
+            skill["frontmatter"]["description"],
+            "Drop refunds.\n\nRows are dicts."
+        );
+        let meta = &skill["frontmatter"]["metadata"];
+        assert_eq!(meta["function"], "clean_sales", "{skill}");
+        assert_eq!(
+            meta["saved-by"], "local/default (skills.save: allow)",
+            "{skill}"
+        );
+        assert_eq!(meta["saved-at"], "2026-11-28T21:00:00Z", "{skill}");
+        assert_eq!(meta["sha256"], sha256_hex(CLEAN.as_bytes()), "{skill}");
+        let text = first["read"]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{first}"));
+        assert_eq!(first["read"]["mimeType"], "text/markdown");
+        assert!(
+            text.contains(CLEAN),
+            "the source is the skill's content: {text}"
+        );
+        assert_eq!(
+            skill["resources"],
+            serde_json::json!([{"uri": "skill://clean-sales/SKILL.md", "digest": format!("sha256:{}", sha256_hex(text.as_bytes())), "size": text.len()}])
+        );
+        assert_eq!(first["get"]["skill"], *skill, "{first}");
+        assert_eq!(first["get_unknown"]["error"]["code"], -32602, "{first}");
+        assert!(
+            first["get_unknown"]["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("No skill is served at skill://no-such-skill/SKILL.md"),
+            "{first}"
+        );
+        assert!(
+            first["resource_names"]
+                .as_array()
+                .unwrap()
+                .contains(&"clean-sales".into()),
+            "{first}"
+        );
+        // 2026-07-28 results carry their caching hints: this identity's, never fresh.
+        if protocol == "2026-07-28" {
+            assert_eq!(first["list"]["ttlMs"], 0, "{first}");
+            assert_eq!(first["list"]["cacheScope"], "private", "{first}");
+            assert_eq!(
+                last["honored"],
+                serde_json::json!({"resourcesListChanged": true}),
+                "{last}"
+            );
+            assert_eq!(last["told"], "ResourcesListChanged", "{last}");
+        } else {
+            assert_eq!(
+                last["told"], "notifications/resources/list_changed",
+                "{last}"
+            );
+        }
+        assert_eq!(
+            last["list"]["skills"],
+            serde_json::json!([]),
+            "removed: {last}"
+        );
+    }
+}
+
+/// Under `serve`, with two identities: each saves a skill from a session (`runtime.save_skill`,
+/// the real path), and each identity's client (the Python SDK, alice in the default mode on a
+/// `subscriptions/listen` stream, bob in legacy mode on his MCP session's stream) lists only
+/// its own; alice's `skills/get` and `resources/read` of bob's skill are `-32602` as for one
+/// never saved. `skills --identity alice rm` tells alice, whose listing is then empty; bob's
+/// removal tells bob (his listing after the notice is empty: he was not told of alice's).
+#[tokio::test(flavor = "multi_thread")]
+async fn under_serve_each_identity_sees_and_is_told_of_its_own_skills_only() {
+    const ALICE: &str = "alice-0123456789abcdef0123";
+    const BOB: &str = "bob-fedcba9876543210fedcba98";
+    let home = Home::new();
+    let tokens = home.path().join("tokens");
+    std::fs::write(&tokens, format!("alice:{ALICE}\nbob:{BOB}\n")).unwrap();
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let (tokens, state_env) = (
+        tokens.display().to_string(),
+        state.path().display().to_string(),
+    );
+    let env = [
+        ("MCP_BRIDGE_TOKEN_FILE", tokens.as_str()),
+        ("MCP_BRIDGE_STATE_DIR", state_env.as_str()),
+        ("MCP_BRIDGE_SKILLS_SAVE", "allow"),
+    ];
+    let served = common::served::Served::start(Home::new(), &env, &[]);
+    for (token, name) in [(ALICE, "alices_sum"), (BOB, "bobs_sum")] {
+        let client = served.client(Some(token)).await;
+        let code = format!(
+            "from mcp import runtime\ndef {name}(xs):\n    \"\"\"Sum xs.\"\"\"\n    return sum(xs)\nruntime.save_skill({name})"
+        );
+        let args = serde_json::json!({"code": code});
+        let out = client
+            .call_tool(
+                rmcp::model::CallToolRequestParams::new("run_python")
+                    .with_arguments(args.as_object().cloned().unwrap()),
+            )
+            .await
+            .unwrap();
+        let out = common::Outcome(out).ok();
+        assert!(out.text().contains("'replaced': False"), "{}", out.text());
+        client.cancel().await.unwrap();
+    }
+    let rm = |who: &str, name: &str| {
+        let (code, out, err) = cli(state.path(), &["skills", "--identity", who, "rm", name]);
+        assert_eq!(code, 0, "{out}{err}");
+    };
+    let (alice_home, bob_home) = (Home::new(), Home::new());
+    let (bob, b_first) = SdkSkills::start(&bob_home, &[], "legacy", &served.url, Some(BOB)).await;
+    let (alice, a_first) =
+        SdkSkills::start(&alice_home, &[], "auto", &served.url, Some(ALICE)).await;
+    rm("alice", "alices_sum");
+    let a_last = alice.told().await;
+    // Bob would have been told within a second or two of a change he can see: he is not told
+    // of alice's (had he been, his listing after the notice would still hold his skill).
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    rm("bob", "bobs_sum");
+    let b_last = bob.told().await;
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v["list"]["skills"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"))
+            .iter()
+            .map(|s| s["uri"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(&a_first),
+        ["skill://alices-sum/SKILL.md"],
+        "{a_first}"
+    );
+    assert_eq!(names(&b_first), ["skill://bobs-sum/SKILL.md"], "{b_first}");
+    let by = a_first["list"]["skills"][0]["frontmatter"]["metadata"]["saved-by"]
+        .as_str()
+        .unwrap();
+    assert!(by.starts_with("alice/"), "who saved it: {by}");
+    assert!(
+        !a_first["resource_uris"].to_string().contains("bobs-sum"),
+        "{a_first}"
+    );
+    assert_eq!(a_first["protocol"], "2026-07-28");
+    assert_eq!(b_first["protocol"], "2025-11-25");
+    assert_eq!(a_last["told"], "ResourcesListChanged", "{a_last}");
+    assert_eq!(
+        b_last["told"], "notifications/resources/list_changed",
+        "{b_last}"
+    );
+    assert_eq!(a_last["list"]["skills"], serde_json::json!([]), "{a_last}");
+    assert_eq!(
+        b_last["list"]["skills"],
+        serde_json::json!([]),
+        "bob was told of his own removal: {b_last}"
+    );
+
+    // Another identity's skill is as absent as one never saved (raw requests, rmcp's client).
+    let bob_client = served.client(Some(BOB)).await;
+    let code =
+        "from mcp import runtime\ndef bobs_other(x):\n    return x\nruntime.save_skill(bobs_other)";
+    let args = serde_json::json!({"code": code});
+    bob_client
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("run_python")
+                .with_arguments(args.as_object().cloned().unwrap()),
+        )
+        .await
+        .unwrap();
+    let alice_client = served.client(Some(ALICE)).await;
+    let err = alice_client
+        .get_skill(rmcp::model::GetSkillRequestParams::new(
+            "skill://bobs-other/SKILL.md",
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("-32602") || err.to_string().contains("No skill is served"),
+        "{err}"
+    );
+    let err = alice_client
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(
+            "skill://bobs-other/SKILL.md",
+        ))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("No skill is served"), "{err}");
+    let his = bob_client
+        .get_skill(rmcp::model::GetSkillRequestParams::new(
+            "skill://bobs-other/SKILL.md",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(his.skill.frontmatter.name, "bobs-other");
+}
+
+/// The TypeScript SDK's client (`@modelcontextprotocol/client`, which has no methods of the
+/// extension: raw `Client.request`s, tests/fixtures/ts_skills_client.mjs) over stdio in its
+/// default mode (2026-07-28) and legacy mode: the extension is declared, `skills/list` and
+/// `skills/get` give the same entry, whose digest is that of the `SKILL.md` `resources/read`
+/// returns, and a skill not served is `-32602`.
+#[tokio::test(flavor = "multi_thread")]
+async fn saved_skills_are_mcp_skills_to_the_typescript_sdk_over_stdio_in_both_modes() {
+    for (mode, protocol) in [("auto", "2026-07-28"), ("legacy", "2025-11-25")] {
+        let home = Home::new();
+        let state = tempfile::tempdir().unwrap();
+        put_skill(
+            &state.path().join("skills"),
+            "clean_sales",
+            CLEAN,
+            "Drop refunds.",
+            "local/default",
+        );
+        let out = tokio::process::Command::new(common::server_bin("node"))
+            .arg(common::fixture("ts_skills_client.mjs"))
+            .args([mode, common::BIN])
+            .env_clear()
+            .envs(home.env())
+            .env("MCP_BRIDGE_STATE_DIR", state.path())
+            .env("NODE_PATH", common::oidc::node_modules())
+            .current_dir(home.path())
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        assert_eq!(v["protocol"], protocol, "{v}");
+        assert_eq!(v["extension"], serde_json::json!({}), "{v}");
+        let skill = &v["list"]["skills"][0];
+        assert_eq!(skill["uri"], "skill://clean-sales/SKILL.md", "{v}");
+        assert_eq!(v["get"]["skill"], *skill, "{v}");
+        let text = v["read"].as_str().unwrap_or_else(|| panic!("{v}"));
+        assert!(text.contains(CLEAN), "{text}");
+        assert_eq!(
+            skill["resources"][0]["digest"],
+            format!("sha256:{}", sha256_hex(text.as_bytes()))
+        );
+        assert_eq!(v["get_unknown"]["error"]["code"], -32602, "{v}");
+    }
+}

@@ -36,12 +36,14 @@ impl ServerHandler for Bridge {
     /// The client has its answer to `initialize`: warm up in the background (engine, image,
     /// pool, the budget's tokenizer) while the model writes its first code, if the process
     /// start did not already (`run` does). Returns at once and fails nothing.
-    async fn on_initialized(&self, _context: rmcp::service::NotificationContext<RoleServer>) {
+    async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
         self.warm_up();
+        // The session's skills (SEP-2640): a change to them is a resource-list change.
+        self.watch_skills(context.peer, &Identity::of_request(&context.extensions));
     }
 
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().enable_logging().enable_tasks().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().enable_resources_list_changed().enable_logging().enable_tasks().enable_skills().build())
             .with_server_info(rmcp::model::Implementation::new("mcp-code-bridge", env!("CARGO_PKG_VERSION")))
             .with_instructions("Use run_python for code; discover MCP servers from inside it (see the tool description).")
     }
@@ -183,6 +185,7 @@ impl ServerHandler for Bridge {
             .with_description("What run_python offers and how to load MCP servers inside it")
             .with_mime_type("text/markdown");
         let mut all = vec![r];
+        all.extend(self.skill_resources(&identity).await);
         // The live sessions' files of /workspace/out, until their session is reset or closed.
         for (key, f) in self.sandbox.files().await {
             if *key.owner() != identity {
@@ -217,6 +220,10 @@ impl ServerHandler for Bridge {
             let key = SessionKey::new(Identity::of_request(&context.extensions), session);
             return self.read_file(&request.uri, &key, &name).await;
         }
+        let identity = Identity::of_request(&context.extensions);
+        if let Some(skill) = self.read_skill(&request.uri, &identity).await {
+            return skill;
+        }
         if request.uri != CAPABILITIES_URI {
             return Err(refused(
                 "resources/read",
@@ -232,6 +239,37 @@ impl ServerHandler for Bridge {
         let c = ResourceContents::text(self.capabilities_markdown(), CAPABILITIES_URI)
             .with_mime_type("text/markdown");
         Ok(ReadResourceResult::new(vec![c]).into())
+    }
+
+    async fn list_skills(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListSkillsResult, ErrorData> {
+        self.list_served_skills(request, &context).await
+    }
+
+    async fn get_skill(
+        &self,
+        request: rmcp::model::GetSkillRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetSkillResult, ErrorData> {
+        self.get_served_skill(&request.uri, &context).await
+    }
+
+    /// 2026-07-28 `subscriptions/listen`: resource-list changes, which the skills make.
+    fn accepted_subscription_filter(
+        &self,
+        _requested: &rmcp::model::SubscriptionFilter,
+    ) -> Option<rmcp::model::SubscriptionFilter> {
+        Some(super::published::subscription_filter())
+    }
+
+    async fn listen(
+        &self,
+        subscription: rmcp::service::SubscriptionContext,
+    ) -> Result<(), ErrorData> {
+        self.listen_skills(subscription).await
     }
 
     async fn set_level(

@@ -29,6 +29,7 @@ mod handler;
 pub mod legacy_tasks;
 mod link;
 pub mod progress;
+pub mod published;
 pub mod render;
 mod replies;
 mod rounds;

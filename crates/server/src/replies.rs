@@ -10,8 +10,7 @@ use rmcp::service::RequestContext;
 use super::TOOL_NAME;
 
 /// The methods this server answers, as its "method not found" replies list them.
-pub(super) const METHODS: &str =
-    "initialize, ping, tools/list, tools/call, resources/list, resources/read, logging/setLevel";
+pub(super) const METHODS: &str = "initialize, ping, tools/list, tools/call, resources/list, resources/read, skills/list, skills/get, subscriptions/listen, logging/setLevel";
 
 /// `-32601` for `method`, naming what the server implements instead.
 pub(super) fn not_implemented(method: &str) -> ErrorData {
