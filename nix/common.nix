@@ -885,6 +885,16 @@ rec {
         example = "https://bridge.example.com/mcp";
         description = "The `aud` a token must carry (`oauth.audience`): this server's URL as the issuer knows it.";
       };
+      otherIssuers = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [ "https://login.partner.example" ];
+        description = ''
+          Further authorization servers whose tokens are accepted (`oauth.other_issuers`), each
+          checked against its own metadata and keys; their identities are `sub@issuer` (those of
+          {option}`oauth.issuer` stay `sub`). Needs {option}`oauth.issuer`.
+        '';
+      };
     };
   };
 
@@ -893,7 +903,10 @@ rec {
     http:
     withDefaults (nonEmpty {
       inherit (http) listen;
-      oauth = nonEmpty { inherit (http.oauth) issuer audience; };
+      oauth = nonEmpty {
+        inherit (http.oauth) issuer audience;
+        other_issuers = http.oauth.otherIssuers;
+      };
     });
 
   # What the service is given from the effective settings: its listen address (null: the

@@ -696,6 +696,7 @@ let
               oauth = {
                 issuer = "https://auth.example.com";
                 audience = "https://bridge.example.com/mcp";
+                otherIssuers = [ "https://login.partner.example" ];
               };
               openFirewall = true;
             };
@@ -714,6 +715,7 @@ let
           oauth = {
             issuer = "https://auth.example.com";
             audience = "https://bridge.example.com/mcp";
+            other_issuers = [ "https://login.partner.example" ];
           };
           online = true;
           failed = [ ];

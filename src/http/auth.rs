@@ -1,5 +1,5 @@
 //! Who a request to `serve` is: a bearer token of `token_file` (its line's name), or an OAuth
-//! access token of `oauth.issuer` (its `sub`). Refusals carry what RFC 6750 and the MCP
+//! access token of `oauth.issuer` (its `sub`) or of one of `oauth.other_issuers` (`sub@issuer`). Refusals carry what RFC 6750 and the MCP
 //! authorization spec ask for: `WWW-Authenticate: Bearer`, with `resource_metadata` pointing at
 //! the Protected Resource Metadata (RFC 9728) when OAuth is on, and `error="invalid_token"`
 //! when a token was sent.
@@ -115,7 +115,7 @@ impl Auth {
         if let Some(v) = &self.verifier {
             parts.push(format!(
                 "OAuth access tokens of {} for {}",
-                v.issuer(),
+                v.issuers().join(", "),
                 v.audience()
             ));
         }
@@ -125,6 +125,15 @@ impl Auth {
     /// Whether OAuth is on (and so the Protected Resource Metadata is served).
     pub fn oauth_issuer(&self) -> Option<&str> {
         self.verifier.as_deref().map(Verifier::issuer)
+    }
+
+    /// Every trusted issuer, `oauth.issuer` first (empty when OAuth is off): the metadata's
+    /// `authorization_servers`.
+    pub fn oauth_issuers(&self) -> Vec<&str> {
+        self.verifier
+            .as_deref()
+            .map(Verifier::issuers)
+            .unwrap_or_default()
     }
 
     /// The resource URL of the metadata; `fallback` is the one derived from the request.
@@ -152,10 +161,19 @@ impl Auth {
             // A token of the file never looks like a JWT to the verifier (no dots): its
             // refusal says what a JWT failed, which is only worth saying when it was one.
             Some(v) if token.split('.').count() == 3 => match v.verify(token).await {
-                Ok(id) => Ok(id.subject),
+                Ok(id) => {
+                    tracing::debug!(
+                        identity = %id.name,
+                        issuer = %id.issuer,
+                        client = id.client.as_deref().unwrap_or("-"),
+                        metadata_document = id.client_is_metadata_document(),
+                        "OAuth access token accepted"
+                    );
+                    Ok(id.name)
+                }
                 Err(e) => Err(Refusal {
                     error: Some("invalid_token"),
-                    description: e.to_string(),
+                    description: e.message(),
                 }),
             },
             _ => Err(Refusal {

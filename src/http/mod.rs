@@ -244,9 +244,14 @@ async fn protected_resource_metadata(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
 ) -> Response {
-    let Some(issuer) = shared.auth.as_ref().and_then(Auth::oauth_issuer) else {
+    let issuers = shared
+        .auth
+        .as_ref()
+        .map(Auth::oauth_issuers)
+        .unwrap_or_default();
+    if issuers.is_empty() {
         return not_found().await;
-    };
+    }
     let resource = shared
         .auth
         .as_ref()
@@ -254,7 +259,7 @@ async fn protected_resource_metadata(
         .unwrap_or_default();
     axum::Json(json!({
         "resource": resource,
-        "authorization_servers": [issuer],
+        "authorization_servers": issuers,
         "bearer_methods_supported": ["header"],
         "resource_name": "mcp-code-bridge",
     }))

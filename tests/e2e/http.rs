@@ -579,6 +579,106 @@ async fn oauth_tokens_of_a_real_provider_are_accepted_or_refused() {
     assert!(body.contains("expired"), "{body}");
 }
 
+/// OAuth with two trusted providers through `serve`: the metadata lists both, the same `sub` of
+/// each is its own identity (its own interpreter), a Client ID Metadata Document client is let
+/// in, and a token claiming one issuer but signed with the other's key, or one of an untrusted
+/// issuer, gets a 401 whose challenge names the failed check and what to configure.
+#[tokio::test(flavor = "multi_thread")]
+async fn oauth_two_providers_through_serve() {
+    let first = common::oidc::Provider::start();
+    let second = common::oidc::Provider::start();
+    let third = common::oidc::Provider::start();
+    let port = common::oidc::free_port();
+    let audience = format!("http://127.0.0.1:{port}/mcp");
+    let served = Served::start(
+        Home::new(),
+        &[
+            ("MCP_BRIDGE_OAUTH_ISSUER", &first.issuer),
+            ("MCP_BRIDGE_OAUTH_OTHER_ISSUERS", &second.issuer),
+            ("MCP_BRIDGE_OAUTH_AUDIENCE", &audience),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ],
+        &["--listen", &format!("127.0.0.1:{port}")],
+    );
+    let prm: Value = reqwest::get(format!(
+        "{}/.well-known/oauth-protected-resource/mcp",
+        served.base()
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(
+        prm["authorization_servers"],
+        json!([first.issuer, second.issuer])
+    );
+
+    // alice of the second is not alice of the first: her interpreter is her own.
+    let alice2 = second.token("alice", &audience).await;
+    let theirs = served.client(Some(&alice2)).await;
+    let out = run(&theirs, json!({"code": "v = 'second'\nprint(v)"}))
+        .await
+        .ok();
+    assert_eq!(out.stdout().trim(), "second");
+    let alice1 = first.token("alice", &audience).await;
+    let ours = served.client(Some(&alice1)).await;
+    let seen = run(&ours, json!({"code": "print(globals().get('v'))"}))
+        .await
+        .ok();
+    assert_eq!(seen.stdout().trim(), "None");
+
+    // A Client ID Metadata Document client of the second.
+    let cimd = second.token(common::oidc::CIMD_CLIENT, &audience).await;
+    let (status, _, body) = post(
+        &served.url,
+        &[("authorization", &format!("Bearer {cimd}"))],
+        initialize(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    // Refused, each naming its check in the challenge: the first's key claiming the second ...
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let parts: Vec<&str> = alice1.split('.').collect();
+    let mut claims: Value = serde_json::from_slice(&b64.decode(parts[1]).unwrap()).unwrap();
+    claims["iss"] = second.issuer.clone().into();
+    let confused = format!(
+        "{}.{}.{}",
+        parts[0],
+        b64.encode(serde_json::to_vec(&claims).unwrap()),
+        parts[2]
+    );
+    // ... and a token of an issuer nobody configured.
+    let stranger = third.token("alice", &audience).await;
+    for (token, check, fix) in [
+        (
+            confused,
+            format!("claims issuer {} but is signed with key", second.issuer),
+            "keys of the issuer its iss names",
+        ),
+        (
+            stranger,
+            format!("issuer '{}' is not one this server trusts", third.issuer),
+            "oauth.other_issuers",
+        ),
+    ] {
+        let (status, h, body) = post(
+            &served.url,
+            &[("authorization", &format!("Bearer {token}"))],
+            initialize(),
+        )
+        .await;
+        assert_eq!(status, 401, "{body}");
+        let challenge = h["www-authenticate"].to_str().unwrap();
+        assert!(challenge.contains("error=\"invalid_token\""), "{challenge}");
+        assert!(challenge.contains(&check), "{challenge}");
+        assert!(challenge.contains(fix), "{challenge}");
+        assert!(challenge.contains("resource_metadata="), "{challenge}");
+    }
+}
+
 /// A task is its creator's: another identity's `tasks/get` and `tasks/cancel` of its id are
 /// refused as for an unknown task (and, in the 2025-11-25 form, `tasks/result`; `tasks/list`
 /// does not show it), and the task runs on to its result.

@@ -3,12 +3,16 @@
 //! of its own, issuing JWT access tokens by the client-credentials grant. A token it signed for
 //! our audience is accepted with its `sub` as the identity; an expired one, one for another
 //! audience, one of another provider, a tampered one and an `HS256` one are refused, each with
-//! its reason; discovery refuses an issuer its metadata does not name; and tokens naming
-//! made-up keys cost the provider at most one key set read.
+//! its reason; discovery refuses an issuer its metadata does not name (also by a trailing
+//! slash); tokens naming made-up keys cost the provider at most one key set read; and with two
+//! providers trusted, each one's tokens are checked with its own keys only and give identities
+//! of their own, a token claiming one issuer but signed with the other's key is refused as
+//! such, one of an untrusted third is refused naming the key to set, and a client whose
+//! client_id is a Client ID Metadata Document URL is accepted.
 
 use crate::common;
 
-use common::oidc::{Provider, free_port};
+use common::oidc::{CIMD_CLIENT, Provider, free_port};
 
 use std::time::Duration;
 
@@ -47,7 +51,10 @@ async fn tokens_of_a_real_provider_are_checked_claim_by_claim() {
 
     // Accepted: the identity is the token's subject (the client, for this grant).
     let alice = provider.token("alice", AUDIENCE).await;
-    assert_eq!(verifier.verify(&alice).await.unwrap().subject, "alice");
+    let id = verifier.verify(&alice).await.unwrap();
+    assert_eq!((id.subject.as_str(), id.name.as_str()), ("alice", "alice"));
+    assert_eq!(id.issuer, provider.issuer);
+    assert_eq!(id.client.as_deref(), Some("alice"));
     let bob = provider.token("bob", AUDIENCE).await;
     assert_eq!(verifier.verify(&bob).await.unwrap().subject, "bob");
 
@@ -58,15 +65,25 @@ async fn tokens_of_a_real_provider_are_checked_claim_by_claim() {
         Err(TokenError::WrongAudience(AUDIENCE.into()))
     );
 
-    // Another provider, whose key this issuer does not publish.
+    // Another provider, not configured: refused by its iss before any key is looked at.
     let foreign = other.token("alice", AUDIENCE).await;
+    assert_eq!(
+        verifier.verify(&foreign).await,
+        Err(TokenError::UntrustedIssuer {
+            found: other.issuer.clone(),
+            trusted: provider.issuer.clone()
+        })
+    );
+    // ... and claiming this issuer, with the other's key: a key this issuer does not publish.
+    let mut claims = claims_of(&foreign);
+    claims["iss"] = provider.issuer.clone().into();
     assert!(
         matches!(
-            verifier.verify(&foreign).await,
-            Err(TokenError::UnknownKey(_))
+            verifier.verify(&with_claims(&foreign, &claims)).await,
+            Err(TokenError::UnknownKey { ref issuer, .. }) if *issuer == provider.issuer
         ),
         "{:?}",
-        verifier.verify(&foreign).await
+        verifier.verify(&with_claims(&foreign, &claims)).await
     );
 
     // Tampered: alice's token claiming to be bob's.
@@ -74,7 +91,7 @@ async fn tokens_of_a_real_provider_are_checked_claim_by_claim() {
     claims["sub"] = "bob".into();
     assert_eq!(
         verifier.verify(&with_claims(&alice, &claims)).await,
-        Err(TokenError::BadSignature)
+        Err(TokenError::BadSignature(provider.issuer.clone()))
     );
 
     // HS256 "signed" with a published key as the secret, and `none`: refused before any key.
@@ -114,7 +131,7 @@ async fn tokens_of_a_real_provider_are_checked_claim_by_claim() {
         let forged = format!("{header}.{payload}.c2lnbmF0dXJl");
         assert!(matches!(
             verifier.verify(&forged).await,
-            Err(TokenError::UnknownKey(_))
+            Err(TokenError::UnknownKey { .. })
         ));
     }
     let reads = provider.jwks_hits().await - before;
@@ -131,6 +148,7 @@ async fn discovery_refuses_an_issuer_its_metadata_does_not_name() {
     let err = Verifier::discover(&OAuthConfig {
         issuer: Some(renamed),
         audience: Some(AUDIENCE.into()),
+        ..OAuthConfig::default()
     })
     .await
     .err()
@@ -142,10 +160,37 @@ async fn discovery_refuses_an_issuer_its_metadata_does_not_name() {
             .text()
             .contains("character for character")
     );
+    // Identical means identical: a trailing slash the metadata does not have is refused too.
+    let err = Verifier::discover(&OAuthConfig {
+        issuer: Some(format!("{}/", provider.issuer)),
+        audience: Some(AUDIENCE.into()),
+        ..OAuthConfig::default()
+    })
+    .await
+    .err()
+    .expect("an issuer with a trailing slash its metadata lacks is refused");
+    assert!(
+        matches!(&err, OAuthError::IssuerMismatch { found, .. } if *found == provider.issuer),
+        "{err}"
+    );
+    // The same among other_issuers: the first is fine, the second's metadata names another.
+    let other = Provider::start();
+    let mut config = provider.config(AUDIENCE);
+    config.other_issuers.0 = vec![other.issuer.replace("127.0.0.1", "localhost")];
+    let err = Verifier::discover(&config)
+        .await
+        .err()
+        .expect("an other issuer its metadata does not name is refused");
+    assert!(
+        matches!(&err, OAuthError::IssuerMismatch { found, .. } if *found == other.issuer),
+        "{err}"
+    );
+    assert!(err.hint().unwrap().text().contains("oauth.other_issuers"));
     // Nothing listens there.
     let err = Verifier::discover(&OAuthConfig {
         issuer: Some(format!("http://127.0.0.1:{}", free_port())),
         audience: Some(AUDIENCE.into()),
+        ..OAuthConfig::default()
     })
     .await
     .err()
@@ -156,4 +201,80 @@ async fn discovery_refuses_an_issuer_its_metadata_does_not_name() {
             .contains("/.well-known/oauth-authorization-server"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_providers_each_with_its_own_keys_and_identities() {
+    let first = Provider::start();
+    let second = Provider::start();
+    let third = Provider::start();
+    let verifier = Verifier::discover(&first.config_with(AUDIENCE, &[&second]))
+        .await
+        .expect("discovery of both providers")
+        .with_leeway(Duration::ZERO);
+    assert_eq!(
+        verifier.issuers(),
+        [first.issuer.as_str(), second.issuer.as_str()]
+    );
+
+    // Both accepted; the same sub of the two is two identities, the first's unchanged.
+    let alice1 = first.token("alice", AUDIENCE).await;
+    let alice2 = second.token("alice", AUDIENCE).await;
+    let one = verifier.verify(&alice1).await.unwrap();
+    let two = verifier.verify(&alice2).await.unwrap();
+    assert_eq!(
+        (one.subject.as_str(), one.name.as_str()),
+        ("alice", "alice")
+    );
+    assert_eq!(two.subject, "alice");
+    assert_eq!(two.name, format!("alice@{}", second.issuer));
+    assert_eq!(two.issuer, second.issuer);
+    assert_ne!(one.name, two.name);
+
+    // Key confusion: signed with the first's key, claiming the second: refused as such,
+    // whichever way round.
+    for (token, signer, claimed) in [(&alice1, &first, &second), (&alice2, &second, &first)] {
+        let mut claims = claims_of(token);
+        claims["iss"] = claimed.issuer.clone().into();
+        let err = verifier
+            .verify(&with_claims(token, &claims))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, TokenError::KeyOfAnotherIssuer { claimed: c, signer: s, .. }
+                if *c == claimed.issuer && *s == signer.issuer),
+            "{err:?}"
+        );
+        assert!(
+            err.message().contains("keys of the issuer its iss names"),
+            "{}",
+            err.message()
+        );
+    }
+
+    // An untrusted third provider: refused by its iss, naming the key that would trust it.
+    let stranger = third.token("alice", AUDIENCE).await;
+    let err = verifier.verify(&stranger).await.unwrap_err();
+    assert!(
+        matches!(&err, TokenError::UntrustedIssuer { found, .. } if *found == third.issuer),
+        "{err:?}"
+    );
+    assert!(
+        err.message().contains("oauth.other_issuers"),
+        "{}",
+        err.message()
+    );
+
+    // A Client ID Metadata Document client (its client_id an https URL): accepted, of either.
+    for (provider, name) in [
+        (&first, CIMD_CLIENT.to_string()),
+        (&second, format!("{CIMD_CLIENT}@{}", second.issuer)),
+    ] {
+        let token = provider.token(CIMD_CLIENT, AUDIENCE).await;
+        assert_eq!(claims_of(&token)["client_id"], CIMD_CLIENT);
+        let id = verifier.verify(&token).await.unwrap();
+        assert_eq!(id.client.as_deref(), Some(CIMD_CLIENT));
+        assert!(id.client_is_metadata_document());
+        assert_eq!(id.name, name);
+    }
 }

@@ -1,11 +1,15 @@
 //! A real OpenID provider for the tests: npm's certified `oidc-provider`
 //! (tests/fixtures/oidc/provider.mjs), started on a loopback port with keys of its own, issuing
-//! JWT access tokens by the client-credentials grant (clients `alice` and `bob`).
+//! JWT access tokens by the client-credentials grant (clients `alice`, `bob`, `carol` and
+//! [`CIMD_CLIENT`]).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use mcp_code_bridge::config::OAuthConfig;
+
+/// The fixture's client whose `client_id` is a Client ID Metadata Document URL.
+pub const CIMD_CLIENT: &str = "https://client.test/mcp/client-metadata.json";
 
 /// A running provider; killed when dropped.
 pub struct Provider {
@@ -80,9 +84,14 @@ impl Provider {
 
     /// An access token of `client` for `resource` (client-credentials grant).
     pub async fn token(&self, client: &str, resource: &str) -> String {
+        let enc = |s: &str| {
+            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+        };
         let body = format!(
-            "grant_type=client_credentials&client_id={client}&client_secret={client}-secret&scope=mcp&resource={}",
-            percent_encoding::utf8_percent_encode(resource, percent_encoding::NON_ALPHANUMERIC)
+            "grant_type=client_credentials&client_id={}&client_secret={}&scope=mcp&resource={}",
+            enc(client),
+            enc(&format!("{client}-secret")),
+            enc(resource)
         );
         let resp = reqwest::Client::new()
             .post(format!("{}/token", self.issuer))
@@ -111,6 +120,14 @@ impl Provider {
         OAuthConfig {
             issuer: Some(self.issuer.clone()),
             audience: Some(audience.into()),
+            ..OAuthConfig::default()
         }
+    }
+
+    /// This provider's config with `others` as `oauth.other_issuers`.
+    pub fn config_with(&self, audience: &str, others: &[&Provider]) -> OAuthConfig {
+        let mut config = self.config(audience);
+        config.other_issuers.0 = others.iter().map(|p| p.issuer.clone()).collect();
+        config
     }
 }

@@ -388,6 +388,10 @@ pub const KEYS: &[Key] = &[
         name: "oauth.audience",
         doc: "serve: the aud a token must carry (this server's resource URL as the issuer knows it); required with oauth.issuer.",
     },
+    Key {
+        name: "oauth.other_issuers",
+        doc: "serve: further authorization servers whose tokens are accepted, each with its own metadata and keys; their identities are sub@issuer.",
+    },
 ];
 
 pub const DEFAULT_IMAGE: &str = "mcp-code-bridge-sandbox:latest";

@@ -1,9 +1,10 @@
-//! The `[oauth]` section: the authorization server whose access tokens `serve` accepts, as an
+//! The `[oauth]` section: the authorization servers whose access tokens `serve` accepts, as an
 //! OAuth 2.1 resource server (the MCP authorization spec). The verification itself is
 //! `crate::oauth`; this is only its settings and their load-time checks.
 
 use serde::{Deserialize, Serialize};
 
+use super::http::Names;
 use super::values::empty_as_none;
 
 /// `[oauth]`: off while `issuer` is unset.
@@ -16,12 +17,26 @@ pub struct OAuthConfig {
     /// The `aud` a token must carry: this server's resource URL as the issuer knows it.
     #[serde(default, deserialize_with = "empty_as_none")]
     pub audience: Option<String>,
+    /// Further authorization servers whose tokens are accepted, each checked against its own
+    /// metadata and keys; their identities are `sub@issuer` (those of `issuer` stay `sub`).
+    #[serde(default)]
+    pub other_issuers: Names,
 }
 
 impl OAuthConfig {
     /// Whether tokens of an issuer are accepted at all.
     pub fn enabled(&self) -> bool {
         self.issuer.is_some()
+    }
+
+    /// Every trusted issuer: `issuer` first, then `other_issuers` (empty entries skipped).
+    pub fn issuers(&self) -> Vec<String> {
+        self.issuer
+            .iter()
+            .chain(self.other_issuers.0.iter())
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
     }
 
     /// Range checks, as `Config::validate` reports them: the key at fault and why. The issuer
@@ -36,29 +51,37 @@ impl OAuthConfig {
                     "is set but oauth.issuer is not; set the issuer whose tokens carry it".into(),
                 ));
             }
+            if self.other_issuers.0.iter().any(|s| !s.trim().is_empty()) {
+                return Err((
+                    "oauth.other_issuers",
+                    "is set but oauth.issuer is not; set oauth.issuer to the first (its identities are plain sub)".into(),
+                ));
+            }
             return Ok(());
         };
-        let url = match url::Url::parse(issuer) {
-            Ok(u) => u,
-            Err(e) => return Err(("oauth.issuer", format!("{issuer:?} is not a URL: {e}"))),
-        };
-        let loopback = match url.host() {
-            Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-            Some(url::Host::Ipv4(a)) => a.is_loopback(),
-            Some(url::Host::Ipv6(a)) => a.is_loopback(),
-            None => false,
-        };
-        if url.scheme() != "https" && !(url.scheme() == "http" && loopback) {
-            return Err((
-                "oauth.issuer",
-                format!("{issuer:?} must be an https URL (plain http only on a loopback host)"),
-            ));
-        }
-        if url.query().is_some() || url.fragment().is_some() {
-            return Err((
-                "oauth.issuer",
-                format!("{issuer:?} must have no query or fragment (RFC 8414)"),
-            ));
+        check_issuer("oauth.issuer", issuer)?;
+        let mut seen = vec![issuer.trim()];
+        for other in self.other_issuers.0.iter().map(|s| s.trim()) {
+            if other.is_empty() {
+                continue;
+            }
+            check_issuer("oauth.other_issuers", other)?;
+            // `sub@issuer` must name one issuer only: the issuer is what follows the last `@`.
+            if other.contains('@') {
+                return Err((
+                    "oauth.other_issuers",
+                    format!(
+                        "{other:?} must not contain `@` (identities of its tokens are sub@issuer)"
+                    ),
+                ));
+            }
+            if seen.contains(&other) {
+                return Err((
+                    "oauth.other_issuers",
+                    format!("{other:?} is listed twice (or is oauth.issuer)"),
+                ));
+            }
+            seen.push(other);
         }
         if self.audience.as_deref().is_none_or(|a| a.trim().is_empty()) {
             return Err((
@@ -70,6 +93,34 @@ impl OAuthConfig {
     }
 }
 
+/// An issuer identifier as RFC 8414 §2 has it: an https URL (plain http only on a loopback
+/// host, for a test or a local provider) without query or fragment.
+fn check_issuer(key: &'static str, issuer: &str) -> Result<(), (&'static str, String)> {
+    let url = match url::Url::parse(issuer) {
+        Ok(u) => u,
+        Err(e) => return Err((key, format!("{issuer:?} is not a URL: {e}"))),
+    };
+    let loopback = match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+        None => false,
+    };
+    if url.scheme() != "https" && !(url.scheme() == "http" && loopback) {
+        return Err((
+            key,
+            format!("{issuer:?} must be an https URL (plain http only on a loopback host)"),
+        ));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err((
+            key,
+            format!("{issuer:?} must have no query or fragment (RFC 8414)"),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,6 +129,7 @@ mod tests {
         OAuthConfig {
             issuer: issuer.map(Into::into),
             audience: audience.map(Into::into),
+            other_issuers: Names::default(),
         }
         .check()
         .map_err(|(k, _)| k)
@@ -105,6 +157,46 @@ mod tests {
         assert_eq!(
             check(Some("https://id.example/?a=b"), Some("x")),
             Err("oauth.issuer")
+        );
+    }
+
+    #[test]
+    fn other_issuers_are_checked_like_the_first() {
+        let check = |others: &[&str]| {
+            OAuthConfig {
+                issuer: Some("https://a.example".into()),
+                audience: Some("https://bridge.example/mcp".into()),
+                other_issuers: Names(others.iter().map(|s| s.to_string()).collect()),
+            }
+            .check()
+        };
+        assert_eq!(
+            check(&["https://b.example", "http://127.0.0.1:9000"]),
+            Ok(())
+        );
+        for bad in [
+            &["http://b.example"][..],
+            &["https://b.example/#x"],
+            &["https://user@b.example"],
+            &["https://a.example"],
+            &["https://b.example", "https://b.example"],
+        ] {
+            let (key, why) = check(bad).unwrap_err();
+            assert_eq!(key, "oauth.other_issuers", "{bad:?}: {why}");
+        }
+        let only_others = OAuthConfig {
+            other_issuers: Names(vec!["https://b.example".into()]),
+            ..OAuthConfig::default()
+        };
+        assert_eq!(only_others.check().unwrap_err().0, "oauth.other_issuers");
+        assert_eq!(
+            OAuthConfig {
+                issuer: Some("https://a.example".into()),
+                other_issuers: Names(vec!["https://b.example".into(), " ".into()]),
+                ..OAuthConfig::default()
+            }
+            .issuers(),
+            ["https://a.example", "https://b.example"]
         );
     }
 }
