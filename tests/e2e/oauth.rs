@@ -278,3 +278,111 @@ async fn two_providers_each_with_its_own_keys_and_identities() {
         assert_eq!(id.name, name);
     }
 }
+
+/// One client fixture's JSON line (the command is run to its end, its stderr shown on failure).
+async fn fixture_json(command: &mut tokio::process::Command) -> serde_json::Value {
+    let out = command.output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// The official SDKs find their way in on their own, as the 2026-07-28 authorization flow has a
+/// client do: no token given, only client credentials and the issuer they belong to. The Python
+/// SDK's `ClientCredentialsOAuthProvider` and the TypeScript SDK's `ClientCredentialsProvider`
+/// meet `serve`'s 401, follow its challenge to the Protected Resource Metadata, the provider's
+/// metadata and token endpoint (asking for this resource), and call `run_python` with the token
+/// they got, each in its default mode (2026-07-28) and in the legacy one (2025-11-25). The
+/// identity is the token's subject whatever the client: alice's variable, set through Python, is
+/// hers through TypeScript and not bob's. The Inspector CLI, which has no OAuth flow of its own,
+/// is let in with a token of the provider as a header.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sdks_get_their_own_tokens_by_the_servers_metadata_in_both_modes() {
+    use common::served::Served;
+
+    let provider = Provider::start();
+    let port = free_port();
+    let audience = format!("http://127.0.0.1:{port}/mcp");
+    let served = Served::start(
+        common::Home::new(),
+        &[
+            ("MCP_BRIDGE_OAUTH_ISSUER", &provider.issuer),
+            ("MCP_BRIDGE_OAUTH_AUDIENCE", &audience),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ],
+        &["--listen", &format!("127.0.0.1:{port}")],
+    );
+    let flow = vec![
+        format!("GET 127.0.0.1:{port}/.well-known/oauth-protected-resource/mcp"),
+        format!(
+            "GET {}/.well-known/oauth-authorization-server",
+            provider.issuer.trim_start_matches("http://")
+        ),
+        format!("POST {}/token", provider.issuer.trim_start_matches("http://")),
+    ];
+    let python = |mode: &str, client: &str, code: &str| {
+        let mut c = tokio::process::Command::new(common::server_bin("mcp-python"));
+        c.arg(common::fixture("sdk_oauth_client.py")).args([
+            mode,
+            &served.url,
+            &provider.issuer,
+            client,
+            &format!("{client}-secret"),
+            code,
+        ]);
+        c
+    };
+    let typescript = |mode: &str, client: &str, code: &str| {
+        let mut c = tokio::process::Command::new(common::server_bin("node"));
+        c.arg(common::fixture("ts_oauth_client.mjs"))
+            .args([
+                mode,
+                &served.url,
+                &provider.issuer,
+                client,
+                &format!("{client}-secret"),
+                code,
+            ])
+            .env("NODE_PATH", common::oidc::node_modules());
+        c
+    };
+
+    for (mode, protocol) in [("auto", "2026-07-28"), ("legacy", "2025-11-25")] {
+        let set = fixture_json(&mut python(mode, "alice", "v = 'alice'\nprint(v)")).await;
+        assert_eq!(set["protocol"], protocol, "{set}");
+        assert_eq!(set["is_error"], false, "{set}");
+        assert_eq!(set["structured"]["stdout"], "alice\n", "{set}");
+        assert_eq!(set["requests"], serde_json::json!(flow), "{set}");
+        let read = "print(globals().get('v'))";
+        let hers = fixture_json(&mut typescript(mode, "alice", read)).await;
+        assert_eq!(hers["protocol"], protocol, "{hers}");
+        assert_eq!(hers["requests"], serde_json::json!(flow), "{hers}");
+        let bobs = fixture_json(&mut typescript(mode, "bob", read)).await;
+        assert_eq!(bobs["structured"]["stdout"], "None\n", "{bobs}");
+        if mode == "auto" {
+            // Under 2026-07-28 a connection's calls go to the identity's `default` session.
+            assert_eq!(hers["structured"]["stdout"], "alice\n", "{hers}");
+        }
+    }
+
+    // The Inspector CLI with a token of the provider.
+    let token = provider.token("alice", &audience).await;
+    let scratch = tempfile::tempdir().unwrap();
+    let inspector = fixture_json(
+        tokio::process::Command::new(common::server_bin("mcp-inspector"))
+            .args(["--cli", &served.url, "--method", "tools/call"])
+            .args(["--tool-name", "run_python", "--tool-arg", "code=print(6 * 7)"])
+            .args(["--header", &format!("Authorization: Bearer {token}")])
+            .env("HOME", scratch.path()),
+    )
+    .await;
+    assert_eq!(
+        common::structured(&inspector)["stdout"],
+        "42\n",
+        "{inspector}"
+    );
+}

@@ -406,21 +406,32 @@ impl SdkSkills {
         target: &str,
         token: Option<&str>,
     ) -> (SdkSkills, serde_json::Value) {
-        use tokio::io::AsyncBufReadExt;
-        let err = home.path().join(format!("client-{mode}.err"));
         let mut cmd = tokio::process::Command::new(common::server_bin("mcp-python"));
         cmd.arg(common::fixture("sdk_skills_client.py"))
-            .args([mode, target, "--wait-change"])
-            .env_clear()
+            .args([mode, target, "--wait-change"]);
+        if let Some(t) = token {
+            cmd.args(["--token", t]);
+        }
+        SdkSkills::spawn(cmd, home, env, mode).await
+    }
+
+    /// Run `cmd` (a client fixture given `--wait-change`) in `home` with `env`; its first line
+    /// once it says it waits.
+    async fn spawn(
+        mut cmd: tokio::process::Command,
+        home: &Home,
+        env: &[(&str, &str)],
+        mode: &str,
+    ) -> (SdkSkills, serde_json::Value) {
+        use tokio::io::AsyncBufReadExt;
+        let err = home.path().join(format!("client-{mode}.err"));
+        cmd.env_clear()
             .envs(home.env())
             .envs(env.iter().copied())
             .current_dir(home.path())
             .stdout(std::process::Stdio::piped())
             .stderr(std::fs::File::create(&err).unwrap())
             .kill_on_drop(true);
-        if let Some(t) = token {
-            cmd.args(["--token", t]);
-        }
         let mut child = cmd.spawn().unwrap();
         let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
         let mut sdk = SdkSkills { child, lines, err };
@@ -701,7 +712,10 @@ async fn under_serve_each_identity_sees_and_is_told_of_its_own_skills_only() {
 /// extension: raw `Client.request`s, tests/fixtures/ts_skills_client.mjs) over stdio in its
 /// default mode (2026-07-28) and legacy mode: the extension is declared, `skills/list` and
 /// `skills/get` give the same entry, whose digest is that of the `SKILL.md` `resources/read`
-/// returns, and a skill not served is `-32602`.
+/// returns, and a skill not served is `-32602`. Then `skills rm`, run by another process, reaches
+/// the SDK's own `listChanged.resources` handler (legacy: the notification; 2026-07-28: the
+/// `subscriptions/listen` stream the SDK opens), whose refetched list no longer has the SKILL.md,
+/// and the listing is empty.
 #[tokio::test(flavor = "multi_thread")]
 async fn saved_skills_are_mcp_skills_to_the_typescript_sdk_over_stdio_in_both_modes() {
     for (mode, protocol) in [("auto", "2026-07-28"), ("legacy", "2025-11-25")] {
@@ -714,25 +728,16 @@ async fn saved_skills_are_mcp_skills_to_the_typescript_sdk_over_stdio_in_both_mo
             "Drop refunds.",
             "local/default",
         );
-        let out = tokio::process::Command::new(common::server_bin("node"))
-            .arg(common::fixture("ts_skills_client.mjs"))
-            .args([mode, common::BIN])
-            .env_clear()
-            .envs(home.env())
-            .env("MCP_BRIDGE_STATE_DIR", state.path())
-            .env("NODE_PATH", common::oidc::node_modules())
-            .current_dir(home.path())
-            .output()
-            .await
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{mode}: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value =
-            serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        let mut cmd = tokio::process::Command::new(common::server_bin("node"));
+        cmd.arg(common::fixture("ts_skills_client.mjs"))
+            .args([mode, common::BIN, "--wait-change"]);
+        let state_env = state.path().display().to_string();
+        let node_path = common::oidc::node_modules().display().to_string();
+        let env = [
+            ("MCP_BRIDGE_STATE_DIR", state_env.as_str()),
+            ("NODE_PATH", node_path.as_str()),
+        ];
+        let (sdk, v) = SdkSkills::spawn(cmd, &home, &env, mode).await;
         assert_eq!(v["protocol"], protocol, "{v}");
         assert_eq!(v["extension"], serde_json::json!({}), "{v}");
         let skill = &v["list"]["skills"][0];
@@ -745,5 +750,18 @@ async fn saved_skills_are_mcp_skills_to_the_typescript_sdk_over_stdio_in_both_mo
             format!("sha256:{}", sha256_hex(text.as_bytes()))
         );
         assert_eq!(v["get_unknown"]["error"]["code"], -32602, "{v}");
+
+        let (code, out, err) = cli(state.path(), &["skills", "rm", "clean_sales"]);
+        assert_eq!(code, 0, "{out}{err}");
+        let last = sdk.told().await;
+        let refetched = last["resources"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{last}"));
+        assert!(!refetched.is_empty(), "{last}");
+        assert!(
+            !refetched.contains(&"skill://clean-sales/SKILL.md".into()),
+            "{last}"
+        );
+        assert_eq!(last["list"]["skills"], serde_json::json!([]), "{last}");
     }
 }

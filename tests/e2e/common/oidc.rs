@@ -87,15 +87,21 @@ impl Provider {
         let enc = |s: &str| {
             percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
         };
-        let body = format!(
-            "grant_type=client_credentials&client_id={}&client_secret={}&scope=mcp&resource={}",
+        // client_secret_basic: the form-encoded id and secret, base64'd (RFC 6749 2.3.1).
+        use base64::Engine as _;
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!(
+            "{}:{}",
             enc(client),
-            enc(&format!("{client}-secret")),
+            enc(&format!("{client}-secret"))
+        ));
+        let body = format!(
+            "grant_type=client_credentials&scope=mcp&resource={}",
             enc(resource)
         );
         let resp = reqwest::Client::new()
             .post(format!("{}/token", self.issuer))
             .header("content-type", "application/x-www-form-urlencoded")
+            .header("authorization", format!("Basic {basic}"))
             .body(body)
             .send()
             .await
