@@ -322,7 +322,10 @@ async fn the_sdks_get_their_own_tokens_by_the_servers_metadata_in_both_modes() {
             "GET {}/.well-known/oauth-authorization-server",
             provider.issuer.trim_start_matches("http://")
         ),
-        format!("POST {}/token", provider.issuer.trim_start_matches("http://")),
+        format!(
+            "POST {}/token",
+            provider.issuer.trim_start_matches("http://")
+        ),
     ];
     let python = |mode: &str, client: &str, code: &str| {
         let mut c = tokio::process::Command::new(common::server_bin("mcp-python"));
@@ -375,7 +378,12 @@ async fn the_sdks_get_their_own_tokens_by_the_servers_metadata_in_both_modes() {
     let inspector = fixture_json(
         tokio::process::Command::new(common::server_bin("mcp-inspector"))
             .args(["--cli", &served.url, "--method", "tools/call"])
-            .args(["--tool-name", "run_python", "--tool-arg", "code=print(6 * 7)"])
+            .args([
+                "--tool-name",
+                "run_python",
+                "--tool-arg",
+                "code=print(6 * 7)",
+            ])
             .args(["--header", &format!("Authorization: Bearer {token}")])
             .env("HOME", scratch.path()),
     )

@@ -765,3 +765,80 @@ async fn saved_skills_are_mcp_skills_to_the_typescript_sdk_over_stdio_in_both_mo
         assert_eq!(last["list"]["skills"], serde_json::json!([]), "{last}");
     }
 }
+
+/// The Inspector CLI's SEP-2640 checks (`--verify`: the frontmatter's conformance, and each
+/// file's digest and size against what `resources/read` returns) pass over what the bridge
+/// serves, by `skills/list` and by `skills/get`, in its 2026-07-28 era and the legacy one.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_inspector_verifies_the_served_skills_in_both_eras() {
+    let home = Home::new();
+    let state = tempfile::tempdir().unwrap();
+    let store = state.path().join("skills");
+    put_skill(
+        &store,
+        "clean_sales",
+        CLEAN,
+        "Drop refunds.\n\nRows are dicts.",
+        "local/default",
+    );
+    put_skill(
+        &store,
+        "monthly_totals",
+        "def monthly_totals(rows):\n    return {}\n",
+        "Totals by month: a description with \"quotes\", a colon: and --- dashes.",
+        "alice (skills.save: ask, allowed)",
+    );
+    for era in ["modern", "legacy"] {
+        for method in [
+            &["--method", "skills/list"][..],
+            &[
+                "--method",
+                "skills/get",
+                "--uri",
+                "skill://monthly-totals/SKILL.md",
+            ],
+        ] {
+            let scratch = tempfile::tempdir().unwrap();
+            let mut env = vec![format!("MCP_BRIDGE_STATE_DIR={}", state.path().display())];
+            env.extend(home.env().into_iter().map(|(k, v)| format!("{k}={v}")));
+            let mut cmd = std::process::Command::new(common::server_bin("mcp-inspector"));
+            cmd.args(["--cli", common::BIN, "run", "-q", "--protocol-era", era])
+                .args(["--format", "json", "--verify", "--require-digests"])
+                .args(method)
+                .env("HOME", scratch.path());
+            for e in &env {
+                cmd.args(["-e", e]);
+            }
+            let out = cmd.output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let what = format!("{era} {method:?}");
+            assert!(
+                out.status.success(),
+                "{what}: exit {:?}: {stdout}{}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let reports: Vec<serde_json::Value> = stdout
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+                .collect();
+            let names: Vec<&str> = reports
+                .iter()
+                .map(|r| r["name"].as_str().unwrap())
+                .collect();
+            let want: &[&str] = if method[1] == "skills/list" {
+                &["clean-sales", "monthly-totals"]
+            } else {
+                &["monthly-totals"]
+            };
+            assert_eq!(names, want, "{what}: {stdout}");
+            for r in &reports {
+                assert_eq!(r["outcome"], "verified", "{what}: {r}");
+                assert_eq!(r["conformance"], serde_json::json!([]), "{what}: {r}");
+                let file = &r["files"][0];
+                assert_eq!(file["status"], "verified", "{what}: {r}");
+                assert_eq!(file["actualDigest"], file["expectedDigest"], "{what}: {r}");
+            }
+        }
+    }
+}

@@ -334,6 +334,10 @@ async fn with_otel_content_the_code_and_output_are_on_the_span_and_service_name_
     bridge.shutdown().await;
 }
 
+/// Over `serve` with two identities: the Python SDK's `Client` and the TypeScript SDK's client,
+/// each in its default mode (2026-07-28) and legacy mode, and the Inspector CLI in both eras,
+/// send the parent in the call's `_meta`; each call is its own trace under that parent, with
+/// its caller's identity; an approval is a span of the proxied call that asked.
 #[tokio::test(flavor = "multi_thread")]
 async fn over_serve_each_identitys_call_is_its_trace_and_the_sdks_send_the_parent_in_both_modes() {
     let receiver = Receiver::start(&[]);
@@ -428,6 +432,49 @@ async fn over_serve_each_identitys_call_is_its_trace_and_the_sdks_send_the_paren
     assert_eq!(a["gen_ai.tool.name"], "convert_time", "{a}");
     assert!(!carried(&spans).contains("Asia/Tokyo"), "{spans:#?}");
 
+    // The Inspector CLI sends the parent as the call's `_meta` (`--tool-metadata`), in its
+    // 2026-07-28 era and the legacy one.
+    for (era, trace) in [
+        ("modern", "66666666666666666666666666666666"),
+        ("legacy", "77777777777777777777777777777777"),
+    ] {
+        let scratch = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new(server_bin("mcp-inspector"))
+            .args([
+                "--cli",
+                &served.url,
+                "--protocol-era",
+                era,
+                "--format",
+                "json",
+            ])
+            .args(["--method", "tools/call", "--tool-name", "run_python"])
+            .args(["--tool-arg", "code=print('OK')"])
+            .args(["--header", &format!("Authorization: Bearer {BOB}")])
+            .args([
+                "--tool-metadata",
+                &format!("traceparent=00-{trace}-{CLIENT_SPAN}-01"),
+            ])
+            .env("HOME", scratch.path())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{era}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value =
+            serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        assert_eq!(result_meta(&v["result"])["trace_id"], trace, "{era}: {v}");
+        let spans = receiver.trace_when(trace, era, |s| {
+            s.iter().any(|s| s["name"] == "tools/call run_python")
+        });
+        let call = one(&spans, "tools/call run_python");
+        assert_eq!(call["parent_span_id"], CLIENT_SPAN, "{era}: {call}");
+        assert_eq!(call["attributes"]["enduser.id"], "bob", "{era}: {call}");
+    }
+
     // One trace per call: no span of one client's call is in another's trace.
     let traces: std::collections::BTreeSet<String> = receiver
         .all()
@@ -435,7 +482,7 @@ async fn over_serve_each_identitys_call_is_its_trace_and_the_sdks_send_the_paren
         .filter(|s| s["name"] == "tools/call run_python")
         .map(|s| s["trace_id"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(traces.len(), 5, "{traces:?}");
+    assert_eq!(traces.len(), 7, "{traces:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
