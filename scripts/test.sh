@@ -9,7 +9,8 @@
 # so a bridge set up before keeps working. CI (.ci/run) runs exactly this.
 set -euo pipefail
 
-step() { printf '\n==> [test] %s\n' "$*" >&2; }
+# Each step says when it started (seconds into the run), so a slow run shows where its time went.
+step() { printf '\n==> [test] %s (at %d s)\n' "$*" "$SECONDS" >&2; }
 die() { printf '[test] error: %s\n' "$*" >&2; exit 1; }
 
 cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.."

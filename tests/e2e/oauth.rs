@@ -327,44 +327,31 @@ async fn the_sdks_get_their_own_tokens_by_the_servers_metadata_in_both_modes() {
             provider.issuer.trim_start_matches("http://")
         ),
     ];
-    let python = |mode: &str, client: &str, code: &str| {
-        let mut c = tokio::process::Command::new(common::server_bin("mcp-python"));
-        c.arg(common::fixture("sdk_oauth_client.py")).args([
-            mode,
-            &served.url,
-            &provider.issuer,
-            client,
-            &format!("{client}-secret"),
-            code,
-        ]);
-        c
-    };
-    let typescript = |mode: &str, client: &str, code: &str| {
-        let mut c = tokio::process::Command::new(common::server_bin("node"));
-        c.arg(common::fixture("ts_oauth_client.mjs"))
-            .args([
-                mode,
-                &served.url,
-                &provider.issuer,
-                client,
-                &format!("{client}-secret"),
-                code,
-            ])
+    // The SDK's client fixture, with only the client's credentials and their issuer.
+    let sdk = |fixture: &str, mode: &str, client: &str, code: &str| {
+        let (program, fixture) = match fixture {
+            "python" => ("mcp-python", "sdk_oauth_client.py"),
+            _ => ("node", "ts_oauth_client.mjs"),
+        };
+        let mut c = tokio::process::Command::new(common::server_bin(program));
+        c.arg(common::fixture(fixture))
+            .args([mode, &served.url, &provider.issuer, client])
+            .args([&format!("{client}-secret"), code])
             .env("NODE_PATH", common::oidc::node_modules());
         c
     };
 
     for (mode, protocol) in [("auto", "2026-07-28"), ("legacy", "2025-11-25")] {
-        let set = fixture_json(&mut python(mode, "alice", "v = 'alice'\nprint(v)")).await;
+        let set = fixture_json(&mut sdk("python", mode, "alice", "v = 'alice'\nprint(v)")).await;
         assert_eq!(set["protocol"], protocol, "{set}");
         assert_eq!(set["is_error"], false, "{set}");
         assert_eq!(set["structured"]["stdout"], "alice\n", "{set}");
         assert_eq!(set["requests"], serde_json::json!(flow), "{set}");
         let read = "print(globals().get('v'))";
-        let hers = fixture_json(&mut typescript(mode, "alice", read)).await;
+        let hers = fixture_json(&mut sdk("typescript", mode, "alice", read)).await;
         assert_eq!(hers["protocol"], protocol, "{hers}");
         assert_eq!(hers["requests"], serde_json::json!(flow), "{hers}");
-        let bobs = fixture_json(&mut typescript(mode, "bob", read)).await;
+        let bobs = fixture_json(&mut sdk("typescript", mode, "bob", read)).await;
         assert_eq!(bobs["structured"]["stdout"], "None\n", "{bobs}");
         if mode == "auto" {
             // Under 2026-07-28 a connection's calls go to the identity's `default` session.
