@@ -69,6 +69,9 @@ rustPlatform.buildRustPackage {
   };
 
   cargoLock.lockFile = root + "/Cargo.lock";
+  # Cargo.toml's release profile is incremental, for the rebuilds of working on it; a package is
+  # built once, and optimised whole without it.
+  env.CARGO_INCREMENTAL = "0";
 
   doCheck = true;
   # Unit tests only, of every crate of the workspace: `--bins` runs the #[cfg(test)] modules of

@@ -22,6 +22,12 @@
 //! cannot make the bridge hammer the issuer; the set is also refetched once it is
 //! [`MAX_KEY_AGE`] old. Every fetch is bounded in time and bytes. Symmetric algorithms (`HS*`)
 //! and `none` are never accepted: a key set holds public keys only.
+//!
+//! A JWT typed as something other than an access token (its header's `typ`: a DPoP proof
+//! `dpop+jwt`, a logout token, a security event, ...) is refused before any key is looked at,
+//! even if the issuer signed it for this audience (RFC 9068 section 4, RFC 8725 section 3.11).
+//! `at+jwt` (RFC 9068) is what such a token should say; `JWT` and no `typ` are accepted too,
+//! since many authorization servers (Keycloak, Entra ID) type their access tokens so.
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -93,6 +99,9 @@ pub enum TokenError {
     TooLong,
     #[error("the access token's algorithm {0} is not accepted (asymmetric signatures only)")]
     Algorithm(String),
+    /// The header's `typ` names another kind of JWT than an access token.
+    #[error("the JWT is typed {0:?}, not as an access token (at+jwt)")]
+    NotAnAccessToken(String),
     #[error("the access token lacks the {0} claim")]
     MissingClaim(String),
     /// The `iss` claim is none of the configured issuers (compared as strings, unnormalised).
@@ -135,6 +144,9 @@ impl Hinted for TokenError {
             }
             TokenError::Algorithm(_) => {
                 "the authorization server must sign access tokens with an asymmetric key (RS*, PS*, ES*, EdDSA)".into()
+            }
+            TokenError::NotAnAccessToken(_) => {
+                "send the access token the authorization server issued for this server (typ at+jwt, RFC 9068), not an ID token, DPoP proof or other JWT".into()
             }
             TokenError::UntrustedIssuer { found, .. } => format!(
                 "get a token from one of the authorization_servers of this server's protected-resource metadata; an operator who trusts {found} adds it to oauth.other_issuers"
@@ -283,7 +295,7 @@ impl Verifier {
     }
 
     /// The identity of `token` if one of the issuers signed it for this audience and it is in
-    /// date. The checks, in order: length, header and algorithm, `iss` among the configured
+    /// date. The checks, in order: length, header (an access token's `typ`) and algorithm, `iss` among the configured
     /// issuers exactly, the key among that issuer's keys, signature, `exp`/`nbf`, `aud`, `iss`
     /// again (as signed), `sub`.
     pub async fn verify(&self, token: &str) -> Result<Identity, TokenError> {
@@ -292,6 +304,11 @@ impl Verifier {
         }
         let header =
             jsonwebtoken::decode_header(token).map_err(|e| TokenError::Malformed(e.to_string()))?;
+        if let Some(typ) = header.typ.as_deref()
+            && !access_token_typ(typ)
+        {
+            return Err(TokenError::NotAnAccessToken(typ.chars().take(64).collect()));
+        }
         if !asymmetric(header.alg) {
             return Err(TokenError::Algorithm(format!("{:?}", header.alg)));
         }
@@ -563,6 +580,15 @@ async fn fetch_json<T: serde::de::DeserializeOwned>(
     serde_json::from_slice(&body).map_err(|e| format!("not the expected JSON: {e}"))
 }
 
+/// Whether a JWT header's `typ` may be an access token's: `at+jwt` (RFC 9068), or the generic
+/// `JWT` many authorization servers still put there; media types compare case-insensitively,
+/// with or without `application/` (RFC 7515 section 4.1.9).
+fn access_token_typ(typ: &str) -> bool {
+    let t = typ.to_ascii_lowercase();
+    let t = t.strip_prefix("application/").unwrap_or(&t);
+    matches!(t, "at+jwt" | "jwt")
+}
+
 /// Signature algorithms of public keys; `HS*` would take a published key as a shared secret.
 fn asymmetric(alg: Algorithm) -> bool {
     !matches!(alg, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512)
@@ -638,6 +664,58 @@ mod tests {
         let header = b64.encode(format!(r#"{{"alg":"ES256","typ":"at+jwt","kid":"{kid}"}}"#));
         let payload = b64.encode(serde_json::to_vec(&claims).unwrap());
         format!("{header}.{payload}.c2lnbmF0dXJl")
+    }
+
+    /// `token` with its header's `typ` replaced (or removed, with `None`).
+    fn typed(kid: &str, typ: Option<&str>) -> String {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let mut header = serde_json::json!({"alg": "ES256", "kid": kid});
+        if let Some(t) = typ {
+            header["typ"] = t.into();
+        }
+        let signed = token(kid, claims("https://a.example"));
+        let rest = signed.split_once('.').unwrap().1;
+        format!("{}.{rest}", b64.encode(header.to_string()))
+    }
+
+    #[tokio::test]
+    async fn a_jwt_typed_as_anything_but_an_access_token_is_refused_before_its_key() {
+        let v = two_issuers();
+        for other in [
+            "dpop+jwt",
+            "logout+jwt",
+            "secevent+jwt",
+            "application/dpop+jwt",
+            "JOSE",
+        ] {
+            assert_eq!(
+                v.verify(&typed("key-a", Some(other))).await,
+                Err(TokenError::NotAnAccessToken(other.into())),
+                "{other}"
+            );
+        }
+        // The access token's own types, and none, go on to the key and signature (made up here).
+        for ours in [
+            Some("at+jwt"),
+            Some("application/at+jwt"),
+            Some("AT+JWT"),
+            Some("JWT"),
+            None,
+        ] {
+            assert_eq!(
+                v.verify(&typed("key-a", ours)).await,
+                Err(TokenError::BadSignature("https://a.example".into())),
+                "{ours:?}"
+            );
+        }
+        // What is echoed of a long typ is bounded.
+        let long = "x".repeat(500);
+        let Err(TokenError::NotAnAccessToken(shown)) = v.verify(&typed("key-a", Some(&long))).await
+        else {
+            panic!("a long typ is refused as such");
+        };
+        assert_eq!(shown.len(), 64, "what is echoed is bounded");
     }
 
     fn claims(iss: &str) -> serde_json::Value {
@@ -781,6 +859,7 @@ mod tests {
             TokenError::Malformed("x".into()),
             TokenError::TooLong,
             TokenError::Algorithm("HS256".into()),
+            TokenError::NotAnAccessToken("dpop+jwt".into()),
             TokenError::MissingClaim("sub".into()),
             TokenError::UntrustedIssuer {
                 found: "https://c.example".into(),

@@ -3,7 +3,7 @@
 //! of its own, issuing JWT access tokens by the client-credentials grant. A token it signed for
 //! our audience is accepted with its `sub` as the identity; an expired one, one for another
 //! audience, one of another provider, a tampered one and an `HS256` one are refused, each with
-//! its reason; discovery refuses an issuer its metadata does not name (also by a trailing
+//! its reason, as is one typed as another kind of JWT; discovery refuses an issuer its metadata does not name (also by a trailing
 //! slash); tokens naming made-up keys cost the provider at most one key set read; and with two
 //! providers trusted, each one's tokens are checked with its own keys only and give identities
 //! of their own, a token claiming one issuer but signed with the other's key is refused as
@@ -57,6 +57,19 @@ async fn tokens_of_a_real_provider_are_checked_claim_by_claim() {
     assert_eq!(id.client.as_deref(), Some("alice"));
     let bob = provider.token("bob", AUDIENCE).await;
     assert_eq!(verifier.verify(&bob).await.unwrap().subject, "bob");
+
+    // The provider types its access tokens `at+jwt` (RFC 9068); the same token typed as a
+    // DPoP proof is refused as not an access token, before its key or signature.
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let (head, rest) = alice.split_once('.').unwrap();
+    let mut header: serde_json::Value = serde_json::from_slice(&b64.decode(head).unwrap()).unwrap();
+    assert_eq!(header["typ"], "at+jwt", "{header}");
+    header["typ"] = "dpop+jwt".into();
+    let retyped = format!("{}.{rest}", b64.encode(header.to_string()));
+    assert_eq!(
+        verifier.verify(&retyped).await,
+        Err(TokenError::NotAnAccessToken("dpop+jwt".into()))
+    );
 
     // Another audience of the same issuer.
     let elsewhere = provider.token("alice", "https://other.test/").await;
