@@ -1,14 +1,15 @@
 //! The OAuth resource server's token checks against a real OpenID provider: npm's certified
-//! `oidc-provider` (tests/fixtures/oidc/provider.mjs), started here on loopback ports with keys
-//! of its own, issuing JWT access tokens by the client-credentials grant. A token it signed for
-//! our audience is accepted with its `sub` as the identity; an expired one, one for another
-//! audience, one of another provider, a tampered one and an `HS256` one are refused, each with
-//! its reason, as is one typed as another kind of JWT; discovery refuses an issuer its metadata does not name (also by a trailing
-//! slash); tokens naming made-up keys cost the provider at most one key set read; and with two
-//! providers trusted, each one's tokens are checked with its own keys only and give identities
-//! of their own, a token claiming one issuer but signed with the other's key is refused as
-//! such, one of an untrusted third is refused naming the key to set, and a client whose
-//! client_id is a Client ID Metadata Document URL is accepted.
+//! `oidc-provider` (tests/fixtures/oidc/provider.mjs), started here on loopback ports with keys of
+//! its own, issuing JWT access tokens by the client-credentials grant. A token it signed for our
+//! audience is accepted with its `sub` as the identity; an expired one, one for another audience,
+//! one of another provider, a tampered one and an `HS256` one are refused, each with its reason, as
+//! is one typed as another kind of JWT; discovery refuses an issuer its metadata does not name
+//! (also by a trailing slash); tokens naming made-up keys cost the provider at most one key set
+//! read; and with two providers trusted, each one's tokens are checked with its own keys only and
+//! give identities of their own, a token claiming one issuer but signed with the other's key is
+//! refused as such, one of an untrusted third is refused naming the key to set, and a client whose
+//! client_id is a Client ID Metadata Document URL is accepted. The official Python and TypeScript
+//! SDKs get their own tokens by the server's metadata, in both of their modes.
 
 use crate::common;
 
@@ -311,8 +312,8 @@ async fn fixture_json(command: &mut tokio::process::Command) -> serde_json::Valu
 /// metadata and token endpoint (asking for this resource), and call `run_python` with the token
 /// they got, each in its default mode (2026-07-28) and in the legacy one (2025-11-25). The
 /// identity is the token's subject whatever the client: alice's variable, set through Python, is
-/// hers through TypeScript and not bob's. The Inspector CLI, which has no OAuth flow of its own,
-/// is let in with a token of the provider as a header.
+/// hers through TypeScript and not bob's. The Inspector CLI, whose OAuth flow is a login in a
+/// browser, is let in with a token of the provider as a header.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_sdks_get_their_own_tokens_by_the_servers_metadata_in_both_modes() {
     use common::served::Served;
