@@ -492,30 +492,9 @@ async fn the_official_clients_call_over_http() {
     assert!(!py.status.success());
 }
 
-/// OAuth 2.1 resource server: tokens of a real OpenID provider, its metadata and challenge.
-#[tokio::test(flavor = "multi_thread")]
-async fn oauth_tokens_of_a_real_provider_are_accepted_or_refused() {
-    let provider = common::oidc::Provider::start();
-    // The audience names this server's URL, so its port is chosen first.
-    let port = common::oidc::free_port();
-    let audience = format!("http://127.0.0.1:{port}/mcp");
-    // A token that lives a second, asked for first: it has expired (beyond the 30 s leeway)
-    // by the end of the test.
-    let short = provider.token("carol", &audience).await;
-    let short_at = Instant::now();
-    let served = Served::start(
-        Home::new(),
-        &[
-            ("MCP_BRIDGE_OAUTH_ISSUER", &provider.issuer),
-            ("MCP_BRIDGE_OAUTH_AUDIENCE", &audience),
-            ("MCP_BRIDGE_POOL_SIZE", "0"),
-        ],
-        &["--listen", &format!("127.0.0.1:{port}")],
-    );
-    assert_eq!(served.url, audience);
-
-    // Protected Resource Metadata (RFC 9728), and the challenge that points at it.
-    let prm: Value = reqwest::get(format!(
+/// `served`'s Protected Resource Metadata (RFC 9728), as a client reads it.
+async fn protected_resource_metadata(served: &Served) -> Value {
+    reqwest::get(format!(
         "{}/.well-known/oauth-protected-resource/mcp",
         served.base()
     ))
@@ -523,7 +502,25 @@ async fn oauth_tokens_of_a_real_provider_are_accepted_or_refused() {
     .unwrap()
     .json()
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// OAuth 2.1 resource server: tokens of a real OpenID provider, its metadata and challenge.
+#[tokio::test(flavor = "multi_thread")]
+async fn oauth_tokens_of_a_real_provider_are_accepted_or_refused() {
+    let provider = common::oidc::Provider::start();
+    // The audience names this server's URL, so its port is chosen first.
+    let port = common::oidc::free_port();
+    let audience = common::oidc::audience(port);
+    // A token that lives a second, asked for first: it has expired (beyond the 30 s leeway)
+    // by the end of the test.
+    let short = provider.token("carol", &audience).await;
+    let short_at = Instant::now();
+    let served = common::oidc::serve(port, &[&provider]);
+    assert_eq!(served.url, audience);
+
+    // Protected Resource Metadata (RFC 9728), and the challenge that points at it.
+    let prm = protected_resource_metadata(&served).await;
     assert_eq!(prm["resource"], audience.as_str());
     assert_eq!(prm["authorization_servers"], json!([provider.issuer]));
     let (status, h, _) = post(&served.url, &[], initialize()).await;
@@ -589,26 +586,9 @@ async fn oauth_two_providers_through_serve() {
     let second = common::oidc::Provider::start();
     let third = common::oidc::Provider::start();
     let port = common::oidc::free_port();
-    let audience = format!("http://127.0.0.1:{port}/mcp");
-    let served = Served::start(
-        Home::new(),
-        &[
-            ("MCP_BRIDGE_OAUTH_ISSUER", &first.issuer),
-            ("MCP_BRIDGE_OAUTH_OTHER_ISSUERS", &second.issuer),
-            ("MCP_BRIDGE_OAUTH_AUDIENCE", &audience),
-            ("MCP_BRIDGE_POOL_SIZE", "0"),
-        ],
-        &["--listen", &format!("127.0.0.1:{port}")],
-    );
-    let prm: Value = reqwest::get(format!(
-        "{}/.well-known/oauth-protected-resource/mcp",
-        served.base()
-    ))
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
+    let audience = common::oidc::audience(port);
+    let served = common::oidc::serve(port, &[&first, &second]);
+    let prm = protected_resource_metadata(&served).await;
     assert_eq!(
         prm["authorization_servers"],
         json!([first.issuer, second.issuer])

@@ -316,20 +316,10 @@ async fn fixture_json(command: &mut tokio::process::Command) -> serde_json::Valu
 /// browser, is let in with a token of the provider as a header.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_sdks_get_their_own_tokens_by_the_servers_metadata_in_both_modes() {
-    use common::served::Served;
-
     let provider = Provider::start();
     let port = free_port();
-    let audience = format!("http://127.0.0.1:{port}/mcp");
-    let served = Served::start(
-        common::Home::new(),
-        &[
-            ("MCP_BRIDGE_OAUTH_ISSUER", &provider.issuer),
-            ("MCP_BRIDGE_OAUTH_AUDIENCE", &audience),
-            ("MCP_BRIDGE_POOL_SIZE", "0"),
-        ],
-        &["--listen", &format!("127.0.0.1:{port}")],
-    );
+    let audience = common::oidc::audience(port);
+    let served = common::oidc::serve(port, &[&provider]);
     let flow = vec![
         format!("GET 127.0.0.1:{port}/.well-known/oauth-protected-resource/mcp"),
         format!(

@@ -137,3 +137,33 @@ impl Provider {
         config
     }
 }
+
+/// The audience of a `serve` listening on `port`: its own URL.
+pub fn audience(port: u16) -> String {
+    format!("http://127.0.0.1:{port}/mcp")
+}
+
+/// `serve` on `port` (chosen first, since the audience names it) accepting tokens of `issuers`
+/// for [`audience`]: the first as `oauth.issuer`, the others as `oauth.other_issuers`; no pool.
+pub fn serve(port: u16, issuers: &[&Provider]) -> super::served::Served {
+    let (first, others) = issuers.split_first().expect("at least one issuer");
+    let others = others
+        .iter()
+        .map(|p| p.issuer.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let audience = audience(port);
+    let mut env = vec![
+        ("MCP_BRIDGE_OAUTH_ISSUER", first.issuer.as_str()),
+        ("MCP_BRIDGE_OAUTH_AUDIENCE", audience.as_str()),
+        ("MCP_BRIDGE_POOL_SIZE", "0"),
+    ];
+    if !others.is_empty() {
+        env.push(("MCP_BRIDGE_OAUTH_OTHER_ISSUERS", others.as_str()));
+    }
+    super::served::Served::start(
+        super::Home::new(),
+        &env,
+        &["--listen", &format!("127.0.0.1:{port}")],
+    )
+}
