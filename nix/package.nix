@@ -69,8 +69,8 @@ rustPlatform.buildRustPackage {
   };
 
   cargoLock.lockFile = root + "/Cargo.lock";
-  # Cargo.toml's release profile is incremental, for the rebuilds of working on it; a package is
-  # built once, and optimised whole without it.
+  # The release profile (what buildRustPackage builds) is whole, not incremental; this keeps it so
+  # whatever the environment says (the test runs' incremental profile is dev-release).
   env.CARGO_INCREMENTAL = "0";
 
   doCheck = true;

@@ -273,13 +273,29 @@ if [[ $docker -eq 1 ]]; then
         if [[ -d /run/systemd/system ]]; then
             apt_run install -y -q --no-install-recommends docker.io >&2
         else
-            [[ ! -e /usr/sbin/policy-rc.d ]] || die "/usr/sbin/policy-rc.d exists: install docker.io by hand"
+            # Debian's container images ship a policy-rc.d of their own (`exit 101`, for `docker
+            # build`); another host may have one that allows some services. Either way ours
+            # stands in for the install only, and whatever was there comes back exactly (content,
+            # mode, owner), also when the install fails.
+            policy=/usr/sbin/policy-rc.d
+            policy_saved=""
+            if [[ -e "$policy" || -L "$policy" ]]; then
+                policy_saved=$(mktemp -d /usr/sbin/.policy-rc.d.mcp-code-bridge.XXXXXX)
+                mv -- "$policy" "$policy_saved/policy-rc.d"
+                log "$policy exists: set aside while docker.io installs, then put back"
+            fi
+            restore_policy() {
+                rm -f -- "$policy"
+                if [[ -n "$policy_saved" ]]; then
+                    mv -- "$policy_saved/policy-rc.d" "$policy" && rmdir -- "$policy_saved"
+                fi
+            }
+            trap restore_policy EXIT
             printf '#!/bin/sh\n# scripts/setup-debian.sh: installing docker.io starts no daemon\nexit 101\n' \
-                > /usr/sbin/policy-rc.d
-            chmod 0755 /usr/sbin/policy-rc.d
-            trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+                > "$policy"
+            chmod 0755 "$policy"
             apt_run install -y -q --no-install-recommends docker.io >&2
-            rm -f /usr/sbin/policy-rc.d
+            restore_policy
             trap - EXIT
         fi
         log "$(dockerd --version)"
