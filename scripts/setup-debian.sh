@@ -173,6 +173,10 @@ step "apt-get update"
 apt_run update -q >&2
 
 packages=(podman runc catatonit uidmap mmdebstrap debian-archive-keyring ca-certificates curl gzip tar)
+# The test command's own tools: scripts/nix-pieces.sh makes a network namespace (iproute2), clones
+# the flake (git) and reads TOML with Debian's python3 (3.11, tomllib); util-linux's setpriv and
+# nsenter are in every Debian.
+if [[ $test_deps -eq 1 ]]; then packages+=(iproute2 git python3); fi
 step "installing ${packages[*]}"
 apt_run install -y -q --no-install-recommends "${packages[@]}" >&2
 log "$(podman --version); $(runc --version | head -n1)"

@@ -41,19 +41,9 @@ MCP_BRIDGE_TEST_WHEELHOUSE=""
 # shellcheck disable=SC1091
 . "$cache_dir/setup.env"
 
-step "checking what the tests need"
-command -v podman >/dev/null || die "podman is not installed"
-podman info >/dev/null || die "podman does not work"
-[[ -s "${MCP_BRIDGE_IMAGE_ARCHIVE:-}" ]] || die "no image archive (MCP_BRIDGE_IMAGE_ARCHIVE)"
-[[ -d "${MCP_BRIDGE_TEST_SERVERS_BIN:-}" ]] || die "no test servers (MCP_BRIDGE_TEST_SERVERS_BIN)"
-[[ -s "${MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE:-}" ]] || die "no data profile image (MCP_BRIDGE_TEST_DATA_IMAGE_ARCHIVE)"
-[[ -d "${MCP_BRIDGE_TEST_WHEELHOUSE:-}" ]] || die "no wheelhouse for the package tests (MCP_BRIDGE_TEST_WHEELHOUSE)"
-compgen -G "$MCP_BRIDGE_TEST_WHEELHOUSE/*.whl" >/dev/null \
-    || die "no wheels in $MCP_BRIDGE_TEST_WHEELHOUSE (MCP_BRIDGE_TEST_WHEELHOUSE)"
-command -v uv >/dev/null || die "uv is not on PATH (scripts/setup-debian.sh links /usr/local/bin/uv)"
-for exe in mcp-server-everything mcp-server-filesystem mcp-server-time mcp-server-git mcp-python conformance mcp-inspector; do
-    [[ -x "$MCP_BRIDGE_TEST_SERVERS_BIN/$exe" ]] || die "missing test server $exe"
-done
+step "checking what the tests need (scripts/check-setup.sh --test-deps)"
+bash scripts/check-setup.sh --test-deps --cache-dir "$cache_dir" < /dev/null \
+    || die "the set-up left something out (above); scripts/setup-debian.sh --test-deps installs it"
 command -v cargo >/dev/null \
     || die "cargo not found for $(id -un): install Rust for this user (https://rustup.rs)"
 [[ -f Cargo.toml ]] || die "no Cargo.toml in $repo"
