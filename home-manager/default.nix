@@ -1,8 +1,9 @@
 # programs.mcp-code-bridge: the bridge for one user.
 # Writes $XDG_CONFIG_HOME/mcp-code-bridge/config.toml. Its upstream servers are
-# programs.mcp.servers (home-manager's shared MCP server list) plus programs.mcp-code-bridge.servers;
-# with registerWithMcp the bridge itself joins programs.mcp.servers, so every client with
-# enableMcpIntegration (claude-code, opencode, codex, vscode, ...) gets it.
+# programs.mcp-code-bridge.servers, plus programs.mcp.servers (home-manager's shared MCP server
+# list) with enableMcpIntegration; with registerWithMcp the bridge itself joins
+# programs.mcp.servers, so every client with enableMcpIntegration (claude-code, opencode, codex,
+# vscode, ...) gets it.
 # Podman itself is not installed here: on NixOS enable virtualisation.podman (or the NixOS module),
 # elsewhere install podman with the distribution's packages (rootless podman needs its setuid
 # newuidmap helpers).
@@ -94,13 +95,17 @@ in
 
     package = mkPackageOption pkgs "mcp-code-bridge" { };
 
+    # Off unless asked for, as every home-manager module with this option declares it (claude-code,
+    # codex, opencode, vscode, zed-editor, ...): programs.mcp.servers reach a client only when
+    # its configuration says so.
     enableMcpIntegration = mkOption {
       type = types.bool;
-      default = true;
+      default = false;
       description = ''
-        Use the servers of {option}`programs.mcp.servers` (when {option}`programs.mcp.enable`) as
-        upstream servers, besides {option}`programs.mcp-code-bridge.servers` (which win on a name
-        clash). The bridge's own entry is left out.
+        Whether to use the servers of {option}`programs.mcp.servers` (when
+        {option}`programs.mcp.enable`) as upstream servers, besides
+        {option}`programs.mcp-code-bridge.servers` (which win on a name clash). The bridge's own
+        entry is left out.
       '';
     };
 

@@ -8,7 +8,8 @@
     stateVersion = "26.05";
   };
 
-  # Servers shared by every MCP client; the bridge proxies them (enableMcpIntegration, the default).
+  # Servers shared by the MCP clients that integrate them; the bridge proxies them
+  # (programs.mcp-code-bridge.enableMcpIntegration below).
   programs.mcp = {
     enable = true;
     servers = {
@@ -36,6 +37,8 @@
 
   programs.mcp-code-bridge = {
     enable = true;
+    # programs.mcp.servers above become upstream servers (off by default, as in every module).
+    enableMcpIntegration = true;
     registerWithMcp = true;
     limits.memory = "768m";
     servers.docs = {

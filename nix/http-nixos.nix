@@ -54,27 +54,47 @@ let
   # A port below 1024 needs CAP_NET_BIND_SERVICE, the one capability the service may then keep.
   bindCaps = lib.optional (listen != null && listen.port < 1024) "CAP_NET_BIND_SERVICE";
 
-  # Files systemd hands the service (LoadCredential, read as root at each start, so they may
-  # belong to root or to the `acme` group alone), as $CREDENTIALS_DIRECTORY/<name> (`%d/<name>`
-  # in the unit), and the variable that points the bridge at each. Only strings outside the
-  # store get here (common.fileRef); the assertions refuse the rest.
-  credentials = lib.filter (c: c.file != null) [
+  # The files `serve` reads at start: each typed option, else its config.toml key given by hand
+  # in `settings`. Either way the service gets them from systemd, never where they lie: the
+  # service's user cannot read a root-only secret, and a key set by hand would otherwise make the
+  # service fail at start while the assertions count it as authentication.
+  secretFiles = [
     {
       name = "tokens";
-      file = common.fileRef http.tokenFile;
+      option = "http.tokenFile";
+      key = "token_file";
+      typed = http.tokenFile;
+      given = cfg.settings.token_file or null;
       env = "MCP_BRIDGE_TOKEN_FILE";
     }
     {
       name = "tls-cert";
-      file = common.fileRef http.tlsCertFile;
+      option = "http.tlsCertFile";
+      key = "http.tls_cert";
+      typed = http.tlsCertFile;
+      given = cfg.settings.http.tls_cert or null;
       env = "MCP_BRIDGE_HTTP_TLS_CERT";
     }
     {
       name = "tls-key";
-      file = common.fileRef http.tlsKeyFile;
+      option = "http.tlsKeyFile";
+      key = "http.tls_key";
+      typed = http.tlsKeyFile;
+      given = cfg.settings.http.tls_key or null;
       env = "MCP_BRIDGE_HTTP_TLS_KEY";
     }
   ];
+  # Files systemd hands the service (LoadCredential, read as root at each start, so they may
+  # belong to root or to the `acme` group alone), as $CREDENTIALS_DIRECTORY/<name> (`%d/<name>`
+  # in the unit), and the variable that points the bridge at each, which wins over the key in
+  # config.toml. Only strings outside the store get here (common.fileRef); the assertions refuse
+  # the rest (a certificate in the store, public, is read where it lies).
+  credentials = lib.filter (c: c.file != null) (
+    map (f: {
+      inherit (f) name env;
+      file = common.fileRef (if f.typed != null then f.typed else f.given);
+    }) secretFiles
+  );
 
   # The audit log: the typed option (this service's alone), else one set by hand in settings.
   # Under /var/log/<dir>/ systemd creates <dir> for the service's user (LogsDirectory);
@@ -125,6 +145,15 @@ in
           '';
         }
       ]
+      # A typed file option and its key set by hand: two names for the one file `serve` reads.
+      ++ map (f: {
+        assertion = f.typed == null || f.given == null;
+        message = ''
+          ${opt}.${f.option} and ${opt}.settings.${f.key} both name the file that
+          mcp-code-bridge serve reads as ${f.key}; the service is handed one (LoadCredential).
+          Keep ${opt}.${f.option} (remove settings.${f.key}), or remove ${f.option}.
+        '';
+      }) secretFiles
       ++ lib.optional cfg.enable {
         # A runtime URL is the bridge's one candidate: the gVisor service's socket would not be
         # tried, and podman's own socket is passed over under gVisor.

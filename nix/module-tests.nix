@@ -620,6 +620,59 @@ let
           failed = [ ];
         };
       };
+    # A token file given by hand as settings.token_file (and the TLS files as settings.http.*) is
+    # handed over by systemd like the typed options' (the service's user cannot read a root-only
+    # secret where it lies); the typed option and the key together are refused.
+    testHttpFilesGivenInSettingsAreCredentials =
+      let
+        c = nixos (
+          noImage
+          // {
+            http = {
+              enable = true;
+              listen = "0.0.0.0:8931";
+            };
+            settings = {
+              token_file = "/run/secrets/mcp-tokens";
+              http.tls_cert = "/var/lib/acme/b/fullchain.pem";
+              http.tls_key = "/var/lib/acme/b/key.pem";
+            };
+          }
+        );
+        s = c.systemd.services.mcp-code-bridge-http;
+        both = nixos (
+          noImage
+          // {
+            http = {
+              enable = true;
+              tokenFile = "/run/secrets/a";
+            };
+            settings.token_file = "/run/secrets/b";
+          }
+        );
+      in
+      {
+        expr = {
+          inherit (s.serviceConfig) LoadCredential;
+          inherit (s.environment) MCP_BRIDGE_TOKEN_FILE MCP_BRIDGE_HTTP_TLS_CERT MCP_BRIDGE_HTTP_TLS_KEY;
+          failed = failed c;
+          both = saying "services.mcp-code-bridge.http.tokenFile and services.mcp-code-bridge.settings.token_file both name" (
+            failed both
+          );
+        };
+        expected = {
+          LoadCredential = [
+            "tokens:/run/secrets/mcp-tokens"
+            "tls-cert:/var/lib/acme/b/fullchain.pem"
+            "tls-key:/var/lib/acme/b/key.pem"
+          ];
+          MCP_BRIDGE_TOKEN_FILE = "%d/tokens";
+          MCP_BRIDGE_HTTP_TLS_CERT = "%d/tls-cert";
+          MCP_BRIDGE_HTTP_TLS_KEY = "%d/tls-key";
+          failed = [ ];
+          both = "services.mcp-code-bridge.http.tokenFile and services.mcp-code-bridge.settings.token_file both name";
+        };
+      };
     testHttpPublicListenWithoutAuthSaysHowToFix = {
       expr = saying "Set services.mcp-code-bridge.http.tokenFile = " (
         failed (
@@ -820,7 +873,8 @@ let
       };
     };
 
-    # home-manager: programs.mcp.servers become upstream servers, the bridge itself does not.
+    # home-manager: with enableMcpIntegration, programs.mcp.servers become upstream servers, the
+    # bridge itself does not.
     testHomeImportsProgramsMcpAndWritesNoDefaults =
       let
         c = home {
@@ -836,6 +890,7 @@ let
             enable = true;
             image = null;
             packages.uv = null;
+            enableMcpIntegration = true;
             registerWithMcp = true;
           };
         };
@@ -848,6 +903,39 @@ let
         expected = {
           settings.servers.time.command = "mcp-server-time";
           registered = true;
+        };
+      };
+    # enableMcpIntegration is off unless set, as in every home-manager module that has it
+    # (claude-code, codex, opencode, vscode, zed-editor, ... at the pinned home-manager): the
+    # shared servers are not imported, while registerWithMcp still adds the bridge to them.
+    testHomeMcpIntegrationIsOffByDefault =
+      let
+        c = home {
+          programs.mcp = {
+            enable = true;
+            servers.time.command = "mcp-server-time";
+          };
+          programs.mcp-code-bridge = {
+            enable = true;
+            image = null;
+            packages.uv = null;
+            registerWithMcp = true;
+          };
+        };
+      in
+      {
+        expr = {
+          default = c.programs.mcp-code-bridge.enableMcpIntegration;
+          settings = c.programs.mcp-code-bridge.settings;
+          registered = lib.attrNames c.programs.mcp.servers;
+        };
+        expected = {
+          default = false;
+          settings = { };
+          registered = [
+            "mcp-code-bridge"
+            "time"
+          ];
         };
       };
     testHomeWithoutProgramsMcpEvaluates =
@@ -896,6 +984,7 @@ let
               enable = true;
               image = null;
               packages.uv = null;
+              enableMcpIntegration = true;
             };
           };
         };

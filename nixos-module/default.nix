@@ -197,7 +197,8 @@ in
     warnings = common.serverWarnings opt cfg.servers;
 
     # gVisor's runsc as an OCI runtime of podman, rootful and rootless: containers.conf's
-    # [engine.runtimes], the option nixpkgs' podman module registers its own runtimes in.
+    # [engine.runtimes], through nixpkgs' containers module (its TOML option, merged into
+    # /etc/containers/containers.conf).
     virtualisation.containers.containersConf.settings = mkIf cfg.gvisor.enable (
       common.gvisorContainersConf cfg
     );
