@@ -654,7 +654,10 @@ let
       {
         expr = {
           inherit (s.serviceConfig) LoadCredential;
-          inherit (s.environment) MCP_BRIDGE_TOKEN_FILE MCP_BRIDGE_HTTP_TLS_CERT MCP_BRIDGE_HTTP_TLS_KEY;
+          # `or null`: a variable left out is a failed test with its value, not an error.
+          MCP_BRIDGE_TOKEN_FILE = s.environment.MCP_BRIDGE_TOKEN_FILE or null;
+          MCP_BRIDGE_HTTP_TLS_CERT = s.environment.MCP_BRIDGE_HTTP_TLS_CERT or null;
+          MCP_BRIDGE_HTTP_TLS_KEY = s.environment.MCP_BRIDGE_HTTP_TLS_KEY or null;
           failed = failed c;
           both = saying "services.mcp-code-bridge.http.tokenFile and services.mcp-code-bridge.settings.token_file both name" (
             failed both
