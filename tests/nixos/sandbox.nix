@@ -231,7 +231,9 @@ pkgs.testers.runNixOSTest {
           machine.wait_for_open_port(8931)
           out = mcp_http("import os; print('KERNEL=' + os.uname().release)")
           print(out)
-          on_expected_kernel(re.search(r"KERNEL=([^\s\"\\]+)", out).group(1))
+          kernel = re.search(r"KERNEL=([^\s\"\\]+)", out)
+          assert kernel is not None, f"no KERNEL= line in run_python's answer: {out}"
+          on_expected_kernel(kernel.group(1))
 
       machine.wait_for_unit("user@1000.service")
 
