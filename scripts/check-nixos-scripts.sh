@@ -22,8 +22,8 @@
 # It sets up the nix-offline wrapper itself when it is missing (as .ci/run does), from
 # $NIX_OFFLINE_DIR (default ../shared/nix-offline beside the checkout).
 #
-# Prints one line per test script and ends with "nixos-scripts: N passed, N failed"; exits non-zero
-# on any failure. With --self-test it then plants, in scratch copies of the rendered scripts (the
+# Prints one line per test script (and one for the stand-in, checked by mypy --strict) and ends
+# with "nixos-scripts: N passed, N failed"; exits non-zero on any failure. With --self-test it then plants, in scratch copies of the rendered scripts (the
 # checkout is not touched), a union-attr error (a re.search() result used as a match), a name no
 # one defines, a Machine method called with a keyword it does not take and one called with an
 # argument of the wrong type, and checks that each copy fails with the error planted (one line
@@ -331,6 +331,21 @@ def check(name, t, script):
 
 passed = failed = 0
 results = {}
+# The stand-in itself: mypy does not report errors in a stub it only imports.
+r = subprocess.run(
+    [os.path.join(venv, "bin", "mypy"), "--strict", "--python-version", python_version,
+     "--config-file", config, "--cache-dir", os.path.join(work, "mypy-cache"), "-p", "test_driver"],
+    cwd=work, env=dict(os.environ, MYPYPATH=stub_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    text=True,
+)
+if r.returncode == 0:
+    passed += 1
+    print("PASS  the driver's stand-in (tests/nixos/driver_stub/test_driver): mypy --strict")
+else:
+    failed += 1
+    print("FAIL  the driver's stand-in (tests/nixos/driver_stub/test_driver): mypy --strict")
+    for line in r.stdout.rstrip().splitlines():
+        print(f"        mypy| {line}")
 if not tests:
     print("no VM test among the flake's checks (none made by testers.runNixOSTest)")
     failed += 1
