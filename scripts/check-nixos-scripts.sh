@@ -23,17 +23,18 @@
 # $NIX_OFFLINE_DIR (default ../shared/nix-offline beside the checkout).
 #
 # Prints one line per test script (and one for the stand-in, checked by mypy --strict) and ends
-# with "nixos-scripts: N passed, N failed"; exits non-zero on any failure. With --self-test it then plants, in scratch copies of the rendered scripts (the
-# checkout is not touched), a union-attr error (a re.search() result used as a match), a name no
-# one defines, a Machine method called with a keyword it does not take and one called with an
-# argument of the wrong type, and checks that each copy fails with the error planted (one line
-# each, in the same count): so the check is shown able to fail. NIXOS_SCRIPTS_KEEP=DIR keeps the
-# files each test was checked as (testScriptWithTypes, test-script) there.
+# with "nixos-scripts: N passed, N failed"; exits non-zero on any failure. With --self-test it then
+# plants, in scratch copies of the rendered scripts (the checkout is not touched), a union-attr
+# error (a re.search() result used as a match), a name no one defines, a Machine method called with
+# a keyword it does not take and one called with an argument of the wrong type, and checks that
+# each copy fails with the error planted (one line each, in the same count): so the check is shown
+# able to fail. NIXOS_SCRIPTS_KEEP=DIR keeps the files each test was checked as there.
 set -euo pipefail
 
-# nixpkgs' versions at the revision flake.lock pins (nixpkgs-unstable of 2026-08-20), as near as
-# could be told: the python3 of nixpkgs 25.05 on, pyflakes 3.4.0 (the release of that time) and
-# mypy 2.3.0 (the 2.3 release of that time; 2.3.1 came five days before the pin).
+# What nixpkgs builds the driver with at the revision flake.lock pins (nixpkgs-unstable of
+# 2026-08-20), as near as can be told without that nixpkgs here: python3 3.13 (nixpkgs' python3
+# since 25.05), pyflakes 3.4.0 (its one release between June 2025 and the pin), mypy 2.3.0 (out
+# five weeks before the pin; 2.3.1 came five days before it). Move them with flake.lock.
 MYPY_VERSION=2.3.0
 PYFLAKES_VERSION=3.4.0
 NIXPKGS_PYTHON=3.13
@@ -46,7 +47,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --flake) [[ $# -ge 2 ]] || die "--flake needs a directory"; flake_src=$(realpath -- "$2"); shift 2 ;;
         --self-test) self_test=1; shift ;;
-        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
         *) die "unknown argument: $1 (usage: scripts/check-nixos-scripts.sh [--flake DIR] [--self-test])" ;;
     esac
 done
