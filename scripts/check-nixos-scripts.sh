@@ -284,7 +284,7 @@ def vm_names(t):
 
 
 def check(name, t, script):
-    """(ok, report): the script of test `name` through driver.nix's two steps."""
+    """The script of test `name` through driver.nix's two steps: (ok, steps run, [(step, output)])."""
     d = os.path.join(work, "tests", name)
     os.makedirs(d, exist_ok=True)
     problems = []
