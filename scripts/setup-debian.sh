@@ -86,7 +86,7 @@ PIP_PACKAGES=(
     "protobuf==7.36.2"
 )
 
-step() { printf '\n==> [setup-debian] %s\n' "$*" >&2; }
+step() { printf '\n==> [setup-debian] %s (at %d s)\n' "$*" "$SECONDS" >&2; }
 log() { printf '    %s\n' "$*" >&2; }
 die() { printf '[setup-debian] error: %s\n' "$*" >&2; exit 1; }
 
