@@ -2,6 +2,13 @@
 modules `mcp.servers.<alias>`, whose tools are async functions with the tool's real signature,
 annotations and docstring, made from its input schema.
 
+The host renders each schema once (its `rendering`: every parameter's Python type as text,
+`Literal[...]` for an enum, `list[T]`, `A | None`, the names of object types; its line with
+required/optional, default, format, bounds and description; the object types' fields; what was
+left out of a huge schema): the annotations show those types and `help()` those lines, the
+same ones `query_tool_docs` and the catalog's search use. Metadata without a rendering (made
+by hand) gets plain types from the schema (`py_type`, `type_label`).
+
 `install` makes an exec's servers current (a server whose metadata did not change keeps its
 proxy, so warm calls do not rebuild every tool) and `bind_globals` puts their names in the
 user's namespace. A tool function checks its arguments by its signature, sends `call_tool`,
@@ -133,6 +140,38 @@ def type_label(schema):
     return "any"
 
 
+class TypeText:
+    """A parameter's type as the host rendered it (`Literal['r', 'rw']`, `list[Email] | None`):
+    shown as written by `inspect.signature` and `help()`."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+    def __eq__(self, other):
+        return isinstance(other, TypeText) and other.text == self.text
+
+    def __hash__(self):
+        return hash(self.text)
+
+
+_PLAIN = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict,
+          "None": type(None)}
+
+
+def rendered_type(text):
+    """The annotation of a rendered type: the builtin itself for a plain one, else its text."""
+    if text == "Any":
+        import typing
+
+        return typing.Any
+    return _PLAIN.get(text) or TypeText(text)
+
+
 def _short_json(value, limit=200):
     try:
         s = json.dumps(value, ensure_ascii=False)
@@ -141,9 +180,24 @@ def _short_json(value, limit=200):
     return s if len(s) <= limit else s[: limit - 1] + "\u2026"
 
 
-def _tool_doc(server_name, tool_name, description, params, output_schema):
+def _tool_doc(server_name, tool_name, description, params, output_schema, rendering=None):
     lines = [(description or "").strip() or "MCP tool %r." % tool_name, ""]
-    if params:
+    if rendering is not None:
+        # The host's lines, with the Python names (Rendering::text writes the schema's).
+        if params:
+            lines.append("Args:")
+            for p in params:
+                sent = " (sent as %r)" % p["name"] if p["py"] != p["name"] else ""
+                lines.append("    %s %s%s" % (p["py"], p["line"], sent))
+        types_ = [t for t in rendering.get("types") or () if isinstance(t, str)]
+        if types_:
+            lines.append("Types:")
+            lines.extend("    " + t for t in types_)
+        if isinstance(rendering.get("more"), str):
+            lines.append(rendering["more"])
+        if params or types_:
+            lines.append("")
+    elif params:
         lines.append("Args:")
         for p in params:
             schema = p["schema"] if isinstance(p["schema"], dict) else {}
@@ -193,6 +247,11 @@ def make_tool(server_name, server_alias, tool):
         schema = tool.get("inputSchema") if isinstance(tool.get("inputSchema"), dict) else {}
     props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     required = [r for r in (schema.get("required") or []) if isinstance(r, str)]
+    rendering = tool.get("rendering") if isinstance(tool.get("rendering"), dict) else None
+    rendered = {}
+    for rp in (rendering or {}).get("params") or ():
+        if isinstance(rp, dict) and isinstance(rp.get("name"), str):
+            rendered[rp["name"]] = rp
     req_set = set(required)
     order = [n for n in props if n in req_set]
     order += [n for n in required if n not in props and n not in order]
@@ -207,7 +266,10 @@ def make_tool(server_name, server_alias, tool):
         default = None
         if not is_req and isinstance(pschema, dict) and "default" in pschema:
             default = pschema["default"]
-        params.append({"name": name, "py": py, "required": is_req, "default": default, "schema": pschema})
+        rp = rendered.get(name, {})
+        params.append({"name": name, "py": py, "required": is_req, "default": default, "schema": pschema,
+                       "annotation": str(rp.get("annotation") or "Any"),
+                       "line": str(rp.get("line") or "(Any, %s)" % ("required" if is_req else "optional"))})
 
     glb = {"__builtins__": builtins}
     parts = []
@@ -241,8 +303,11 @@ def make_tool(server_name, server_alias, tool):
     func = glb[alias]
     func.__qualname__ = alias
     func.__module__ = "mcp.servers." + server_alias
-    func.__doc__ = _tool_doc(server_name, tool_name, tool.get("description"), params, output_schema)
-    func.__annotations__ = {p["py"]: py_type(p["schema"]) for p in params}
+    func.__doc__ = _tool_doc(server_name, tool_name, tool.get("description"), params, output_schema, rendering)
+    if rendering is not None:
+        func.__annotations__ = {p["py"]: rendered_type(p["annotation"]) for p in params}
+    else:
+        func.__annotations__ = {p["py"]: py_type(p["schema"]) for p in params}
     func.__mcp_tool__ = tool_name
     func._mcp_server_ = server_name
     if key is not None:

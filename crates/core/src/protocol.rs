@@ -206,6 +206,10 @@ pub struct ToolMeta {
     /// when calls are allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
+    /// The input schema rendered for the model (the upstream crate's `schema::Rendering`): the
+    /// runtime builds the tool function's signature and `help()` from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendering: Option<Value>,
 }
 
 /// A server the bridge knows of, loaded or not: what discovery shows without any schema.

@@ -6,6 +6,7 @@
 //! numbered `_2`, `_3`, ... in order.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use nucleo_matcher::pattern::{AtomKind, CaseMatching, Normalization};
 use nucleo_matcher::{Config, Matcher, Utf32Str};
@@ -14,6 +15,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{Hint, Hinted};
 use crate::protocol::ToolMeta;
+use crate::schema::{Rendering, Schemas, render};
 
 /// Python's hard keywords (3.14), lowercase ones only (aliases are lowercase).
 pub const PYTHON_KEYWORDS: &[&str] = &[
@@ -78,6 +80,15 @@ pub struct ToolEntry {
     pub description: Option<String>,
     pub input_schema: Value,
     pub output_schema: Option<Value>,
+    /// The input schema as the model reads it ([`crate::schema::render`]).
+    pub rendering: Arc<Rendering>,
+}
+
+impl ToolEntry {
+    /// The rendering as the runtime gets it.
+    fn rendering_json(&self) -> Option<Value> {
+        serde_json::to_value(&*self.rendering).ok()
+    }
 }
 
 /// The tools of one server (hydrated), with the server's identity.
@@ -108,18 +119,30 @@ impl Detail {
 
 impl ServerTools {
     /// Build from an upstream's `tools/list` (in the server's order; aliases are numbered in that
-    /// order).
+    /// order), with the renderings of `schemas` when they are of this list (else rendered now).
     pub fn from_tools(
         server: &str,
         server_alias: &str,
         server_description: Option<&str>,
         tools: &[rmcp::model::Tool],
+        schemas: Option<&Schemas>,
     ) -> ServerTools {
         let aliases = assign_aliases(tools.iter().map(|t| t.name.as_ref()), "tool");
         let tools = tools
             .iter()
             .zip(aliases)
-            .map(|(t, alias)| ToolEntry {
+            .enumerate()
+            .map(|(i, (t, alias))| ToolEntry {
+                rendering: schemas
+                    .and_then(|s| s.rendering(i))
+                    .cloned()
+                    .unwrap_or_else(|| {
+                        Arc::new(render(
+                            &Value::Object((*t.input_schema).clone()),
+                            server,
+                            &t.name,
+                        ))
+                    }),
                 name: t.name.to_string(),
                 alias,
                 description: t
@@ -174,6 +197,7 @@ impl ServerTools {
                 input_schema: t.input_schema.clone(),
                 output_schema: t.output_schema.clone(),
                 policy: None,
+                rendering: t.rendering_json(),
             })
             .collect()
     }
@@ -185,6 +209,7 @@ impl ServerTools {
         self.tools
             .into_iter()
             .map(|t| ToolMeta {
+                rendering: t.rendering_json(),
                 name: t.name,
                 alias: t.alias,
                 description: t.description,
@@ -221,6 +246,8 @@ impl ServerTools {
         if let Some(d) = &t.description {
             o.insert("description".into(), json!(d));
         }
+        // The parameters as help() shows them: types, allowed values, bounds, nested types.
+        o.insert("parameters".into(), json!(t.rendering.text()));
         if detail == Detail::Full {
             o.insert("inputSchema".into(), t.input_schema.clone());
             if let Some(s) = &t.output_schema {
@@ -409,14 +436,18 @@ fn doc_fields(server: &ServerTools, tool: &ToolEntry) -> Vec<(String, f64)> {
     if let Some(props) = props {
         let names: Vec<String> = props.keys().map(|k| words_of(k)).collect();
         fields.push((names.join(" "), W_PARAM_NAME));
-        let descs: Vec<String> = props
-            .values()
-            .filter_map(|p| p.get("description").and_then(Value::as_str))
-            .map(str::to_lowercase)
-            .collect();
-        if !descs.is_empty() {
-            fields.push((descs.join(" ; "), W_PARAM_DESCRIPTION));
-        }
+    }
+    // The rendering help() shows, without the top-level names matched above: allowed values,
+    // nested fields and types, descriptions.
+    let text: Vec<String> = tool
+        .rendering
+        .params
+        .iter()
+        .map(|p| p.line.to_lowercase())
+        .chain(tool.rendering.types.iter().map(|l| l.to_lowercase()))
+        .collect();
+    if !text.is_empty() {
+        fields.push((text.join(" ; "), W_PARAM_DESCRIPTION));
     }
     if let Some(d) = &tool.description {
         fields.push((d.to_lowercase(), W_DESCRIPTION));
@@ -559,6 +590,11 @@ mod tests {
             description: Some(description.into()),
             input_schema: json!({"type": "object", "properties": props}),
             output_schema: None,
+            rendering: Arc::new(render(
+                &json!({"type": "object", "properties": props}),
+                "s",
+                name,
+            )),
         }
     }
 
@@ -825,7 +861,7 @@ mod tests {
             .iter()
             .map(|n| rmcp::model::Tool::new(n.to_string(), "d", schema.clone()))
             .collect();
-        let st = ServerTools::from_tools("srv", "srv", None, &tools);
+        let st = ServerTools::from_tools("srv", "srv", None, &tools, None);
         let aliases: Vec<_> = st.tools.iter().map(|t| t.alias.as_str()).collect();
         assert_eq!(aliases, vec!["a_b", "a_b_2", "def_"]);
         assert_eq!(st.find("a_b").unwrap().name, "a_b");

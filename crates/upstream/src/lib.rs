@@ -29,6 +29,7 @@ mod record;
 mod relay;
 pub mod report;
 pub mod rpc;
+pub mod schema;
 pub mod secrets;
 pub mod stdio;
 pub mod store;
@@ -469,11 +470,13 @@ impl Upstreams {
     async fn server_tools(&self, slot: &Slot) -> Result<ServerTools, CallError> {
         let tools = self.inner.pool.tools(slot).await?;
         let info = &slot.info;
+        let schemas = schema::Schemas::of(&slot.schemas, &info.name, &tools);
         Ok(ServerTools::from_tools(
             &info.name,
             &info.alias,
             info.description.as_deref(),
             &tools,
+            Some(&schemas),
         ))
     }
 
@@ -551,11 +554,13 @@ impl Upstreams {
             .filter_map(|slot| {
                 let tools = slot.cached_tools()?;
                 let info = &slot.info;
+                let schemas = schema::Schemas::of(&slot.schemas, &info.name, &tools);
                 Some(ServerTools::from_tools(
                     &info.name,
                     &info.alias,
                     info.description.as_deref(),
                     &tools,
+                    Some(&schemas),
                 ))
             })
             .collect();

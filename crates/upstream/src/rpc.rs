@@ -58,6 +58,9 @@ pub enum RpcError {
     /// A call of a tool the server does not list, even when listed afresh: never sent.
     #[error(transparent)]
     Unlisted(#[from] Unlisted),
+    /// Arguments the tool's input schema forbids: never sent.
+    #[error(transparent)]
+    InvalidArguments(#[from] crate::schema::InvalidArguments),
     #[error(transparent)]
     Call(#[from] CallError),
     /// The policy, or the user when asked, refused the call. The runtime raises `ToolDenied`.
@@ -183,6 +186,7 @@ impl Hinted for RpcError {
                 }))
             }
             RpcError::Call(e) => e.hint(),
+            RpcError::InvalidArguments(e) => e.hint(),
             RpcError::Denied(_) => Some(Hint::clause(
                 "the user decides this, not the code: do not retry the call; go on without it, or tell the user what it was needed for",
             )),
@@ -324,7 +328,7 @@ impl ExecRpc {
                 });
             }
         };
-        let (tool_name, destructive) = match self.listed_tool(slot, tool).await {
+        let (tool_name, destructive, check) = match self.listed_tool(slot, tool).await {
             Ok(found) => found,
             Err(e) => {
                 self.record_unlisted(slot.name(), tool, arguments.as_ref(), &e);
@@ -344,7 +348,7 @@ impl ExecRpc {
             ],
         ));
         let outcome = self
-            .decided_call(slot, tool_name, arguments, destructive)
+            .decided_call(slot, tool_name, arguments, destructive, check)
             .within(span.context().clone())
             .await;
         // Measured only for a span that is sent: a result can be megabytes.
@@ -360,6 +364,7 @@ impl ExecRpc {
             ),
             Err(RpcError::Denied(_)) => (0, Some("denied")),
             Err(RpcError::Call(e)) => (0, Some(e.kind())),
+            Err(RpcError::InvalidArguments(_)) => (0, Some("InvalidArguments")),
             Err(_) => (0, Some("BadCall")),
         };
         trace::set(
@@ -381,6 +386,7 @@ impl ExecRpc {
         tool_name: String,
         arguments: Option<Map<String, Value>>,
         destructive: bool,
+        check: Option<Arc<crate::schema::Check>>,
     ) -> (Result<Value, RpcError>, Decision) {
         let started = Instant::now();
         // A call whose exec ends while the human is still being asked (a client that never
@@ -416,7 +422,23 @@ impl ExecRpc {
             record: Some(self.record(slot.name(), &tool_name, arguments.as_ref(), &decision)),
             dropped: (ToolStatus::Failed, "cancelled"),
         };
-        let outcome = if decision.allowed {
+        // Checked once allowed: a call the policy refuses is refused as such, whatever its
+        // arguments; one it allows is sent only when its arguments fit the tool's schema.
+        let problems = match &check {
+            Some(c) if decision.allowed => c.problems(arguments.as_ref()),
+            _ => Vec::new(),
+        };
+        let outcome = if decision.allowed && !problems.is_empty() {
+            Err(RpcError::InvalidArguments(
+                crate::schema::InvalidArguments {
+                    server: slot.name().to_string(),
+                    tool: tool_name.clone(),
+                    problems,
+                    server_alias: slot.info.alias.clone(),
+                    tool_alias: catalog::sanitize_identifier(&tool_name, "tool"),
+                },
+            ))
+        } else if decision.allowed {
             self.up
                 .inner
                 .pool
@@ -437,6 +459,7 @@ impl ExecRpc {
             Ok(_) => (ToolStatus::Ok, None),
             Err(RpcError::Denied(_)) => (ToolStatus::Denied, None),
             Err(RpcError::Call(e)) => (ToolStatus::Failed, Some(e.kind())),
+            Err(RpcError::InvalidArguments(_)) => (ToolStatus::Failed, Some("InvalidArguments")),
             Err(_) => (ToolStatus::Failed, Some("BadCall")),
         };
         record.finish(status, error_type);
@@ -488,7 +511,11 @@ impl ExecRpc {
     /// one without annotations.
     ///
     /// [`Pool::fresh_tools`]: super::pool::Pool::fresh_tools
-    async fn listed_tool(&self, slot: &Slot, tool: &str) -> Result<(String, bool), RpcError> {
+    async fn listed_tool(
+        &self,
+        slot: &Slot,
+        tool: &str,
+    ) -> Result<(String, bool, Option<Arc<crate::schema::Check>>), RpcError> {
         let asked = Instant::now();
         let cached = slot.cached_tools().filter(|_| !slot.catalog.is_from_file());
         let mut found = cached.and_then(|tools| {
@@ -507,7 +534,10 @@ impl ExecRpc {
             .iter()
             .find(|t| t.name == name)
             .is_some_and(crate::policy::is_destructive);
-        Ok((name, destructive))
+        let check = crate::schema::Schemas::of(&slot.schemas, slot.name(), &tools)
+            .check_of(&name)
+            .cloned();
+        Ok((name, destructive, check))
     }
 
     /// The `tool_call` record of a call refused before any rule was asked: its tool is not
@@ -609,13 +639,14 @@ impl ExecRpc {
 
 /// The listed name `tool` stands for in `tools`: itself, or the tool whose alias, lower-case
 /// name or identifier spelling it is (as [`ServerTools::find`] resolves it).
-fn listed_name(slot: &Slot, tools: &[rmcp::model::Tool], tool: &str) -> Option<String> {
+fn listed_name(slot: &Slot, tools: &Arc<Vec<rmcp::model::Tool>>, tool: &str) -> Option<String> {
     // The runtime sends real names: skip building the catalog (it deep-copies every tool's
     // schemas, ~10 % of the bridge's CPU per proxied call).
     if tools.iter().any(|t| t.name == tool) {
         return Some(tool.to_string());
     }
-    ServerTools::from_tools(slot.name(), &slot.info.alias, None, tools)
+    let schemas = crate::schema::Schemas::of(&slot.schemas, slot.name(), tools);
+    ServerTools::from_tools(slot.name(), &slot.info.alias, None, tools, Some(&schemas))
         .find(tool)
         .map(|t| t.name.clone())
 }

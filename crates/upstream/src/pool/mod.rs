@@ -112,6 +112,8 @@ pub(crate) struct Slot {
     relisting: tokio::sync::Mutex<()>,
     /// When a search last failed to start this server, and why (searches skip it for a while).
     pub(crate) search_failed: Mutex<Option<(Instant, String)>>,
+    /// The renderings and checks of the cached list's schemas, made once per list.
+    pub(crate) schemas: crate::schema::SchemaCache,
 }
 
 /// A slot's place in the persisted catalog.
@@ -265,6 +267,7 @@ impl Pool {
                     starts: AtomicU64::new(0),
                     relisting: tokio::sync::Mutex::new(()),
                     search_failed: Mutex::new(None),
+                    schemas: Default::default(),
                 })
             })
             .collect();
