@@ -30,6 +30,11 @@ def text_of(result) -> str:
     return "\n".join(getattr(c, "text", "") for c in result.content)
 
 
+def is_error(result) -> bool:
+    """CallToolResult's error flag: `is_error` in the SDK 2.x, `isError` before."""
+    return bool(getattr(result, "is_error", getattr(result, "isError", False)))
+
+
 async def main(command: str) -> None:
     params = StdioServerParameters(command=command, args=["run"], env=dict(os.environ))
     async with stdio_client(params) as (read, write):
@@ -47,16 +52,16 @@ async def main(command: str) -> None:
             )
             out = text_of(res)
             print(out)
-            assert not res.isError, out
+            assert not is_error(res), out
             assert "TIME-RESULT" in out and "UTC" in out, out
 
             res = await session.call_tool("run_python", {"code": "answer = 41"})
-            assert not res.isError, text_of(res)
+            assert not is_error(res), text_of(res)
             res = await session.call_tool("run_python", {"code": "print(answer + 1)"})
-            assert not res.isError and "42" in text_of(res), text_of(res)
+            assert not is_error(res) and "42" in text_of(res), text_of(res)
 
             res = await session.call_tool("run_python", {"code": "1 / 0"})
-            assert res.isError and "ZeroDivisionError" in text_of(res), text_of(res)
+            assert is_error(res) and "ZeroDivisionError" in text_of(res), text_of(res)
 
     print("MCP-CLIENT-OK")
 
