@@ -82,12 +82,13 @@ pub struct ToolEntry {
     pub output_schema: Option<Value>,
     /// The input schema as the model reads it ([`crate::schema::render`]).
     pub rendering: Arc<Rendering>,
+    /// The same, as the runtime gets it.
+    pub rendering_json: Arc<Value>,
 }
 
 impl ToolEntry {
-    /// The rendering as the runtime gets it.
     fn rendering_json(&self) -> Option<Value> {
-        serde_json::to_value(&*self.rendering).ok()
+        Some(Value::clone(&self.rendering_json))
     }
 }
 
@@ -132,30 +133,34 @@ impl ServerTools {
             .iter()
             .zip(aliases)
             .enumerate()
-            .map(|(i, (t, alias))| ToolEntry {
-                rendering: schemas
-                    .and_then(|s| s.rendering(i))
-                    .cloned()
-                    .unwrap_or_else(|| {
-                        Arc::new(render(
-                            &Value::Object((*t.input_schema).clone()),
-                            server,
-                            &t.name,
-                        ))
-                    }),
-                name: t.name.to_string(),
-                alias,
-                description: t
-                    .description
-                    .as_ref()
-                    .map(|d| d.to_string())
-                    .or_else(|| t.title.clone())
-                    .or_else(|| t.annotations.as_ref().and_then(|a| a.title.clone())),
-                input_schema: Value::Object((*t.input_schema).clone()),
-                output_schema: t
-                    .output_schema
-                    .as_ref()
-                    .map(|s| Value::Object((**s).clone())),
+            .map(|(i, (t, alias))| {
+                let (rendering, rendering_json) = match schemas
+                    .and_then(|s| Some((s.rendering(i)?, s.rendering_json(i)?)))
+                {
+                    Some((r, j)) => (r.clone(), j.clone()),
+                    None => {
+                        let r = render(&Value::Object((*t.input_schema).clone()), server, &t.name);
+                        let j = Arc::new(r.to_json());
+                        (Arc::new(r), j)
+                    }
+                };
+                ToolEntry {
+                    rendering,
+                    rendering_json,
+                    name: t.name.to_string(),
+                    alias,
+                    description: t
+                        .description
+                        .as_ref()
+                        .map(|d| d.to_string())
+                        .or_else(|| t.title.clone())
+                        .or_else(|| t.annotations.as_ref().and_then(|a| a.title.clone())),
+                    input_schema: Value::Object((*t.input_schema).clone()),
+                    output_schema: t
+                        .output_schema
+                        .as_ref()
+                        .map(|s| Value::Object((**s).clone())),
+                }
             })
             .collect();
         ServerTools {
@@ -584,17 +589,15 @@ mod tests {
             .iter()
             .map(|(p, d)| (p.to_string(), json!({"type": "string", "description": d})))
             .collect();
+        let rendering = render(&json!({"type": "object", "properties": props}), "s", name);
         ToolEntry {
             name: name.into(),
             alias: sanitize_identifier(name, "tool"),
             description: Some(description.into()),
             input_schema: json!({"type": "object", "properties": props}),
             output_schema: None,
-            rendering: Arc::new(render(
-                &json!({"type": "object", "properties": props}),
-                "s",
-                name,
-            )),
+            rendering: Arc::new(rendering.clone()),
+            rendering_json: Arc::new(rendering.to_json()),
         }
     }
 

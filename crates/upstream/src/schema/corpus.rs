@@ -253,3 +253,68 @@ fn a_fact_left_out_is_found_missing() {
     let planted = text.replace("required", "optional");
     assert!(fs.iter().any(|f| !found(&planted, f)));
 }
+
+/// What the renderings add to a call that loads servers: the bridge builds every loaded tool's
+/// metadata and serializes it to compare with the last sent (`sandbox/session/exec.rs`). Timed
+/// for the reference servers of the corpus (everything, filesystem twice, time, git: 54 tools,
+/// as the proxy bench loads them), with and without the renderings. Run on its own, release:
+/// `cargo test --profile dev-release -p mcp-code-bridge-upstream --lib schema::corpus::metadata_cost -- --ignored --nocapture`.
+#[test]
+#[ignore = "a timing, run on its own"]
+fn metadata_cost_of_the_renderings() {
+    use crate::catalog::ServerTools;
+    use std::sync::Arc;
+    use std::time::Instant;
+    let mut lists = Vec::new();
+    for s in ["everything", "filesystem", "filesystem", "time", "git"] {
+        let doc: Value =
+            serde_json::from_slice(&std::fs::read(corpus_dir().join(format!("{s}.json"))).unwrap())
+                .unwrap();
+        let tools: Vec<rmcp::model::Tool> = doc["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                rmcp::model::Tool::new(
+                    t["name"].as_str().unwrap().to_string(),
+                    t["description"].as_str().unwrap_or("").to_string(),
+                    t["inputSchema"].as_object().unwrap().clone(),
+                )
+            })
+            .collect();
+        let tools = Arc::new(tools);
+        let schemas = super::Schemas::new(s, tools.clone());
+        lists.push((s, tools, schemas));
+    }
+    let n = 2000;
+    // The whole: every loaded tool's metadata built and serialized, as a call that loads
+    // these servers does.
+    let started = Instant::now();
+    let mut bytes = 0;
+    for _ in 0..n {
+        let metas: Vec<_> = lists
+            .iter()
+            .map(|(s, tools, schemas)| {
+                ServerTools::from_tools(s, s, None, tools, Some(schemas)).into_tool_meta()
+            })
+            .collect();
+        bytes = serde_json::to_vec(&metas).unwrap().len();
+    }
+    let whole = started.elapsed() / n;
+    // The renderings' part of it: cloned and serialized alone.
+    let started = Instant::now();
+    let mut rbytes = 0;
+    for _ in 0..n {
+        let rs: Vec<Value> = lists
+            .iter()
+            .flat_map(|(_, tools, schemas)| {
+                (0..tools.len()).map(|i| Value::clone(schemas.rendering_json(i).unwrap()))
+            })
+            .collect();
+        rbytes = serde_json::to_vec(&rs).unwrap().len();
+    }
+    let part = started.elapsed() / n;
+    println!(
+        "54 tools' metadata per call: {whole:?} ({bytes} bytes), of which the renderings {part:?} ({rbytes} bytes)"
+    );
+}

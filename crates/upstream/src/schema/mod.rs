@@ -23,6 +23,9 @@ pub struct Schemas {
     tools: Arc<Vec<Tool>>,
     server: String,
     rendered: Vec<Arc<Rendering>>,
+    /// Each rendering as the runtime gets it, serialized once (a call that loads servers sends
+    /// every tool's metadata: it clones these, never serializes them again).
+    rendered_json: Vec<Arc<Value>>,
     checks: Vec<OnceLock<Arc<Check>>>,
 }
 
@@ -47,7 +50,7 @@ impl Schemas {
 
     /// Made for a list no slot holds (tests, benches).
     pub fn new(server: &str, tools: Arc<Vec<Tool>>) -> Schemas {
-        let rendered = tools
+        let rendered: Vec<Arc<Rendering>> = tools
             .iter()
             .map(|t| {
                 Arc::new(render(
@@ -57,11 +60,13 @@ impl Schemas {
                 ))
             })
             .collect();
+        let rendered_json = rendered.iter().map(|r| Arc::new(r.to_json())).collect();
         let checks = tools.iter().map(|_| OnceLock::new()).collect();
         Schemas {
             tools,
             server: server.to_string(),
             rendered,
+            rendered_json,
             checks,
         }
     }
@@ -69,6 +74,11 @@ impl Schemas {
     /// The rendering of the tool at `index` of the list.
     pub fn rendering(&self, index: usize) -> Option<&Arc<Rendering>> {
         self.rendered.get(index)
+    }
+
+    /// The rendering of the tool at `index` as the runtime gets it.
+    pub fn rendering_json(&self, index: usize) -> Option<&Arc<Value>> {
+        self.rendered_json.get(index)
     }
 
     /// The rendering of the tool named `name`.

@@ -54,6 +54,11 @@ pub struct Param {
 }
 
 impl Rendering {
+    /// As the runtime gets it (`ToolMeta::rendering`).
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+
     /// The `Args:` and `Types:` blocks with the schema's parameter names (the runtime writes
     /// the same lines with its Python names), and the note on what was left out.
     pub fn text(&self) -> String {
