@@ -335,6 +335,11 @@ impl ExecRpc {
                 return Err(e);
             }
         };
+        // What the tool's schema says of the arguments, read where they are (they can be
+        // large); it counts only for a call the policy allows.
+        let problems = check.map_or_else(Vec::new, |c| {
+            c.problems_of(params.get("arguments").unwrap_or(&Value::Null))
+        });
         // The call's span (OpenTelemetry's MCP client conventions): its server, tool, decision,
         // status and size, never its arguments; the approval question and the server's own
         // spans (it gets the `traceparent`) are its children.
@@ -348,7 +353,7 @@ impl ExecRpc {
             ],
         ));
         let outcome = self
-            .decided_call(slot, tool_name, arguments, destructive, check)
+            .decided_call(slot, tool_name, arguments, destructive, problems)
             .within(span.context().clone())
             .await;
         // Measured only for a span that is sent: a result can be megabytes.
@@ -386,7 +391,7 @@ impl ExecRpc {
         tool_name: String,
         arguments: Option<Map<String, Value>>,
         destructive: bool,
-        check: Option<Arc<crate::schema::Check>>,
+        problems: Vec<String>,
     ) -> (Result<Value, RpcError>, Decision) {
         let started = Instant::now();
         // A call whose exec ends while the human is still being asked (a client that never
@@ -422,12 +427,8 @@ impl ExecRpc {
             record: Some(self.record(slot.name(), &tool_name, arguments.as_ref(), &decision)),
             dropped: (ToolStatus::Failed, "cancelled"),
         };
-        // Checked once allowed: a call the policy refuses is refused as such, whatever its
-        // arguments; one it allows is sent only when its arguments fit the tool's schema.
-        let problems = match &check {
-            Some(c) if decision.allowed => c.problems(arguments.as_ref()),
-            _ => Vec::new(),
-        };
+        // A call the policy refuses is refused as such, whatever its arguments; one it allows
+        // is sent only when its arguments fit the tool's schema.
         let outcome = if decision.allowed && !problems.is_empty() {
             Err(RpcError::InvalidArguments(
                 crate::schema::InvalidArguments {

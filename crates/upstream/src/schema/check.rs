@@ -49,16 +49,26 @@ impl Check {
 
     /// The problems of `arguments` (empty: nothing to refuse).
     pub fn problems(&self, arguments: Option<&Map<String, Value>>) -> Vec<String> {
+        match arguments {
+            Some(a) => self.problems_of(&Value::Object(a.clone())),
+            None => self.problems_of(&Value::Object(Map::new())),
+        }
+    }
+
+    /// The problems of `arguments` as the call's parameters hold them (never copied: they can
+    /// be megabytes); `null` is no arguments.
+    pub fn problems_of(&self, arguments: &Value) -> Vec<String> {
         let Some(v) = &self.0 else {
             return Vec::new();
         };
-        let empty = Map::new();
-        let instance = Value::Object(arguments.unwrap_or(&empty).clone());
-        if v.is_valid(&instance) {
+        if arguments.is_null() {
+            return self.problems_of(&Value::Object(Map::new()));
+        }
+        if v.is_valid(arguments) {
             return Vec::new();
         }
         let mut out: Vec<String> = Vec::new();
-        for e in v.iter_errors(&instance) {
+        for e in v.iter_errors(arguments) {
             let p = problem(&e);
             if !out.contains(&p) {
                 out.push(p);
