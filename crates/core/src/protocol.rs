@@ -207,9 +207,10 @@ pub struct ToolMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
     /// The input schema rendered for the model (the upstream crate's `schema::Rendering`): the
-    /// runtime builds the tool function's signature and `help()` from it.
+    /// runtime builds the tool function's signature and `help()` from it. Shared with the
+    /// catalog, which makes it once per tool list: a call that loads servers does not copy it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rendering: Option<Value>,
+    pub rendering: Option<std::sync::Arc<Value>>,
 }
 
 /// A server the bridge knows of, loaded or not: what discovery shows without any schema.

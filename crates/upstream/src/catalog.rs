@@ -87,8 +87,8 @@ pub struct ToolEntry {
 }
 
 impl ToolEntry {
-    fn rendering_json(&self) -> Option<Value> {
-        Some(Value::clone(&self.rendering_json))
+    fn rendering_json(&self) -> Option<Arc<Value>> {
+        Some(self.rendering_json.clone())
     }
 }
 
