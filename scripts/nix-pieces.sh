@@ -189,6 +189,15 @@ background() {
     "$@" > "$log" 2>&1 < /dev/null &
     echo $! >> "$work/pids"
 }
+# serving PID PORT: `listening` on 127.0.0.1:PORT in the VM, or exits 2 when PID has exited.
+serving() {
+    local deadline=$((SECONDS + 60))
+    until listening 127.0.0.1 "$2" >/dev/null 2>&1; do
+        kill -0 "$1" 2>/dev/null || { echo "the service exited before it listened"; return 2; }
+        [[ $SECONDS -lt $deadline ]] || { echo "the service did not listen within 60 s"; return 1; }
+        sleep 0.2
+    done
+}
 # wait_for TIMEOUT COMMAND...: until it succeeds.
 wait_for() {
     local deadline=$((SECONDS + $1))
@@ -1428,7 +1437,7 @@ listen_of() { # where serve listens: the settings' listen, else the bridge's def
 }
 stop_serve() { # SIGTERM (the units' KillSignal), as `systemctl stop`: serve exits
     local deadline=$((SECONDS + 60))
-    kill -TERM "$1"
+    kill -TERM "$1" 2>/dev/null || { echo "serve had exited already"; return 1; }
     while kill -0 "$1" 2>/dev/null; do
         [[ $SECONDS -lt $deadline ]] || { echo "serve did not exit within 60 s of SIGTERM"; return 1; }
         sleep 0.2
@@ -1459,6 +1468,7 @@ call_serve() {
 secret_unreadable() { # secret_unreadable UNITS_FILE
     local unit_user
     unit_user=$(pieces get "$1" mcp-code-bridge-http.serviceConfig.User)
+    id "$unit_user" || { echo "no user $unit_user here (the units' users and groups, above)"; return 1; }
     stat -c '%n: %U:%G %a' "$work/run/secrets/mcp-code-bridge-tokens"
     [[ "$(stat -c '%U %a' "$work/run/secrets/mcp-code-bridge-tokens")" == "root 600" ]]
     if setpriv --reuid="$unit_user" --regid="$(id -g "$unit_user")" --init-groups \
@@ -1484,7 +1494,7 @@ serve_nixos() { # serve_nixos VARIANT container|gvisor
     listen=$(listen_of nixos.json "$v")
     url="http://127.0.0.1:${listen##*:}/mcp"
     # On a failure the service is stopped too: the next one listens on the same port.
-    wait_for 60 listening 127.0.0.1 "${listen##*:}" || { cat "$work/serve-$v.log"; stop_serve "$pid"; return 1; }
+    serving "$pid" "${listen##*:}" || { cat "$work/serve-$v.log"; stop_serve "$pid"; return 1; }
     pieces process-as "$pid" "$units" mcp-code-bridge-http || { stop_serve "$pid"; return 1; }
     ls -ld "$work/var/lib/mcp-code-bridge-http" "$work/credentials/$v" "$work/credentials/$v"/*
     "${vm[@]}" "$py" "$work/pieces.py" mcp "$url" "" "print(1)" > "$work/serve-$v.noauth" 2>&1 || rc=$?
@@ -1612,7 +1622,7 @@ serve_home() { # serve_home VARIANT container|gvisor|refused
     pid=$!
     echo "$pid" >> "$work/pids"
     listen=$(listen_of home.json "$v")
-    wait_for 60 listening 127.0.0.1 "${listen##*:}" || { cat "$work/home-serve-$v.log"; stop_serve "$pid"; return 1; }
+    serving "$pid" "${listen##*:}" || { cat "$work/home-serve-$v.log"; stop_serve "$pid"; return 1; }
     call_serve "$work/home-serve-$v.out" "http://127.0.0.1:${listen##*:}/mcp" "" "$2" \
         || { cat "$work/home-serve-$v.log"; stop_serve "$pid"; return 1; }
     stop_serve "$pid"
