@@ -162,8 +162,8 @@ trap - EXIT
 
 # --- the Nix pieces -------------------------------------------------------------------------------
 # What the NixOS VM tests and the modules run (the probes, the units, config.toml, the runsc
-# wrapper), taken from the offline evaluation and run against the release binary and real podman
-# (docs/nix.md, VM tests); about 2 minutes.
+# wrapper), taken from the offline evaluation and run against the dev-release binary and real
+# podman, each unit as its own user (docs/nix.md, VM tests); about 3 minutes.
 bridge="${CARGO_TARGET_DIR:-target}/dev-release/mcp-code-bridge"
 step "the Nix pieces on Debian: scripts/nix-pieces.sh $bridge"
 bash scripts/nix-pieces.sh "$bridge" < /dev/null
