@@ -188,6 +188,21 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             "; this configuration parks none: it needs engine_linger, isolation = \"container\" and no inputs"
         }
     ));
+    if crate::sandbox::park::eligible(&config) {
+        match crate::sandbox::park::keeper_dir() {
+            Ok(dir) => c.ok(&format!(
+                "hand-over to the next bridge: keepers listen in {} (this user's alone)",
+                dir.display()
+            )),
+            Err(off) => c.bad(
+                &format!(
+                    "hand-over to the next bridge cannot work: {} (each bridge starts its own sandboxes)",
+                    off.problem
+                ),
+                &off.fix,
+            ),
+        }
+    }
     let stored = crate::sandbox::snapshots::list(&config.state_dir);
     c.note(&format!(
         "session snapshots on disk: {} ({} bytes of snapshot_store_size = {}; snapshot_max_size = {}, snapshot_ttl = {}; `sessions list` shows them)",

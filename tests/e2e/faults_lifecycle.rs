@@ -753,9 +753,12 @@ async fn bridge_that_parks(env: &[(&str, &str)]) -> (Home, String, String) {
     (home, parked, used)
 }
 
+/// The socket of the keeper the last bridge of `home` started (in the keeper directory).
 fn parked_socket(home: &Home) -> std::path::PathBuf {
-    home.path()
-        .join(".local/state/mcp-code-bridge/engine/parked.sock")
+    let log = home.log();
+    crate::resume::logged_keeper_sockets(&log)
+        .pop()
+        .unwrap_or_else(|| panic!("no keeper was started:\n{log}"))
 }
 
 /// `podman inspect`'s `{{.State.Status}} {{.Name}}` of container `id`; empty when it is gone.

@@ -30,17 +30,35 @@ fn sessions_dir(home: &Home) -> PathBuf {
         .join(".local/state/mcp-code-bridge/engine/sessions")
 }
 
+/// The listings of the sessions keepers hold for `home`'s state dir (`<digest>.json`, each
+/// removed by its keeper with its socket, which is in the keeper directory).
 fn keeper_sockets(home: &Home) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(sessions_dir(home))
         .map(|d| {
             d.flatten()
                 .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+                .filter(|p| p.extension().is_some_and(|x| x == "json"))
                 .collect()
         })
         .unwrap_or_default();
     out.sort();
     out
+}
+
+/// The sockets the keepers started by the bridge whose log this is listen on.
+pub(crate) fn logged_keeper_sockets(log: &str) -> Vec<PathBuf> {
+    log.lines()
+        .filter(|l| l.contains("the keeper listens"))
+        .filter_map(|l| {
+            let at = l.find("socket=")? + "socket=".len();
+            let path: String = l[at..]
+                .trim_start_matches('"')
+                .chars()
+                .take_while(|c| !c.is_whitespace() && *c != '"')
+                .collect();
+            Some(PathBuf::from(path))
+        })
+        .collect()
 }
 
 fn mode_of(p: &Path) -> u32 {
@@ -637,4 +655,151 @@ async fn over_serve_an_identitys_parked_sessions_count_toward_its_own_bound() {
     assert_eq!(r.meta()["resumed"], json!("live"));
     let _ = alice.cancel().await;
     let _ = bob.cancel().await;
+}
+
+/// A state dir whose path is too long for a socket in it (here 80 bytes: a keeper's socket
+/// under it would be 134, over the 107 of `SUN_LEN`): sessions are handed over all the same,
+/// through sockets in the keeper directory, of this user's alone (0700), whose paths do not
+/// grow with the state dir's. `doctor` names that directory.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_long_state_dir_a_session_is_still_handed_live_to_the_next_bridge() {
+    use std::os::unix::fs::MetadataExt;
+    let home = Home::new();
+    let base = home.path().display().to_string();
+    let state = format!("{base}/{}", "s".repeat(80 - base.len() - 1));
+    assert_eq!(state.len(), 80);
+    // The bridge's own podman service listens in the state dir: that socket still fits.
+    assert!(state.len() + "/podman-4194304.sock".len() <= 107);
+    let mut env: Vec<(&str, &str)> = ENV.to_vec();
+    env.push(("MCP_BRIDGE_STATE_DIR", &state));
+    let first = Bridge::start_with(home, &env, None).await;
+    run_in(&first, "work", "x = 41").await.ok();
+    let home = first.shutdown_clean().await;
+    let log = home.log();
+    assert!(
+        log.contains("parked the session for the next bridge"),
+        "{log}"
+    );
+    let sockets = logged_keeper_sockets(&log);
+    assert_eq!(sockets.len(), 1, "{log}");
+    let sock = &sockets[0];
+    assert!(sock.as_os_str().len() <= 107, "{}", sock.display());
+    assert!(!sock.starts_with(&state), "{}", sock.display());
+    assert!(sock.exists(), "{}", sock.display());
+    assert_eq!(mode_of(sock), 0o600);
+    let dir = sock.parent().unwrap();
+    let m = std::fs::symlink_metadata(dir).unwrap();
+    assert!(m.is_dir() && m.mode() & 0o777 == 0o700, "{:o}", m.mode());
+    assert_eq!(m.uid(), unsafe { libc::getuid() });
+    let doctor = home
+        .command()
+        .args(["doctor", "--quick"])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        said.contains(&format!(
+            "hand-over to the next bridge: keepers listen in {}",
+            dir.display()
+        )),
+        "{said}"
+    );
+
+    let second = Bridge::start_with(home, &env, None).await;
+    let r = run_in(&second, "work", "print(x + 1)").await.ok();
+    assert_eq!(r.stdout(), "42\n", "{}", second.home.log());
+    assert_eq!(r.meta()["resumed"], json!("live"), "{:?}", r.meta());
+    assert!(!sock.exists(), "the keeper's socket outlived its hand-over");
+    let home = second.shutdown_clean().await;
+    let last = Bridge::start_with(
+        home,
+        &[
+            ("MCP_BRIDGE_ENGINE_LINGER", "60s"),
+            ("MCP_BRIDGE_SESSION_LINGER", "0"),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+            ("MCP_BRIDGE_STATE_DIR", &state),
+        ],
+        None,
+    )
+    .await;
+    // Its own session, parked again by the second bridge, ends with this one's reset.
+    let r = Outcome(
+        last.call(json!({"code": "print('x' in globals())", "session": "work", "reset": true}))
+            .await,
+    )
+    .ok();
+    assert_eq!(r.stdout(), "False\n");
+    last.shutdown_clean().await;
+}
+
+/// The keeper directory is where another local user could act first: a link in its place
+/// (to a directory of theirs), or a directory open to others, is refused, said at WARN with
+/// the fix; no socket is made through it and the next bridge starts afresh. `doctor` fails on
+/// it with the same words.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keeper_directory_prepared_by_another_user_is_refused_and_doctor_says_so() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = Home::new();
+    let run = home.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let theirs = home.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let keeper_dir = run.join("mcp-code-bridge");
+    std::os::unix::fs::symlink(&theirs, &keeper_dir).unwrap();
+    let run_s = run.display().to_string();
+    let mut env: Vec<(&str, &str)> = ENV.to_vec();
+    env.push(("XDG_RUNTIME_DIR", &run_s));
+    let doctor = |home: &Home| {
+        let out = home
+            .command()
+            .args(["doctor", "--quick"])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let said = doctor(&home);
+    assert!(
+        said.contains(&format!(
+            "hand-over to the next bridge cannot work: the keeper directory {} is a symbolic link",
+            keeper_dir.display()
+        )),
+        "{said}"
+    );
+    assert!(said.contains("fix: remove it (`rm -r"), "{said}");
+
+    let first = Bridge::start_with(home, &env, None).await;
+    run_in(&first, "work", "x = 41").await.ok();
+    let home = first.shutdown_clean().await;
+    let log = home.log();
+    assert!(
+        log.contains("WARN") && log.contains("is a symbolic link: another local user may have prepared it"),
+        "{log}"
+    );
+    assert!(!log.contains("parked the session for the next bridge"), "{log}");
+    assert_eq!(
+        std::fs::read_dir(&theirs).unwrap().count(),
+        0,
+        "something was made through the link"
+    );
+    let second = Bridge::start_with(home, &env, None).await;
+    let r = run_in(&second, "work", "print('x' in globals())").await.ok();
+    assert_eq!(r.stdout(), "False\n");
+    let home = second.shutdown_clean().await;
+
+    // A directory of the right name open to others, and (as root) one of another owner.
+    std::fs::remove_file(&keeper_dir).unwrap();
+    std::fs::create_dir(&keeper_dir).unwrap();
+    std::fs::set_permissions(&keeper_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let said = doctor(&home);
+    assert!(said.contains("has mode 0777, not 0700"), "{said}");
+    if unsafe { libc::getuid() } == 0 {
+        std::fs::set_permissions(&keeper_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&keeper_dir, Some(65534), Some(65534)).unwrap();
+        let said = doctor(&home);
+        assert!(said.contains("belongs to uid 65534, not to this user (uid 0)"), "{said}");
+    }
 }

@@ -6,16 +6,26 @@
 //! [`container::PARKED_MARK`], and a **keeper** (this binary, `keep-parked`, a process of its
 //! own session) holds the container's attach connection (`sandbox::attach`: podman closes a
 //! container's stdin when the connection that carried it ends, so the connection itself must
-//! outlive the bridge) and listens on `<state_dir>/engine/parked.sock` (mode 0600 in the
-//! user's 0700 directory). The next bridge connects, receives the connection's descriptor
+//! outlive the bridge) and listens on a socket in the **keeper directory** ([`keeper_dir`]).
+//! The next bridge connects, receives the connection's descriptor
 //! (`SCM_RIGHTS`) with what the sandbox said at boot, and uses it as a pooled sandbox of its own,
 //! but only if the sandbox was created with exactly the container settings this bridge would
 //! use ([`spec_digest`]) on the same engine; otherwise it removes it. Nothing else is trusted
 //! from the keeper: it is the user's own process, in the user's own directory.
 //!
 //! A session that ran code is parked the same way, in a slot of its own ([`Slot::Session`]:
-//! `<state_dir>/engine/sessions/<digest of its key>.sock`), for `session_linger`, and taken by
-//! the next bridge's first call that names the session (`sandbox::resume`).
+//! its lock and listing `<state_dir>/engine/sessions/<digest of its key>.{lock,json}`), for
+//! `session_linger`, and taken by the next bridge's first call that names the session
+//! (`sandbox::resume`).
+//!
+//! A socket's path is at most 107 bytes (`SUN_LEN`), so the keepers' sockets are not in the
+//! state dir, whose path may be of any length: they are in a short directory of this user's
+//! alone, `$XDG_RUNTIME_DIR/mcp-code-bridge` (or `/run/user/<uid>/mcp-code-bridge`), else
+//! `/tmp/mcp-code-bridge-<uid>`, each named by a digest of the state dir and the slot
+//! ([`socket_of`]). Other local users may have prepared that directory: it is used only when it
+//! is a directory (not a link), owned by this user and of mode 0700, checked before each bind
+//! and each connection; otherwise hand-over is off, said at WARN and by `doctor`. Each side
+//! checks the other's uid (`SO_PEERCRED`).
 //!
 //! Bounded: one parked sandbox per slot (a lock the keeper holds), the pool's one and one per
 //! session the bridge had (at most `max_sessions`), each for at most `engine_linger`; then the keeper closes the connection (the runtime reads the end of its
@@ -114,44 +124,191 @@ impl Slot {
         }
     }
 
-    /// Its keeper's socket and lock in `state_dir`. A session's are named by the digest of its
-    /// key, so no session name (chosen by the model) is ever a path.
+    /// Its keeper's socket (in the keeper directory) and its lock (in `state_dir`). A
+    /// session's are named by digests of its key, so no session name (chosen by the model) is
+    /// ever a path.
     fn paths(&self, state_dir: &Path) -> (PathBuf, PathBuf) {
+        (
+            keeper_base().join(self.socket_name(state_dir)),
+            self.lock(state_dir),
+        )
+    }
+
+    fn lock(&self, state_dir: &Path) -> PathBuf {
         let engine = state_dir.join("engine");
         match self {
-            Slot::Pool => (engine.join("parked.sock"), engine.join("parked.lock")),
+            Slot::Pool => engine.join("parked.lock"),
+            Slot::Session(key) => engine
+                .join("sessions")
+                .join(format!("{}.lock", key_digest(key))),
+        }
+    }
+
+    /// The socket's file name: a digest of the state dir (as the file system resolves it, so
+    /// that two spellings of one directory meet) and the slot, 37 bytes whatever their length.
+    fn socket_name(&self, state_dir: &Path) -> String {
+        use std::os::unix::ffi::OsStrExt;
+        let real = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+        let mut h = Sha256::new();
+        h.update(real.as_os_str().as_bytes());
+        h.update([0]);
+        match self {
+            Slot::Pool => h.update(b"pool"),
             Slot::Session(key) => {
-                let digest = hex::encode(Sha256::digest(key.as_bytes()));
-                let dir = engine.join("sessions");
-                (
-                    dir.join(format!("{}.sock", &digest[..32])),
-                    dir.join(format!("{}.lock", &digest[..32])),
-                )
+                h.update(b"session\0");
+                h.update(key.as_bytes());
             }
         }
+        format!("{}.sock", &hex::encode(h.finalize())[..32])
     }
 }
 
-/// How many sessions keepers hold in `state_dir` (their sockets; a keeper whose time is over
-/// removes its own).
-pub fn parked_sessions(state_dir: &Path) -> usize {
-    std::fs::read_dir(state_dir.join("engine").join("sessions"))
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.path().extension().is_some_and(|x| x == "sock"))
-                .count()
-        })
-        .unwrap_or(0)
+/// The first 32 hex digits of the digest of a session key.
+fn key_digest(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))[..32].to_string()
 }
 
-/// The pool's keeper's socket in `state_dir`.
+/// The longest path a Unix socket may have (`sizeof(sun_path)` less its NUL).
+const SUN_PATH_MAX: usize = 107;
+/// A socket's name in the keeper directory: 32 hex digits and `.sock`.
+const SOCKET_NAME_LEN: usize = 37;
+
+/// Where keepers' sockets would be, whether or not it is there or fit for use: in
+/// `$XDG_RUNTIME_DIR` (when set, absolute and short enough), else in `/run/user/<uid>` when that
+/// is there, else `/tmp/mcp-code-bridge-<uid>`. The second element is the per-user directory
+/// the first lies in, when it is not made here (its owner and mode are checked too).
+fn keeper_place() -> (PathBuf, Option<PathBuf>) {
+    let uid = unsafe { libc::getuid() };
+    let fits = |dir: &Path| dir.as_os_str().len() + 1 + SOCKET_NAME_LEN <= SUN_PATH_MAX;
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| {
+            let run = PathBuf::from(format!("/run/user/{uid}"));
+            run.symlink_metadata().is_ok().then_some(run)
+        });
+    if let Some(rt) = runtime {
+        let dir = rt.join("mcp-code-bridge");
+        if fits(&dir) {
+            return (dir, Some(rt));
+        }
+    }
+    (PathBuf::from(format!("/tmp/mcp-code-bridge-{uid}")), None)
+}
+
+/// The keeper directory's path (nothing made or checked).
+fn keeper_base() -> PathBuf {
+    keeper_place().0
+}
+
+/// The keeper directory, made if it is not there (mode 0700), and checked: a directory, not a
+/// link, this user's, of mode 0700 (and so the per-user directory it lies in). Another local
+/// user may have made it first, or left a link in its place: then the error says so and what
+/// to do, and no sandbox is handed over through it.
+pub fn keeper_dir() -> Result<PathBuf, HandOverOff> {
+    use std::os::unix::fs::DirBuilderExt;
+    let (dir, parent) = keeper_place();
+    if let Some(parent) = &parent {
+        check_private_dir(parent, "the runtime directory")?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(HandOverOff {
+                problem: format!("the keeper directory {} cannot be made: {e}", dir.display()),
+                fix: "set XDG_RUNTIME_DIR to a directory of yours of mode 0700".into(),
+            });
+        }
+    }
+    check_private_dir(&dir, "the keeper directory")?;
+    Ok(dir)
+}
+
+/// The keeper directory when it is there and fit for use (nothing made).
+fn keeper_dir_if_there() -> Result<PathBuf, HandOverOff> {
+    let (dir, parent) = keeper_place();
+    if let Some(parent) = &parent {
+        check_private_dir(parent, "the runtime directory")?;
+    }
+    check_private_dir(&dir, "the keeper directory")?;
+    Ok(dir)
+}
+
+/// `dir` is a directory (the link itself is looked at, never followed), owned by this user,
+/// with no access for group or others.
+fn check_private_dir(dir: &Path, what: &str) -> Result<(), HandOverOff> {
+    use std::os::unix::fs::MetadataExt;
+    let me = unsafe { libc::getuid() };
+    let m = dir.symlink_metadata().map_err(|e| HandOverOff {
+        problem: format!("{what} {} cannot be read: {e}", dir.display()),
+        fix: "set XDG_RUNTIME_DIR to a directory of yours of mode 0700".into(),
+    })?;
+    let problem = if m.file_type().is_symlink() {
+        "is a symbolic link".to_string()
+    } else if !m.is_dir() {
+        "is not a directory".to_string()
+    } else if m.uid() != me {
+        format!("belongs to uid {}, not to this user (uid {me})", m.uid())
+    } else if m.mode() & 0o077 != 0 {
+        format!("has mode {:04o}, not 0700", m.mode() & 0o7777)
+    } else {
+        return Ok(());
+    };
+    Err(HandOverOff {
+        problem: format!(
+            "{what} {} {problem}: another local user may have prepared it, so no sandbox is \
+             handed to the next bridge through it",
+            dir.display()
+        ),
+        fix: format!(
+            "remove it (`rm -r {}`, as its owner or root), or set XDG_RUNTIME_DIR to a directory \
+             of yours of mode 0700",
+            dir.display()
+        ),
+    })
+}
+
+/// Why sandboxes cannot be handed from one bridge to the next (the keeper directory is not
+/// fit for use), and what repairs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandOverOff {
+    pub problem: String,
+    pub fix: String,
+}
+
+impl std::fmt::Display for HandOverOff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "hand-over to the next bridge is off: {} (each bridge starts its own sandboxes); fix: {}",
+            self.problem, self.fix
+        )
+    }
+}
+
+/// How many sessions keepers hold in `state_dir` (their listings whose socket is there; a
+/// keeper whose time is over removes both).
+pub fn parked_sessions(state_dir: &Path) -> usize {
+    super::parked::list(state_dir).len()
+}
+
+/// The pool's keeper's socket for `state_dir`.
 pub fn socket(state_dir: &Path) -> PathBuf {
     Slot::Pool.paths(state_dir).0
 }
 
-/// The keeper's socket of `slot` in `state_dir`.
+/// The keeper's socket of `slot` for `state_dir`.
 pub fn socket_of(state_dir: &Path, slot: &Slot) -> PathBuf {
     slot.paths(state_dir).0
+}
+
+/// The listing of a session parked from `state_dir` (`sandbox::parked`): its [`Meta`], beside
+/// its lock.
+pub(crate) fn listing_of(state_dir: &Path, key: &str) -> PathBuf {
+    Slot::Session(key.to_string())
+        .lock(state_dir)
+        .with_extension("json")
 }
 
 /// The digest of everything a sandbox was made with: the container settings of a pooled
@@ -254,6 +411,10 @@ pub fn hand_to_keeper(
         std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
         let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
     }
+    if let Err(e) = keeper_dir() {
+        tracing::warn!("{e}");
+        return Err(ParkError(e.to_string()));
+    }
     let lock = {
         crate::statefile::open_lock(&lock_path)
             .map_err(|e| format!("opening the parking lock: {e}"))?
@@ -263,10 +424,13 @@ pub fn hand_to_keeper(
             "a sandbox is parked in this slot of the state dir already".into(),
         ));
     }
+    // What is there is a socket a keeper of this slot left (killed); this user's directory
+    // holds nothing of anyone else's.
     let _ = std::fs::remove_file(&path);
     let listener =
         UnixListener::bind(&path).map_err(|e| format!("listening on {}: {e}", path.display()))?;
     let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    tracing::debug!(socket = %path.display(), "the keeper listens");
     let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
     // Above the three the child gets, so that moving them into place overwrites none.
     let high: Vec<OwnedFd> = [attach.as_raw_fd(), listener.as_raw_fd(), lock.as_raw_fd()]
@@ -312,11 +476,17 @@ pub fn hand_to_keeper(
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("starting the keeper: {e}"))?;
+    let listing = slot.session().map(|key| listing_of(state_dir, key));
     let json = serde_json::to_vec(meta).map_err(|e| e.to_string())?;
+    let given = serde_json::to_vec(&KeeperInput {
+        meta: meta.clone(),
+        listing: listing.clone(),
+    })
+    .map_err(|e| e.to_string())?;
     let sent = child
         .stdin
         .take()
-        .map(|mut s| s.write_all(&json))
+        .map(|mut s| s.write_all(&given))
         .unwrap_or(Ok(()));
     if let Err(e) = sent {
         let _ = child.kill();
@@ -326,10 +496,10 @@ pub fn hand_to_keeper(
     }
     // Not waited for: it outlives this bridge (its parent becomes init when this one exits).
     drop(child);
-    if slot.session().is_some() {
+    if let Some(listing) = listing {
         // What `sessions list` shows and `max_sessions` counts; the keeper removes it with
         // its socket.
-        let _ = crate::statefile::write_private(&listing_of(&path), &json);
+        let _ = crate::statefile::write_private(&listing, &json);
     }
     Ok(())
 }
@@ -343,6 +513,10 @@ pub fn claim(state_dir: &Path, slot: &Slot) -> Option<(Meta, OwnedFd)> {
     if !path.exists() {
         return None;
     }
+    if let Err(e) = keeper_dir_if_there() {
+        tracing::warn!("{e}");
+        return None;
+    }
     let stream = match UnixStream::connect(&path) {
         Ok(s) => s,
         Err(e) => {
@@ -350,6 +524,11 @@ pub fn claim(state_dir: &Path, slot: &Slot) -> Option<(Meta, OwnedFd)> {
             return None;
         }
     };
+    let me = unsafe { libc::getuid() };
+    if let Some(uid) = peer_uid(&stream).filter(|&u| u != me) {
+        tracing::warn!(socket = %path.display(), "the keeper's socket is held by uid {uid}, not by this user (uid {me}): refused, the sandbox is not taken");
+        return None;
+    }
     let _ = stream.set_read_timeout(Some(CLAIM_TIMEOUT));
     let (mut data, fd) = match recv_fd(&stream) {
         Ok(x) => x,
@@ -373,6 +552,15 @@ pub fn claim(state_dir: &Path, slot: &Slot) -> Option<(Meta, OwnedFd)> {
     }
 }
 
+/// What a keeper is given on stdin: what it keeps, and the listing it removes with its socket
+/// (a parked session's).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct KeeperInput {
+    meta: Meta,
+    #[serde(default)]
+    listing: Option<PathBuf>,
+}
+
 /// The keeper (`mcp-code-bridge keep-parked`): started by [`hand_to_keeper`] with the attach
 /// connection, the listening socket and the lock on fds 3, 4 and 5, and the sandbox's [`Meta`]
 /// on stdin. Hands the connection to the first bridge of the same user that asks, or at
@@ -390,7 +578,7 @@ pub fn keeper_main() -> std::process::ExitCode {
     {
         return std::process::ExitCode::from(2);
     }
-    let Ok(meta) = serde_json::from_slice::<Meta>(&raw) else {
+    let Ok(KeeperInput { meta, listing }) = serde_json::from_slice::<KeeperInput>(&raw) else {
         return std::process::ExitCode::from(2);
     };
     let [a, l, k] = KEEPER_FDS;
@@ -429,11 +617,11 @@ pub fn keeper_main() -> std::process::ExitCode {
         }
         let json = serde_json::to_vec(&meta).unwrap_or_default();
         if send_fd(&conn, &json, attach.as_raw_fd()).is_ok() {
-            unlink_if_ours(&listener, ours, &meta);
+            unlink_if_ours(&listener, ours, &meta, listing.as_deref());
             return std::process::ExitCode::SUCCESS;
         }
     }
-    unlink_if_ours(&listener, ours, &meta);
+    unlink_if_ours(&listener, ours, &meta, listing.as_deref());
     drop(attach);
     remove_parked(&meta);
     std::process::ExitCode::SUCCESS
@@ -477,11 +665,6 @@ fn remove_container(meta: &Meta) {
     }
 }
 
-/// The listing beside a session keeper's socket (`sandbox::parked`): its [`Meta`].
-pub(crate) fn listing_of(socket: &Path) -> PathBuf {
-    socket.with_extension("json")
-}
-
 /// A listing, when it is this user's regular file and reads as a [`Meta`].
 pub(crate) fn read_listing(path: &Path) -> Option<Meta> {
     crate::statefile::read_own(path, 64 << 10).and_then(|t| serde_json::from_str(&t).ok())
@@ -498,8 +681,18 @@ fn socket_identity(listener: &UnixListener) -> Option<(u64, u64)> {
 
 /// Unlink the keeper's socket while it is still this keeper's, and its listing while it still
 /// names this keeper's container.
-fn unlink_if_ours(listener: &UnixListener, ours: Option<(u64, u64)>, meta: &Meta) {
+fn unlink_if_ours(
+    listener: &UnixListener,
+    ours: Option<(u64, u64)>,
+    meta: &Meta,
+    listing: Option<&Path>,
+) {
     use std::os::unix::fs::MetadataExt;
+    if let Some(listing) = listing
+        && read_listing(listing).is_some_and(|l| l.container_id == meta.container_id)
+    {
+        let _ = std::fs::remove_file(listing);
+    }
     let Ok(addr) = listener.local_addr() else {
         return;
     };
@@ -510,10 +703,6 @@ fn unlink_if_ours(listener: &UnixListener, ours: Option<(u64, u64)>, meta: &Meta
         && (m.dev(), m.ino()) == ours
     {
         let _ = std::fs::remove_file(path);
-    }
-    let listing = listing_of(path);
-    if read_listing(&listing).is_some_and(|l| l.container_id == meta.container_id) {
-        let _ = std::fs::remove_file(listing);
     }
 }
 
@@ -651,22 +840,59 @@ mod tests {
         let alice = Slot::Session("alice/work".into()).paths(dir);
         let bob = Slot::Session("bob/work".into()).paths(dir);
         let local = Slot::Session("work".into()).paths(dir);
+        let pool = Slot::Pool.paths(dir);
         assert_ne!(alice, bob);
         assert_ne!(alice, local);
-        assert_eq!(
-            Slot::Pool.paths(dir).0,
-            Path::new("/state/engine/parked.sock")
-        );
+        assert_eq!(pool.1, Path::new("/state/engine/parked.lock"));
         for (sock, lock) in [&alice, &bob, &local] {
-            assert_eq!(sock.parent(), Some(Path::new("/state/engine/sessions")));
-            assert_eq!(lock.parent(), sock.parent());
-            let name = sock.file_stem().unwrap().to_string_lossy().into_owned();
-            assert_eq!(name.len(), 32);
-            assert!(!name.contains("work"), "{name}");
+            assert_eq!(lock.parent(), Some(Path::new("/state/engine/sessions")));
+            assert_eq!(sock.parent(), pool.0.parent(), "every socket in the keeper directory");
+            for p in [sock, lock] {
+                let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+                assert_eq!(name.len(), 32);
+                assert!(!name.contains("work"), "{name}");
+            }
         }
         // A name that would be a path elsewhere is only ever hashed.
         let odd = Slot::Session("../../x".into()).paths(dir);
-        assert_eq!(odd.0.parent(), Some(Path::new("/state/engine/sessions")));
+        assert_eq!(odd.1.parent(), Some(Path::new("/state/engine/sessions")));
+        assert_eq!(odd.0.parent(), pool.0.parent());
+    }
+
+    #[test]
+    fn a_socket_path_is_short_whatever_the_state_dirs_length() {
+        let long = PathBuf::from(format!("/{}", "d".repeat(300)));
+        for slot in [Slot::Pool, Slot::Session("x".repeat(64))] {
+            let sock = socket_of(&long, &slot);
+            assert!(sock.as_os_str().len() <= SUN_PATH_MAX, "{}", sock.display());
+            assert_ne!(sock, socket_of(Path::new("/other"), &slot), "per state dir");
+        }
+    }
+
+    #[test]
+    fn a_keeper_directory_not_this_users_alone_is_refused_with_its_fix() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = check_private_dir(&open, "the keeper directory")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has mode 0755, not 0700"), "{e}");
+        assert!(e.contains("rm -r"), "{e}");
+        let link = tmp.path().join("link");
+        let private = tmp.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(&private, &link).unwrap();
+        let e = check_private_dir(&link, "the keeper directory").unwrap_err();
+        assert!(e.problem.contains("is a symbolic link"), "{e}");
+        assert!(check_private_dir(&private, "x").is_ok());
+        let file = tmp.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let e = check_private_dir(&file, "x").unwrap_err();
+        assert!(e.problem.contains("is not a directory"), "{e}");
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //! `doctor`), counted toward `max_sessions`, and ended before their time (`sessions rm` and
 //! `prune`, and room for a new session when `max_sessions` is reached).
 //!
-//! Each parked session's keeper socket, `<state_dir>/engine/sessions/<digest>.sock`, has its
-//! listing beside it, `<digest>.json` (0600 in the 0700 directory): the [`Meta`] the keeper was
-//! given, written by the bridge that parked it and removed by the keeper with its socket. A
+//! Each parked session has a listing, `<state_dir>/engine/sessions/<digest>.json` (0600 in the
+//! 0700 directory): the [`Meta`] its keeper was given, written by the bridge that parked it and
+//! removed by the keeper with its socket (in the keeper directory, `park::socket_of`). A
 //! listing whose socket is gone is stale and never shown.
 //!
 //! Ending one goes through its keeper, as a resume does ([`park::claim`]): the keeper hands its
@@ -64,9 +64,15 @@ pub fn list(state_dir: &Path) -> Vec<Parked> {
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "sock"))
-        .filter_map(|sock| park::read_listing(&park::listing_of(&sock)))
-        .filter_map(|m| Parked::of(&m))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter_map(|p| {
+            let parked = Parked::of(&park::read_listing(&p)?)?;
+            let key = parked.key();
+            // A listing where its key puts it, whose keeper's socket is there.
+            (park::listing_of(state_dir, &key) == p
+                && park::socket_of(state_dir, &Slot::Session(key)).exists())
+            .then_some(parked)
+        })
         .collect();
     out.sort_by(|a, b| (a.used_at_ms, &a.container).cmp(&(b.used_at_ms, &b.container)));
     out
@@ -128,11 +134,17 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("engine").join("sessions");
         std::fs::create_dir_all(&dir).unwrap();
-        // A listing whose keeper's socket is gone.
-        std::fs::write(dir.join("a.json"), b"{}").unwrap();
-        // A socket whose listing is not JSON.
-        std::fs::write(dir.join("b.sock"), b"").unwrap();
+        // A listing that is not JSON.
         std::fs::write(dir.join("b.json"), b"not json").unwrap();
+        // A listing whose keeper's socket is gone.
+        let meta = serde_json::json!({
+            "container_id": "c", "name": "n", "python": "3.14", "target": null,
+            "packages": "/x", "spec": "", "endpoint": "", "expires": 20,
+            "session": "s", "podman": null
+        });
+        let listing = park::listing_of(tmp.path(), "s");
+        std::fs::write(&listing, meta.to_string()).unwrap();
+        assert!(park::read_listing(&listing).is_some(), "a listing as the bridge writes it");
         assert!(list(tmp.path()).is_empty());
     }
 }
