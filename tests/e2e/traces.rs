@@ -611,3 +611,73 @@ async fn an_install_is_a_span_of_its_call_with_what_was_asked_and_installed() {
     assert!(install["attributes"]["error.type"].is_string(), "{install}");
     bridge.shutdown().await;
 }
+
+/// With `otel_content` off (the default), no span carries what the code chose to send out: an
+/// install of a "requirement" that is a customer's card number has it on no span (only the
+/// count of requirements that were not valid), and an exception whose class `__qualname__` is
+/// 20,000 characters long is the call span's `error.type` and status as `_OTHER`, not its name.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_otel_content_off_no_span_carries_a_requirements_text_or_an_exceptions_long_name() {
+    let receiver = Receiver::start(&[]);
+    let index = crate::packages::Index::start(&[]);
+    let home = home_for(
+        &receiver.endpoint(),
+        &format!(
+            "[packages]\nindex_url = {:?}\nallow = [\"tabulate\"]",
+            index.url
+        ),
+    );
+    let bridge = Bridge::start_with(
+        home,
+        &[
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("MCP_BRIDGE_TIMEOUT", "120"),
+        ],
+        None,
+    )
+    .await;
+    let r = call_with_meta(
+        &bridge,
+        "from mcp import runtime\ntry:\n    await runtime.install('LEAK: customer 4111-1111-1111-1111', 'tabulate==0.9.0')\nexcept runtime.PackageError:\n    print('REFUSED')",
+        None,
+    )
+    .await;
+    assert!(r.to_string().contains("REFUSED"), "{r:#}");
+    let id = result_meta(&r)["trace_id"].as_str().unwrap().to_string();
+    let spans = receiver.trace_when(&id, "the refused install", |s| {
+        s.iter().any(|s| s["name"] == "tools/call run_python")
+            && s.iter().any(|s| s["name"] == "packages.install")
+    });
+    let install = one(&spans, "packages.install");
+    let a = &install["attributes"];
+    assert_eq!(
+        a["mcp_code_bridge.packages.requested"], "tabulate==0.9.0",
+        "{a}"
+    );
+    assert_eq!(a["mcp_code_bridge.packages.requested_invalid"], 1, "{a}");
+    let all = serde_json::to_string(&spans).unwrap();
+    assert!(!all.contains("4111") && !all.contains("LEAK"), "{all}");
+
+    let code = "class Secret(Exception):\n    pass\nSecret.__qualname__ = 'Q' * 20000\nraise Secret('x')";
+    let r = call_with_meta(&bridge, code, None).await;
+    let id = result_meta(&r)["trace_id"].as_str().unwrap().to_string();
+    let spans = receiver.trace_when(&id, "the failed call", |s| {
+        s.iter().any(|s| s["name"] == "tools/call run_python")
+    });
+    let call = one(&spans, "tools/call run_python");
+    assert_eq!(call["status"], "STATUS_CODE_ERROR", "{call}");
+    assert_eq!(call["attributes"]["error.type"], "_OTHER", "{call}");
+    assert_eq!(call["status_message"], "_OTHER", "{call}");
+    let all = serde_json::to_string(&spans).unwrap();
+    assert!(!all.contains("QQQQ"), "a span carries the long name");
+    assert!(all.len() < 16 << 10, "{} bytes of spans", all.len());
+    // An exception of an ordinary name is still named.
+    let r = call_with_meta(&bridge, "raise KeyError('k')", None).await;
+    let id = result_meta(&r)["trace_id"].as_str().unwrap().to_string();
+    let spans = receiver.trace_when(&id, "the KeyError", |s| {
+        s.iter().any(|s| s["name"] == "tools/call run_python")
+    });
+    let call = one(&spans, "tools/call run_python");
+    assert_eq!(call["attributes"]["error.type"], "KeyError", "{call}");
+    bridge.shutdown().await;
+}

@@ -144,10 +144,31 @@ pub fn set(cx: &Context, attrs: Vec<KeyValue>) {
 pub fn end(cx: &Context, error: Option<&str>) {
     let span = cx.span();
     if let Some(kind) = error {
-        span.set_attribute(KeyValue::new("error.type", kind.to_string()));
-        span.set_status(Status::error(kind.to_string()));
+        let kind = error_type(kind);
+        span.set_attribute(KeyValue::new("error.type", kind.clone()));
+        span.set_status(Status::error(kind));
     }
     span.end();
+}
+
+/// The longest error type a span carries.
+pub const MAX_ERROR_TYPE: usize = 128;
+
+/// An error's type as a span carries it: a dotted name of ASCII identifiers (a Python
+/// exception's `__qualname__`, the bridge's own kinds) of at most [`MAX_ERROR_TYPE`] bytes, as
+/// it is; anything else, which the code may have chosen to carry text out (an exception class
+/// whose `__qualname__` was set to 20,000 characters of a customer's data), is `_OTHER`, as
+/// OpenTelemetry's conventions name an error type of no known form.
+pub fn error_type(kind: &str) -> String {
+    let word = |w: &str| {
+        w.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    if !kind.is_empty() && kind.len() <= MAX_ERROR_TYPE && kind.split('.').all(word) {
+        kind.to_string()
+    } else {
+        "_OTHER".to_string()
+    }
 }
 
 /// A span that ends when dropped unless ended first: for work whose future may be dropped (a
@@ -234,5 +255,24 @@ mod tests {
         assert!(kept.len() < MAX_CONTENT + 100);
         assert!(kept.ends_with("the rest is not kept on the span]"));
         assert_eq!(content("short"), "short");
+    }
+
+    #[test]
+    fn an_error_type_is_a_bounded_dotted_name_or_other() {
+        assert_eq!(error_type("ZeroDivisionError"), "ZeroDivisionError");
+        assert_eq!(error_type("pkg.Outer.Inner_2"), "pkg.Outer.Inner_2");
+        assert_eq!(error_type("_private"), "_private");
+        for bad in [
+            "",
+            "LEAK: customer 4111-1111-1111-1111",
+            "a..b",
+            "1abc",
+            "caf\u{e9}",
+            "a\u{202e}b",
+            &"Q".repeat(MAX_ERROR_TYPE + 1),
+        ] {
+            assert_eq!(error_type(bad), "_OTHER", "{bad:?}");
+        }
+        assert_eq!(error_type(&"Q".repeat(MAX_ERROR_TYPE)).len(), MAX_ERROR_TYPE);
     }
 }

@@ -73,6 +73,8 @@ pub struct Packages {
     client: reqwest::Client,
     /// One install at a time per session directory.
     locks: Mutex<HashMap<PathBuf, Weak<tokio::sync::Mutex<()>>>>,
+    /// `otel_content`: the requirements on the install's span as the code wrote them.
+    otel_content: bool,
 }
 
 fn globset(list: &NameGlobs) -> GlobSet {
@@ -101,6 +103,7 @@ impl Packages {
                 .build()
                 .unwrap_or_default(),
             locks: Mutex::new(HashMap::new()),
+            otel_content: config.otel_content,
         })
     }
 
@@ -164,14 +167,12 @@ impl Packages {
             decision: "none".into(),
             ..Default::default()
         };
-        // A span of the call: what was asked for (names from the code, bounded), how it ended.
-        let asked: String = requirements.join(" ").chars().take(512).collect();
+        // A span of the call: what was asked for, how it ended. The code's text is on it only
+        // as requirements that passed the grammar (bounded, a distribution's name and
+        // versions), unless `otel_content`; the rest are counted.
         let span = trace::Guard::new(trace::internal(
             "packages.install",
-            vec![trace::Attr::new(
-                "mcp_code_bridge.packages.requested",
-                asked,
-            )],
+            requested_attrs(requirements, self.otel_content),
         ));
         let result = {
             use trace::Within as _;
@@ -595,4 +596,35 @@ impl crate::protocol::Provision for Preinstall {
             )],
         }
     }
+}
+
+/// The install span's account of what the code asked for: the requirements that are valid
+/// (`Requirement::parse`), at most 512 characters of them, and how many were not; with
+/// `content` (`otel_content`), the code's text as it was, cut to 512 characters.
+fn requested_attrs(requirements: &[String], content: bool) -> Vec<trace::Attr> {
+    let cut = |s: String| -> String { s.chars().take(512).collect() };
+    if content {
+        return vec![trace::Attr::new(
+            "mcp_code_bridge.packages.requested",
+            cut(requirements.join(" ")),
+        )];
+    }
+    let valid: Vec<String> = requirements
+        .iter()
+        .take(crate::config::packages::MAX_REQUIREMENTS)
+        .filter_map(|r| Requirement::parse(r).ok())
+        .map(|r| r.text)
+        .collect();
+    let invalid = requirements.len() - valid.len();
+    let mut attrs = vec![trace::Attr::new(
+        "mcp_code_bridge.packages.requested",
+        cut(valid.join(" ")),
+    )];
+    if invalid > 0 {
+        attrs.push(trace::Attr::new(
+            "mcp_code_bridge.packages.requested_invalid",
+            invalid as i64,
+        ));
+    }
+    attrs
 }
