@@ -488,16 +488,53 @@ class _Frames:
             interrupts.defer_exit(entered)
 
 
-def write(eid, limit):
+def _fit(snap, limit):
+    """Make the snapshot fit in `limit` bytes by leaving out what does not: the largest values
+    first (each named as lost, with its size), with the values that refer to them, then the
+    notebook's cells. Returns the stream's (parts, size) once it fits, or None when even the
+    modules and statements alone are larger."""
+    parts, size = _layout(snap)
+    over = "%d bytes; the snapshot with it would be over snapshot_max_size (%d bytes)"
+    while size > limit and snap.values:
+        name, v = max(snap.values.items(), key=lambda kv: kv[1].size)
+        del snap.values[name]
+        snap.lost.append(_lost(name, v.kind, over % (v.size, limit)))
+        kept = set(snap.modules) | set(snap.sources) | set(snap.values)
+        changed = True
+        while changed:
+            changed = False
+            for other, w in list(snap.values.items()):
+                missing = sorted(w.refs - kept)
+                if missing:
+                    del snap.values[other]
+                    kept.discard(other)
+                    snap.lost.append(_lost(other, w.kind, "it refers to %s, which is not kept" % missing[0]))
+                    changed = True
+        parts, size = _layout(snap)
+    if size > limit and snap.notebook:
+        snap.lost.append(_lost("the notebook's cells", "notebook", over % (len(snap.notebook), limit)))
+        snap.notebook, snap.cells = b"", 0
+        parts, size = _layout(snap)
+    return (parts, size) if size <= limit else None
+
+
+def write(eid, limit, partial=False):
     """Write the session's state as `snap` frames of `eid`: everything pickled and measured
-    first, then the stream when it is at most `limit` bytes, else only the end frame saying so.
-    Returns (error or None, info). An interrupt (a fork's exec) ends the frames and is raised."""
+    first, then the stream when it is at most `limit` bytes, else only the end frame saying so;
+    with `partial` (a session closed by the host), what fits is written instead and the rest
+    named as lost (`_fit`). Returns (error or None, info). An interrupt (a fork's exec) ends
+    the frames and is raised."""
     out = _Frames(eid)
     info, error = {}, None
     try:
         snap = collect()
         info = snap.info()
         parts, size = _layout(snap)
+        if size > limit and partial:
+            fitted = _fit(snap, limit)
+            if fitted is not None:
+                parts, size = fitted
+                info = snap.info()
         if size > limit:
             error = "the session's state is %d bytes, over snapshot_max_size (%d bytes)" % (size, limit)
         else:
@@ -517,7 +554,7 @@ def take(msg):
     """A `snapshot` frame, on the main thread between execs. What the pickling prints belongs
     to no exec: it is dropped, all of it before the next exec starts."""
     try:
-        write(msg["id"], msg["limit"])
+        write(msg["id"], msg["limit"], partial=True)
     finally:
         output.flush_std()
         output.drain()
@@ -861,12 +898,15 @@ channel.handlers["restore_data"] = on_restore_data
 # ------------------------------------------------------------------------------- fork
 
 
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
 def _fork_check(name):
-    """Check a fork's name (ValueError) and that it is made during a cell (McpError)."""
-    if not isinstance(name, str) or not 1 <= len(name) <= 128 or any(
-            ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in name):
-        raise ValueError("a session's name is a string of 1 to 128 characters, no control "
-                         "characters; got %s" % _cap(repr(name), 160))
+    """Check a fork's name (ValueError) and that it is made during a cell (McpError). The rule
+    is run_python's for `session`, the one the bridge checks again."""
+    if not isinstance(name, str) or not 1 <= len(name) <= 64 or not set(name) <= _NAME_CHARS:
+        raise ValueError("the session name %s must be 1-64 characters of letters, digits, '-', '_' "
+                         "or '.' (the names run_python takes)" % ascii(name)[:160])
     if state.forked:
         raise rpc.McpError("runtime.fork() is not available in a forked child process")
     if state.running is None:
@@ -911,7 +951,8 @@ async def fork(name, reset=False):
     session goes on unchanged. Values that cannot be pickled (open files, sockets, threads,
     generators...) are left out and listed. Returns the bridge's answer: {session, size, lost}.
     A session `name` that exists is replaced only with reset=True (else the bridge refuses).
-    Raises ValueError for a bad name (1 to 128 characters, no control characters), SnapshotError
+    Raises ValueError for a bad name (1-64 characters of letters, digits, '-', '_' or '.', as
+    run_python's session), SnapshotError
     when the state is larger than the bridge's snapshot_max_size (it names the largest values)
     or snapshots are off, McpError when the bridge refuses."""
     _fork_check(name)

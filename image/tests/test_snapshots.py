@@ -233,18 +233,28 @@ def test_the_info_of_a_snapshot_is_bounded_and_says_how_much_it_left_out(fresh, 
 # ------------------------------------------------------------------------------ the limit
 
 
-def test_a_state_over_the_limit_sends_no_data_and_names_its_largest_values(fresh):
-    fresh.ok("big = b'x' * 300000\nmid = 'y' * 50000\nsmall = list(range(10))")
+def test_a_state_over_the_limit_keeps_what_fits_and_names_the_rest_lost(fresh, second):
+    # `holder` refers to `big`: it cannot be restored without it, so it goes too.
+    fresh.ok("big = bytearray(300000)\nmid = 'y' * 50000\nsmall = list(range(10))\nholder = [big]")
     data, frames, end = snapshot(fresh, limit=100000)
+    assert "error" not in end and 0 < len(data) <= 100000 and end["info"]["size"] == len(data), end
+    lost = {entry["name"]: entry for entry in end["info"]["lost"]}
+    assert set(lost) == {"big", "holder"}, lost
+    assert re.fullmatch(r"3\d{5} bytes; the snapshot with it would be over snapshot_max_size \(100000 bytes\)",
+                        lost["big"]["why"]), lost["big"]
+    assert lost["holder"]["why"] == "it refers to big, which is not kept"
+    assert {"mid", "small"} <= set(end["info"]["names"]) and "big" not in end["info"]["names"]
+    r = restore(second, data)
+    assert "error" not in r, r
+    assert second.ok("len(mid), small[-1], 'big' in globals()").value == "(50000, 9, False)"
+
+
+def test_a_state_whose_kept_part_is_over_the_limit_sends_no_data(fresh):
+    # Modules and statements are always kept: when they alone do not fit, nothing is sent.
+    fresh.ok("import json, os, sys, re, math, struct, base64, textwrap")
+    data, frames, end = snapshot(fresh, limit=40)
     assert frames == [end] and data == b""
-    m = re.fullmatch(r"the session's state is (\d+) bytes, over snapshot_max_size \(100000 bytes\)", end["error"])
-    assert m, end["error"]
-    largest = end["info"]["largest"]
-    assert [v["name"] for v in largest][:2] == ["big", "mid"] and largest[0]["size"] >= 300000
-    assert end["info"]["size"] == 0 and "big" in end["info"]["names"]
-    # The size said is the stream's: at exactly that limit it is written whole.
-    data, _, end = snapshot(fresh, limit=int(m.group(1)))
-    assert "error" not in end and len(data) == int(m.group(1))
+    assert re.fullmatch(r"the session's state is \d+ bytes, over snapshot_max_size \(40 bytes\)", end["error"])
 
 
 # -------------------------------------------------------------------- what is not a snapshot
@@ -399,10 +409,11 @@ def test_an_interrupted_fork_ends_its_frames_and_asks_nothing(fresh):
     assert fresh.ok("del slow\n1").value == "1"
 
 
-@pytest.mark.parametrize("name", ["''", "'a\\nb'", "'x' * 129", "5", "'tab\\there'", "'\\x85'"])
+@pytest.mark.parametrize("name", ["''", "'a\\nb'", "'x' * 65", "5", "'tab\\there'", "'\\x85'", "'../x'", "'a/b'",
+                                  "'/abs'", "'alice/work'", "' '", "'\\u202ework'", "'a\\u200bb'", "'\\u2066x'"])
 def test_fork_refuses_a_bad_session_name(sb, name):
     r = sb.run("from mcp import runtime\nruntime.fork_sync(%s)" % name)
-    assert r.error["type"] == "ValueError" and "1 to 128 characters" in r.error["message"], r.error
+    assert r.error["type"] == "ValueError" and "must be 1-64 characters of letters, digits" in r.error["message"], r.error
     assert not [f for f in r.frames if f["type"] in ("snap", "rpc")]
 
 

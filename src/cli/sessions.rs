@@ -11,12 +11,13 @@ use std::process::ExitCode;
 
 use crate::config::{Config, Secs};
 use crate::sandbox::parked::{self, Parked};
-use crate::sandbox::snapshots::{self, Listing};
+use crate::sandbox::snapshots::{self, Listing, Store};
 use crate::text::visible;
 
 pub(super) fn list(config: &Config, json: bool) -> ExitCode {
     let sessions = parked::list(&config.state_dir);
-    let stored = snapshots::list(&config.state_dir);
+    let store = snapshots::scan(&config.state_dir, config.snapshot_ttl.0);
+    let stored: Vec<Listing> = store.listings.iter().map(|s| s.listing.clone()).collect();
     if json {
         let now = crate::clock::now_secs();
         let rows: Vec<_> = sessions
@@ -46,17 +47,27 @@ pub(super) fn list(config: &Config, json: bool) -> ExitCode {
                     "names": l.info.names,
                     "modules": l.info.modules,
                     "lost": l.info.lost,
+                    "more": l.info.more,
                     "cells": l.info.cells,
+                    "set_aside": l.set_aside,
                 })
             })
             .collect();
         println!(
             "{}",
-            serde_json::json!({ "parked": rows, "snapshots": snaps })
+            serde_json::json!({
+                "parked": rows,
+                "snapshots": snaps,
+                "unreadable": store.unreadable,
+                "temporary": store.temporary,
+                "store_bytes": store.bytes(),
+                "store_size": config.snapshot_store_size.0,
+            })
         );
         return ExitCode::SUCCESS;
     }
     list_snapshots(config, &stored);
+    list_other_files(config, &store);
     if sessions.is_empty() {
         println!(
             "no sessions parked in {} (a bridge parks its sessions as it exits, with session_linger = {})",
@@ -131,6 +142,15 @@ fn list_snapshots(config: &Config, stored: &[Listing]) {
         if !l.info.lost.is_empty() {
             holds.push_str(&format!(", {} lost", l.info.lost.len()));
         }
+        if l.info.more > 0 {
+            holds.push_str(&format!(", {} more", l.info.more));
+        }
+        if let Some(why) = &l.set_aside {
+            holds.push_str(&format!(
+                "; SET ASIDE (not restored again): {}",
+                visible(why)
+            ));
+        }
         println!(
             "{:width$}  {session:24}  {:>10}  {:>10}  {:>10}  {:12}  {holds}",
             who(l),
@@ -146,6 +166,34 @@ fn list_snapshots(config: &Config, stored: &[Listing]) {
         stored.iter().map(|l| l.size).sum::<u64>(),
         snapshots::dir(&config.state_dir).display()
     );
+}
+
+/// The store's other files (unreadable, and being written), as lines (nothing when there are
+/// none): counted toward `snapshot_store_size` as snapshots are, removed by `sessions rm FILE`
+/// and `sessions prune`.
+fn list_other_files(config: &Config, store: &Store) {
+    let now = crate::clock::now_secs();
+    for (what, files) in [
+        ("unreadable", &store.unreadable),
+        ("being written", &store.temporary),
+    ] {
+        for u in files.iter() {
+            println!(
+                "{what} file {} ({}, written {} ago): {}",
+                visible(&u.file),
+                crate::config::Size(u.bytes),
+                ago(now.saturating_sub(u.modified)),
+                u.why
+            );
+        }
+    }
+    if !store.unreadable.is_empty() || !store.temporary.is_empty() {
+        println!(
+            "the store holds {} bytes of snapshot_store_size = {}; `sessions rm FILE` removes an unreadable file, `sessions prune` all",
+            store.bytes(),
+            config.snapshot_store_size
+        );
+    }
 }
 
 /// Remove the snapshot of the session named `name` (`NAME`, or `IDENTITY/NAME` under `serve`);
@@ -185,7 +233,7 @@ pub(super) fn rm(config: &Config, names: &[String]) -> ExitCode {
     let mut status = ExitCode::SUCCESS;
     let audit = crate::audit::Audit::open(config);
     for name in names {
-        let removed = remove_snapshot(config, &audit, name);
+        let removed = remove_snapshot(config, &audit, name) || remove_other_file(config, name);
         match parked::end(&config.state_dir, name) {
             Some(p) => println!(
                 "ended parked session {} (container {})",
@@ -224,15 +272,52 @@ impl crate::error::Hinted for NotParked {
     }
 }
 
-/// End every parked session and remove every snapshot.
+/// Remove the store's file `name` that is no snapshot (an unreadable one, as `sessions list`
+/// names it); whether there was one.
+fn remove_other_file(config: &Config, name: &str) -> bool {
+    let store = snapshots::scan(&config.state_dir, config.snapshot_ttl.0);
+    let Some(u) = store
+        .unreadable
+        .iter()
+        .chain(&store.temporary)
+        .find(|u| u.file == name)
+    else {
+        return false;
+    };
+    let removed = snapshots::remove_file(&config.state_dir, &u.file);
+    if removed {
+        println!(
+            "removed the file {} of the snapshot store ({} bytes)",
+            visible(&u.file),
+            u.bytes
+        );
+    }
+    removed
+}
+
+/// End every parked session and remove every snapshot, and every other file of the store
+/// (unreadable ones, and files being written: a snapshot being written now is not kept).
 pub(super) fn prune(config: &Config) -> ExitCode {
     let audit = crate::audit::Audit::open(config);
-    let removed = snapshots::list(&config.state_dir)
+    let store = snapshots::scan(&config.state_dir, config.snapshot_ttl.0);
+    let removed = store
+        .listings
         .iter()
-        .filter(|l| remove_snapshot(config, &audit, &l.key().to_string()))
+        .filter(|s| remove_snapshot(config, &audit, &s.listing.key().to_string()))
         .count();
     audit.flush(std::time::Duration::from_secs(5));
+    let others: Vec<&snapshots::Unreadable> =
+        store.unreadable.iter().chain(&store.temporary).collect();
+    let (files, bytes) = others
+        .iter()
+        .filter(|u| snapshots::remove_file(&config.state_dir, &u.file))
+        .fold((0, 0), |(n, b), u| (n + 1, b + u.bytes));
     println!("removed {removed} session snapshot(s)");
+    if files > 0 {
+        println!(
+            "removed {files} other file(s) of the snapshot store ({bytes} bytes: unreadable, or being written)"
+        );
+    }
     let sessions = parked::list(&config.state_dir);
     let ended = sessions
         .iter()

@@ -18,6 +18,11 @@ use snapshots::Listing;
 /// its server does not wait for ever.
 const AT_EXIT: Duration = Duration::from_secs(30);
 
+/// The longest the snapshot of a session closed to make room under `max_sessions` may take: it
+/// is written while a start waits for the room (under `starting`), so it has a short bound of
+/// its own, not `max_timeout`.
+const TO_MAKE_ROOM: Duration = Duration::from_secs(10);
+
 /// Why a session was closed, as its snapshot's listing and audit record say.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Closed {
@@ -53,8 +58,14 @@ impl Sandbox {
         self.parks_sessions.load(Ordering::SeqCst) && self.config.snapshot_max_size.0 > 0
     }
 
-    fn snapshot_timeout(&self) -> Duration {
-        self.config.max_timeout.0
+    /// How long a snapshot of a session closed for `why` may take: `max_timeout` (no lock is
+    /// held meanwhile: only a call naming the session waits for it), [`TO_MAKE_ROOM`] for one
+    /// closed while a start waits.
+    fn snapshot_timeout(&self, why: Closed) -> Duration {
+        match why {
+            Closed::MaxSessions => self.config.max_timeout.0.min(TO_MAKE_ROOM),
+            Closed::Idle | Closed::Exit => self.config.max_timeout.0,
+        }
     }
 
     /// `key`'s stored snapshot, when there is one to restore.
@@ -90,7 +101,7 @@ impl Sandbox {
             .await
             .unwrap_or(false);
         if removed {
-            tracing::info!(session = %key, "removed the session's snapshot: the call asked for a reset");
+            tracing::info!(session = %crate::shown(key), "removed the session's snapshot: the call asked for a reset");
             self.audit(
                 StateEvent::SessionEnd,
                 record(key, "reset", 0, Vec::new(), "ok", None, Duration::ZERO),
@@ -98,16 +109,20 @@ impl Sandbox {
         }
     }
 
-    /// Restore `listing` into `s`, the fresh sandbox of session `key`. A restore that failed
-    /// leaves no half-restored interpreter: `s` is closed and another fresh one taken, and the
-    /// notice says why.
+    /// Restore `listing` into `s`, the fresh sandbox of session `key`, within `timeout` (the
+    /// call's). Called without `starting`: the restore holds no lock another session needs,
+    /// only the session's own name (`Busy`), so a call naming it waits and no other does.
+    /// `Some` with how `s` starts (restored, or fresh when the snapshot was gone or unreadable);
+    /// `None` when the restore failed: `s` is closed (no half-restored interpreter is handed
+    /// out), and the snapshot is set aside, named in the notice and never restored again.
     pub(super) async fn restore_into(
         &self,
         key: &SessionKey,
-        s: Arc<Session>,
+        s: &Arc<Session>,
         listing: Listing,
+        timeout: Duration,
         notices: &mut Vec<String>,
-    ) -> Result<(Arc<Session>, Start), SandboxError> {
+    ) -> Option<Start> {
         let t0 = std::time::Instant::now();
         let state = self.config.state_dir.clone();
         let k = key.clone();
@@ -124,21 +139,19 @@ impl Sandbox {
                     "session {:?} had a snapshot, but another bridge on this state_dir restored it first; this is a fresh interpreter",
                     key.name()
                 ));
-                return Ok((s, Start::Fresh));
+                return Some(Start::Fresh);
             }
             Err(e) => {
                 notices.push(format!(
                     "session {:?} had a snapshot, but it could not be read ({e}); this is a fresh interpreter",
                     key.name()
                 ));
-                return Ok((s, Start::Fresh));
+                return Some(Start::Fresh);
             }
         };
+        let timeout = timeout.min(self.config.max_timeout.0);
         let restored = match taken.file() {
-            Some(file) => s
-                .restore(file, taken.size, self.snapshot_timeout())
-                .await
-                .map_err(|e| e.0),
+            Some(file) => s.restore(file, taken.size, timeout).await.map_err(|e| e.0),
             None => Err("it could not be read".to_string()),
         };
         let took = t0.elapsed();
@@ -150,7 +163,7 @@ impl Sandbox {
                 let mut lost: Vec<String> = listing.info.lost_names();
                 lost.extend(r.lost.iter().map(|l| l.shown()));
                 lost.extend(r.modules.iter().map(|m| format!("{m} (module)")));
-                tracing::info!(session = %key, bytes = listing.size, names = r.names, lost = lost.len(), ms = took.as_millis() as u64, "restored the session from its snapshot");
+                tracing::info!(session = %crate::shown(key), bytes = listing.size, names = r.names, lost = lost.len(), ms = took.as_millis() as u64, "restored the session from its snapshot");
                 self.audit(
                     StateEvent::Restore,
                     record(
@@ -172,20 +185,42 @@ impl Sandbox {
                 if lost.is_empty() {
                     notice.push_str("; nothing was lost. Files under /workspace and installed packages were not kept: write them again if needed");
                 } else {
+                    // What was left out to fit says so (its size, and the bound).
+                    let mut shown: Vec<String> = listing
+                        .info
+                        .lost
+                        .iter()
+                        .map(|l| {
+                            if l.why.contains("snapshot_max_size") {
+                                format!("{} ({})", l.shown(), l.why)
+                            } else {
+                                l.shown()
+                            }
+                        })
+                        .collect();
+                    shown.extend(lost[listing.info.lost.len()..].iter().cloned());
                     let shown: Vec<String> =
-                        lost.iter().map(|l| text::visible(l).into_owned()).collect();
+                        shown.iter().map(|l| text::visible(l).into_owned()).collect();
                     notice.push_str(&format!(
                         "; lost (could not be kept): {}. Files under /workspace and installed packages were not kept either",
                         shown.join(", ")
                     ));
                 }
+                if listing.info.more > 0 {
+                    notice.push_str(&format!(
+                        " ({} more name(s), kept or lost, are not listed)",
+                        listing.info.more
+                    ));
+                }
                 notices.push(notice);
-                Ok((s, Start::Restored { lost }))
+                Some(Start::Restored { lost })
             }
             Err(why) => {
-                // Kept for a later call (a larger `memory`, say), unless a newer one is there.
-                let _ = tokio::task::spawn_blocking(move || taken.put_back()).await;
-                tracing::warn!(session = %key, "could not restore the session's snapshot: {why}");
+                // Set aside, not put back: a snapshot that failed once (one whose unpickling
+                // never ends, say) would fail every call that names the session.
+                let aside = why.clone();
+                let _ = tokio::task::spawn_blocking(move || taken.set_aside(&aside)).await;
+                tracing::warn!(session = %crate::shown(key), "could not restore the session's snapshot (set aside, not restored again): {}", text::visible(&why));
                 self.audit(
                     StateEvent::Restore,
                     record(
@@ -199,12 +234,12 @@ impl Sandbox {
                     ),
                 );
                 notices.push(format!(
-                    "session {:?} has a snapshot of {} ago, but it could not be restored ({why}); this is a fresh interpreter",
+                    "session {:?} has a snapshot of {} ago, but it could not be restored ({why}); this is a fresh interpreter. The snapshot is set aside and never restored again: `mcp-code-bridge sessions list` shows it, `sessions rm` removes it, and it expires after snapshot_ttl",
                     key.name(),
                     ago(age)
                 ));
                 s.destroy().await;
-                Ok((self.new_sandbox(key, notices).await?, Start::Fresh))
+                None
             }
         }
     }
@@ -222,7 +257,7 @@ impl Sandbox {
         }
         let t0 = std::time::Instant::now();
         let limit = self.config.snapshot_max_size.0;
-        let taken = s.snapshot(limit, self.snapshot_timeout()).await;
+        let taken = s.snapshot(limit, self.snapshot_timeout(why)).await;
         let kept = match taken {
             Ok(received) => {
                 let config = Arc::clone(&self.config);
@@ -243,7 +278,7 @@ impl Sandbox {
         let took = t0.elapsed();
         Some(match kept {
             Ok(listing) => {
-                tracing::info!(session = %key, bytes = listing.size, why = why.as_str(), lost = listing.info.lost.len(), ms = took.as_millis() as u64, "wrote the session's snapshot");
+                tracing::info!(session = %crate::shown(key), bytes = listing.size, why = why.as_str(), lost = listing.info.lost.len(), ms = took.as_millis() as u64, "wrote the session's snapshot");
                 self.audit(
                     StateEvent::Snapshot,
                     record(
@@ -259,7 +294,7 @@ impl Sandbox {
                 Ok(listing)
             }
             Err((why_not, info)) => {
-                tracing::warn!(session = %key, "could not write the session's snapshot: {why_not}");
+                tracing::warn!(session = %crate::shown(key), "could not write the session's snapshot: {}", text::visible(&why_not));
                 let status = if info.largest.is_empty() {
                     "failed"
                 } else {
@@ -347,7 +382,7 @@ impl Sandbox {
             }
         };
         if let Some(s) = live {
-            tracing::info!(session = %key, "closing the session: a fork replaces it");
+            tracing::info!(session = %crate::shown(key), "closing the session: a fork replaces it");
             s.destroy().await;
         }
         self.discard_parked(key).await;
@@ -357,7 +392,8 @@ impl Sandbox {
     /// Whether session `key` exists in any form: live here, parked by the bridge before, or
     /// kept as a snapshot.
     async fn session_exists(&self, key: &SessionKey) -> bool {
-        self.sessions
+        self.busy.contains(key)
+            || self.sessions
             .lock()
             .await
             .get(key)
@@ -399,11 +435,7 @@ impl ForkRpc {
             .get("session")
             .and_then(Value::as_str)
             .ok_or("fork needs a session name (a string)")?;
-        if name.is_empty() || name.chars().count() > 128 || name.chars().any(char::is_control) {
-            return Err(
-                "a session name is 1 to 128 characters, none of them a control character".into(),
-            );
-        }
+        crate::check_session_name(name)?;
         let to = SessionKey::new(self.key.owner().clone(), name);
         if to == self.key {
             return Err("a session cannot be forked into itself".into());
@@ -460,7 +492,7 @@ impl ForkRpc {
         );
         r.to = Some(name.to_string());
         sb.audit(StateEvent::Fork, r);
-        tracing::info!(session = %self.key, to = %to, bytes = listing.size, "forked the session");
+        tracing::info!(session = %crate::shown(&self.key), to = %crate::shown(&to), bytes = listing.size, "forked the session");
         Ok(json!({"session": name, "size": listing.size, "lost": lost}))
     }
 }

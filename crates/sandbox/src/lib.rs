@@ -55,11 +55,42 @@ pub use output::{ExecOutcome, Fit, Kept, Outcome, OutputSink, Part, Spill};
 use pool::Pool;
 use readiness::{Failed, Unchecked};
 pub use session::{Claim, ExecRequest, Session};
-use table::Lost;
+use table::{Busy, Lost};
 pub use table::Start;
 
 /// The session used when a call names none: one per client, and a stdio bridge has one client.
 pub use crate::identity::DEFAULT_SESSION;
+
+/// The rule of every session name, wherever it comes from (a call's `session`, a fork's name,
+/// a listing read back from the store): 1 to 64 characters of letters, digits, '-', '_' or '.'.
+/// So a name is never a path, never hides or reorders text, and every session that exists is
+/// one a call can name. `Err` says the rule, with the name as it is (escaped, cut).
+pub fn check_session_name(name: &str) -> Result<(), String> {
+    if !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Ok(());
+    }
+    let cut = &name[..text::floor_char_boundary(name, 80)];
+    Err(format!(
+        "the session name \"{}\"{} must be 1-64 characters of letters, digits, '-', '_' or '.'",
+        text::visible(cut),
+        if cut.len() < name.len() {
+            format!(" ({} bytes)", name.len())
+        } else {
+            String::new()
+        }
+    ))
+}
+
+/// A session's key as a log line shows it: escaped as the CLI's listings are
+/// (`text::visible`), so no identity or name rewrites the line it is in.
+pub(crate) fn shown(key: &SessionKey) -> String {
+    text::visible(&key.to_string()).into_owned()
+}
 
 /// The notice of a call cancelled while it waited for its session's running call.
 const NOT_STARTED: &str = "the call was cancelled before its code started (it was waiting for the session's running call): nothing ran, and the session and its variables are untouched.";
@@ -113,6 +144,9 @@ pub struct Sandbox {
     compiled: compiled::Compiled,
     /// Where the records of sessions' snapshots, restores and forks go (`carry`).
     audit: std::sync::OnceLock<crate::audit::Audit>,
+    /// Sessions out of the table while their state is written (closed idle) or restored: each
+    /// still has its container, and a call naming one waits for it (`table::Busy`).
+    busy: Busy,
 }
 
 /// A reporter of image-load progress: bytes streamed so far.
@@ -146,6 +180,7 @@ impl Sandbox {
             revoked: std::sync::OnceLock::new(),
             unchecked: std::sync::Mutex::new(None),
             audit: std::sync::OnceLock::new(),
+            busy: Busy::default(),
         });
         let weak = Arc::downgrade(&sb);
         let idle = sb.config.runtime_idle_timeout.0;
@@ -329,7 +364,7 @@ impl Sandbox {
         // started, resumed or restored, and how long that took.
         let span = trace::Guard::new(trace::internal("sandbox", vec![]));
         let got = self
-            .session(name, reset)
+            .session(name, reset, req.timeout)
             .within(span.context().clone())
             .await;
         let (session, start, mut notices) = match got {
@@ -481,5 +516,44 @@ impl Sandbox {
         }
         let config = Arc::clone(&self.config);
         let _ = tokio::task::spawn_blocking(move || pkgdir::leave(&config)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_session_name;
+
+    #[test]
+    fn a_session_name_is_1_to_64_of_letters_digits_dash_underscore_dot() {
+        for ok in ["a", "default", "mcp-0123456789abcdef", "a.b_c-d", &"x".repeat(64)] {
+            assert!(check_session_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "../x",
+            "a/b",
+            "/abs",
+            " ",
+            "alice/work",
+            "\u{202e}work",
+            "a\u{200b}b",
+            "\u{2066}x",
+            "a\u{2028}b",
+            "tab\there",
+            "é",
+            &"x".repeat(65),
+        ] {
+            let err = check_session_name(bad).unwrap_err();
+            assert!(
+                err.contains("must be 1-64 characters of letters, digits, '-', '_' or '.'"),
+                "{err}"
+            );
+            assert!(
+                !err.chars().any(|c| c.is_control() || ('\u{2000}'..='\u{206f}').contains(&c)),
+                "the name is shown escaped: {err:?}"
+            );
+        }
+        let long = check_session_name(&"x".repeat(5000)).unwrap_err();
+        assert!(long.len() < 300 && long.contains("(5000 bytes)"), "{long}");
     }
 }

@@ -59,10 +59,10 @@ impl Sandbox {
                         sessions.remove(&key);
                     }
                     self.parked.lock().unwrap().push(s.container_id.clone());
-                    tracing::info!(session = %key, container = %&s.container_id[..12.min(s.container_id.len())], ?linger, "parked the session for the next bridge");
+                    tracing::info!(session = %crate::shown(&key), container = %&s.container_id[..12.min(s.container_id.len())], ?linger, "parked the session for the next bridge");
                 }
                 Err(e) => {
-                    tracing::info!(session = %key, "could not park the session (closed with the bridge): {e}");
+                    tracing::info!(session = %crate::shown(&key), "could not park the session (closed with the bridge): {e}");
                 }
             }
         }
@@ -91,7 +91,7 @@ impl Sandbox {
     /// come back later.
     pub(super) async fn discard_parked(&self, key: &SessionKey) {
         if let Some(s) = self.resume_parked(key).await {
-            tracing::info!(session = %key, "closing the parked session: the call asked for a reset");
+            tracing::info!(session = %crate::shown(key), "closing the parked session: the call asked for a reset");
             s.destroy().await;
         }
     }

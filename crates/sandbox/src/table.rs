@@ -32,12 +32,14 @@ impl Sandbox {
     }
 
     /// The live session `name`, started if needed (or resumed from the bridge before this one,
-    /// `sandbox::resume`); with `reset`, a fresh one. Also returns how it came to be, and notices
-    /// for the caller (a session closed to make room).
+    /// `sandbox::resume`, or restored from its snapshot within `timeout`, the call's); with
+    /// `reset`, a fresh one. Also returns how it came to be, and notices for the caller (a
+    /// session closed to make room, a snapshot that could not be restored).
     pub async fn session(
         &self,
         name: &SessionKey,
         reset: bool,
+        timeout: Duration,
     ) -> Result<(Claim, Start, Vec<String>), SandboxError> {
         self.not_revoked()?;
         self.pool.touch();
@@ -62,30 +64,37 @@ impl Sandbox {
         {
             return Ok((s, Start::Running, Vec::new()));
         }
-        let _guard = self.starting.lock().await;
-        let existing = self.sessions.lock().await.get(name).cloned();
-        if let Some(s) = existing {
-            if !reset && !s.is_dead() {
-                return Ok((s.claim(), Start::Running, Vec::new()));
-            }
-            if !reset {
-                self.lost
-                    .note(name, "its sandbox stopped between calls".into());
-            }
-            self.sessions.lock().await.remove(name);
-            s.destroy().await;
-        }
         let mut notices = Vec::new();
-        let stored = if reset {
-            self.discard_parked(name).await;
-            self.discard_snapshot(name).await;
-            None
-        } else {
-            if self.has_parked(name) {
-                notices = self.make_room(name).await?;
+        let mut restore_failed = false;
+        loop {
+            // Its state being written (closed idle) or restored by another call: after that,
+            // not meanwhile, and without holding `starting` while it lasts.
+            self.busy.wait(name).await;
+            let guard = self.starting.lock().await;
+            if self.busy.contains(name) {
+                continue;
+            }
+            let existing = self.sessions.lock().await.get(name).cloned();
+            if let Some(s) = existing {
+                if !reset && !s.is_dead() {
+                    return Ok((s.claim(), Start::Running, notices));
+                }
+                if !reset {
+                    self.lost
+                        .note(name, "its sandbox stopped between calls".into());
+                }
+                self.sessions.lock().await.remove(name);
+                s.destroy().await;
+            }
+            let stored = if reset {
+                self.discard_parked(name).await;
+                self.discard_snapshot(name).await;
+                None
+            } else if self.has_parked(name) {
+                notices.extend(self.make_room(name).await?);
                 let t0 = std::time::Instant::now();
                 if let Some(s) = self.resume_parked(name).await {
-                    tracing::info!(session = %name, container = %&s.container_id[..12.min(s.container_id.len())], ms = t0.elapsed().as_millis() as u64, "resumed the session the previous bridge parked");
+                    tracing::info!(session = %crate::shown(name), container = %&s.container_id[..12.min(s.container_id.len())], ms = t0.elapsed().as_millis() as u64, "resumed the session the previous bridge parked");
                     self.saw(&s);
                     self.drop_snapshot(name).await;
                     let claim = self.hand_out(name, Arc::new(s)).await?;
@@ -96,16 +105,42 @@ impl Sandbox {
                 notices.push(NOT_RESUMED.to_string());
                 None
             } else {
-                self.stored_snapshot(name).await
+                match self.stored_snapshot(name).await {
+                    Some(l) if l.set_aside.is_some() => {
+                        if !restore_failed {
+                            notices.push(format!(
+                                "session {:?} has a snapshot that is set aside: a restore of it failed ({}), so it is not restored again; this is a fresh interpreter (`mcp-code-bridge sessions list` shows it, `sessions rm` removes it)",
+                                name.name(),
+                                l.set_aside.as_deref().unwrap_or_default()
+                            ));
+                        }
+                        None
+                    }
+                    other => other,
+                }
+            };
+            let s = self.new_sandbox(name, &mut notices).await?;
+            let Some(listing) = stored else {
+                let claim = self.hand_out(name, s).await?;
+                return Ok((claim, Start::Fresh, notices));
+            };
+            // Restored without `starting`: the restore is bounded by this call's time, and no
+            // other session's start waits for it; a call naming this session does (`busy`).
+            let busy = self.busy.hold(name, &s.container_id);
+            drop(guard);
+            match self
+                .restore_into(name, &s, listing, timeout, &mut notices)
+                .await
+            {
+                Some(start) => {
+                    let claim = self.hand_out(name, s).await?;
+                    drop(busy);
+                    return Ok((claim, start, notices));
+                }
+                // Closed and its snapshot set aside: a fresh one, as for a session without.
+                None => restore_failed = true,
             }
-        };
-        let s = self.new_sandbox(name, &mut notices).await?;
-        let (s, start) = match stored {
-            Some(listing) => self.restore_into(name, s, listing, &mut notices).await?,
-            None => (s, Start::Fresh),
-        };
-        let claim = self.hand_out(name, s).await?;
-        Ok((claim, start, notices))
+        }
     }
 
     /// A sandbox for session `name`, not handed out yet: a pooled one, or one started now
@@ -203,6 +238,7 @@ impl Sandbox {
         let per_identity = self.config.http.max_sessions_per_identity as usize;
         let mut notices = Vec::new();
         let mut tried = HashSet::new();
+        let mut waited = Duration::ZERO;
         loop {
             if let Some(n) = self.end_oldest_parked(name, max, &mut tried).await {
                 notices.extend(n);
@@ -222,7 +258,7 @@ impl Sandbox {
                 let named = *owner != Identity::Local;
                 let (candidates, key, limit) = if named && mine.len() >= per_identity {
                     (mine, "http.max_sessions_per_identity", per_identity)
-                } else if live.len() + self.pool.held() >= max {
+                } else if live.len() + self.pool.held() + self.busy.len() >= max {
                     (live, "max_sessions", max)
                 } else {
                     return Ok(notices);
@@ -246,6 +282,13 @@ impl Sandbox {
                 (victim, busy, key, limit)
             };
             let Some((victim, s)) = victim else {
+                // Sessions being closed (their snapshots written) or restored end within their
+                // bounds, and hold no lock: wait for one, then count again.
+                if self.busy.len() > 0 && waited < BUSY_WAIT {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    waited += Duration::from_millis(100);
+                    continue;
+                }
                 return Err(SandboxError::AllBusy {
                     session: name.name().to_string(),
                     max: limit as u32,
@@ -267,7 +310,7 @@ impl Sandbox {
                     sessions.remove(&victim);
                 }
             }
-            tracing::info!(session = %victim, idle_secs = idle, limit, key, "closing the least recently used session to make room");
+            tracing::info!(session = %crate::shown(&victim), idle_secs = idle, limit, key, "closing the least recently used session to make room");
             let snapshot = self
                 .snapshot_before_close(&victim, &s, carry::Closed::MaxSessions)
                 .await;
@@ -355,7 +398,7 @@ impl Sandbox {
             .await
             .ok()
             .flatten();
-        tracing::info!(session = %key, ended = ended.is_some(), limit, key = limit_key, "ending a session the bridge before this one parked, to make room");
+        tracing::info!(session = %text::visible(&key), ended = ended.is_some(), limit, key = limit_key, "ending a session the bridge before this one parked, to make room");
         let ended_key = SessionKey::new(
             oldest
                 .identity
@@ -398,14 +441,16 @@ impl Sandbox {
         if !self.sessions.lock().await.values().any(stale) {
             return;
         }
-        // Closed under `starting`, as `make_room` closes: a session leaves the table before its
-        // container is gone, and a start meanwhile would count one container fewer than there
-        // are, so `max_sessions` would bound the table, not the containers. Chosen again under
-        // it, and taken out of the table in the same step (under `sessions`, where calls claim
-        // theirs): one that `make_room` closed while this waited is no longer there, and one a
-        // call claimed is busy, so each session is closed once.
-        let _starting = self.starting.lock().await;
-        let closing: Vec<(SessionKey, Arc<Session>)> = {
+        // Taken out of the table under `starting`, as `make_room` closes (chosen again under
+        // it, and taken out in the same step, under `sessions`, where calls claim theirs: one
+        // that `make_room` closed while this waited is no longer there, and one a call claimed
+        // is busy, so each session is closed once). Each is then `busy` until its container is
+        // gone: counted toward `max_sessions` as the container it still is, and a call naming
+        // it waits for its snapshot. Its snapshot is written after `starting` is let go: a
+        // snapshot that takes long (or never ends, until `max_timeout`) keeps no other
+        // session's start waiting.
+        let closing: Vec<(SessionKey, Arc<Session>, BusyGuard<'_>)> = {
+            let _starting = self.starting.lock().await;
             let mut sessions = self.sessions.lock().await;
             let names: Vec<SessionKey> = sessions
                 .iter()
@@ -420,27 +465,28 @@ impl Sandbox {
                         self.lost
                             .note(&name, "its sandbox stopped between calls".into());
                     }
-                    tracing::info!(session = %name, "removing idle sandbox");
-                    Some((name, s))
+                    tracing::info!(session = %crate::shown(&name), "removing idle sandbox");
+                    let busy = self.busy.hold(&name, &s.container_id);
+                    Some((name, s, busy))
                 })
                 .collect()
         };
-        // Together, so a start waits for one removal, not for each; each writes its
-        // snapshot first (the start of a call naming it waits for `starting`, so it finds it).
-        futures::future::join_all(closing.iter().map(|(name, s)| async move {
+        // Together, so the slowest bounds them all; each writes its snapshot first.
+        futures::future::join_all(closing.into_iter().map(|(name, s, busy)| async move {
             let idle = s.idle_for().as_secs();
             if let Some(Err(why)) = self
-                .snapshot_before_close(name, s, carry::Closed::Idle)
+                .snapshot_before_close(&name, &s, carry::Closed::Idle)
                 .await
             {
                 self.lost.note(
-                    name,
+                    &name,
                     format!(
                         "it was closed, unused for {idle}s, and its snapshot was not kept: {why}"
                     ),
                 );
             }
-            s.destroy().await
+            s.destroy().await;
+            drop(busy);
         }))
         .await;
     }
@@ -479,9 +525,84 @@ impl Sandbox {
             }
         };
         live.extend(self.parked.lock().unwrap().iter().cloned());
+        if !all {
+            // Sessions being closed or restored without `starting` still use theirs (held
+            // under `starting`, so none joins while this compares).
+            live.extend(self.busy.containers());
+        }
         for id in ids.into_iter().filter(|id| !live.contains(id)) {
             tracing::info!(container = %id, "removing a container no session uses");
             container::remove(&engine.docker, &id).await;
+        }
+    }
+}
+
+/// The longest a start waits for room that sessions being closed or restored hold (each ends
+/// within its own bound: `max_timeout` at most).
+const BUSY_WAIT: Duration = Duration::from_secs(120);
+
+/// Sessions out of the table while their state is written or restored (see `Sandbox::busy`),
+/// with their containers (no stray for the reaper): a call naming one waits until its holder
+/// is done ([`Busy::wait`]).
+#[derive(Default)]
+pub(super) struct Busy(std::sync::Mutex<HashMap<SessionKey, (BusyLock, String)>>);
+
+/// What a call naming a [`Busy`] session waits on: locked by its holder until it is done.
+type BusyLock = Arc<tokio::sync::Mutex<()>>;
+
+/// A session held [`Busy`], until dropped.
+pub(super) struct BusyGuard<'a> {
+    busy: &'a Busy,
+    key: SessionKey,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    _held: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Busy {
+    /// Hold `key`, whose sandbox is `container` (it must not be held already: both holders
+    /// take it under `starting`).
+    pub(super) fn hold(&self, key: &SessionKey, container: &str) -> BusyGuard<'_> {
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        let held = Arc::clone(&lock).try_lock_owned().ok();
+        self.0
+            .lock()
+            .unwrap()
+            .insert(key.clone(), (Arc::clone(&lock), container.to_string()));
+        BusyGuard {
+            busy: self,
+            key: key.clone(),
+            lock,
+            _held: held,
+        }
+    }
+
+    /// Until `key` is not held.
+    pub(super) async fn wait(&self, key: &SessionKey) {
+        let lock = self.0.lock().unwrap().get(key).map(|(l, _)| Arc::clone(l));
+        if let Some(lock) = lock {
+            drop(lock.lock().await);
+        }
+    }
+
+    pub(super) fn contains(&self, key: &SessionKey) -> bool {
+        self.0.lock().unwrap().contains_key(key)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// The containers of the sessions held.
+    pub(super) fn containers(&self) -> Vec<String> {
+        self.0.lock().unwrap().values().map(|(_, c)| c.clone()).collect()
+    }
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        let mut m = self.busy.0.lock().unwrap();
+        if m.get(&self.key).is_some_and(|(l, _)| Arc::ptr_eq(l, &self.lock)) {
+            m.remove(&self.key);
         }
     }
 }
