@@ -32,6 +32,7 @@ mod relay;
 mod results;
 mod resume;
 mod sandbox;
+mod schemas;
 mod security;
 mod security_rootless;
 mod skills;
