@@ -158,7 +158,7 @@ impl Reader {
                 }
                 Ok(LogOutput::StdIn { .. }) => continue,
                 Err(e) => {
-                    tracing::debug!(session = %self.session, "attach stream ended: {e}");
+                    tracing::debug!(session = %crate::text::visible(&self.session), "attach stream ended: {e}");
                     break;
                 }
             };
@@ -168,7 +168,7 @@ impl Reader {
                 let first = split.is_some() && !std::mem::replace(&mut self.spoke, true);
                 match split {
                     Some(Split::Oversize) if self.log.allow(&self.session) => {
-                        tracing::warn!(session = %self.session, "discarding a line over {MAX_FRAME_BYTES} bytes from the sandbox");
+                        tracing::warn!(session = %crate::text::visible(&self.session), "discarding a line over {MAX_FRAME_BYTES} bytes from the sandbox");
                     }
                     Some(Split::Line(line)) if !line.is_empty() => {
                         let len = line.len();
@@ -182,7 +182,7 @@ impl Reader {
                             Err(e) => {
                                 self.bad += 1;
                                 if self.bad <= 5 || self.bad.is_power_of_two() {
-                                    tracing::warn!(session = %self.session, count = self.bad, "dropping a line from the sandbox that is not a frame: {e}");
+                                    tracing::warn!(session = %crate::text::visible(&self.session), count = self.bad, "dropping a line from the sandbox that is not a frame: {e}");
                                 }
                             }
                         }
@@ -222,9 +222,9 @@ impl Reader {
                     // The runtime's own warnings (a preload that failed, an exec it could
                     // not prepare) are worth seeing at the default level; still rate-limited.
                     if matches!(level.as_str(), "warning" | "error") {
-                        tracing::warn!(session = %self.session, "runtime: {}", &message[..end]);
+                        tracing::warn!(session = %crate::text::visible(&self.session), "runtime: {}", crate::text::visible(&message[..end]));
                     } else {
-                        tracing::debug!(session = %self.session, %level, "runtime: {}", &message[..end]);
+                        tracing::debug!(session = %crate::text::visible(&self.session), %level, "runtime: {}", crate::text::visible(&message[..end]));
                     }
                 }
                 false
@@ -234,7 +234,7 @@ impl Reader {
         if !wanted {
             self.stale += 1;
             if self.stale.is_power_of_two() {
-                tracing::debug!(session = %self.session, dropped = self.stale, "dropping frames that belong to no running call");
+                tracing::debug!(session = %crate::text::visible(&self.session), dropped = self.stale, "dropping frames that belong to no running call");
             }
             return true;
         }
@@ -257,7 +257,7 @@ impl Reader {
         for l in text.lines().filter(|l| !l.trim().is_empty()) {
             let line: String = l.chars().take(500).collect();
             if self.log.allow(&self.session) {
-                tracing::warn!(session = %self.session, "sandbox stderr: {line}");
+                tracing::warn!(session = %crate::text::visible(&self.session), "sandbox stderr: {}", crate::text::visible(&line));
             }
             let mut tail = self.stderr_tail.lock().unwrap();
             tail.push_back(line);

@@ -283,7 +283,7 @@ impl Session {
             }
         };
         let id = created.id;
-        tracing::debug!(session = %name, ms = t0.elapsed().as_millis() as u64, "container created");
+        tracing::debug!(session = %crate::text::visible(&name), ms = t0.elapsed().as_millis() as u64, "container created");
         match Self::attach_and_boot(
             docker,
             config,
@@ -316,7 +316,7 @@ impl Session {
     /// Give a pooled sandbox to session `name`. The engine-side name follows in the background
     /// (only `doctor` reads it), so the call that takes it does not wait for the rename.
     pub fn hand_to(&mut self, name: &str, serial: u64) {
-        tracing::info!(session = name, container = %short(&self.container_id), pooled = %self.name, "a pooled sandbox serves the session");
+        tracing::info!(session = name, container = %short(&self.container_id), pooled = %crate::text::visible(&self.name), "a pooled sandbox serves the session");
         self.name = name.to_string();
         let docker = self.docker.clone();
         let id = self.container_id.clone();

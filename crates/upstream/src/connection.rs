@@ -202,7 +202,7 @@ impl StderrTail {
             while let Some(mut line) = next_line(&mut reader, MAX_LINE).await {
                 crate::text::truncate_with(&mut line, STDERR_LINE_MAX, "…");
                 if budget.allow(&server) {
-                    tracing::info!(target: "mcp_code_bridge::upstream::stderr", server = %server, "{line}");
+                    tracing::info!(target: "mcp_code_bridge::upstream::stderr", server = %server, "{}", crate::text::visible(&line));
                 }
                 let mut t = tail.0.lock().unwrap();
                 if t.len() == STDERR_TAIL_LINES {
@@ -279,12 +279,12 @@ impl ClientHandler for Handler {
         crate::text::truncate_with(&mut data, crate::logging::MAX_LINE, "…");
         let logger = params.logger.as_deref().unwrap_or("");
         match params.level {
-            LoggingLevel::Debug => tracing::debug!(server = %self.server, logger, "{data}"),
+            LoggingLevel::Debug => tracing::debug!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data)),
             LoggingLevel::Info | LoggingLevel::Notice => {
-                tracing::info!(server = %self.server, logger, "{data}")
+                tracing::info!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data))
             }
-            LoggingLevel::Warning => tracing::warn!(server = %self.server, logger, "{data}"),
-            _ => tracing::error!(server = %self.server, logger, "{data}"),
+            LoggingLevel::Warning => tracing::warn!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data)),
+            _ => tracing::error!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data)),
         }
     }
 

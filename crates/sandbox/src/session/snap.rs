@@ -69,7 +69,7 @@ impl Session {
             match Receiving::new(&self.state_dir, limit) {
                 Ok(r) => *fork = Some(r),
                 Err(e) => {
-                    tracing::warn!(session = %self.name, "could not receive a fork's snapshot: {e}");
+                    tracing::warn!(session = %crate::text::visible(&self.name), "could not receive a fork's snapshot: {e}");
                     return;
                 }
             }
