@@ -187,6 +187,7 @@ def execute(ex, code):
         except Exception:
             pass
     text = display.repr_value(value)
+    text += outdir.full_data(value, ex.id)
     if inspect.iscoroutine(value):
         text += "  # a coroutine: use `await` to run it"
     return "ok", text, None

@@ -10,6 +10,7 @@ import binascii
 import hashlib
 import os
 import stat
+import sys
 import time
 
 from . import channel, constants
@@ -242,3 +243,52 @@ def out_stamp(root=None):
     except OSError:
         return None
     return "empty" if n == 0 else h.hexdigest()
+
+
+FULL_DATA_MAX_BYTES = 256 * 1024 * 1024  # a DataFrame held in more memory is not written out
+
+
+def full_data(value, eid):
+    """For a pandas DataFrame (or Series) as the last value whose preview leaves rows or columns
+    out: its whole data written under OUT_DIR/KEPT_DIR/ (Parquet when pyarrow is there, else
+    CSV), as a large print is kept whole, and a line naming the file; the host lists it with
+    the call's files. "" for anything else, or when it cannot be written (the line says why)."""
+    pd = sys.modules.get("pandas")
+    if pd is None or not isinstance(value, (pd.DataFrame, pd.Series)) or not constants.OUT_DIR:
+        return ""
+    frame = value.to_frame() if isinstance(value, pd.Series) else value
+    rows, cols = frame.shape
+    if rows <= 60 and cols <= 20:
+        return ""
+    try:
+        size = int(frame.memory_usage(index=True, deep=False).sum())
+    except Exception:
+        size = 0
+    if size > FULL_DATA_MAX_BYTES:
+        return ("\nfull data: not written (%d bytes in memory, over %d); write it yourself, "
+                "e.g. df.to_parquet('/workspace/out/data.parquet')" % (size, FULL_DATA_MAX_BYTES))
+    try:
+        import pyarrow  # noqa: F401
+        kind, ext = "Parquet", "parquet"
+    except Exception:
+        kind, ext = "CSV", "csv"
+    name = "%d.value.%s" % (eid, ext)
+    directory = os.path.join(constants.OUT_DIR, constants.KEPT_DIR)
+    path = os.path.join(directory, name)
+    tmp = os.path.join(directory, ".%s.tmp" % name)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        if ext == "parquet":
+            frame.to_parquet(tmp)
+        else:
+            frame.to_csv(tmp)
+        os.replace(tmp, path)
+    except Exception as e:
+        try:
+            os.unlink(tmp)
+        except Exception:
+            pass
+        return "\nfull data: could not be written (%s: %s)" % (type(e).__name__, e)
+    reader = "pd.read_parquet" if ext == "parquet" else "pd.read_csv(..., index_col=0)"
+    return "\nfull data: %s (%s, %d rows \u00d7 %d columns; %s reads it back)" % (
+        path, kind, rows, cols, reader)

@@ -819,3 +819,94 @@ fn config_huge_integer_durations_are_refused_by_name() {
         "{stderr}"
     );
 }
+
+/// What the code chose reaches the bridge's log (stderr) escaped as the command line's listings
+/// escape it (`text::visible`): a `log` frame the code sends as the runtime would, and a fork
+/// named with a right-to-left override, an isolate, a zero-width space and a line separator.
+/// None of the four is written raw; each is there as its escape.
+#[tokio::test(flavor = "multi_thread")]
+async fn text_the_code_chose_reaches_the_log_escaped() {
+    let b = Bridge::start_with(
+        Home::new(),
+        &[("MCP_BRIDGE_SNAPSHOT_MAX_SIZE", "64m")],
+        None,
+    )
+    .await;
+    let code = r#"
+import sys
+ch = next(m for n, m in list(sys.modules.items()) if n.endswith('.channel') and hasattr(m, 'send_bytes'))
+ch.log('planted \u202e\u2066\u200b\u2028 end', 'warning')
+from mcp import runtime
+try:
+    await runtime.fork('f\u202eork\u2066\u200b\u2028x')
+    print('forked')
+except Exception as e:
+    print('refused', type(e).__name__)
+print('done')
+"#;
+    let r = b.call(json!({"code": code})).await;
+    let r = Outcome(r).ok();
+    assert!(r.stdout().ends_with("done\n"), "{}", r.text());
+    let home = b.shutdown_clean().await;
+    let log = home.log();
+    assert!(
+        log.contains("runtime: planted \\u{202e}\\u{2066}\\u{200b}\\u{2028} end"),
+        "{log}"
+    );
+    for raw in ['\u{202e}', '\u{2066}', '\u{200b}', '\u{2028}'] {
+        assert!(
+            !log.contains(raw),
+            "U+{:04X} is in the log raw:\n{log}",
+            raw as u32
+        );
+    }
+}
+
+/// A sandbox whose init cannot fork (`catatonit: failed to fork child: Resource temporarily
+/// unavailable`): the uid the sandboxes run as (65534) already has 70 processes on the host,
+/// over the sandbox's `RLIMIT_NPROC` (64 with `pids = 8`), so the container's first fork fails
+/// with EAGAIN. The reply
+/// names that cause and its fix, not the image's Python. Needs root (to hold processes as uid
+/// 65534).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_that_cannot_fork_at_start_is_diagnosed_as_the_process_limit() {
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("skipped: holding processes as uid 65534 needs root");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let mut held: Vec<std::process::Child> = (0..70)
+        .map(|_| {
+            std::process::Command::new("sleep")
+                .arg("300")
+                .uid(65534)
+                .gid(65534)
+                .spawn()
+                .expect("a process as uid 65534")
+        })
+        .collect();
+    let b = Bridge::start_with(
+        Home::new(),
+        &[("MCP_BRIDGE_PIDS", "8"), ("MCP_BRIDGE_POOL_SIZE", "0")],
+        None,
+    )
+    .await;
+    let r = Outcome(b.call(json!({"code": "print(1)"})).await);
+    for c in &mut held {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let text = r.text();
+    assert!(r.is_error(), "{text}");
+    assert!(
+        text.contains("a limit on processes was reached"),
+        "{text}\n{}",
+        b.home.log_if_any()
+    );
+    assert!(text.contains("ulimit -u") && text.contains("`pids`"), "{text}");
+    assert!(!text.contains(">= 3.9"), "{text}");
+    // With the processes gone, the next call starts its sandbox.
+    let r = Outcome(b.call(json!({"code": "print(2)"})).await).ok();
+    assert_eq!(r.stdout(), "2\n");
+    b.shutdown().await;
+}

@@ -598,3 +598,64 @@ fn every_result_reads_in_the_python_sdk_as_named_parts_and_metadata() {
         );
     }
 }
+
+/// A DataFrame too large for its preview as the last value: the value shows its head, tail,
+/// shape and dtypes, and names a file with its whole data (Parquet when pyarrow is there, else
+/// CSV) under `/workspace/out/.outputs/`, which the result links and `resources/read` serves,
+/// and which the next call's code reads back whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_dataframe_as_the_last_value_links_its_full_data() {
+    let b = Bridge::start().await;
+    let r = b
+        .py("import pandas as pd\ndf = pd.DataFrame({'n': range(20000), 'sq': [i * i for i in range(20000)], 'tag': ['t%d' % (i % 7) for i in range(20000)]})\ndf")
+        .await
+        .ok();
+    let sc = r.sc();
+    let v = sc["value"].as_str().unwrap();
+    assert!(v.contains("[20000 rows x 3 columns]"), "{v}");
+    let line = v
+        .lines()
+        .find(|l| l.starts_with("full data: "))
+        .unwrap_or_else(|| panic!("no link to the full data in {v}"));
+    let path = line["full data: ".len()..].split(' ').next().unwrap();
+    assert!(path.starts_with("/workspace/out/.outputs/"), "{line}");
+    assert!(
+        path.ends_with(".value.parquet") || path.ends_with(".value.csv"),
+        "{line}"
+    );
+    assert!(line.contains("20000 rows \u{d7} 3 columns"), "{line}");
+    let name = path.trim_start_matches("/workspace/out/");
+    let linked: Vec<String> = r
+        .0
+        .content
+        .iter()
+        .filter_map(|c| match c {
+            rmcp::model::ContentBlock::ResourceLink(l) => Some(l.uri.clone()),
+            _ => None,
+        })
+        .collect();
+    let uri = linked
+        .iter()
+        .find(|u| u.ends_with(name))
+        .unwrap_or_else(|| panic!("{name} is not linked: {linked:?}"));
+    let read = b
+        .client
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(uri.as_str()))
+        .await
+        .expect("resources/read of the full data");
+    assert!(!read.contents.is_empty());
+    let back = if path.ends_with(".parquet") {
+        format!("d = pd.read_parquet({path:?})")
+    } else {
+        format!("d = pd.read_csv({path:?}, index_col=0)")
+    };
+    let r = b
+        .py(&format!("{back}\nprint(d.shape, int(d.sq.sum()) == int(df.sq.sum()), list(d.tag[:3]))"))
+        .await
+        .ok();
+    assert_eq!(r.stdout(), "(20000, 3) True ['t0', 't1', 't2']\n");
+    // A small one is shown whole, with no file.
+    let r = b.py("pd.DataFrame({'a': [1, 2]})").await.ok();
+    assert!(!r.sc()["value"].as_str().unwrap().contains("full data"));
+    b.shutdown().await;
+}

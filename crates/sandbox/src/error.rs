@@ -61,7 +61,8 @@ pub enum SandboxError {
 }
 
 /// Why the sandbox exited before `ready`: the runtime's own refusal when it gave one (it cannot
-/// install its seccomp filter, say), else a guess at the image and its last stderr lines.
+/// install its seccomp filter, say); else the cause its last stderr lines show ([`Cause`]),
+/// named with its fix; else a guess at the image. The stderr lines follow.
 fn exited_at_start(image: &str, stderr: &[String]) -> String {
     if let Some(why) = stderr
         .iter()
@@ -74,7 +75,72 @@ fn exited_at_start(image: &str, stderr: &[String]) -> String {
     } else {
         format!(":\n{}", stderr.join("\n"))
     };
-    format!("the sandbox exited while starting (does image {image:?} have python3 >= 3.9?){tail}")
+    let head = match Cause::of(stderr) {
+        Some(Cause::Processes) => "the sandbox exited while starting because a process or thread \
+             could not be made (fork failed with EAGAIN, \"Resource temporarily unavailable\"): a \
+             limit on processes was reached: the sandbox's `pids` (MCP_BRIDGE_PIDS, also its \
+             `ulimit -u`, which counts every process of its uid, 65534, on the host), the limit \
+             of the user the engine runs as (`ulimit -u`, systemd's TasksMax), or the machine's \
+             (kernel.pid_max). Fix: end the processes that hold them (`ps -u 65534`, or those of \
+             the engine's user), or raise the limit that was reached (`pids`, `ulimit -u`, \
+             `systemctl set-property user-<uid>.slice TasksMax=...`)"
+            .to_string(),
+        Some(Cause::Memory) => "the sandbox exited while starting because memory ran out \
+             (\"Cannot allocate memory\" / MemoryError). Fix: raise `memory` \
+             (MCP_BRIDGE_MEMORY), or free memory on the host"
+            .to_string(),
+        Some(Cause::NoPython) => format!(
+            "the sandbox exited while starting because image {image:?} has no python3 on its \
+             PATH. Fix: use an image with python3 >= 3.9 (`image`), e.g. the bridge's own"
+        ),
+        None => format!(
+            "the sandbox exited while starting (does image {image:?} have python3 >= 3.9?)"
+        ),
+    };
+    format!("{head}{tail}")
+}
+
+/// What a sandbox's stderr at its start says stopped it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    /// A fork or a thread failed with EAGAIN: the pids cgroup, `RLIMIT_NPROC` or the host's.
+    Processes,
+    /// ENOMEM, or Python's MemoryError.
+    Memory,
+    /// The image has no `python3`.
+    NoPython,
+}
+
+impl Cause {
+    fn of(stderr: &[String]) -> Option<Cause> {
+        let lower: Vec<String> = stderr.iter().map(|l| l.to_lowercase()).collect();
+        let has = |needles: &[&str]| {
+            lower
+                .iter()
+                .any(|l| needles.iter().any(|n| l.contains(&n.to_lowercase())))
+        };
+        if has(&[
+            "Resource temporarily unavailable",
+            "failed to fork",
+            "fork: retry",
+            "can't start new thread",
+            "EAGAIN",
+            "[Errno 11]",
+        ]) {
+            Some(Cause::Processes)
+        } else if has(&["Cannot allocate memory", "MemoryError", "out of memory", "ENOMEM"]) {
+            Some(Cause::Memory)
+        } else if has(&[
+            "python3: not found",
+            "\"python3\": executable file not found",
+            "exec: python3",
+            "python3: No such file or directory",
+        ]) {
+            Some(Cause::NoPython)
+        } else {
+            None
+        }
+    }
 }
 
 /// How the runtime begins the stderr line that says why it will not start.
@@ -142,6 +208,34 @@ mod tests {
             "the sandbox's runtime refused to start: the seccomp filter could not be installed (EINVAL)"
         );
         assert!(SandboxError::NotReady(60).hint().is_none());
+        // A fork that failed with EAGAIN is named as such, with its fix, never as the image.
+        let e = SandboxError::ExitedAtStart {
+            image: "i".into(),
+            stderr: vec![
+                "catatonit: failed to fork child: Resource temporarily unavailable".into(),
+            ],
+        };
+        let m = e.to_string();
+        assert!(m.contains("a limit on processes was reached"), "{m}");
+        assert!(m.contains("ulimit -u") && m.contains("`pids`"), "{m}");
+        assert!(!m.contains(">= 3.9"), "{m}");
+        assert!(m.ends_with("catatonit: failed to fork child: Resource temporarily unavailable"));
+        // As the engine words it when the init's exec is refused for the same limit.
+        let e = SandboxError::ExitedAtStart {
+            image: "i".into(),
+            stderr: vec!["exec /run/podman-init: resource temporarily unavailable".into()],
+        };
+        assert!(e.to_string().contains("a limit on processes was reached"), "{e}");
+        let e = SandboxError::ExitedAtStart {
+            image: "i".into(),
+            stderr: vec!["MemoryError".into()],
+        };
+        assert!(e.to_string().contains("raise `memory`"), "{e}");
+        let e = SandboxError::ExitedAtStart {
+            image: "busybox".into(),
+            stderr: vec!["/bin/sh: 1: exec: python3: not found".into()],
+        };
+        assert!(e.to_string().contains("has no python3"), "{e}");
         let e = SandboxError::NotGvisor {
             runtime: "runsc".into(),
             why: "it is the host's kernel (6.1.0 #1 SMP)".into(),
