@@ -903,7 +903,10 @@ async fn a_sandbox_that_cannot_fork_at_start_is_diagnosed_as_the_process_limit()
         "{text}\n{}",
         b.home.log_if_any()
     );
-    assert!(text.contains("ulimit -u") && text.contains("`pids`"), "{text}");
+    assert!(
+        text.contains("ulimit -u") && text.contains("`pids`"),
+        "{text}"
+    );
     assert!(!text.contains(">= 3.9"), "{text}");
     // With the processes gone, the next call starts its sandbox.
     let r = Outcome(b.call(json!({"code": "print(2)"})).await).ok();

@@ -625,15 +625,14 @@ async fn a_large_dataframe_as_the_last_value_links_its_full_data() {
     );
     assert!(line.contains("20000 rows \u{d7} 3 columns"), "{line}");
     let name = path.trim_start_matches("/workspace/out/");
-    let linked: Vec<String> = r
-        .0
-        .content
-        .iter()
-        .filter_map(|c| match c {
-            rmcp::model::ContentBlock::ResourceLink(l) => Some(l.uri.clone()),
-            _ => None,
-        })
-        .collect();
+    let linked: Vec<String> =
+        r.0.content
+            .iter()
+            .filter_map(|c| match c {
+                rmcp::model::ContentBlock::ResourceLink(l) => Some(l.uri.clone()),
+                _ => None,
+            })
+            .collect();
     let uri = linked
         .iter()
         .find(|u| u.ends_with(name))
@@ -650,7 +649,9 @@ async fn a_large_dataframe_as_the_last_value_links_its_full_data() {
         format!("d = pd.read_csv({path:?}, index_col=0)")
     };
     let r = b
-        .py(&format!("{back}\nprint(d.shape, int(d.sq.sum()) == int(df.sq.sum()), list(d.tag[:3]))"))
+        .py(&format!(
+            "{back}\nprint(d.shape, int(d.sq.sum()) == int(df.sq.sum()), list(d.tag[:3]))"
+        ))
         .await
         .ok();
     assert_eq!(r.stdout(), "(20000, 3) True ['t0', 't1', 't2']\n");

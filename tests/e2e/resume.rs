@@ -776,17 +776,23 @@ async fn a_keeper_directory_prepared_by_another_user_is_refused_and_doctor_says_
     let home = first.shutdown_clean().await;
     let log = home.log();
     assert!(
-        log.contains("WARN") && log.contains("is a symbolic link: another local user may have prepared it"),
+        log.contains("WARN")
+            && log.contains("is a symbolic link: another local user may have prepared it"),
         "{log}"
     );
-    assert!(!log.contains("parked the session for the next bridge"), "{log}");
+    assert!(
+        !log.contains("parked the session for the next bridge"),
+        "{log}"
+    );
     assert_eq!(
         std::fs::read_dir(&theirs).unwrap().count(),
         0,
         "something was made through the link"
     );
     let second = Bridge::start_with(home, &env, None).await;
-    let r = run_in(&second, "work", "print('x' in globals())").await.ok();
+    let r = run_in(&second, "work", "print('x' in globals())")
+        .await
+        .ok();
     assert_eq!(r.stdout(), "False\n");
     let home = second.shutdown_clean().await;
 
@@ -800,6 +806,9 @@ async fn a_keeper_directory_prepared_by_another_user_is_refused_and_doctor_says_
         std::fs::set_permissions(&keeper_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         std::os::unix::fs::chown(&keeper_dir, Some(65534), Some(65534)).unwrap();
         let said = doctor(&home);
-        assert!(said.contains("belongs to uid 65534, not to this user (uid 0)"), "{said}");
+        assert!(
+            said.contains("belongs to uid 65534, not to this user (uid 0)"),
+            "{said}"
+        );
     }
 }

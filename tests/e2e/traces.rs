@@ -658,7 +658,8 @@ async fn with_otel_content_off_no_span_carries_a_requirements_text_or_an_excepti
     let all = serde_json::to_string(&spans).unwrap();
     assert!(!all.contains("4111") && !all.contains("LEAK"), "{all}");
 
-    let code = "class Secret(Exception):\n    pass\nSecret.__qualname__ = 'Q' * 20000\nraise Secret('x')";
+    let code =
+        "class Secret(Exception):\n    pass\nSecret.__qualname__ = 'Q' * 20000\nraise Secret('x')";
     let r = call_with_meta(&bridge, code, None).await;
     let id = result_meta(&r)["trace_id"].as_str().unwrap().to_string();
     let spans = receiver.trace_when(&id, "the failed call", |s| {

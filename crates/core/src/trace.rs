@@ -161,7 +161,9 @@ pub const MAX_ERROR_TYPE: usize = 128;
 /// OpenTelemetry's conventions name an error type of no known form.
 pub fn error_type(kind: &str) -> String {
     let word = |w: &str| {
-        w.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        w.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
     };
     if !kind.is_empty() && kind.len() <= MAX_ERROR_TYPE && kind.split('.').all(word) {
@@ -273,6 +275,9 @@ mod tests {
         ] {
             assert_eq!(error_type(bad), "_OTHER", "{bad:?}");
         }
-        assert_eq!(error_type(&"Q".repeat(MAX_ERROR_TYPE)).len(), MAX_ERROR_TYPE);
+        assert_eq!(
+            error_type(&"Q".repeat(MAX_ERROR_TYPE)).len(),
+            MAX_ERROR_TYPE
+        );
     }
 }

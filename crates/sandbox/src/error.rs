@@ -93,9 +93,9 @@ fn exited_at_start(image: &str, stderr: &[String]) -> String {
             "the sandbox exited while starting because image {image:?} has no python3 on its \
              PATH. Fix: use an image with python3 >= 3.9 (`image`), e.g. the bridge's own"
         ),
-        None => format!(
-            "the sandbox exited while starting (does image {image:?} have python3 >= 3.9?)"
-        ),
+        None => {
+            format!("the sandbox exited while starting (does image {image:?} have python3 >= 3.9?)")
+        }
     };
     format!("{head}{tail}")
 }
@@ -128,7 +128,12 @@ impl Cause {
             "[Errno 11]",
         ]) {
             Some(Cause::Processes)
-        } else if has(&["Cannot allocate memory", "MemoryError", "out of memory", "ENOMEM"]) {
+        } else if has(&[
+            "Cannot allocate memory",
+            "MemoryError",
+            "out of memory",
+            "ENOMEM",
+        ]) {
             Some(Cause::Memory)
         } else if has(&[
             "python3: not found",
@@ -225,7 +230,10 @@ mod tests {
             image: "i".into(),
             stderr: vec!["exec /run/podman-init: resource temporarily unavailable".into()],
         };
-        assert!(e.to_string().contains("a limit on processes was reached"), "{e}");
+        assert!(
+            e.to_string().contains("a limit on processes was reached"),
+            "{e}"
+        );
         let e = SandboxError::ExitedAtStart {
             image: "i".into(),
             stderr: vec!["MemoryError".into()],

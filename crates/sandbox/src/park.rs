@@ -846,7 +846,11 @@ mod tests {
         assert_eq!(pool.1, Path::new("/state/engine/parked.lock"));
         for (sock, lock) in [&alice, &bob, &local] {
             assert_eq!(lock.parent(), Some(Path::new("/state/engine/sessions")));
-            assert_eq!(sock.parent(), pool.0.parent(), "every socket in the keeper directory");
+            assert_eq!(
+                sock.parent(),
+                pool.0.parent(),
+                "every socket in the keeper directory"
+            );
             for p in [sock, lock] {
                 let name = p.file_stem().unwrap().to_string_lossy().into_owned();
                 assert_eq!(name.len(), 32);

@@ -144,7 +144,10 @@ mod tests {
         });
         let listing = park::listing_of(tmp.path(), "s");
         std::fs::write(&listing, meta.to_string()).unwrap();
-        assert!(park::read_listing(&listing).is_some(), "a listing as the bridge writes it");
+        assert!(
+            park::read_listing(&listing).is_some(),
+            "a listing as the bridge writes it"
+        );
         assert!(list(tmp.path()).is_empty());
     }
 }

@@ -279,12 +279,18 @@ impl ClientHandler for Handler {
         crate::text::truncate_with(&mut data, crate::logging::MAX_LINE, "…");
         let logger = params.logger.as_deref().unwrap_or("");
         match params.level {
-            LoggingLevel::Debug => tracing::debug!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data)),
+            LoggingLevel::Debug => {
+                tracing::debug!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data))
+            }
             LoggingLevel::Info | LoggingLevel::Notice => {
                 tracing::info!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data))
             }
-            LoggingLevel::Warning => tracing::warn!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data)),
-            _ => tracing::error!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data)),
+            LoggingLevel::Warning => {
+                tracing::warn!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data))
+            }
+            _ => {
+                tracing::error!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data))
+            }
         }
     }
 

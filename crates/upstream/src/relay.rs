@@ -94,7 +94,11 @@ impl Routes {
     /// client cannot answer or fails to, and when the calls end first.
     pub(super) async fn elicit(&self, server: &str, request: ElicitRequestParams) -> ElicitResult {
         let decline = |why: &str| {
-            tracing::info!(server, "declined the server's question: {}", crate::text::visible(why));
+            tracing::info!(
+                server,
+                "declined the server's question: {}",
+                crate::text::visible(why)
+            );
             ElicitResult::new(ElicitationAction::Decline)
         };
         let (link, ended) = {
