@@ -364,3 +364,361 @@ async fn over_serve_a_snapshot_is_restored_only_for_its_own_identity() {
     let _ = bob.cancel().await;
     served.terminate(Duration::from_secs(60));
 }
+
+/// `serve` with `tokens` (`name:token` lines) and `env`, on a state dir of its own (returned).
+fn serve_with(tokens: &[(&str, &str)], env: &[(&str, &str)]) -> (Served, PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let file = dir.path().join("tokens");
+    let lines: String = tokens.iter().map(|(n, t)| format!("{n}:{t}\n")).collect();
+    std::fs::write(&file, lines).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (state_s, tokens_s) = (state.display().to_string(), file.display().to_string());
+    let mut all: Vec<(&str, &str)> = env.to_vec();
+    all.extend([
+        ("MCP_BRIDGE_STATE_DIR", state_s.as_str()),
+        ("MCP_BRIDGE_TOKEN_FILE", tokens_s.as_str()),
+    ]);
+    (Served::start(Home::new(), &all, &[]), state, dir)
+}
+
+/// `sessions ARGS` of the state dir `state`: (exit code, stdout, stderr).
+fn sessions_cli(home: &Home, state: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(common::BIN)
+        .arg("sessions")
+        .args(args)
+        .env_clear()
+        .envs(home.env())
+        .env("MCP_BRIDGE_STATE_DIR", state)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn listed(home: &Home, state: &Path) -> Value {
+    let (code, out, err) = sessions_cli(home, state, &["list", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// The (identity, session) of every snapshot listed.
+fn owners(listed: &Value) -> Vec<(String, String)> {
+    listed["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["identity"].as_str().unwrap_or("-").to_string(),
+                s["session"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A `run_python` call with `timeout` (seconds) on `client`, and how long it took.
+async fn timed_call(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    session: &str,
+    code: &str,
+    timeout: Option<u64>,
+) -> (Outcome, Duration) {
+    let mut args = json!({"code": code, "session": session});
+    if let Some(t) = timeout {
+        args["timeout"] = json!(t);
+    }
+    let params = rmcp::model::CallToolRequestParams::new("run_python")
+        .with_arguments(args.as_object().cloned().unwrap());
+    let t0 = std::time::Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(240), client.call_tool(params))
+        .await
+        .expect("answered within 240s")
+        .expect("run_python answered");
+    (Outcome(r), t0.elapsed())
+}
+
+const CAROL: &str = "carol-00112233445566778899aabb";
+
+/// Over `serve`, the snapshot store is shared, and bounded per identity and in total: bob's
+/// forks past his share (`snapshot_store_size` x `http.max_sessions_per_identity` /
+/// `max_sessions`: 2 MiB here) remove bob's own oldest, never alice's; carol's fork, at the
+/// total bound with her share free but the store holding others' snapshots, is refused with
+/// the reason and nothing of anyone's removed. Alice's session comes back whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn over_serve_one_identity_never_evicts_anothers_snapshot_and_a_full_store_refuses_the_newcomer()
+ {
+    let env = [
+        ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ("MCP_BRIDGE_SNAPSHOT_STORE_SIZE", "4m"),
+        ("MCP_BRIDGE_SNAPSHOT_MAX_SIZE", "1536k"),
+        ("MCP_BRIDGE_MAX_SESSIONS", "8"),
+        ("MCP_BRIDGE_HTTP_MAX_SESSIONS_PER_IDENTITY", "4"),
+    ];
+    let (mut served, state, _dir) =
+        serve_with(&[("alice", ALICE), ("bob", BOB), ("carol", CAROL)], &env);
+    let alice = served.client(Some(ALICE)).await;
+    let bob = served.client(Some(BOB)).await;
+    let carol = served.client(Some(CAROL)).await;
+    call_on(
+        &alice,
+        "work",
+        "import os\nfrom mcp import runtime\nblob = os.urandom(1_200_000)\nawait runtime.fork('a1')",
+    )
+    .await
+    .ok();
+    let b = call_on(
+        &bob,
+        "main",
+        "import os\nfrom mcp import runtime\nblob = os.urandom(900_000)\nfor i in range(4):\n    await runtime.fork(f'b{i}')\nprint('forked')",
+    )
+    .await
+    .ok();
+    assert_eq!(b.stdout(), "forked\n", "{}", b.text());
+    let l = listed(&served.home, &state);
+    let mut o = owners(&l);
+    o.sort();
+    assert_eq!(
+        o,
+        [
+            ("alice".to_string(), "a1".to_string()),
+            ("bob".into(), "b2".into()),
+            ("bob".into(), "b3".into())
+        ],
+        "bob's oldest made room for bob, alice's stayed: {l}"
+    );
+    assert!(served.home.log().contains("removing this identity's oldest session snapshot"));
+    let c = call_on(
+        &carol,
+        "main",
+        "import os\nfrom mcp import runtime\nblob = os.urandom(1_300_000)\ntry:\n    await runtime.fork('c1')\nexcept Exception as e:\n    print(type(e).__name__, e)",
+    )
+    .await
+    .ok();
+    assert!(
+        c.stdout().contains("the snapshot store is full")
+            && c.stdout().contains("snapshot_store_size")
+            && c.stdout().contains("never removed to make room"),
+        "{}",
+        c.text()
+    );
+    let mut after = owners(&listed(&served.home, &state));
+    after.sort();
+    assert_eq!(after, o, "nothing removed for a snapshot not kept");
+    let a = call_on(&alice, "a1", "print(len(blob))").await.ok();
+    assert_eq!(a.stdout(), "1200000\n", "{}", a.text());
+    assert_eq!(a.meta()["resumed"], json!("snapshot"));
+    for c in [alice, bob, carol] {
+        let _ = c.cancel().await;
+    }
+    served.terminate(Duration::from_secs(60));
+}
+
+/// A fork's name follows run_python's rule for `session` (1-64 of letters, digits, '-', '_',
+/// '.'), checked in the runtime and again by the bridge: with the runtime's check patched out,
+/// the bridge refuses each name (a path, a slash, bidi and zero-width characters, a line
+/// separator, 65 and 5,000 characters, another identity's spelling), with the rule; nothing is
+/// kept, and a good name still forks.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fork_name_outside_the_session_name_rule_is_refused_by_the_runtime_and_the_bridge() {
+    let env = [("MCP_BRIDGE_POOL_SIZE", "0")];
+    let b = Bridge::start_with(Home::new(), &env, None).await;
+    let code = "import sys\nfrom mcp import runtime\n\
+        sn = sys.modules['__mcp_bridge_runtime__.snapshot']\n\
+        bad = ['../x', 'a/b', '/abs', ' ', 'x' * 65, 'x' * 5000, '\\u202ework', 'a\\u200bb', '\\u2066x', 'alice/work', 'a\\u2028b', '']\n\
+        x = 1\nout = []\n\
+        for n in bad:\n    try:\n        await runtime.fork(n)\n        out.append('kept')\n    except ValueError as e:\n        out.append('V' if 'must be 1-64 characters' in str(e) else 'V?' + str(e)[:300])\n\
+        sn._fork_check = lambda name: None\n\
+        for n in bad:\n    try:\n        await runtime.fork(n)\n        out.append('kept')\n    except Exception as e:\n        out.append('H' if 'must be 1-64 characters' in str(e) else 'H?' + type(e).__name__ + str(e)[:300])\n\
+        print(' '.join(out))\n\
+        print((await runtime.fork('ok-1.x'))['session'])";
+    let r = run_in(&b, "a", code).await.ok();
+    let expected = format!(
+        "{} {}\nok-1.x\n",
+        ["V"; 12].join(" "),
+        ["H"; 12].join(" ")
+    );
+    assert_eq!(r.stdout(), expected, "{}", r.text());
+    let l = b
+        .home
+        .command()
+        .args(["sessions", "list", "--json"])
+        .output()
+        .unwrap();
+    let l: Value = serde_json::from_slice(&l.stdout).unwrap();
+    assert_eq!(owners(&l), [("-".to_string(), "ok-1.x".to_string())], "{l}");
+    b.shutdown_clean().await;
+}
+
+/// Everything the host keeps for a session is bounded when written, counted, listed and
+/// removable: a runtime patched to describe its snapshot with names of 200 control characters
+/// gets a listing cut to its budget (and listed, the rest counted in `more`); a session that
+/// sends forged `snap` frames (no fork asked) holds a file being written, which `sessions list`
+/// shows and counts; a file planted in the store that is no snapshot is listed as unreadable;
+/// `sessions prune` removes them all.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_stored_byte_is_bounded_listed_counted_and_removed_by_prune() {
+    let env = [("MCP_BRIDGE_POOL_SIZE", "0")];
+    let b = Bridge::start_with(Home::new(), &env, None).await;
+    let code = "import sys\nfrom mcp import runtime\n\
+        sn = sys.modules['__mcp_bridge_runtime__.snapshot']\n\
+        real = sn._Snapshot.info\n\
+        def info(self):\n    i = real(self)\n    junk = ['\\x01' * 200 + str(k) for k in range(200)]\n    i['names'] = junk\n    i['lost'] = [{'name': j, 'type': j, 'why': '\\x02' * 300} for j in junk]\n    i['modules'] = {j: j for j in junk}\n    return i\n\
+        sn._Snapshot.info = info\n\
+        x = 1\nprint((await runtime.fork('noisy'))['session'])\n\
+        sn._Snapshot.info = real\n\
+        import base64\n\
+        ch = sys.modules['__mcp_bridge_runtime__.channel']\n\
+        st = sys.modules['__mcp_bridge_runtime__.state']\n\
+        ch.send({'type': 'snap', 'id': st.running.id, 'data': base64.b64encode(b'z' * 500_000).decode()})\n\
+        ch.send({'type': 'snap', 'id': st.running.id, 'end': True, 'info': {}})\n\
+        print('sent')";
+    let r = run_in(&b, "a", code).await.ok();
+    assert_eq!(r.stdout(), "noisy\nsent\n", "{}", r.text());
+    let state = state_of(&b.home);
+    let dir = snapshots_dir(&state);
+    std::fs::write(dir.join("planted.json"), vec![b'{'; 300 << 10]).unwrap();
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".json") && name != "planted.json" {
+            let len = e.metadata().unwrap().len();
+            assert!(len <= 64 << 10, "a listing of {len} bytes");
+        }
+    }
+    let l = listed(&b.home, &state);
+    let snap = &l["snapshots"][0];
+    assert_eq!(snap["session"], "noisy", "{l}");
+    assert!(snap["more"].as_u64().unwrap() > 0, "{snap}");
+    assert_eq!(l["unreadable"][0]["file"], "planted.json", "{l}");
+    let temporary = l["temporary"].as_array().unwrap();
+    assert_eq!(temporary.len(), 1, "the forged frames' file: {l}");
+    assert_eq!(temporary[0]["bytes"], 500_000);
+    let on_disk: u64 = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert_eq!(l["store_bytes"].as_u64().unwrap(), on_disk, "every byte counted: {l}");
+    let (_, text, _) = sessions_cli(&b.home, &state, &["list"]);
+    assert!(text.contains("unreadable file planted.json"), "{text}");
+    assert!(text.contains("being written"), "{text}");
+    assert!(!text.contains('\u{1}'), "{text}");
+    let (code, out, err) = sessions_cli(&b.home, &state, &["prune"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("removed 1 session snapshot(s)"), "{out}");
+    assert!(out.contains("removed 2 other file(s)"), "{out}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    b.shutdown_clean().await;
+}
+
+/// Over `serve`, a restore that never ends (bob's snapshot unpickles into an endless loop) is
+/// bounded by the call's `timeout` and holds no lock: bob's call with `timeout=5` answers in
+/// seconds, fresh, naming the snapshot as set aside; alice's new session meanwhile starts at
+/// once; the snapshot is listed as set aside and never restored again. A snapshot whose
+/// pickling never ends (bob's session closed idle) keeps no other session's start waiting.
+#[tokio::test(flavor = "multi_thread")]
+async fn over_serve_a_restore_or_snapshot_that_never_ends_stalls_no_one_and_is_set_aside() {
+    let env = [
+        ("MCP_BRIDGE_RUNTIME_IDLE_TIMEOUT", "6s"),
+        ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ("MCP_BRIDGE_MAX_TIMEOUT", "90s"),
+    ];
+    let (mut served, state, _dir) = serve_with(&[("alice", ALICE), ("bob", BOB)], &env);
+    let alice = served.client(Some(ALICE)).await;
+    let bob = served.client(Some(BOB)).await;
+    call_on(
+        &bob,
+        "evil",
+        "class Evil:\n    def __reduce__(self):\n        return (exec, ('while True: pass',))\ne = Evil()",
+    )
+    .await
+    .ok();
+    logged(&served.home, "wrote the session's snapshot", 1).await;
+    let (bob_call, alice_call) = tokio::join!(
+        timed_call(&bob, "evil", "print('fresh', 'e' in globals())", Some(5)),
+        async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            timed_call(&alice, "other", "print('alice')", None).await
+        }
+    );
+    let (r, took) = bob_call;
+    let r = r.ok();
+    assert_eq!(r.stdout(), "fresh False\n", "{}", r.text());
+    assert!(took < Duration::from_secs(30), "bob's call took {took:?}");
+    assert!(r.text().contains("set aside"), "{}", r.text());
+    let (a, alice_took) = alice_call;
+    assert_eq!(a.ok().stdout(), "alice\n");
+    assert!(
+        alice_took < Duration::from_secs(20),
+        "alice's new session waited {alice_took:?} for bob's restore"
+    );
+    let l = listed(&served.home, &state);
+    let evil = l["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["session"] == "evil")
+        .unwrap_or_else(|| panic!("{l}"));
+    assert!(
+        evil["set_aside"].as_str().is_some_and(|w| w.contains("within 5s")),
+        "{evil}"
+    );
+
+    // Pickling that never ends, as bob's session is closed idle: alice's new session does not
+    // wait for it.
+    call_on(
+        &bob,
+        "slow",
+        "class Slow:\n    def __reduce__(self):\n        while True:\n            pass\ns = Slow()",
+    )
+    .await
+    .ok();
+    common::wait_until("bob's slow session closing", Duration::from_secs(60), async || {
+        served
+            .home
+            .log()
+            .lines()
+            .any(|l| l.contains("removing idle sandbox") && l.contains("bob/slow"))
+    })
+    .await;
+    let (a, alice_took) = timed_call(&alice, "third", "print('alice')", None).await;
+    assert_eq!(a.ok().stdout(), "alice\n");
+    assert!(
+        alice_took < Duration::from_secs(20),
+        "alice's new session waited {alice_took:?} for bob's snapshot"
+    );
+    let _ = alice.cancel().await;
+    let _ = bob.cancel().await;
+    served.terminate(Duration::from_secs(120));
+}
+
+/// A session larger than `snapshot_max_size`, closed idle: what fits is kept (the small values),
+/// the large one is named as lost with its size, and the next call naming the session is told.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_too_large_for_its_snapshot_keeps_what_fits_and_names_the_rest() {
+    let mut env: Vec<(&str, &str)> = IDLE.to_vec();
+    env.push(("MCP_BRIDGE_SNAPSHOT_MAX_SIZE", "1m"));
+    let b = Bridge::start_with(Home::new(), &env, None).await;
+    run_in(
+        &b,
+        "data",
+        "import os\nbig = os.urandom(3_000_000)\nsmall = {'k': 42}\ndef f(n):\n    return n + 1",
+    )
+    .await
+    .ok();
+    logged(&b.home, "wrote the session's snapshot", 1).await;
+    let r = run_in(&b, "data", "print(small['k'], f(1), 'big' in globals())")
+        .await
+        .ok();
+    assert_eq!(r.stdout(), "42 2 False\n", "{}", r.text());
+    assert_eq!(r.meta()["resumed"], json!("snapshot"), "{:?}", r.meta());
+    let text = r.text();
+    assert!(
+        text.contains("big (bytes)") && text.contains("over snapshot_max_size"),
+        "{text}"
+    );
+    b.shutdown_clean().await;
+}
