@@ -1173,12 +1173,15 @@ def test_pandas_value_is_limited(sb):
     lines = r.value.splitlines()
     assert len(lines) < 70 and "..." in r.value and "[1000 rows x 40 columns]" in r.value
     assert len(r.value) < 10_100
-    # The dtypes the head and tail do not show: every column's, by name.
-    dtypes = r.value.splitlines()[-1]
+    # The dtypes the head and tail do not show: every column's, by name; then the file with
+    # the whole data.
+    dtypes = r.value.splitlines()[-2]
     assert dtypes.startswith("dtypes: c0: int64, c1: int64"), dtypes
     assert "c39: int64" in dtypes, dtypes
+    assert r.value.splitlines()[-1].startswith("full data: "), r.value
+    assert "1000 rows \u00d7 40 columns;" in r.value.splitlines()[-1], r.value
     r = sb.ok("df2 = pd.DataFrame({'n%d' % i: [1.5] * 3 for i in range(45)})\ndf2['s'] = 'x'\ndf2")
-    assert "and 6 more (float64 \u00d75, " in r.value.splitlines()[-1], r.value
+    assert "and 6 more (float64 \u00d75, " in r.value.splitlines()[-2], r.value
     # A small frame is shown whole, with no dtypes line.
     assert "dtypes" not in sb.ok("pd.DataFrame({'a': [1]})").value
     r = sb.ok("df['c1']")
