@@ -156,5 +156,23 @@ async fn help_shows_the_schema_and_a_forbidden_value_never_reaches_the_server() 
         1,
         "the refused call reached the server"
     );
+
+    // Arguments the schema allows go to the server, whose answer stays authoritative: its own
+    // refusal is the tool's error (McpToolError), with its message.
+    let r = py(
+        &b,
+        "try:\n    await mcp_workspace.make_tree(root={'name': 'a', 'children': [{'name': 'b'}]}, depth_limit=1)\n\
+         except runtime.McpToolError as e:\n    print(type(e).__name__, e.mcp_result.get('isError'), e)\n",
+    )
+    .await
+    .ok();
+    let out = r.stdout();
+    assert!(out.starts_with("McpToolError True "), "{out}");
+    assert!(out.contains("make_tree"), "{out}");
+    assert_eq!(
+        recorded(&calls).len(),
+        2,
+        "the allowed call did not reach the server"
+    );
     b.shutdown().await;
 }
