@@ -366,7 +366,10 @@ async fn over_serve_a_snapshot_is_restored_only_for_its_own_identity() {
 }
 
 /// `serve` with `tokens` (`name:token` lines) and `env`, on a state dir of its own (returned).
-fn serve_with(tokens: &[(&str, &str)], env: &[(&str, &str)]) -> (Served, PathBuf, tempfile::TempDir) {
+fn serve_with(
+    tokens: &[(&str, &str)],
+    env: &[(&str, &str)],
+) -> (Served, PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let file = dir.path().join("tokens");
@@ -490,7 +493,12 @@ async fn over_serve_one_identity_never_evicts_anothers_snapshot_and_a_full_store
         ],
         "bob's oldest made room for bob, alice's stayed: {l}"
     );
-    assert!(served.home.log().contains("removing this identity's oldest session snapshot"));
+    assert!(
+        served
+            .home
+            .log()
+            .contains("removing this identity's oldest session snapshot")
+    );
     let c = call_on(
         &carol,
         "main",
@@ -536,11 +544,7 @@ async fn a_fork_name_outside_the_session_name_rule_is_refused_by_the_runtime_and
         print(' '.join(out))\n\
         print((await runtime.fork('ok-1.x'))['session'])";
     let r = run_in(&b, "a", code).await.ok();
-    let expected = format!(
-        "{} {}\nok-1.x\n",
-        ["V"; 12].join(" "),
-        ["H"; 12].join(" ")
-    );
+    let expected = format!("{} {}\nok-1.x\n", ["V"; 12].join(" "), ["H"; 12].join(" "));
     assert_eq!(r.stdout(), expected, "{}", r.text());
     let l = b
         .home
@@ -601,7 +605,11 @@ async fn every_stored_byte_is_bounded_listed_counted_and_removed_by_prune() {
         .flatten()
         .map(|e| e.metadata().unwrap().len())
         .sum();
-    assert_eq!(l["store_bytes"].as_u64().unwrap(), on_disk, "every byte counted: {l}");
+    assert_eq!(
+        l["store_bytes"].as_u64().unwrap(),
+        on_disk,
+        "every byte counted: {l}"
+    );
     let (_, text, _) = sessions_cli(&b.home, &state, &["list"]);
     assert!(text.contains("unreadable file planted.json"), "{text}");
     assert!(text.contains("being written"), "{text}");
@@ -663,7 +671,9 @@ async fn over_serve_a_restore_or_snapshot_that_never_ends_stalls_no_one_and_is_s
         .find(|s| s["session"] == "evil")
         .unwrap_or_else(|| panic!("{l}"));
     assert!(
-        evil["set_aside"].as_str().is_some_and(|w| w.contains("within 5s")),
+        evil["set_aside"]
+            .as_str()
+            .is_some_and(|w| w.contains("within 5s")),
         "{evil}"
     );
 
@@ -676,13 +686,17 @@ async fn over_serve_a_restore_or_snapshot_that_never_ends_stalls_no_one_and_is_s
     )
     .await
     .ok();
-    common::wait_until("bob's slow session closing", Duration::from_secs(60), async || {
-        served
-            .home
-            .log()
-            .lines()
-            .any(|l| l.contains("removing idle sandbox") && l.contains("bob/slow"))
-    })
+    common::wait_until(
+        "bob's slow session closing",
+        Duration::from_secs(60),
+        async || {
+            served
+                .home
+                .log()
+                .lines()
+                .any(|l| l.contains("removing idle sandbox") && l.contains("bob/slow"))
+        },
+    )
     .await;
     let (a, alice_took) = timed_call(&alice, "third", "print('alice')", None).await;
     assert_eq!(a.ok().stdout(), "alice\n");

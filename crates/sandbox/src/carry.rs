@@ -199,8 +199,10 @@ impl Sandbox {
                         })
                         .collect();
                     shown.extend(lost[listing.info.lost.len()..].iter().cloned());
-                    let shown: Vec<String> =
-                        shown.iter().map(|l| text::visible(l).into_owned()).collect();
+                    let shown: Vec<String> = shown
+                        .iter()
+                        .map(|l| text::visible(l).into_owned())
+                        .collect();
                     notice.push_str(&format!(
                         "; lost (could not be kept): {}. Files under /workspace and installed packages were not kept either",
                         shown.join(", ")
@@ -393,11 +395,12 @@ impl Sandbox {
     /// kept as a snapshot.
     async fn session_exists(&self, key: &SessionKey) -> bool {
         self.busy.contains(key)
-            || self.sessions
-            .lock()
-            .await
-            .get(key)
-            .is_some_and(|s| !s.is_dead())
+            || self
+                .sessions
+                .lock()
+                .await
+                .get(key)
+                .is_some_and(|s| !s.is_dead())
             || self.has_parked(key)
             || {
                 let state = self.config.state_dir.clone();

@@ -55,8 +55,8 @@ pub use output::{ExecOutcome, Fit, Kept, Outcome, OutputSink, Part, Spill};
 use pool::Pool;
 use readiness::{Failed, Unchecked};
 pub use session::{Claim, ExecRequest, Session};
-use table::{Busy, Lost};
 pub use table::Start;
+use table::{Busy, Lost};
 
 /// The session used when a call names none: one per client, and a stdio bridge has one client.
 pub use crate::identity::DEFAULT_SESSION;
@@ -525,7 +525,13 @@ mod tests {
 
     #[test]
     fn a_session_name_is_1_to_64_of_letters_digits_dash_underscore_dot() {
-        for ok in ["a", "default", "mcp-0123456789abcdef", "a.b_c-d", &"x".repeat(64)] {
+        for ok in [
+            "a",
+            "default",
+            "mcp-0123456789abcdef",
+            "a.b_c-d",
+            &"x".repeat(64),
+        ] {
             assert!(check_session_name(ok).is_ok(), "{ok}");
         }
         for bad in [
@@ -549,7 +555,8 @@ mod tests {
                 "{err}"
             );
             assert!(
-                !err.chars().any(|c| c.is_control() || ('\u{2000}'..='\u{206f}').contains(&c)),
+                !err.chars()
+                    .any(|c| c.is_control() || ('\u{2000}'..='\u{206f}').contains(&c)),
                 "the name is shown escaped: {err:?}"
             );
         }

@@ -21,8 +21,8 @@
 //! following links; the name of a file is a digest of its key, so no name the model chose is
 //! ever a path. Everything in the directory is listed ([`scan`]), expires, and is removable.
 
-use std::fs::{self, File};
 use std::collections::HashSet;
+use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -964,7 +964,10 @@ mod tests {
             .and_then(|e| e.downcast_ref::<Full>())
             .unwrap_or_else(|| panic!("{err}"));
         assert!(full.others > 200_000 && full.size > 100_000, "{full:?}");
-        assert!(err.to_string().contains("never removed to make room"), "{err}");
+        assert!(
+            err.to_string().contains("never removed to make room"),
+            "{err}"
+        );
         let left: Vec<String> = list(t.path()).iter().map(|l| l.key().to_string()).collect();
         assert_eq!(left, ["alice/a1", "bob/b2"]);
         // A file that is no snapshot counts too: with it, alice's next one is refused as well
@@ -987,7 +990,9 @@ mod tests {
             snapshot_store_size: Size(10 << 20),
             ..config(t.path())
         };
-        let junk: Vec<String> = (0..200).map(|i| format!("{}{i}", "\u{1}".repeat(195))).collect();
+        let junk: Vec<String> = (0..200)
+            .map(|i| format!("{}{i}", "\u{1}".repeat(195)))
+            .collect();
         let info = Info::from_frame(Some(&serde_json::json!({
             "names": junk,
             "lost": junk.iter().map(|j| serde_json::json!({"name": j, "type": j, "why": "\u{2}".repeat(300)})).collect::<Vec<_>>(),

@@ -594,14 +594,21 @@ impl Busy {
 
     /// The containers of the sessions held.
     pub(super) fn containers(&self) -> Vec<String> {
-        self.0.lock().unwrap().values().map(|(_, c)| c.clone()).collect()
+        self.0
+            .lock()
+            .unwrap()
+            .values()
+            .map(|(_, c)| c.clone())
+            .collect()
     }
 }
 
 impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
         let mut m = self.busy.0.lock().unwrap();
-        if m.get(&self.key).is_some_and(|(l, _)| Arc::ptr_eq(l, &self.lock)) {
+        if m.get(&self.key)
+            .is_some_and(|(l, _)| Arc::ptr_eq(l, &self.lock))
+        {
             m.remove(&self.key);
         }
     }
