@@ -438,7 +438,7 @@ impl ForkRpc {
             .get("session")
             .and_then(Value::as_str)
             .ok_or("fork needs a session name (a string)")?;
-        crate::check_session_name(name)?;
+        crate::check_session_name(name).map_err(|e| e.to_string())?;
         let to = SessionKey::new(self.key.owner().clone(), name);
         if to == self.key {
             return Err("a session cannot be forked into itself".into());

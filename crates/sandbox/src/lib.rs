@@ -65,7 +65,7 @@ pub use crate::identity::DEFAULT_SESSION;
 /// a listing read back from the store): 1 to 64 characters of letters, digits, '-', '_' or '.'.
 /// So a name is never a path, never hides or reorders text, and every session that exists is
 /// one a call can name. `Err` says the rule, with the name as it is (escaped, cut).
-pub fn check_session_name(name: &str) -> Result<(), String> {
+pub fn check_session_name(name: &str) -> Result<(), BadSessionName> {
     if !name.is_empty()
         && name.len() <= 64
         && name
@@ -75,15 +75,24 @@ pub fn check_session_name(name: &str) -> Result<(), String> {
         return Ok(());
     }
     let cut = &name[..text::floor_char_boundary(name, 80)];
-    Err(format!(
-        "the session name \"{}\"{} must be 1-64 characters of letters, digits, '-', '_' or '.'",
-        text::visible(cut),
-        if cut.len() < name.len() {
-            format!(" ({} bytes)", name.len())
-        } else {
-            String::new()
-        }
-    ))
+    Err(BadSessionName {
+        shown: text::visible(cut).into_owned(),
+        bytes: (cut.len() < name.len()).then_some(name.len()),
+    })
+}
+
+/// A session name outside the rule of [`check_session_name`]: the name as it is shown (escaped,
+/// cut at 80 bytes) and, when cut, its whole length.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the session name \"{shown}\"{} must be 1-64 characters of letters, digits, '-', '_' or '.'",
+    .bytes.map(|n| format!(" ({n} bytes)")).unwrap_or_default()
+)]
+pub struct BadSessionName {
+    /// The name as a log line or a listing shows it.
+    pub shown: String,
+    /// The name's length in bytes, when `shown` is cut.
+    pub bytes: Option<usize>,
 }
 
 /// A session's key as a log line shows it: escaped as the CLI's listings are
@@ -549,7 +558,7 @@ mod tests {
             "é",
             &"x".repeat(65),
         ] {
-            let err = check_session_name(bad).unwrap_err();
+            let err = check_session_name(bad).unwrap_err().to_string();
             assert!(
                 err.contains("must be 1-64 characters of letters, digits, '-', '_' or '.'"),
                 "{err}"
@@ -560,7 +569,9 @@ mod tests {
                 "the name is shown escaped: {err:?}"
             );
         }
-        let long = check_session_name(&"x".repeat(5000)).unwrap_err();
+        let long = check_session_name(&"x".repeat(5000))
+            .unwrap_err()
+            .to_string();
         assert!(long.len() < 300 && long.contains("(5000 bytes)"), "{long}");
     }
 }
