@@ -178,7 +178,7 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             n.sessions, n.pooled, config.pool_size
         ));
     }
-    let parked = crate::sandbox::park::parked_sessions(&config.state_dir);
+    let parked = crate::sandbox::parked::parked_sessions(&config.state_dir);
     c.note(&format!(
         "sessions parked for the next bridge on this state_dir: {parked} (session_linger = {}{}; `sessions list` shows them)",
         config.session_linger,

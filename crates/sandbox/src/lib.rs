@@ -24,6 +24,7 @@ pub mod files;
 pub mod image;
 mod images;
 pub mod inputs;
+mod keeperdir;
 pub mod kernel;
 mod output;
 pub mod park;

@@ -44,6 +44,8 @@ use sha2::{Digest, Sha256};
 use super::container::{self, Role};
 pub use crate::clock::now_secs;
 use crate::config::{Config, Isolation};
+pub use crate::keeperdir::{HandOverOff, keeper_dir};
+use crate::keeperdir::{keeper_base, keeper_dir_if_there};
 
 /// The hidden command that runs a keeper.
 pub const KEEPER_COMMAND: &str = "keep-parked";
@@ -166,131 +168,6 @@ impl Slot {
 /// The first 32 hex digits of the digest of a session key.
 fn key_digest(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))[..32].to_string()
-}
-
-/// The longest path a Unix socket may have (`sizeof(sun_path)` less its NUL).
-const SUN_PATH_MAX: usize = 107;
-/// A socket's name in the keeper directory: 32 hex digits and `.sock`.
-const SOCKET_NAME_LEN: usize = 37;
-
-/// Where keepers' sockets would be, whether or not it is there or fit for use: in
-/// `$XDG_RUNTIME_DIR` (when set, absolute and short enough), else in `/run/user/<uid>` when that
-/// is there, else `/tmp/mcp-code-bridge-<uid>`. The second element is the per-user directory
-/// the first lies in, when it is not made here (its owner and mode are checked too).
-fn keeper_place() -> (PathBuf, Option<PathBuf>) {
-    let uid = unsafe { libc::getuid() };
-    let fits = |dir: &Path| dir.as_os_str().len() + 1 + SOCKET_NAME_LEN <= SUN_PATH_MAX;
-    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| {
-            let run = PathBuf::from(format!("/run/user/{uid}"));
-            run.symlink_metadata().is_ok().then_some(run)
-        });
-    if let Some(rt) = runtime {
-        let dir = rt.join("mcp-code-bridge");
-        if fits(&dir) {
-            return (dir, Some(rt));
-        }
-    }
-    (PathBuf::from(format!("/tmp/mcp-code-bridge-{uid}")), None)
-}
-
-/// The keeper directory's path (nothing made or checked).
-fn keeper_base() -> PathBuf {
-    keeper_place().0
-}
-
-/// The keeper directory, made if it is not there (mode 0700), and checked: a directory, not a
-/// link, this user's, of mode 0700 (and so the per-user directory it lies in). Another local
-/// user may have made it first, or left a link in its place: then the error says so and what
-/// to do, and no sandbox is handed over through it.
-pub fn keeper_dir() -> Result<PathBuf, HandOverOff> {
-    use std::os::unix::fs::DirBuilderExt;
-    let (dir, parent) = keeper_place();
-    if let Some(parent) = &parent {
-        check_private_dir(parent, "the runtime directory")?;
-    }
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => {
-            return Err(HandOverOff {
-                problem: format!("the keeper directory {} cannot be made: {e}", dir.display()),
-                fix: "set XDG_RUNTIME_DIR to a directory of yours of mode 0700".into(),
-            });
-        }
-    }
-    check_private_dir(&dir, "the keeper directory")?;
-    Ok(dir)
-}
-
-/// The keeper directory when it is there and fit for use (nothing made).
-fn keeper_dir_if_there() -> Result<PathBuf, HandOverOff> {
-    let (dir, parent) = keeper_place();
-    if let Some(parent) = &parent {
-        check_private_dir(parent, "the runtime directory")?;
-    }
-    check_private_dir(&dir, "the keeper directory")?;
-    Ok(dir)
-}
-
-/// `dir` is a directory (the link itself is looked at, never followed), owned by this user,
-/// with no access for group or others.
-fn check_private_dir(dir: &Path, what: &str) -> Result<(), HandOverOff> {
-    use std::os::unix::fs::MetadataExt;
-    let me = unsafe { libc::getuid() };
-    let m = dir.symlink_metadata().map_err(|e| HandOverOff {
-        problem: format!("{what} {} cannot be read: {e}", dir.display()),
-        fix: "set XDG_RUNTIME_DIR to a directory of yours of mode 0700".into(),
-    })?;
-    let problem = if m.file_type().is_symlink() {
-        "is a symbolic link".to_string()
-    } else if !m.is_dir() {
-        "is not a directory".to_string()
-    } else if m.uid() != me {
-        format!("belongs to uid {}, not to this user (uid {me})", m.uid())
-    } else if m.mode() & 0o077 != 0 {
-        format!("has mode {:04o}, not 0700", m.mode() & 0o7777)
-    } else {
-        return Ok(());
-    };
-    Err(HandOverOff {
-        problem: format!(
-            "{what} {} {problem}: another local user may have prepared it, so no sandbox is \
-             handed to the next bridge through it",
-            dir.display()
-        ),
-        fix: format!(
-            "remove it (`rm -r {}`, as its owner or root), or set XDG_RUNTIME_DIR to a directory \
-             of yours of mode 0700",
-            dir.display()
-        ),
-    })
-}
-
-/// Why sandboxes cannot be handed from one bridge to the next (the keeper directory is not
-/// fit for use), and what repairs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HandOverOff {
-    pub problem: String,
-    pub fix: String,
-}
-
-impl std::fmt::Display for HandOverOff {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "hand-over to the next bridge is off: {} (each bridge starts its own sandboxes); fix: {}",
-            self.problem, self.fix
-        )
-    }
-}
-
-/// How many sessions keepers hold in `state_dir` (their listings whose socket is there; a
-/// keeper whose time is over removes both).
-pub fn parked_sessions(state_dir: &Path) -> usize {
-    super::parked::list(state_dir).len()
 }
 
 /// The pool's keeper's socket for `state_dir`.
@@ -800,6 +677,7 @@ fn recv_fd(conn: &UnixStream) -> std::io::Result<(Vec<u8>, Option<OwnedFd>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keeperdir::SUN_PATH_MAX;
 
     #[test]
     fn a_descriptor_and_its_message_cross_a_socket_pair() {
@@ -871,32 +749,6 @@ mod tests {
             assert!(sock.as_os_str().len() <= SUN_PATH_MAX, "{}", sock.display());
             assert_ne!(sock, socket_of(Path::new("/other"), &slot), "per state dir");
         }
-    }
-
-    #[test]
-    fn a_keeper_directory_not_this_users_alone_is_refused_with_its_fix() {
-        use std::os::unix::fs::PermissionsExt;
-        let tmp = tempfile::tempdir().unwrap();
-        let open = tmp.path().join("open");
-        std::fs::create_dir(&open).unwrap();
-        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let e = check_private_dir(&open, "the keeper directory")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("has mode 0755, not 0700"), "{e}");
-        assert!(e.contains("rm -r"), "{e}");
-        let link = tmp.path().join("link");
-        let private = tmp.path().join("private");
-        std::fs::create_dir(&private).unwrap();
-        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
-        std::os::unix::fs::symlink(&private, &link).unwrap();
-        let e = check_private_dir(&link, "the keeper directory").unwrap_err();
-        assert!(e.problem.contains("is a symbolic link"), "{e}");
-        assert!(check_private_dir(&private, "x").is_ok());
-        let file = tmp.path().join("file");
-        std::fs::write(&file, b"").unwrap();
-        let e = check_private_dir(&file, "x").unwrap_err();
-        assert!(e.problem.contains("is not a directory"), "{e}");
     }
 
     #[test]

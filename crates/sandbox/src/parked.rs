@@ -56,6 +56,12 @@ impl Parked {
     }
 }
 
+/// How many sessions keepers hold in `state_dir` (their listings whose socket is there; a
+/// keeper whose time is over removes both).
+pub fn parked_sessions(state_dir: &Path) -> usize {
+    list(state_dir).len()
+}
+
 /// The sessions parked in `state_dir`, least recently used first.
 pub fn list(state_dir: &Path) -> Vec<Parked> {
     let dir = state_dir.join("engine").join("sessions");
