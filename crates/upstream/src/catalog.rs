@@ -873,4 +873,70 @@ mod tests {
         let meta = st.tool_meta();
         assert_eq!(meta[2].alias, "def_");
     }
+
+    /// What the renderings add to a call that loads servers: the bridge builds every loaded tool's
+    /// metadata and serializes it to compare with the last sent (`sandbox/session/exec.rs`). Timed
+    /// for the reference servers of the corpus (everything, filesystem twice, time, git: 54 tools,
+    /// as the proxy bench loads them), with and without the renderings. Run on its own, release:
+    /// `cargo test --profile dev-release -p mcp-code-bridge-upstream --lib catalog::tests::metadata_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a timing, run on its own"]
+    fn metadata_cost_of_the_renderings() {
+        use std::sync::Arc;
+        use std::time::Instant;
+        let mut lists = Vec::new();
+        for s in ["everything", "filesystem", "filesystem", "time", "git"] {
+            let doc: Value = serde_json::from_slice(
+                &std::fs::read(
+                    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                        .join("../../tests/fixtures/tool-schemas")
+                        .join(format!("{s}.json")),
+                )
+                .unwrap(),
+            )
+            .unwrap();
+            let tools: Vec<rmcp::model::Tool> = doc["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    rmcp::model::Tool::new(
+                        t["name"].as_str().unwrap().to_string(),
+                        t["description"].as_str().unwrap_or("").to_string(),
+                        t["inputSchema"].as_object().unwrap().clone(),
+                    )
+                })
+                .collect();
+            let tools = Arc::new(tools);
+            let schemas = Schemas::new(s, tools.clone());
+            lists.push((s, tools, schemas));
+        }
+        let n = 2000;
+        // Every loaded tool's metadata built and serialized, as a call that loads these servers
+        // does; with the renderings, and with them taken out (sharing them costs a pointer copy).
+        let run = |keep: bool| {
+            let started = Instant::now();
+            let mut bytes = 0;
+            for _ in 0..n {
+                let metas: Vec<_> = lists
+                    .iter()
+                    .map(|(s, tools, schemas)| {
+                        let mut m = ServerTools::from_tools(s, s, None, tools, Some(schemas))
+                            .into_tool_meta();
+                        if !keep {
+                            m.iter_mut().for_each(|t| t.rendering = None);
+                        }
+                        m
+                    })
+                    .collect();
+                bytes = serde_json::to_vec(&metas).unwrap().len();
+            }
+            (started.elapsed() / n, bytes)
+        };
+        let (without, b0) = run(false);
+        let (with, b1) = run(true);
+        println!(
+            "54 tools' metadata per call: {without:?} ({b0} bytes) without the renderings, {with:?} ({b1} bytes) with them"
+        );
+    }
 }

@@ -15,7 +15,7 @@ use jsonschema::paths::LocationSegment;
 use jsonschema::{ValidationError, Validator};
 use serde_json::{Map, Value};
 
-use super::render::py_repr;
+use super::pytext::py_repr;
 use crate::error::{Hint, Hinted};
 
 /// The most problems one refusal lists.

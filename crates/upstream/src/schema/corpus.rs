@@ -12,7 +12,8 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use super::render::{py_repr, render};
+use super::pytext::py_repr;
+use super::render::render;
 
 /// One fact of a schema: what must be in the rendering (on one line, with `also` when set).
 struct Fact {
@@ -44,7 +45,7 @@ fn facts(
     }
     if let Some(r) = o.get("$ref").and_then(Value::as_str)
         && refs.insert(r.to_string())
-        && let Some(t) = super::render::resolve_ref(root, r)
+        && let Some(t) = super::refs::resolve_ref(root, r)
     {
         facts(root, t, out, refs, depth + 1);
     }
@@ -252,65 +253,4 @@ fn a_fact_left_out_is_found_missing() {
     assert!(fs.iter().any(|f| !found(&planted, f)));
     let planted = text.replace("required", "optional");
     assert!(fs.iter().any(|f| !found(&planted, f)));
-}
-
-/// What the renderings add to a call that loads servers: the bridge builds every loaded tool's
-/// metadata and serializes it to compare with the last sent (`sandbox/session/exec.rs`). Timed
-/// for the reference servers of the corpus (everything, filesystem twice, time, git: 54 tools,
-/// as the proxy bench loads them), with and without the renderings. Run on its own, release:
-/// `cargo test --profile dev-release -p mcp-code-bridge-upstream --lib schema::corpus::metadata_cost -- --ignored --nocapture`.
-#[test]
-#[ignore = "a timing, run on its own"]
-fn metadata_cost_of_the_renderings() {
-    use crate::catalog::ServerTools;
-    use std::sync::Arc;
-    use std::time::Instant;
-    let mut lists = Vec::new();
-    for s in ["everything", "filesystem", "filesystem", "time", "git"] {
-        let doc: Value =
-            serde_json::from_slice(&std::fs::read(corpus_dir().join(format!("{s}.json"))).unwrap())
-                .unwrap();
-        let tools: Vec<rmcp::model::Tool> = doc["tools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| {
-                rmcp::model::Tool::new(
-                    t["name"].as_str().unwrap().to_string(),
-                    t["description"].as_str().unwrap_or("").to_string(),
-                    t["inputSchema"].as_object().unwrap().clone(),
-                )
-            })
-            .collect();
-        let tools = Arc::new(tools);
-        let schemas = super::Schemas::new(s, tools.clone());
-        lists.push((s, tools, schemas));
-    }
-    let n = 2000;
-    // Every loaded tool's metadata built and serialized, as a call that loads these servers
-    // does; with the renderings, and with them taken out (sharing them costs a pointer copy).
-    let run = |keep: bool| {
-        let started = Instant::now();
-        let mut bytes = 0;
-        for _ in 0..n {
-            let metas: Vec<_> = lists
-                .iter()
-                .map(|(s, tools, schemas)| {
-                    let mut m =
-                        ServerTools::from_tools(s, s, None, tools, Some(schemas)).into_tool_meta();
-                    if !keep {
-                        m.iter_mut().for_each(|t| t.rendering = None);
-                    }
-                    m
-                })
-                .collect();
-            bytes = serde_json::to_vec(&metas).unwrap().len();
-        }
-        (started.elapsed() / n, bytes)
-    };
-    let (without, b0) = run(false);
-    let (with, b1) = run(true);
-    println!(
-        "54 tools' metadata per call: {without:?} ({b0} bytes) without the renderings, {with:?} ({b1} bytes) with them"
-    );
 }

@@ -7,6 +7,8 @@
 //! comparison; a check is compiled on the first call of its tool.
 
 pub mod check;
+pub mod pytext;
+pub mod refs;
 pub mod render;
 
 use std::sync::{Arc, Mutex, OnceLock};
@@ -218,7 +220,7 @@ mod tests {
 
     #[test]
     fn python_reprs() {
-        use render::py_repr;
+        use pytext::py_repr;
         assert_eq!(py_repr(&json!("it's")), "\"it's\"");
         assert_eq!(py_repr(&json!("a'b\"c\n")), "'a\\'b\"c\\n'");
         assert_eq!(
