@@ -162,14 +162,19 @@ fn problem(e: &ValidationError<'_>) -> String {
         ValidationErrorKind::AdditionalProperties { unexpected } if at == "arguments" => format!(
             "unexpected argument{} {} (the tool takes no other)",
             if unexpected.len() == 1 { "" } else { "s" },
-            unexpected
-                .iter()
-                .map(|u| py_repr(&Value::String(u.clone())))
-                .collect::<Vec<_>>()
-                .join(", ")
+            quoted(unexpected)
         ),
         _ => format!("{at}: {}", what(e)),
     }
+}
+
+/// Names as Python writes them, joined: `'a', 'b'`.
+fn quoted(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|n| py_repr(&Value::String(n.clone())))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// What is wrong with the value at an error's place, without the place.
@@ -202,11 +207,7 @@ fn what(e: &ValidationError<'_>) -> String {
         ValidationErrorKind::AdditionalProperties { unexpected } => format!(
             "unexpected key{} {}",
             if unexpected.len() == 1 { "" } else { "s" },
-            unexpected
-                .iter()
-                .map(|u| py_repr(&Value::String(u.clone())))
-                .collect::<Vec<_>>()
-                .join(", ")
+            quoted(unexpected)
         ),
         ValidationErrorKind::Minimum { limit } => format!("{got} is less than the minimum {limit}"),
         ValidationErrorKind::Maximum { limit } => {
