@@ -657,19 +657,18 @@ async fn over_serve_an_identitys_parked_sessions_count_toward_its_own_bound() {
     let _ = bob.cancel().await;
 }
 
-/// A state dir whose path is too long for a socket in it (here 80 bytes: a keeper's socket
-/// under it would be 134, over the 107 of `SUN_LEN`): sessions are handed over all the same,
-/// through sockets in the keeper directory, of this user's alone (0700), whose paths do not
-/// grow with the state dir's. `doctor` names that directory.
+/// A state dir whose path is too long for a socket in it (here 150 bytes, over the 107 of a
+/// socket's path): the bridge's own podman service (one per bridge, and the lingering one
+/// bridges share) listens in the keeper directory, and sessions are handed over all the same
+/// through keepers' sockets there, of this user's alone (0700), whose paths do not grow with
+/// the state dir's. `doctor` names that directory.
 #[tokio::test(flavor = "multi_thread")]
 async fn with_a_long_state_dir_a_session_is_still_handed_live_to_the_next_bridge() {
     use std::os::unix::fs::MetadataExt;
     let home = Home::new();
     let base = home.path().display().to_string();
-    let state = format!("{base}/{}", "s".repeat(80 - base.len() - 1));
-    assert_eq!(state.len(), 80);
-    // The bridge's own podman service listens in the state dir: that socket still fits.
-    assert!(state.len() + "/podman-4194304.sock".len() <= 107);
+    let state = format!("{base}/{}", "s".repeat(150 - base.len() - 1));
+    assert_eq!(state.len(), 150);
     let mut env: Vec<(&str, &str)> = ENV.to_vec();
     env.push(("MCP_BRIDGE_STATE_DIR", &state));
     let first = Bridge::start_with(home, &env, None).await;
@@ -691,6 +690,10 @@ async fn with_a_long_state_dir_a_session_is_still_handed_live_to_the_next_bridge
     let m = std::fs::symlink_metadata(dir).unwrap();
     assert!(m.is_dir() && m.mode() & 0o777 == 0o700, "{:o}", m.mode());
     assert_eq!(m.uid(), unsafe { libc::getuid() });
+    // No podman socket answers for the harness: the bridge started the lingering service
+    // there (engine_linger), named by the state dir.
+    let lingering = format!("unix://{}/engine-", dir.display());
+    assert!(log.contains(&lingering), "{lingering} not in {log}");
     let doctor = home
         .command()
         .args(["doctor", "--quick"])
@@ -715,7 +718,8 @@ async fn with_a_long_state_dir_a_session_is_still_handed_live_to_the_next_bridge
     let last = Bridge::start_with(
         home,
         &[
-            ("MCP_BRIDGE_ENGINE_LINGER", "60s"),
+            // A service of its own (podman-<pid>.sock), not the lingering one.
+            ("MCP_BRIDGE_ENGINE_LINGER", "0"),
             ("MCP_BRIDGE_SESSION_LINGER", "0"),
             ("MCP_BRIDGE_POOL_SIZE", "0"),
             ("MCP_BRIDGE_STATE_DIR", &state),
@@ -730,7 +734,9 @@ async fn with_a_long_state_dir_a_session_is_still_handed_live_to_the_next_bridge
     )
     .ok();
     assert_eq!(r.stdout(), "False\n");
-    last.shutdown_clean().await;
+    let log = last.shutdown_clean().await.log();
+    let own = format!("unix://{}/podman-", dir.display());
+    assert!(log.contains(&own), "{own} not in {log}");
 }
 
 /// The keeper directory is where another local user could act first: a link in its place

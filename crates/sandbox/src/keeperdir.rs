@@ -1,5 +1,6 @@
-//! The keeper directory: where keepers' sockets are (`park`), a short directory of this user's
-//! alone, `$XDG_RUNTIME_DIR/mcp-code-bridge` (or `/run/user/<uid>/mcp-code-bridge`), else
+//! The keeper directory: where keepers' sockets are (`park`), and the bridge's own engine
+//! service's when the state dir is too long for them ([`socket_in`]); a short directory of this
+//! user's alone, `$XDG_RUNTIME_DIR/mcp-code-bridge` (or `/run/user/<uid>/mcp-code-bridge`), else
 //! `/tmp/mcp-code-bridge-<uid>`, used only when it is a directory (not a link), owned by this
 //! user and of mode 0700; otherwise hand-over is off ([`HandOverOff`]).
 
@@ -7,8 +8,10 @@ use std::path::{Path, PathBuf};
 
 /// The longest path a Unix socket may have (`sizeof(sun_path)` less its NUL).
 pub(crate) const SUN_PATH_MAX: usize = 107;
-/// A socket's name in the keeper directory: 32 hex digits and `.sock`.
-const SOCKET_NAME_LEN: usize = 37;
+/// The longest socket name in the keeper directory: a lingering engine service's, `engine-`, 32
+/// hex digits and `.sock` (a keeper's is 32 hex digits and `.sock`; a bridge's own service's
+/// `podman-<pid>.sock`).
+const SOCKET_NAME_LEN: usize = 44;
 
 /// Where keepers' sockets would be, whether or not it is there or fit for use: in
 /// `$XDG_RUNTIME_DIR` (when set, absolute and short enough), else in `/run/user/<uid>` when that
@@ -16,7 +19,7 @@ const SOCKET_NAME_LEN: usize = 37;
 /// the first lies in, when it is not made here (its owner and mode are checked too).
 fn keeper_place() -> (PathBuf, Option<PathBuf>) {
     let uid = unsafe { libc::getuid() };
-    let fits = |dir: &Path| dir.as_os_str().len() + 1 + SOCKET_NAME_LEN <= SUN_PATH_MAX;
+    let fits = |dir: &Path| fits_beside(dir, SOCKET_NAME_LEN);
     let runtime = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
@@ -104,6 +107,38 @@ fn check_private_dir(dir: &Path, what: &str) -> Result<(), HandOverOff> {
             dir.display()
         ),
     })
+}
+
+/// Where a socket of the state dir `state_dir` goes: `state_dir/<beside>` when that path fits in
+/// a socket address (with `longest` bytes for its name, the longest the name may grow to),
+/// else `<keeper directory>/<short>`, the keeper directory made and checked first. `Err` only
+/// when the state dir is too long and the keeper directory cannot be used.
+pub(crate) fn socket_in(
+    state_dir: &Path,
+    beside: &str,
+    longest: usize,
+    short: &str,
+) -> Result<PathBuf, HandOverOff> {
+    if fits_beside(state_dir, longest) {
+        Ok(state_dir.join(beside))
+    } else {
+        keeper_dir().map(|dir| dir.join(short))
+    }
+}
+
+/// Where [`socket_in`] puts sockets of `state_dir`, nothing made or checked: `state_dir` itself,
+/// or the keeper directory.
+pub(crate) fn socket_dir(state_dir: &Path, longest: usize) -> PathBuf {
+    if fits_beside(state_dir, longest) {
+        state_dir.to_path_buf()
+    } else {
+        keeper_base()
+    }
+}
+
+/// Whether a name of `longest` bytes in `dir` makes a socket path that fits.
+fn fits_beside(dir: &Path, longest: usize) -> bool {
+    dir.as_os_str().len() + 1 + longest <= SUN_PATH_MAX
 }
 
 /// Why sandboxes cannot be handed from one bridge to the next (the keeper directory is not

@@ -149,16 +149,10 @@ impl RunArgs {
                 a.code.len()
             )));
         }
-        if let Some(s) = &a.session
-            && (s.is_empty()
-                || s.len() > 64
-                || !s
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)))
-        {
-            return Err(BadArguments(format!(
-                "`session` {s:?} must be 1-64 characters of letters, digits, '-', '_' or '.'"
-            )));
+        if let Some(s) = &a.session {
+            // The one rule for every session name, wherever it comes from (forks, listings).
+            crate::sandbox::check_session_name(s)
+                .map_err(|e| BadArguments(format!("`session`: {e}")))?;
         }
         Ok(a)
     }

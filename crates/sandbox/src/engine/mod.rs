@@ -102,6 +102,17 @@ pub enum EngineError {
         dir: PathBuf,
         source: std::io::Error,
     },
+    /// The state dir is too long for the bridge's own service's socket, and the keeper directory,
+    /// where such sockets go then, cannot be used.
+    #[error(
+        "the state dir {} is too long for a socket path in it (107 bytes at most), and {}",
+        .state_dir.display(),
+        .why.problem
+    )]
+    SocketDir {
+        state_dir: PathBuf,
+        why: crate::keeperdir::HandOverOff,
+    },
     /// `podman system service` could not be spawned.
     #[error("could not start {} system service (under /bin/sh): {source}", .podman.display())]
     ServiceSpawn {
@@ -136,6 +147,10 @@ impl Hinted for EngineError {
             EngineError::StateDir { .. } => {
                 Hint::clause("set MCP_BRIDGE_STATE_DIR to a writable directory")
             }
+            EngineError::SocketDir { why, .. } => Hint::line(format!(
+                "Fix the keeper directory ({}), or set MCP_BRIDGE_STATE_DIR to a shorter path.",
+                why.fix
+            )),
             EngineError::ServiceSpawn { .. } => return None,
             EngineError::GvisorRuntime { missing, .. } => Hint::line(missing.hint()?.text()),
             EngineError::ServiceSilent { .. } => Hint::line(
@@ -395,10 +410,13 @@ impl Engine {
         config: &Config,
         mut tried: Vec<String>,
     ) -> Result<Engine, EngineError> {
-        let sock = own_socket(&config.state_dir);
         std::fs::create_dir_all(&config.state_dir).map_err(|source| EngineError::StateDir {
             dir: config.state_dir.clone(),
             source,
+        })?;
+        let sock = own_socket(&config.state_dir).map_err(|why| EngineError::SocketDir {
+            state_dir: config.state_dir.clone(),
+            why,
         })?;
         let _ = std::fs::remove_file(&sock);
         let url = format!("unix://{}", sock.display());
@@ -470,10 +488,13 @@ impl Engine {
         mut tried: Vec<String>,
     ) -> Result<Engine, EngineError> {
         let linger = config.engine_linger.0;
-        let shared = Lingering::new(&config.state_dir);
         std::fs::create_dir_all(&config.state_dir).map_err(|source| EngineError::StateDir {
             dir: config.state_dir.clone(),
             source,
+        })?;
+        let shared = Lingering::new(&config.state_dir).map_err(|why| EngineError::SocketDir {
+            state_dir: config.state_dir.clone(),
+            why,
         })?;
         // Held until this bridge knows the service answers: a second bridge waits for it and
         // then finds the service instead of starting another.
@@ -672,7 +693,7 @@ mod tests {
     #[test]
     fn own_sockets_name_their_bridge() {
         let dir = Path::new("/home/u/.local/state/mcp-code-bridge");
-        let url = format!("unix://{}", own_socket(dir).display());
+        let url = format!("unix://{}", own_socket(dir).unwrap().display());
         assert_eq!(own_socket_pid(dir, &url), Some(std::process::id()));
         for other in [
             "unix:///home/u/.local/state/mcp-code-bridge/podman-12.sock.beside",
@@ -683,6 +704,20 @@ mod tests {
         ] {
             assert_eq!(own_socket_pid(dir, other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn a_state_dir_too_long_for_a_socket_has_its_own_service_listen_in_the_keeper_directory() {
+        let long = PathBuf::from(format!("/home/u/{}", "s".repeat(100)));
+        let keepers = crate::keeperdir::keeper_base();
+        let url = format!("unix://{}/podman-12.sock", keepers.display());
+        assert_eq!(own_socket_pid(&long, &url), Some(12));
+        let beside = format!("unix://{}/podman-12.sock", long.display());
+        assert_eq!(own_socket_pid(&long, &beside), None);
+        // The longest name still fits where the state dir is short enough.
+        let edge = PathBuf::from(format!("/{}", "e".repeat(107 - 1 - 1 - 19)));
+        let url = format!("unix://{}/podman-4194304.sock", edge.display());
+        assert_eq!(own_socket_pid(&edge, &url), Some(4194304));
     }
 
     #[test]

@@ -8,11 +8,19 @@ use std::time::Duration;
 
 use tokio::process::{Child, ChildStderr, ChildStdin, Command};
 
+use crate::keeperdir::{HandOverOff, socket_dir, socket_in};
+
+/// The longest name of a bridge's own service's socket, `podman-<pid>.sock` (pids stay under
+/// 2^22).
+const OWN_NAME_MAX: usize = "podman-4194304.sock".len();
+
 /// Where our own podman service listens: one socket per bridge process, because every bridge
 /// of a user shares the state dir, and a second bridge replacing the first one's socket took
-/// its engine away (tests/e2e/security_rootless.rs runs two at once).
-pub fn own_socket(state_dir: &Path) -> PathBuf {
-    state_dir.join(format!("podman-{}.sock", std::process::id()))
+/// its engine away (tests/e2e/security_rootless.rs runs two at once). In the state dir, or in
+/// the keeper directory when the state dir's path is too long for a socket's (107 bytes).
+pub fn own_socket(state_dir: &Path) -> Result<PathBuf, HandOverOff> {
+    let name = format!("podman-{}.sock", std::process::id());
+    socket_in(state_dir, &name, OWN_NAME_MAX, &name)
 }
 
 /// The shell that runs our podman service and stops it when the bridge goes, however it goes.
@@ -115,7 +123,10 @@ impl OwnService {
 /// The socket URL of a bridge's own service in `state_dir`, as it appears on podman's command
 /// line, and the bridge's pid when `url` is one.
 pub(super) fn own_socket_pid(state_dir: &Path, url: &str) -> Option<u32> {
-    let prefix = format!("unix://{}/podman-", state_dir.display());
+    let prefix = format!(
+        "unix://{}/podman-",
+        socket_dir(state_dir, OWN_NAME_MAX).display()
+    );
     url.strip_prefix(&prefix)?
         .strip_suffix(".sock")?
         .parse()
@@ -204,7 +215,7 @@ pub(super) async fn reap_stale_services(state_dir: &Path) -> usize {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    if let Ok(dir) = std::fs::read_dir(state_dir) {
+    if let Ok(dir) = std::fs::read_dir(socket_dir(state_dir, OWN_NAME_MAX)) {
         let me = std::process::id();
         for entry in dir.flatten() {
             let url = format!("unix://{}", entry.path().display());
@@ -221,7 +232,9 @@ pub(super) async fn reap_stale_services(state_dir: &Path) -> usize {
 
 /// The podman service that outlives its bridge for `engine_linger`, shared by the user's bridges
 /// on one state dir: everything about it is in `<state_dir>/engine/`, a directory of mode 0700:
-/// `podman.sock` (mode 0600 once it is up), `podman.pid` (its guard, the leader of its process
+/// `podman.sock` (mode 0600 once it is up; in the keeper directory, named by a digest of the
+/// state dir, when the state dir is too long for a socket's path), `podman.pid` (its guard, the
+/// leader of its process
 /// group), `podman.log` (its stderr, truncated at each start) and `podman.lock`, held while a
 /// bridge looks for it and, finding none that answers, starts one, so that two bridges starting
 /// at once start one service.
@@ -231,17 +244,27 @@ pub(super) async fn reap_stale_services(state_dir: &Path) -> usize {
 /// gone, however it went, holds no connection any more.
 pub(super) struct Lingering {
     pub(super) dir: PathBuf,
+    socket: PathBuf,
 }
 
 impl Lingering {
-    pub(super) fn new(state_dir: &Path) -> Lingering {
-        Lingering {
+    /// The service of `state_dir` (which is there): `Err` when its socket cannot be placed.
+    pub(super) fn new(state_dir: &Path) -> Result<Lingering, HandOverOff> {
+        use sha2::{Digest, Sha256};
+        use std::os::unix::ffi::OsStrExt;
+        const BESIDE: &str = "engine/podman.sock";
+        // Two spellings of one state dir meet at one service.
+        let real = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+        let digest = hex::encode(Sha256::digest(real.as_os_str().as_bytes()));
+        let short = format!("engine-{}.sock", &digest[..32]);
+        Ok(Lingering {
             dir: state_dir.join("engine"),
-        }
+            socket: socket_in(state_dir, BESIDE, BESIDE.len(), &short)?,
+        })
     }
 
     pub(super) fn socket(&self) -> PathBuf {
-        self.dir.join("podman.sock")
+        self.socket.clone()
     }
 
     pub(super) fn url(&self) -> String {
