@@ -78,12 +78,13 @@ fn exited_at_start(image: &str, stderr: &[String]) -> String {
     let head = match Cause::of(stderr) {
         Some(Cause::Processes) => "the sandbox exited while starting because a process or thread \
              could not be made (fork failed with EAGAIN, \"Resource temporarily unavailable\"): a \
-             limit on processes was reached: the sandbox's `pids` (MCP_BRIDGE_PIDS, also its \
-             `ulimit -u`, which counts every process of its uid, 65534, on the host), the limit \
-             of the user the engine runs as (`ulimit -u`, systemd's TasksMax), or the machine's \
-             (kernel.pid_max). Fix: end the processes that hold them (`ps -u 65534`, or those of \
-             the engine's user), or raise the limit that was reached (`pids`, `ulimit -u`, \
-             `systemctl set-property user-<uid>.slice TasksMax=...`)"
+             limit on processes was reached: the sandbox's `pids` (MCP_BRIDGE_PIDS), its `ulimit -u` \
+             (which counts every process of its host uid: one budget for every sandbox where \
+             they share it, see `mcp-code-bridge doctor`'s host identity), the limit of the user \
+             the engine runs as (`ulimit -u`, systemd's TasksMax), or the machine's \
+             (kernel.pid_max). Fix: end the processes that hold them (those of the sandbox's \
+             host uid, or of the engine's user), or raise the limit that was reached (`pids`, \
+             `ulimit -u`, `systemctl set-property user-<uid>.slice TasksMax=...`)"
             .to_string(),
         Some(Cause::Memory) => "the sandbox exited while starting because memory ran out \
              (\"Cannot allocate memory\" / MemoryError). Fix: raise `memory` \

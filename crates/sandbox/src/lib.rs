@@ -288,7 +288,7 @@ impl Sandbox {
             .unix_socket()
             .filter(|_| park::eligible(&self.config));
         let start = Session::start(
-            &engine.docker,
+            &engine,
             &self.config,
             &self.compiled,
             Role::Pool,

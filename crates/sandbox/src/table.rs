@@ -184,7 +184,7 @@ impl Sandbox {
         let socket = engine.unix_socket().filter(|_| self.parks_sessions());
         let s = Arc::new(
             Session::start(
-                &engine.docker,
+                &engine,
                 &self.config,
                 &self.compiled,
                 Role::Session(&name.to_string()),

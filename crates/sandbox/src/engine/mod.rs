@@ -14,10 +14,12 @@ use crate::config::{Config, Runtime};
 use mcp_code_bridge_core::error::{Hint, Hinted};
 
 mod enforcement;
+mod ids;
 mod kept;
 mod service;
 
 pub use enforcement::{Enforcement, SandboxIsolationMissing};
+pub use ids::HostIds;
 pub use kept::{CHECK_AFTER, Kept};
 pub use service::own_socket;
 use service::{Lingering, OwnService, keep_alive_every, reap_stale_services};
@@ -53,6 +55,8 @@ pub struct Engine {
     /// On a lingering service (`engine_linger`): the task that keeps it from idling out while
     /// this engine lives; aborted by [`Engine::shutdown`] and when the engine is dropped.
     keep_alive: Option<KeepAlive>,
+    /// [`Engine::host_ids`], decided at the first start.
+    ids: std::sync::OnceLock<HostIds>,
 }
 
 /// A task aborted when dropped, and the linger of the service it keeps alive.
@@ -384,6 +388,7 @@ impl Engine {
                         service: Default::default(),
                         http: Default::default(),
                         keep_alive: None,
+                        ids: Default::default(),
                     });
                 }
                 Err(e) => tried.push(format!("  {} ({}): {e}", c.url, c.origin)),
@@ -465,6 +470,7 @@ impl Engine {
                     service: tokio::sync::Mutex::new(Some(service)),
                     http: Default::default(),
                     keep_alive: None,
+                    ids: Default::default(),
                 });
             }
             if tokio::time::Instant::now() > deadline {
@@ -517,6 +523,7 @@ impl Engine {
                 service: Default::default(),
                 http: Default::default(),
                 keep_alive,
+                ids: Default::default(),
             }
         };
         if shared.socket().exists() {
@@ -596,6 +603,16 @@ impl Engine {
             .0
             .map_err(|e| format!("could not build an HTTP client for {endpoint}: {e}"))?;
         Ok(self.http.get_or_init(|| (client, built.1)))
+    }
+
+    /// Whether each sandbox of `config` gets host ids of its own on this engine
+    /// ([`HostIds::of`]), decided once: a bridge has one configuration.
+    pub fn host_ids(&self, config: &Config) -> &HostIds {
+        self.ids.get_or_init(|| {
+            let ids = HostIds::of(self, config);
+            tracing::debug!(?ids, "the sandboxes' host identity");
+            ids
+        })
     }
 
     /// The engine's Unix socket, when it is reached through one (`sandbox::attach` connects to
