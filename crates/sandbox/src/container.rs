@@ -95,6 +95,11 @@ fn owner_alive(owner: &str) -> bool {
 
 /// The create body of a sandbox container. Every isolation setting lives here, and is the same
 /// for a pooled container as for a session's: only labels and the preload list differ.
+/// Every sandbox's `oom_score_adj`, the highest there is: under memory overcommitted (many
+/// sessions each below its `memory` limit, together past the host's), the kernel's OOM killer
+/// takes a sandbox's process first. Raising it needs no privilege, rootless too.
+pub const OOM_SCORE_ADJ: i64 = 1000;
+
 pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody {
     let mut labels = HashMap::new();
     labels.insert(LABEL_MANAGED.to_string(), "true".to_string());
@@ -189,6 +194,9 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
             config: None,
         }),
         auto_remove: Some(false),
+        // The first the kernel's OOM killer takes when the host runs out of memory: a sandbox,
+        // not the bridge, its engine or the host's other processes (`OOM_SCORE_ADJ`).
+        oom_score_adj: Some(OOM_SCORE_ADJ),
         // A tiny init (catatonit, docker-init) as PID 1 reaps orphaned grandchildren, which would
         // otherwise pile up as zombies against the pids limit.
         init: Some(true),
