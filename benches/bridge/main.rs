@@ -22,6 +22,7 @@
 //! BENCH_ONLY=capacity-sandboxes cargo bench --bench bridge        # section 11's sandbox rows alone (memory, idle CPU)
 //! BENCH_ONLY=capacity-bounds cargo bench --bench bridge           # section 11's bounds alone: max_sessions, a busy session, 429
 //! BENCH_ONLY=capacity-max-sessions cargo bench --bench bridge     # section 11's load run with max_sessions = 20 alone
+//! BENCH_ONLY=capacity-starts cargo bench --bench bridge          # section 11's team's first calls alone (20 × 2 new sessions × 20 calls)
 //! BENCH_CAPACITY_GVISOR=1 BENCH_ONLY=capacity-sandboxes …         # the sandbox rows under gVisor too (needs runsc)
 //! BENCH_PROXY_RUNS=50 BENCH_ONLY=proxy cargo bench --bench bridge # more of one (also LOAD_RUNS, LOAD_CALLS, WARM,
 //!                                                                 # CAPACITY_SECS, IDLE_SECS, CAPACITY_SANDBOXES)
@@ -53,6 +54,7 @@ mod proxy;
 mod raw;
 mod results;
 mod snapshots;
+mod starts;
 mod startup;
 mod table;
 mod traces;
@@ -92,6 +94,7 @@ use proxy::*;
 use raw::*;
 use results::*;
 use snapshots::*;
+use starts::*;
 use startup::*;
 use table::*;
 use traces::*;
@@ -196,6 +199,7 @@ async fn main() {
         "capacity-sandboxes",
         "capacity-bounds",
         "capacity-max-sessions",
+        "capacity-starts",
     ]
     .iter()
     .any(|s| o.wants(s))

@@ -1,0 +1,97 @@
+//! Section 11's starts row (`BENCH_ONLY=capacity-starts`): a team's first calls. 20 identities
+//! × 2 sessions over `serve`, none started before the run, each session making 20 sequential
+//! mixed calls (print, pandas, a proxied `echo`) with the bridge's default pool: every session's
+//! first call starts its sandbox while the other sessions call theirs.
+
+use super::*;
+
+const IDS: usize = 20;
+const CALLS: usize = 20;
+
+pub(crate) async fn starts_row(fx: &Fixtures, t: &mut Table) {
+    let home = Home::new(&fx.real()[..1]);
+    let (child, pid, url, tokens) = serve_team(&home, IDS, ROOMY_MAX_SESSIONS, "1").await;
+    let clients = futures::future::join_all(tokens.iter().map(|(_, t)| http_client(&url, Some(t))))
+        .await
+        .into_iter()
+        .map(|c| c.unwrap_or_else(|e| fail(&format!("{e}\n{}", home.log()))))
+        .collect::<Vec<_>>();
+    let workers: Vec<Worker> = clients
+        .iter()
+        .flat_map(|c| {
+            (0..SESSIONS_PER_IDENTITY).map(move |s| Worker {
+                client: c,
+                session: format!("s{s}"),
+            })
+        })
+        .collect();
+    // The bridge up and warmed (engine, image, its pool), as before a team's first calls.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    eprintln!(
+        "bench: capacity: a team's first calls, {IDS} identities × {SESSIONS_PER_IDENTITY} sessions × {CALLS} calls…"
+    );
+    let plan = Plan {
+        kinds: Kind::ALL.to_vec(),
+        stop: Stop::Calls(CALLS),
+        after_refusal: AFTER_REFUSAL,
+    };
+    let tag = format!("{}-starts", std::process::id());
+    let (wall, recs) = drive(&workers, &plan, &tag).await;
+    report_bad(&recs, "a team's first calls");
+    // `drive` returns each worker's calls in order, worker after worker.
+    let first: Vec<f64> = recs
+        .chunks(CALLS)
+        .filter_map(|c| c.first())
+        .filter(|r| r.fate == Fate::Ok)
+        .map(|r| r.ms)
+        .collect();
+    let ok: Vec<f64> = recs
+        .iter()
+        .filter(|r| r.fate == Fate::Ok)
+        .map(|r| r.ms)
+        .collect();
+    let count = |f: &dyn Fn(&Rec) -> bool| recs.iter().filter(|r| f(r)).count();
+    let max = |v: &[f64]| v.iter().copied().fold(f64::NAN, f64::max);
+    let row = vec![
+        format!(
+            "{IDS} identities × {SESSIONS_PER_IDENTITY} sessions × {CALLS} calls, none started before"
+        ),
+        recs.len().to_string(),
+        format!("{wall:.1}"),
+        format!("{:.0}/s", ok.len() as f64 / wall),
+        fmt(pct(&ok, 0.5), Unit::Ms),
+        fmt(pct(&ok, 0.99), Unit::Ms),
+        fmt(max(&ok), Unit::Ms),
+        format!(
+            "{} / {}",
+            fmt(pct(&first, 0.5), Unit::Ms),
+            fmt(max(&first), Unit::Ms)
+        ),
+        count(&|r| matches!(r.fate, Fate::Lost | Fate::Mismatched | Fate::Failed)).to_string(),
+        count(&|r| r.fate == Fate::Refused).to_string(),
+    ];
+    t.wide(
+        "11d. A team's first calls over `serve` (latencies of the calls answered ok; \"not ok\" is lost + mismatched + failed)",
+        &[
+            "load",
+            "calls",
+            "s",
+            "ok calls/s",
+            "p50",
+            "p99",
+            "max",
+            "first call of each session: p50 / max",
+            "not ok",
+            "refused",
+        ],
+        vec![row],
+    );
+    t.note(format!(
+        "settings of 11d: pool_size = 1 (the default), max_sessions = {ROOMY_MAX_SESSIONS}, the rest as section 11's load; the bridge warmed up for 5 s before the first call"
+    ));
+    drop(workers);
+    for c in clients {
+        let _ = c.cancel().await;
+    }
+    stop_serve(child, pid).await;
+}
