@@ -7,15 +7,23 @@
 use super::*;
 use crate::table::BusyGuard;
 
-/// Containers started at once (sessions' and the pool's): three per core, at least 2 and at
-/// most 32. A start is mostly the engine's and the interpreter's CPU, so more at once than a
-/// few per core only makes each one slower.
+/// Containers started at once (sessions' and the pool's): one per core, at least 2 and at most
+/// 32. A start is the engine's and the interpreter's CPU: measured on 2 cores (BENCHMARKS.md,
+/// 11d), 6 at once took 6 times as long each as one alone, and slowed the running sessions'
+/// calls, for no start done sooner.
 pub fn starts_at_once() -> usize {
+    cores().clamp(2, 32)
+}
+
+/// The most sandboxes the pool holds while new sessions come: 4 per core, at most 16 (a pooled
+/// sandbox holds what a pandas session holds, about 51 MiB: 816 MiB at most).
+pub fn pool_most() -> usize {
+    (cores() * 4).min(16)
+}
+
+fn cores() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        (cores * 3).clamp(2, 32)
-    })
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 impl Sandbox {
@@ -106,11 +114,10 @@ impl Sandbox {
     }
 
     /// How many sandboxes the pool holds: `pool_size`, or as many as new sessions took in the
-    /// last two minutes, at most the starts at once (a pooled sandbox holds what a pandas
-    /// session holds: 51 MiB, docs/scaling.md).
+    /// last two minutes, at most [`pool_most`].
     pub(super) fn pool_target(&self) -> usize {
         self.pool
-            .target(self.config.pool_size as usize, starts_at_once())
+            .target(self.config.pool_size as usize, pool_most())
     }
 
     /// The host's available memory and `memory_reserve`, when the first is under the second

@@ -126,7 +126,7 @@ pub const KEYS: &[Key] = &[
     },
     Key {
         name: "pool_size",
-        doc: "Sandboxes kept started and booted, ready for a new session (within max_sessions); more while new sessions come (as many as started in the last two minutes, at most 3 per core); 0 starts each on demand.",
+        doc: "Sandboxes kept started and booted, ready for a new session (within max_sessions); more while new sessions come (as many as started in the last two minutes, at most 4 per core and 16); 0 starts each on demand.",
     },
     Key {
         name: "warm_start",
