@@ -873,6 +873,9 @@ pub(crate) async fn capacity(o: &Opts, fx: &Fixtures, t: &mut Table) {
         if o.wants("capacity-starts") {
             starts_row(fx, t).await;
         }
+        if o.wants("capacity-sessions") {
+            sessions_row(t).await;
+        }
         return;
     }
     sandbox_figures(o, t).await;
