@@ -118,6 +118,11 @@ pub fn nproc_limit(config: &Config, ids: &HostIds) -> i64 {
 /// engine it starts inherits it, and no engine can give a container more than it has).
 pub const SHARED_NPROC: i64 = 32768;
 
+/// Every sandbox's `oom_score_adj`, the highest there is: under memory overcommitted (many
+/// sessions each below its `memory` limit, together past the host's), the kernel's OOM killer
+/// takes a sandbox's process first. Raising it needs no privilege, rootless too.
+pub const OOM_SCORE_ADJ: i64 = 1000;
+
 fn shared_nproc() -> i64 {
     let mut r = libc::rlimit {
         rlim_cur: 0,
@@ -233,6 +238,9 @@ pub fn spec(config: &Config, ids: &HostIds, role: Role<'_>, owner: &str) -> Cont
             config: None,
         }),
         auto_remove: Some(false),
+        // The first the kernel's OOM killer takes when the host runs out of memory: a sandbox,
+        // not the bridge, its engine or the host's other processes (`OOM_SCORE_ADJ`).
+        oom_score_adj: Some(OOM_SCORE_ADJ),
         // A tiny init (catatonit, docker-init) as PID 1 reaps orphaned grandchildren, which would
         // otherwise pile up as zombies against the pids limit.
         init: Some(true),

@@ -58,6 +58,17 @@ pub enum SandboxError {
         key: &'static str,
         busy: Vec<String>,
     },
+    /// The host's available memory is below `memory_reserve`: a new sandbox would take what the
+    /// bridge, its engine and the host keep.
+    #[error(
+        "cannot start session {session:?}: the host has {} MiB of memory available, under memory_reserve = {} MiB (kept free so that the host never runs out and its OOM killer never has to choose a process)",
+        .available >> 20, .reserve >> 20
+    )]
+    MemoryReserve {
+        session: String,
+        available: u64,
+        reserve: u64,
+    },
 }
 
 /// Why the sandbox exited before `ready`: the runtime's own refusal when it gave one (it cannot
@@ -161,6 +172,10 @@ impl Hinted for SandboxError {
             SandboxError::AllBusy { key, .. } => Some(Hint::sentence(format!(
                 "Wait for one to finish, run this code in one of them, or raise {key} ({}).",
                 crate::config::env_name(key)
+            ))),
+            SandboxError::MemoryReserve { .. } => Some(Hint::sentence(format!(
+                "Run this code in a session that exists, or close sessions no longer needed (their idle ones close after runtime_idle_timeout), then call again; a host that needs more sessions needs more memory, or a lower memory_reserve ({}).",
+                crate::config::env_name("memory_reserve")
             ))),
             SandboxError::Isolation(e) => e.hint(),
             SandboxError::NotGvisor { runtime, .. } => Some(Hint::sentence(format!(

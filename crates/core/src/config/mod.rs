@@ -83,6 +83,8 @@ pub struct Config {
     pub container_user: String,
     #[serde(deserialize_with = "flexible_u32")]
     pub max_sessions: u32,
+    /// Host memory (`MemAvailable`) kept free: no new sandbox starts below it; 0 checks none.
+    pub memory_reserve: Size,
     pub runtime_idle_timeout: Secs,
     #[serde(deserialize_with = "flexible_u32")]
     pub pool_size: u32,
@@ -179,6 +181,7 @@ impl Default for Config {
             cpus: None,
             container_user: "65534:65534".into(),
             max_sessions: 8,
+            memory_reserve: Size(512 << 20),
             runtime_idle_timeout: Secs(Duration::from_secs(300)),
             pool_size: 1,
             warm_start: true,
