@@ -38,6 +38,5 @@ mod security_rootless;
 mod skills;
 mod snapshots;
 mod tasks;
-mod tenancy;
 mod traces;
 mod upstream_real;

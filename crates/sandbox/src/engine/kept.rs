@@ -314,7 +314,6 @@ mod tests {
             pids: true,
             cpu: false,
             runtimes: [("runc".to_string(), "/usr/bin/runc".to_string())].into(),
-            userns_remap: false,
         }
     }
 
