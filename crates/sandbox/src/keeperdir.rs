@@ -136,6 +136,22 @@ pub(crate) fn socket_dir(state_dir: &Path, longest: usize) -> PathBuf {
     }
 }
 
+/// 32 hex digits of the SHA-256 of `state_dir` as the file system resolves it (so that two
+/// spellings of one directory meet), a NUL and `parts`: a socket's name in the keeper directory,
+/// 32 bytes whatever the state dir's length.
+pub(crate) fn state_digest(state_dir: &Path, parts: &[&[u8]]) -> String {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::ffi::OsStrExt;
+    let real = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    let mut h = Sha256::new();
+    h.update(real.as_os_str().as_bytes());
+    h.update([0]);
+    for p in parts {
+        h.update(p);
+    }
+    hex::encode(h.finalize())[..32].to_string()
+}
+
 /// Whether a name of `longest` bytes in `dir` makes a socket path that fits.
 fn fits_beside(dir: &Path, longest: usize) -> bool {
     dir.as_os_str().len() + 1 + longest <= SUN_PATH_MAX

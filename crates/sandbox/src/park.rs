@@ -45,7 +45,7 @@ use super::container::{self, Role};
 pub use crate::clock::now_secs;
 use crate::config::{Config, Isolation};
 pub use crate::keeperdir::{HandOverOff, keeper_dir};
-use crate::keeperdir::{keeper_base, keeper_dir_if_there};
+use crate::keeperdir::{keeper_base, keeper_dir_if_there, state_digest};
 
 /// The hidden command that runs a keeper.
 pub const KEEPER_COMMAND: &str = "keep-parked";
@@ -149,19 +149,11 @@ impl Slot {
     /// The socket's file name: a digest of the state dir (as the file system resolves it, so
     /// that two spellings of one directory meet) and the slot, 37 bytes whatever their length.
     fn socket_name(&self, state_dir: &Path) -> String {
-        use std::os::unix::ffi::OsStrExt;
-        let real = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
-        let mut h = Sha256::new();
-        h.update(real.as_os_str().as_bytes());
-        h.update([0]);
-        match self {
-            Slot::Pool => h.update(b"pool"),
-            Slot::Session(key) => {
-                h.update(b"session\0");
-                h.update(key.as_bytes());
-            }
-        }
-        format!("{}.sock", &hex::encode(h.finalize())[..32])
+        let digest = match self {
+            Slot::Pool => state_digest(state_dir, &[b"pool"]),
+            Slot::Session(key) => state_digest(state_dir, &[b"session\0", key.as_bytes()]),
+        };
+        format!("{digest}.sock")
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, ChildStderr, ChildStdin, Command};
 
-use crate::keeperdir::{HandOverOff, socket_dir, socket_in};
+use crate::keeperdir::{HandOverOff, socket_dir, socket_in, state_digest};
 
 /// The longest name of a bridge's own service's socket, `podman-<pid>.sock` (pids stay under
 /// 2^22).
@@ -234,10 +234,9 @@ pub(super) async fn reap_stale_services(state_dir: &Path) -> usize {
 /// on one state dir: everything about it is in `<state_dir>/engine/`, a directory of mode 0700:
 /// `podman.sock` (mode 0600 once it is up; in the keeper directory, named by a digest of the
 /// state dir, when the state dir is too long for a socket's path), `podman.pid` (its guard, the
-/// leader of its process
-/// group), `podman.log` (its stderr, truncated at each start) and `podman.lock`, held while a
-/// bridge looks for it and, finding none that answers, starts one, so that two bridges starting
-/// at once start one service.
+/// leader of its process group), `podman.log` (its stderr, truncated at each start) and
+/// `podman.lock`, held while a bridge looks for it and, finding none that answers, starts one,
+/// so that two bridges starting at once start one service.
 ///
 /// Bounded: podman's `--time=<linger>` ends the service once no connection has been active for
 /// that long; a bridge keeps it active while it runs ([`keep_alive`]), and a bridge that is
@@ -250,13 +249,8 @@ pub(super) struct Lingering {
 impl Lingering {
     /// The service of `state_dir` (which is there): `Err` when its socket cannot be placed.
     pub(super) fn new(state_dir: &Path) -> Result<Lingering, HandOverOff> {
-        use sha2::{Digest, Sha256};
-        use std::os::unix::ffi::OsStrExt;
         const BESIDE: &str = "engine/podman.sock";
-        // Two spellings of one state dir meet at one service.
-        let real = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
-        let digest = hex::encode(Sha256::digest(real.as_os_str().as_bytes()));
-        let short = format!("engine-{}.sock", &digest[..32]);
+        let short = format!("engine-{}.sock", state_digest(state_dir, &[b"engine"]));
         Ok(Lingering {
             dir: state_dir.join("engine"),
             socket: socket_in(state_dir, BESIDE, BESIDE.len(), &short)?,
