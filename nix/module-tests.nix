@@ -433,6 +433,39 @@ let
         podman = true;
       };
     };
+    # Rootful podman's subordinate ids for --userns=auto (a host uid of each sandbox's own), and
+    # none where the engine is Docker.
+    testPodmanGetsSubordinateIdsForUsernsAuto =
+      let
+        c = nixos { };
+        d = nixosWith { virtualisation.docker.enable = true; } { settings.runtime = "docker"; };
+      in
+      {
+        expr = {
+          uids = c.users.users.containers.subUidRanges;
+          gids = c.users.users.containers.subGidRanges;
+          system = c.users.users.containers.isSystemUser;
+          group = c.users.groups ? containers;
+          docker = d.users.users or { } ? containers;
+        };
+        expected = {
+          uids = [
+            {
+              startUid = 2147483647;
+              count = 2147483648;
+            }
+          ];
+          gids = [
+            {
+              startGid = 2147483647;
+              count = 2147483648;
+            }
+          ];
+          system = true;
+          group = true;
+          docker = false;
+        };
+      };
     testDockerSocketNeedsNoPodman =
       let
         c = nixosWith { virtualisation.docker.enable = true; } {

@@ -206,6 +206,31 @@ in
     # podman unless the configuration chose docker (or an engine elsewhere) in settings.runtime.
     virtualisation.podman.enable = mkDefault (engine == "auto" || engine == "podman");
 
+    # A host uid of each sandbox's own: rootful podman gives each --userns=auto container a range
+    # of the subordinate ids of the name `containers`, which NixOS writes into /etc/subuid and
+    # /etc/subgid from that user's subUidRanges and subGidRanges. 2^31 ids from 2147483647
+    # (podman's own example): room for 32768 sandboxes of 65535 ids. The bridge asks for
+    # --userns=auto when they hold its max_sessions + pool_size + 1 sandboxes, so the kernel's
+    # per-uid limits are per sandbox (`mcp-code-bridge doctor`: host identity).
+    users.users.containers = mkIf (podmanOn && engine != "docker") {
+      isSystemUser = mkDefault true;
+      group = mkDefault "containers";
+      description = mkDefault "subordinate ids of rootful podman's --userns=auto containers";
+      subUidRanges = mkDefault [
+        {
+          startUid = 2147483647;
+          count = 2147483648;
+        }
+      ];
+      subGidRanges = mkDefault [
+        {
+          startGid = 2147483647;
+          count = 2147483648;
+        }
+      ];
+    };
+    users.groups.containers = mkIf (podmanOn && engine != "docker") { };
+
     environment.etc."mcp-code-bridge/config.toml".source = configFile;
     environment.systemPackages = [ cfg.package ];
 

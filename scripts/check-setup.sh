@@ -40,6 +40,10 @@ check "podman's OCI runtime is runc (/etc/containers/containers.conf.d/50-mcp-co
     test "$(podman info --format '{{.Host.OCIRuntime.Name}}' 2>/dev/null)" = runc
 check "catatonit (podman --init): apt-get install catatonit" \
     test -x /usr/libexec/podman/catatonit -o -x /usr/bin/catatonit
+for f in /etc/subuid /etc/subgid; do
+    check "subordinate ids of containers in $f, for a host uid of each sandbox's own (scripts/setup-debian.sh gives them)" \
+        bash "$(dirname -- "${BASH_SOURCE[0]}")/subids.sh" check "$f" containers
+done
 have mmdebstrap "image/build-debian.sh builds the image with it"
 have uv "scripts/setup-debian.sh links /usr/local/bin/uv"
 check "uv runs" uv --version

@@ -6,6 +6,8 @@
 #     when no uv is on PATH): the resolver the bridge runs on the host for packages on demand,
 #   - configures podman for this kind of host (runc as the OCI runtime, because crun refuses cgroup v1
 #     hybrid hosts; default ulimits at or below the host's, because podman cannot raise them here),
+#   - gives rootful podman subordinate ids (`containers` in /etc/subuid and /etc/subgid, and with
+#     --rootless-user a rootless user's) for a host uid of each sandbox's own (--userns=auto),
 #   - builds the sandbox image archive with image/build-debian.sh into a cache directory (rebuilt only
 #     when that script or the package list changes); an older archive is deleted unless
 #     /etc/mcp-code-bridge/config.toml still names it,
@@ -41,6 +43,7 @@ isolation=""
 build_image=1
 extras=()
 build_args=()
+rootless_users=()
 
 # Versions of the test servers (bump deliberately).
 NPM_PACKAGES=(
@@ -113,6 +116,8 @@ Usage: scripts/setup-debian.sh [options]     (as root; as another user it runs i
                      (python3, numpy, pandas and matplotlib are always in it)
   --mirror URL       Debian mirror for the image (default: the one apt on this host uses)
   --no-image         do not build the image archive (setup.env keeps the image lines it had)
+  --rootless-user U  give user U (who runs rootless podman) subordinate ids enough for a host uid
+                     of each sandbox's own (repeatable; rootful podman's are always given)
   -h, --help         this help
 EOF
 }
@@ -131,6 +136,8 @@ while [[ $# -gt 0 ]]; do
         --profile) need_arg "$@"; build_args+=(--profile "$2"); shift 2 ;;
         --mirror) need_arg "$@"; build_args+=(--mirror "$2"); shift 2 ;;
         --no-image) build_image=0; shift ;;
+        --rootless-user) need_arg "$@"; id -u "$2" >/dev/null 2>&1 || die "--rootless-user: no user $2"
+            rootless_users+=("$2"); shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument: $1" ;;
     esac
@@ -261,6 +268,25 @@ if [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null; then
     step "enabling podman.socket (the Docker-compatible API on the default socket)"
     systemctl enable --now podman.socket >&2 || log "could not enable podman.socket; the bridge starts 'podman system service' itself"
 fi
+
+# --- subordinate ids: a host uid of each sandbox's own ------------------------------------------
+# Rootful podman gives each --userns=auto container a range of its own of the ids that
+# /etc/subuid and /etc/subgid list for the name `containers`; the bridge asks for it when they
+# hold enough, and then each sandbox runs as a host uid no other sandbox has, so the kernel's
+# per-uid limits (RLIMIT_NPROC) and file ownership are per sandbox (`mcp-code-bridge doctor`:
+# host identity). A line already there is left as it is; a range is added only where the name
+# has too few ids, and overlaps no other line. --rootless-user NAME does the same for a user who
+# runs rootless podman (its podman is told with `podman system migrate`).
+step "subordinate ids for podman's --userns=auto (containers${rootless_users[*]:+, ${rootless_users[*]}})"
+for who in containers ${rootless_users[@]+"${rootless_users[@]}"}; do
+    for f in /etc/subuid /etc/subgid; do
+        bash "$here/subids.sh" give "$f" "$who"
+    done
+done
+for who in ${rootless_users[@]+"${rootless_users[@]}"}; do
+    runuser -u "$who" -- sh -c 'cd ~ && podman system migrate' >&2 \
+        || log "podman system migrate as $who failed: its podman sees the new ids once its pause process is gone"
+done
 
 # --- Docker --------------------------------------------------------------------------------------
 # Debian's docker.io (dockerd, containerd, the runc podman uses too, tini as docker-init). Where

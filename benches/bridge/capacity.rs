@@ -10,14 +10,14 @@ use super::*;
 /// The sandbox memory limit of every bridge here (the default, written out).
 const MEMORY: &str = "512m";
 /// Sessions each identity keeps under `serve`, and what it may keep (`http.max_sessions_per_identity`).
-const SESSIONS_PER_IDENTITY: usize = 2;
+pub(crate) const SESSIONS_PER_IDENTITY: usize = 2;
 const MAX_SESSIONS_PER_IDENTITY: &str = "4";
 /// Requests of one identity in flight (`http.max_requests_per_identity`): its 2 workers use 2.
 const MAX_REQUESTS_PER_IDENTITY: &str = "8";
 /// `max_sessions` of the load runs that have room for every session (20 identities × 2 and 8 spare).
-const ROOMY_MAX_SESSIONS: usize = 48;
+pub(crate) const ROOMY_MAX_SESSIONS: usize = 48;
 /// How long a worker whose call was refused waits before its next call.
-const AFTER_REFUSAL: Duration = Duration::from_millis(500);
+pub(crate) const AFTER_REFUSAL: Duration = Duration::from_millis(500);
 
 // ---------------------------------------------------------------------------------------------
 // One sandbox
@@ -327,10 +327,11 @@ fn who(ids: usize) -> String {
 
 /// `serve` for `ids` identities (`user-00`, … with a bearer token each in a `token_file`) with
 /// `max_sessions` and the section's other settings: its child, pid, URL and the tokens.
-async fn serve_team(
+pub(crate) async fn serve_team(
     home: &Home,
     ids: usize,
     max_sessions: usize,
+    pool_size: &str,
 ) -> (Child, u32, String, Vec<(String, String)>) {
     let tokens: Vec<(String, String)> = (0..ids)
         .map(|i| (format!("user-{i:02}"), random_token()))
@@ -353,7 +354,7 @@ async fn serve_team(
     let env = [
         ("MCP_BRIDGE_TOKEN_FILE", tf.as_str()),
         ("MCP_BRIDGE_MAX_SESSIONS", max.as_str()),
-        ("MCP_BRIDGE_POOL_SIZE", "0"),
+        ("MCP_BRIDGE_POOL_SIZE", pool_size),
         ("MCP_BRIDGE_MEMORY", MEMORY),
         (
             "MCP_BRIDGE_HTTP_MAX_SESSIONS_PER_IDENTITY",
@@ -370,7 +371,7 @@ async fn serve_team(
 
 /// SIGTERM to `serve` (it lets calls in flight finish, closes the MCP sessions and removes its
 /// containers), and a warning for any container left.
-async fn stop_serve(mut child: Child, pid: u32) {
+pub(crate) async fn stop_serve(mut child: Child, pid: u32) {
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     if tokio::time::timeout(Duration::from_secs(60), child.wait())
         .await
@@ -438,7 +439,7 @@ async fn http_load(
 ) -> LoadFigures {
     let home = Home::new(&fx.real()[..1]);
     let (child, pid, url, tokens) =
-        serve_team(&home, ids, max_sessions.unwrap_or(ROOMY_MAX_SESSIONS)).await;
+        serve_team(&home, ids, max_sessions.unwrap_or(ROOMY_MAX_SESSIONS), "0").await;
     let clients = futures::future::join_all(tokens.iter().map(|(_, t)| http_client(&url, Some(t))))
         .await
         .into_iter()
@@ -718,7 +719,7 @@ async fn bounds_probe(t: &mut Table) {
     const HOLD: Duration = Duration::from_secs(6);
     eprintln!("bench: capacity: the bounds, one at a time…");
     let home = Home::new(&[]);
-    let (child, pid, url, tokens) = serve_team(&home, 3, MAX).await;
+    let (child, pid, url, tokens) = serve_team(&home, 3, MAX, "0").await;
     let mut clients = Vec::new();
     for (_, tok) in &tokens {
         clients.push(
@@ -869,6 +870,12 @@ pub(crate) async fn capacity(o: &Opts, fx: &Fixtures, t: &mut Table) {
             let run = http_load(o, fx, ids, Some(ids * SESSIONS_PER_IDENTITY / 2)).await;
             load_tables(&[run], t);
         }
+        if o.wants("capacity-starts") {
+            starts_row(fx, t).await;
+        }
+        if o.wants("capacity-sessions") {
+            sessions_row(t).await;
+        }
         return;
     }
     sandbox_figures(o, t).await;
@@ -879,6 +886,7 @@ pub(crate) async fn capacity(o: &Opts, fx: &Fixtures, t: &mut Table) {
     let ids = 20;
     runs.push(http_load(o, fx, ids, Some(ids * SESSIONS_PER_IDENTITY / 2)).await);
     load_tables(&runs, t);
+    starts_row(fx, t).await;
     bounds_probe(t).await;
     t.note(format!(
         "settings of section 11: memory = {MEMORY} per sandbox, no cpus limit, pool_size = 0 for sessions and the load (pool_size = N for the pooled rows), max_sessions = 16 for 11a, {ROOMY_MAX_SESSIONS} for the load runs unless named; under `serve` http.max_sessions_per_identity = {MAX_SESSIONS_PER_IDENTITY}, http.max_requests_per_identity = {MAX_REQUESTS_PER_IDENTITY}, one bearer token per identity, one MCP client per identity with its 2 sessions named s0 and s1; a refused call is retried after {} ms; each load run {} s",

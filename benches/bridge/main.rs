@@ -22,6 +22,8 @@
 //! BENCH_ONLY=capacity-sandboxes cargo bench --bench bridge        # section 11's sandbox rows alone (memory, idle CPU)
 //! BENCH_ONLY=capacity-bounds cargo bench --bench bridge           # section 11's bounds alone: max_sessions, a busy session, 429
 //! BENCH_ONLY=capacity-max-sessions cargo bench --bench bridge     # section 11's load run with max_sessions = 20 alone
+//! BENCH_ONLY=capacity-sessions cargo bench --bench bridge        # section 11's idle pandas sessions up to scaling.md's figure or the first failure
+//! BENCH_ONLY=capacity-starts cargo bench --bench bridge          # section 11's team's first calls alone (20 × 2 new sessions × 20 calls)
 //! BENCH_CAPACITY_GVISOR=1 BENCH_ONLY=capacity-sandboxes …         # the sandbox rows under gVisor too (needs runsc)
 //! BENCH_PROXY_RUNS=50 BENCH_ONLY=proxy cargo bench --bench bridge # more of one (also LOAD_RUNS, LOAD_CALLS, WARM,
 //!                                                                 # CAPACITY_SECS, IDLE_SECS, CAPACITY_SANDBOXES)
@@ -52,7 +54,9 @@ mod pool;
 mod proxy;
 mod raw;
 mod results;
+mod sessions;
 mod snapshots;
+mod starts;
 mod startup;
 mod table;
 mod traces;
@@ -91,7 +95,9 @@ use pool::*;
 use proxy::*;
 use raw::*;
 use results::*;
+use sessions::*;
 use snapshots::*;
+use starts::*;
 use startup::*;
 use table::*;
 use traces::*;
@@ -196,6 +202,8 @@ async fn main() {
         "capacity-sandboxes",
         "capacity-bounds",
         "capacity-max-sessions",
+        "capacity-starts",
+        "capacity-sessions",
     ]
     .iter()
     .any(|s| o.wants(s))

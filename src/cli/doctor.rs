@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::config::{self, Config};
 use crate::error::Hinted as _;
-use crate::sandbox::engine::Enforcement;
+use crate::sandbox::engine::{Enforcement, Engine};
 use crate::sandbox::{ExecRequest, Outcome, Sandbox, image};
 use crate::upstream::Upstreams;
 
@@ -136,6 +136,7 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
                          unenforced limits with MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS=1",
                     );
                 }
+                host_identity(&c, &config, engine, &enf);
                 match (config.oci_runtime(), enf.isolation(&config)) {
                     (None, _) => c.ok(
                         "isolation: container (the host's kernel; the engine's default runtime)",
@@ -337,6 +338,39 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
 /// `, runsc version …, platform …` of a gVisor runtime at `path` on this host: its version as
 /// it prints it, and the platform a wrapper script (as setup-debian.sh writes) passes it. Empty
 /// where the path is not here (a remote engine) or says nothing.
+/// Which host identity the sandboxes run as (`sandbox::engine::HostIds`), and what bounds their
+/// tasks: their own `nproc`, or the pids cgroup with no per-uid budget shared.
+fn host_identity(c: &Checklist, config: &Config, engine: &Engine, enf: &Enforcement) {
+    use crate::sandbox::container::nproc_limit;
+    use crate::sandbox::engine::HostIds;
+    let ids = engine.host_ids(config);
+    let nproc = nproc_limit(config, ids);
+    if enf.userns_remap {
+        c.note("Docker's userns-remap is on: every container runs in its one remapped range");
+    }
+    match ids {
+        HostIds::Own { owner, sandboxes } => c.ok(&format!(
+            "host identity: each sandbox a host uid of its own (podman --userns=auto, from the \
+             subordinate ids of {owner:?}: room for {sandboxes} sandboxes at once); its nproc \
+             ulimit, {nproc}, counts its own tasks alone"
+        )),
+        HostIds::Shared(why) if config.allow_unenforced_limits => c.note(&format!(
+            "host identity: every sandbox the same host uid ({why}). With \
+             allow_unenforced_limits the pids cgroup may be missing, so nproc {nproc} bounds \
+             their tasks: one budget for every sandbox of that uid, which one tenant's threads \
+             can take from another's. For a host uid of each sandbox's own, give podman \
+             subordinate ids (scripts/setup-debian.sh, docs/setup.md)"
+        )),
+        HostIds::Shared(why) => c.ok(&format!(
+            "host identity: every sandbox the same host uid ({why}); each sandbox's tasks are \
+             bounded by its pids cgroup ({}), and no per-uid budget binds them (nproc {nproc}). \
+             For a host uid of each sandbox's own, give podman subordinate ids \
+             (scripts/setup-debian.sh, docs/setup.md)",
+            config.host_pids_limit()
+        )),
+    }
+}
+
 async fn runsc_details(path: &str) -> String {
     let mut out = String::new();
     if path.is_empty() {

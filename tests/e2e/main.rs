@@ -38,5 +38,6 @@ mod security_rootless;
 mod skills;
 mod snapshots;
 mod tasks;
+mod tenancy;
 mod traces;
 mod upstream_real;

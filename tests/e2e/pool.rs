@@ -281,3 +281,67 @@ async fn pool_shutdown_leaves_no_container_even_while_filling() {
     assert_eq!(containers_of(b.pid).await.len(), 2);
     b.shutdown_clean().await;
 }
+
+/// New sessions' sandboxes start side by side, not one after another: in the bridge's own log
+/// a start begins while another is under way (an order of lines, not a timing).
+#[tokio::test]
+async fn pool_new_sessions_start_side_by_side() {
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_POOL_SIZE", "0")], None).await;
+    // The engine connected and the image present before: the starts alone are compared.
+    b.py("pass").await.ok();
+    let calls = (0..4)
+        .map(|i| b.call(json!({"code": format!("print('s{i}')"), "session": format!("s{i}")})));
+    for (i, r) in futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(Outcome(r).ok().stdout(), format!("s{i}\n"));
+    }
+    let log = b.home.log();
+    let (mut under_way, mut most, mut started) = (0usize, 0usize, 0usize);
+    for line in log.lines() {
+        if line.contains("starting a sandbox for the session") {
+            under_way += 1;
+            most = most.max(under_way);
+        } else if line.contains("started a sandbox for the session") {
+            under_way = under_way.saturating_sub(1);
+            started += 1;
+        }
+    }
+    assert_eq!(started, 5, "five sandboxes started on demand:\n{log}");
+    assert!(
+        most >= 2,
+        "each start ended before the next began (at most {most} under way at once):\n{log}"
+    );
+    b.shutdown_clean().await;
+}
+
+/// The pool follows the new sessions: after three, it holds three ready sandboxes, more than
+/// `pool_size = 1`, within `max_sessions`.
+#[tokio::test]
+async fn pool_grows_to_the_new_sessions_of_the_last_minutes() {
+    let b = Bridge::start().await;
+    let mut seen = vec![wait_for_pooled(b.pid, &[]).await];
+    for i in 0..3 {
+        let o = host_of(&b, &format!("s{i}"), "").await;
+        seen.push(first_line(&o));
+    }
+    let waiting = async || {
+        pooled_of(b.pid)
+            .await
+            .iter()
+            .filter(|p| p.waiting && !seen.contains(&p.id))
+            .count()
+    };
+    wait_until(
+        "three pooled sandboxes ready",
+        Duration::from_secs(120),
+        async || waiting().await >= 3,
+    )
+    .await;
+    // And no more: three sessions in the last minutes, three ready.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(waiting().await, 3, "{:?}", pooled_of(b.pid).await);
+    b.shutdown_clean().await;
+}

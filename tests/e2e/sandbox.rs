@@ -455,3 +455,59 @@ async fn max_sessions_refuses_a_new_session_while_every_session_runs_code() {
     assert_eq!(common::containers_of(b.pid).await.len(), 1);
     b.shutdown().await;
 }
+
+/// Under memory overcommitted the kernel's OOM killer takes a sandbox first: every sandbox
+/// process has the highest `oom_score_adj` (read on the host), the bridge its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_is_what_the_oom_killer_takes_first() {
+    let b = Bridge::start_with(Home::new(), &[("MCP_BRIDGE_POOL_SIZE", "0")], None).await;
+    let out = b
+        .py("print(open('/proc/self/oom_score_adj').read().strip())")
+        .await
+        .ok()
+        .stdout()
+        .to_string();
+    if !gvisor() {
+        assert_eq!(out, "1000\n", "the code's own process");
+    }
+    let ids = common::containers_of(b.pid).await;
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let host = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        host(common::container_pid(&ids[0]).await),
+        "1000",
+        "{}",
+        ids[0]
+    );
+    assert_ne!(host(b.pid), "1000", "the bridge is not a first choice");
+    b.shutdown().await;
+}
+
+/// Below `memory_reserve` of available host memory no new session starts: the call is refused
+/// with what, why and what to do, and no container is made (a reserve no host has).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_session_is_refused_under_the_memory_reserve() {
+    let b = Bridge::start_with(
+        Home::new(),
+        &[("MCP_BRIDGE_MEMORY_RESERVE", "100000g")],
+        None,
+    )
+    .await;
+    let r = common::Outcome(b.call(json!({"code": "print(1)", "session": "new"})).await);
+    assert!(r.is_error(), "{}", r.text());
+    let text = r.text();
+    assert!(
+        text.contains("cannot start session \"new\"")
+            && text.contains("MiB of memory available, under memory_reserve = 102400000 MiB")
+            && text.contains("MCP_BRIDGE_MEMORY_RESERVE"),
+        "{text}"
+    );
+    assert!(b.home.log().contains("refusing a new session"));
+    assert_eq!(common::containers_of(b.pid).await, Vec::<String>::new());
+    b.shutdown().await;
+}

@@ -1,7 +1,8 @@
 //! What `/proc/<pid>/stat` says about a process: whether it still runs, and since when. Both
 //! the upstream pool (is a stdio server's child alive?) and the sandbox (is the bridge that owns
 //! a container alive?) ask, and both must read the file the same way: the command name in field
-//! 2 may contain spaces and parentheses, so fields are counted after its last `)`.
+//! 2 may contain spaces and parentheses, so fields are counted after its last `)`. Also the
+//! host's available memory (`mem_available`), which the sandbox keeps a reserve of.
 
 /// Field 3 (the state) and field 22 (the start time, in clock ticks after boot) of a process,
 /// `None` when there is no such process.
@@ -31,9 +32,24 @@ pub fn running_since(pid: u32) -> Option<u64> {
     if stopped(&state) { None } else { start }
 }
 
+/// The host's available memory in bytes (`MemAvailable` of `/proc/meminfo`: what can be had
+/// without swapping), `None` where there is no such file or line.
+pub fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hosts_available_memory_is_read() {
+        let avail = mem_available().expect("MemAvailable in /proc/meminfo");
+        assert!(avail > 0);
+    }
 
     #[test]
     fn this_process_runs_and_a_reaped_child_does_not() {

@@ -74,7 +74,7 @@ impl Sandbox {
             remove("it served another session than the one asked for".into()).await;
             return None;
         }
-        if meta.spec != park::spec_digest(&self.config) {
+        if meta.spec != park::spec_digest(&self.config, engine.host_ids(&self.config)) {
             drop(fd);
             remove("it was made with other settings (or by another version)".into()).await;
             return None;
@@ -209,7 +209,7 @@ impl Sandbox {
             python: s.python.clone(),
             target: s.interpreter.target.clone(),
             packages: to.clone(),
-            spec: park::spec_digest(&self.config),
+            spec: park::spec_digest(&self.config, engine.host_ids(&self.config)),
             endpoint: engine.endpoint.clone(),
             expires,
             podman: (engine.kind == engine::EngineKind::Podman)

@@ -370,6 +370,12 @@ impl Sandbox {
     /// `runtime.fork(name, reset=True)`: session `key` goes in every form (live, parked, kept),
     /// unless it is running code. Called with `starting` held.
     async fn replace_for_fork(&self, key: &SessionKey) -> Result<(), String> {
+        if self.busy.contains(key) {
+            return Err(format!(
+                "session {:?} is being started, closed or restored; fork into it once that is done",
+                key.name()
+            ));
+        }
         let live = {
             let mut sessions = self.sessions.lock().await;
             match sessions.get(key) {

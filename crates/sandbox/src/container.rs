@@ -9,7 +9,7 @@ use bollard::query_parameters::{KillContainerOptionsBuilder, RemoveContainerOpti
 
 use crate::config::Config;
 pub use crate::engine::ContainerError;
-use crate::engine::Engine;
+use crate::engine::{Engine, HostIds};
 
 /// Label present on every container the bridge creates.
 pub const LABEL_MANAGED: &str = "io.mcp-code-bridge.managed";
@@ -93,9 +93,53 @@ fn owner_alive(owner: &str) -> bool {
     owner_of(pid).as_deref() == Some(owner)
 }
 
+/// The `nproc` ulimit (`RLIMIT_NPROC`) of a sandbox's processes. The kernel counts it per real
+/// uid across the whole host, so it is a per-sandbox bound only where each sandbox has a host uid
+/// of its own ([`HostIds::Own`]), and under gVisor, whose kernel counts the code's tasks alone:
+/// there it is `pids`. Where every sandbox runs as the same host uid it would be one budget
+/// shared by every sandbox of every tenant (sandboxes holding threads within their own `pids`
+/// stopped every other sandbox from starting), so it is [`SHARED_NPROC`], a ceiling no set of
+/// sandboxes at their pids limits reaches before the host's own: the pids cgroup is each
+/// sandbox's bound (the bridge runs only where it is enforced, unless `allow_unenforced_limits`).
+/// With `allow_unenforced_limits` the pids cgroup may be missing, and nothing else bounds the
+/// tasks: the shared bound stays (`pids × 4`, 64 to 1000), as `doctor` says.
+pub fn nproc_limit(config: &Config, ids: &HostIds) -> i64 {
+    let pids = config.pids as i64;
+    if config.isolation == crate::config::Isolation::Gvisor || ids.own() {
+        pids
+    } else if config.allow_unenforced_limits {
+        1000.min(pids * 4).max(64)
+    } else {
+        shared_nproc().max(pids)
+    }
+}
+
+/// See [`nproc_limit`]: 32768, or the bridge's own hard `RLIMIT_NPROC` when that is lower (the
+/// engine it starts inherits it, and no engine can give a container more than it has).
+pub const SHARED_NPROC: i64 = 32768;
+
+/// Every sandbox's `oom_score_adj`, the highest there is: under memory overcommitted (many
+/// sessions each below its `memory` limit, together past the host's), the kernel's OOM killer
+/// takes a sandbox's process first. Raising it needs no privilege, rootless too.
+pub const OOM_SCORE_ADJ: i64 = 1000;
+
+fn shared_nproc() -> i64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    let own = if unsafe { libc::getrlimit(libc::RLIMIT_NPROC, &mut r) } == 0 {
+        i64::try_from(r.rlim_max).unwrap_or(i64::MAX)
+    } else {
+        SHARED_NPROC
+    };
+    SHARED_NPROC.min(own)
+}
+
 /// The create body of a sandbox container. Every isolation setting lives here, and is the same
-/// for a pooled container as for a session's: only labels and the preload list differ.
-pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody {
+/// for a pooled container as for a session's: only labels and the preload list differ. `ids`:
+/// whether each container gets host ids of its own (`Engine::host_ids`).
+pub fn spec(config: &Config, ids: &HostIds, role: Role<'_>, owner: &str) -> ContainerCreateBody {
     let mut labels = HashMap::new();
     labels.insert(LABEL_MANAGED.to_string(), "true".to_string());
     labels.insert(LABEL_OWNER.to_string(), owner.to_string());
@@ -167,6 +211,8 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
         memory_swap: Some(memory),
         pids_limit: Some(config.host_pids_limit()),
         nano_cpus: config.cpus.map(|c| (c * 1e9) as i64),
+        // Both always given: podman fills a ulimit not given with 1048576 when another is, which a
+        // container in a user namespace cannot raise to ("operation not permitted").
         ulimits: Some(vec![
             ResourcesUlimits {
                 name: Some("nofile".into()),
@@ -175,10 +221,13 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
             },
             ResourcesUlimits {
                 name: Some("nproc".into()),
-                soft: Some(config.nproc_limit()),
-                hard: Some(config.nproc_limit()),
+                soft: Some(nproc_limit(config, ids)),
+                hard: Some(nproc_limit(config, ids)),
             },
         ]),
+        // Each container its own range of the subordinate ids (`HostIds::Own`): its uid 65534
+        // is a host uid no other sandbox has.
+        userns_mode: ids.own().then(|| "auto".to_string()),
         tmpfs: Some(tmpfs),
         ipc_mode: Some("private".into()),
         // No container log: the engine would otherwise persist everything the code writes to
@@ -189,6 +238,9 @@ pub fn spec(config: &Config, role: Role<'_>, owner: &str) -> ContainerCreateBody
             config: None,
         }),
         auto_remove: Some(false),
+        // The first the kernel's OOM killer takes when the host runs out of memory: a sandbox,
+        // not the bridge, its engine or the host's other processes (`OOM_SCORE_ADJ`).
+        oom_score_adj: Some(OOM_SCORE_ADJ),
         // A tiny init (catatonit, docker-init) as PID 1 reaps orphaned grandchildren, which would
         // otherwise pile up as zombies against the pids limit.
         init: Some(true),
@@ -450,6 +502,40 @@ pub async fn reap_orphans(engine: &Engine) -> usize {
 mod tests {
     use super::*;
 
+    fn shared() -> HostIds {
+        HostIds::Shared("a test".into())
+    }
+
+    #[test]
+    fn the_nproc_ulimit_is_per_sandbox_or_no_shared_budget() {
+        let c = Config::default();
+        let own = HostIds::Own {
+            owner: "containers".into(),
+            sandboxes: 100,
+        };
+        let body = serde_json::to_value(spec(&c, &own, Role::Pool, "1:2")).unwrap();
+        assert_eq!(body["HostConfig"]["UsernsMode"], "auto");
+        assert_eq!(body["HostConfig"]["Ulimits"][1]["Name"], "nproc");
+        assert_eq!(body["HostConfig"]["Ulimits"][1]["Hard"], 128);
+        // Both ulimits given, or podman fills the other with what a user namespace cannot have.
+        assert_eq!(body["HostConfig"]["Ulimits"][0]["Name"], "nofile");
+        let body = serde_json::to_value(spec(&c, &shared(), Role::Pool, "1:2")).unwrap();
+        assert!(body["HostConfig"].get("UsernsMode").is_none());
+        let ceiling = body["HostConfig"]["Ulimits"][1]["Hard"].as_i64().unwrap();
+        assert!(
+            (128..=SHARED_NPROC).contains(&ceiling),
+            "{ceiling}: no budget sandboxes at their pids limit share"
+        );
+        assert_eq!(ceiling, nproc_limit(&c, &shared()));
+        // Where the pids cgroup may be missing, the shared bound stays.
+        let loose = Config {
+            allow_unenforced_limits: true,
+            ..Config::default()
+        };
+        assert_eq!(nproc_limit(&loose, &shared()), 512);
+        assert_eq!(nproc_limit(&loose, &own), 128);
+    }
+
     #[test]
     fn a_list_with_podmans_stopped_state_is_read() {
         // As podman 4.3 answers while a container's clean-up has not run yet.
@@ -510,7 +596,7 @@ mod tests {
     #[test]
     fn spec_is_hardened() {
         let c = Config::default();
-        let s = spec(&c, Role::Session("default"), "1:2");
+        let s = spec(&c, &shared(), Role::Session("default"), "1:2");
         let h = s.host_config.unwrap();
         assert_eq!(h.network_mode.as_deref(), Some("none"));
         assert_eq!(h.readonly_rootfs, Some(true));
@@ -540,8 +626,8 @@ mod tests {
     #[test]
     fn a_pooled_container_is_isolated_as_a_sessions_and_only_labelled_apart() {
         let c = Config::default();
-        let session = spec(&c, Role::Session("default"), "1:2");
-        let pooled = spec(&c, Role::Pool, "1:2");
+        let session = spec(&c, &shared(), Role::Session("default"), "1:2");
+        let pooled = spec(&c, &shared(), Role::Pool, "1:2");
         assert_eq!(
             serde_json::to_value(&session.host_config).unwrap(),
             serde_json::to_value(&pooled.host_config).unwrap()
@@ -570,8 +656,8 @@ mod tests {
             ..Config::default()
         };
         for role in [Role::Session("default"), Role::Pool] {
-            let mut a = serde_json::to_value(spec(&runc, role, "1:2")).unwrap();
-            let b = serde_json::to_value(spec(&gvisor, role, "1:2")).unwrap();
+            let mut a = serde_json::to_value(spec(&runc, &shared(), role, "1:2")).unwrap();
+            let b = serde_json::to_value(spec(&gvisor, &shared(), role, "1:2")).unwrap();
             assert_eq!(b["HostConfig"]["Runtime"], "runsc-test");
             a["HostConfig"]["Runtime"] = "runsc-test".into();
             // The code's tasks held to `pids` inside gVisor, the host's cgroup with room for

@@ -58,6 +58,17 @@ pub enum SandboxError {
         key: &'static str,
         busy: Vec<String>,
     },
+    /// The host's available memory is below `memory_reserve`: a new sandbox would take what the
+    /// bridge, its engine and the host keep.
+    #[error(
+        "cannot start session {session:?}: the host has {} MiB of memory available, under memory_reserve = {} MiB (kept free so that the host never runs out and its OOM killer never has to choose a process)",
+        .available >> 20, .reserve >> 20
+    )]
+    MemoryReserve {
+        session: String,
+        available: u64,
+        reserve: u64,
+    },
 }
 
 /// Why the sandbox exited before `ready`: the runtime's own refusal when it gave one (it cannot
@@ -78,12 +89,13 @@ fn exited_at_start(image: &str, stderr: &[String]) -> String {
     let head = match Cause::of(stderr) {
         Some(Cause::Processes) => "the sandbox exited while starting because a process or thread \
              could not be made (fork failed with EAGAIN, \"Resource temporarily unavailable\"): a \
-             limit on processes was reached: the sandbox's `pids` (MCP_BRIDGE_PIDS, also its \
-             `ulimit -u`, which counts every process of its uid, 65534, on the host), the limit \
-             of the user the engine runs as (`ulimit -u`, systemd's TasksMax), or the machine's \
-             (kernel.pid_max). Fix: end the processes that hold them (`ps -u 65534`, or those of \
-             the engine's user), or raise the limit that was reached (`pids`, `ulimit -u`, \
-             `systemctl set-property user-<uid>.slice TasksMax=...`)"
+             limit on processes was reached: the sandbox's `pids` (MCP_BRIDGE_PIDS), its `ulimit -u` \
+             (which counts every process of its host uid: one budget for every sandbox where \
+             they share it, see `mcp-code-bridge doctor`'s host identity), the limit of the user \
+             the engine runs as (`ulimit -u`, systemd's TasksMax), or the machine's \
+             (kernel.pid_max). Fix: end the processes that hold them (those of the sandbox's \
+             host uid, or of the engine's user), or raise the limit that was reached (`pids`, \
+             `ulimit -u`, `systemctl set-property user-<uid>.slice TasksMax=...`)"
             .to_string(),
         Some(Cause::Memory) => "the sandbox exited while starting because memory ran out \
              (\"Cannot allocate memory\" / MemoryError). Fix: raise `memory` \
@@ -160,6 +172,10 @@ impl Hinted for SandboxError {
             SandboxError::AllBusy { key, .. } => Some(Hint::sentence(format!(
                 "Wait for one to finish, run this code in one of them, or raise {key} ({}).",
                 crate::config::env_name(key)
+            ))),
+            SandboxError::MemoryReserve { .. } => Some(Hint::sentence(format!(
+                "Run this code in a session that exists, or close sessions no longer needed (their idle ones close after runtime_idle_timeout), then call again; a host that needs more sessions needs more memory, or a lower memory_reserve ({}).",
+                crate::config::env_name("memory_reserve")
             ))),
             SandboxError::Isolation(e) => e.hint(),
             SandboxError::NotGvisor { runtime, .. } => Some(Hint::sentence(format!(

@@ -3,8 +3,9 @@
 //! timeout or shutdown, and a pool of ready containers a new session takes at once.
 //!
 //! Invariant: every container this process creates is in `sessions`, in the pool (ready or being
-//! started), or being removed; `shutdown` removes all of them, and the next bridge reaps any left
-//! by a killed one. Sessions plus pooled containers stay within `max_sessions`.
+//! started), held `busy` (being started for a session, restored, or closed), or being removed;
+//! `shutdown` removes all of them, and the next bridge reaps any left by a killed one. Sessions,
+//! pooled containers and those held `busy` stay within `max_sessions`.
 
 // The layers below, under the names the code gives them (`crate::config::…`).
 use mcp_code_bridge_core::boxed::Boxed;
@@ -36,6 +37,7 @@ mod resume;
 mod runtime;
 pub mod session;
 pub mod snapshots;
+mod start;
 mod table;
 
 use std::collections::{HashMap, HashSet};
@@ -56,6 +58,7 @@ pub use output::{ExecOutcome, Fit, Kept, Outcome, OutputSink, Part, Spill};
 use pool::Pool;
 use readiness::{Failed, Unchecked};
 pub use session::{Claim, ExecRequest, Session};
+pub use start::starts_at_once;
 pub use table::Start;
 use table::{Busy, Lost};
 
@@ -114,8 +117,13 @@ pub struct Sandbox {
     engine_failed: Failed,
     image_failed: Failed,
     sessions: Mutex<HashMap<SessionKey, Arc<Session>>>,
-    /// Serializes starting a session of a given name.
+    /// Held while the sessions are counted and changed: a new session is counted (`busy`, after
+    /// room is made for it within `max_sessions`) or a pooled start reserved, sessions closed
+    /// (to make room, idle), strays compared, a fork's target checked. Never while a container
+    /// starts: that is bounded by `start_permits` instead.
     starting: Mutex<()>,
+    /// Containers being started at once, sessions' and the pool's ([`starts_at_once`]).
+    start_permits: tokio::sync::Semaphore,
     owner: String,
     serial: AtomicU64,
     /// Shows image-load progress (bytes so far); the log when unset.
@@ -174,6 +182,7 @@ impl Sandbox {
             image_failed: Failed::default(),
             sessions: Mutex::new(HashMap::new()),
             starting: Mutex::new(()),
+            start_permits: tokio::sync::Semaphore::new(starts_at_once()),
             owner: container::owner_id(),
             serial: AtomicU64::new(0),
             load_progress: std::sync::OnceLock::new(),
@@ -260,7 +269,9 @@ impl Sandbox {
             return;
         };
         tokio::spawn(async move {
-            while sb.fill_one().await {}
+            // Up to the starts at once; each fills until the pool holds its target.
+            let fillers = (0..starts_at_once()).map(|_| async { while sb.fill_one().await {} });
+            futures::future::join_all(fillers).await;
             sb.pool.end_refill();
         });
     }
@@ -270,13 +281,18 @@ impl Sandbox {
         let Ok(engine) = self.prepare().await else {
             return false;
         };
+        // A start for a session comes first: the pool takes a free permit or none.
+        let Ok(_permit) = self.start_permits.try_acquire() else {
+            return false;
+        };
         {
             let _starting = self.starting.lock().await;
             let live = self.live_sessions().await;
             if self.pool.closed.load(Ordering::SeqCst)
                 || self.pool.idle_for() >= self.config.runtime_idle_timeout.0
-                || self.pool.held() >= self.config.pool_size as usize
-                || live + self.pool.held() >= self.config.max_sessions as usize
+                || self.pool.held() >= self.pool_target()
+                || live + self.pool.held() + self.busy.len() >= self.config.max_sessions as usize
+                || self.memory_short().is_some()
             {
                 return false;
             }
@@ -288,7 +304,7 @@ impl Sandbox {
             .unix_socket()
             .filter(|_| park::eligible(&self.config));
         let start = Session::start(
-            &engine.docker,
+            &engine,
             &self.config,
             &self.compiled,
             Role::Pool,
@@ -510,13 +526,15 @@ impl Sandbox {
         self.pool.closed.store(true, Ordering::SeqCst);
         self.closing.cancel();
         // A refill that checked `closed` before this reserves its start under `starting`: let
-        // it, so that the count below sees it (bounded: a session start holds the lock too).
+        // it, so that the count below sees it (bounded: counting holds the lock, not starts).
         let _ = tokio::time::timeout(Duration::from_secs(15), self.starting.lock()).await;
         // A pooled sandbox being started is given up by its filler (`closing`) or removed by it
-        // once started (it sees `closed`); wait for that, boundedly, so that it is not created
-        // after the sweep below.
+        // once started (it sees `closed`), and a session's start ends within its bound; wait for
+        // them, boundedly, so that none is created after the sweep below.
         let deadline = std::time::Instant::now() + Duration::from_secs(15);
-        while self.pool.filling() > 0 && std::time::Instant::now() < deadline {
+        while (self.pool.filling() > 0 || self.busy.starting() > 0)
+            && std::time::Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.close_all().await;

@@ -184,8 +184,8 @@ pub(crate) fn listing_of(state_dir: &Path, key: &str) -> PathBuf {
 /// sandbox (labels naming the bridge left out), the runtime the boot sent, the packages
 /// installed before its first call and this bridge's version. A sandbox is adopted only by a
 /// bridge whose digest is the same, so it is exactly the sandbox that bridge would start.
-pub fn spec_digest(config: &Config) -> String {
-    let mut body = container::spec(config, Role::Pool, "");
+pub fn spec_digest(config: &Config, ids: &crate::engine::HostIds) -> String {
+    let mut body = container::spec(config, ids, Role::Pool, "");
     if let Some(labels) = body.labels.as_mut() {
         labels.remove(container::LABEL_OWNER);
     }
@@ -691,8 +691,15 @@ mod tests {
     #[test]
     fn the_digest_follows_every_container_setting_and_not_the_owner() {
         let c = Config::default();
+        let shared = crate::engine::HostIds::Shared("a test".into());
+        let spec_digest = |c: &Config| spec_digest(c, &shared);
         let d = spec_digest(&c);
         assert_eq!(d, spec_digest(&c), "stable");
+        let own = crate::engine::HostIds::Own {
+            owner: "containers".into(),
+            sandboxes: 100,
+        };
+        assert_ne!(d, super::spec_digest(&c, &own), "host ids");
         let mut m = c.clone();
         m.memory = crate::config::Size(c.memory.0 * 2);
         assert_ne!(d, spec_digest(&m), "memory");

@@ -17,13 +17,23 @@ use tokio::sync::Notify;
 
 use super::session::Session;
 
+/// The window of new sessions the pool's size follows, and the most it remembers.
+const RECENT: Duration = Duration::from_secs(120);
+const RECENT_MAX: usize = 256;
+
 pub(super) struct Pool {
     /// Booted sandboxes, oldest first.
     ready: Mutex<VecDeque<Session>>,
     /// Sandboxes being started for the pool: they count against `max_sessions` already.
     filling: AtomicUsize,
-    /// Whether a refill task runs (one at a time: starts are sequential on a small machine).
+    /// Whether a refill task runs (one at a time; it starts up to `Sandbox::start_permits`
+    /// sandboxes at once).
     refilling: AtomicBool,
+    /// Calls waiting in [`Pool::take`] for a sandbox being started.
+    waiting: AtomicUsize,
+    /// When the latest new sessions got their sandboxes (at most [`RECENT_MAX`]): the pool
+    /// holds as many as started in the last [`RECENT`].
+    recent: Mutex<VecDeque<Instant>>,
     /// Set by the server (`Sandbox::warm_up`); one-shot uses such as `exec` keep no pool.
     pub enabled: AtomicBool,
     /// Set at shutdown: nothing is added any more, and what is being started is removed.
@@ -46,6 +56,8 @@ impl Pool {
             ready: Mutex::new(VecDeque::new()),
             filling: AtomicUsize::new(0),
             refilling: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
+            recent: Mutex::new(VecDeque::new()),
             enabled: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             last_call: Mutex::new(Instant::now()),
@@ -134,10 +146,41 @@ impl Pool {
         (None, dead)
     }
 
+    /// Calls waiting for a sandbox being started.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// A new session gets a sandbox now (pooled or started for it).
+    pub fn started_one(&self) {
+        let mut recent = self.recent.lock().unwrap();
+        if recent.len() >= RECENT_MAX {
+            recent.pop_front();
+        }
+        recent.push_back(Instant::now());
+    }
+
+    /// How many sandboxes the pool should hold: as many as new sessions took one in the last
+    /// [`RECENT`], at least `pool_size` and at most `most` (a burst of new sessions is met by
+    /// ready sandboxes next time; a quiet bridge keeps `pool_size`).
+    pub fn target(&self, pool_size: usize, most: usize) -> usize {
+        let mut recent = self.recent.lock().unwrap();
+        while recent.front().is_some_and(|t| t.elapsed() > RECENT) {
+            recent.pop_front();
+        }
+        recent.len().min(most).max(pool_size)
+    }
+
     /// A ready sandbox; when none is ready but one is being started, wait for it (it started
     /// earlier than a new one would, and it counts against `max_sessions` already) at most
     /// `wait`. `None`: start one on demand.
     pub async fn take(&self, wait: Duration) -> Option<Session> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
+        self.take_within(wait).await
+    }
+
+    async fn take_within(&self, wait: Duration) -> Option<Session> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let notified = self.filled.notified();
@@ -181,5 +224,15 @@ impl Pool {
     /// Take every ready sandbox out (to remove them).
     pub fn drain(&self) -> Vec<Session> {
         self.ready.lock().unwrap().drain(..).collect()
+    }
+}
+
+/// One call in [`Pool::take`], counted in `Pool::waiting` until dropped (also when the call is
+/// cancelled while it waits).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -178,7 +178,7 @@ impl Session {
     /// costs one start, never the call).
     #[allow(clippy::too_many_arguments)]
     pub async fn start(
-        docker: &Docker,
+        engine: &crate::engine::Engine,
         config: &Config,
         boot: &Compiled,
         role: Role<'_>,
@@ -189,11 +189,13 @@ impl Session {
         mut gate: Option<Gate<'_>>,
     ) -> Result<Session, SandboxError> {
         let mut retried = false;
+        let ids = engine.host_ids(config);
         loop {
             let line = boot.boot_line().await;
             let started = Self::start_once(
-                docker,
+                &engine.docker,
                 config,
+                ids,
                 boot,
                 &line,
                 role,
@@ -227,6 +229,7 @@ impl Session {
     async fn start_once(
         docker: &Docker,
         config: &Config,
+        ids: &crate::engine::HostIds,
         boot: &Compiled,
         line: &BootLine,
         role: Role<'_>,
@@ -237,7 +240,7 @@ impl Session {
         mut gate: Option<Gate<'_>>,
     ) -> Result<Session, SandboxError> {
         let t0 = Instant::now();
-        let mut body = container::spec(config, role, owner);
+        let mut body = container::spec(config, ids, role, owner);
         let cname = container::container_name(role, serial);
         let packages = crate::pkgdir::record(config, &cname);
         let mounted = match crate::pkgdir::make(config, &packages) {

@@ -49,9 +49,9 @@ impl Sandbox {
         // pooled sandbox and one adopted from the bridge before (`park`, made by a bridge that
         // had passed the same checks on the same engine) need neither, and an agent's first call
         // sent at once must not wait for the engine's answers about them.
-        // A live session is claimed without waiting for `starting`, which is held while a
-        // container starts or one is closed to make room (a second or more): calls to running
-        // sessions must not queue behind another's start. Claimed under the `sessions` lock, so
+        // A live session is claimed without waiting for `starting`, which is held while one is
+        // closed to make room (a second or more): calls to running sessions must not queue
+        // behind that. Claimed under the `sessions` lock, so
         // `make_room` and the reaper, which re-check under it, never close it under the call.
         if !reset
             && let Some(s) = self
@@ -119,15 +119,17 @@ impl Sandbox {
                     other => other,
                 }
             };
-            let s = self.new_sandbox(name, &mut notices).await?;
+            // Started without `starting` (`new_sandbox` lets it go once the session is counted):
+            // other sessions start beside it, up to the starts at once; a call naming this
+            // session waits for it (`busy`).
+            let (s, busy) = self.new_sandbox(name, &mut notices, guard).await?;
             let Some(listing) = stored else {
                 let claim = self.hand_out(name, s).await?;
+                drop(busy);
                 return Ok((claim, Start::Fresh, notices));
             };
-            // Restored without `starting`: the restore is bounded by this call's time, and no
-            // other session's start waits for it; a call naming this session does (`busy`).
-            let busy = self.busy.hold(name, &s.container_id);
-            drop(guard);
+            // Restored without `starting` too: the restore is bounded by this call's time.
+            busy.set_container(&s.container_id);
             match self
                 .restore_into(name, &s, listing, timeout, &mut notices)
                 .await
@@ -141,64 +143,6 @@ impl Sandbox {
                 None => restore_failed = true,
             }
         }
-    }
-
-    /// A sandbox for session `name`, not handed out yet: a pooled one, or one started now
-    /// (after room is made for it).
-    pub(super) async fn new_sandbox(
-        &self,
-        name: &SessionKey,
-        notices: &mut Vec<String>,
-    ) -> Result<Arc<Session>, SandboxError> {
-        // A pooled sandbox never served a session: it is as fresh as one started now. When none
-        // is ready, one being started is waited for when there is no room for another, or when
-        // it should be done before one started now would be.
-        let mut pooled = self.pool.take(Duration::ZERO).await;
-        if pooled.is_none()
-            && self.pool.filling() > 0
-            && (self.pool.worth_waiting()
-                || self.live_sessions().await + self.pool.held()
-                    >= self.config.max_sessions as usize)
-        {
-            pooled = self.pool.take(session::START_TIMEOUT).await;
-        }
-        let from = |how: &'static str| {
-            let attr = crate::trace::Attr::new("mcp_code_bridge.sandbox.from", how);
-            crate::trace::set(&crate::trace::Context::current(), vec![attr]);
-        };
-        if let Some(mut s) = pooled {
-            let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-            s.hand_to(&name.to_string(), serial);
-            from("pool");
-            return Ok(Arc::new(s));
-        }
-        from("started");
-        let engine = self.engine().await?;
-        notices.extend(self.make_room(name).await?);
-        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-        let t0 = std::time::Instant::now();
-        // The engine's checks (begun by the warm-up) finish while the container is created,
-        // started and booted; the user's code reaches it only once they passed.
-        let gate: session::Gate<'_> = Box::pin(async { self.prepare().await.map(|_| ()) });
-        // Attached on a connection of its own when it may be parked at exit (`resume`).
-        let socket = engine.unix_socket().filter(|_| self.parks_sessions());
-        let s = Arc::new(
-            Session::start(
-                &engine.docker,
-                &self.config,
-                &self.compiled,
-                Role::Session(&name.to_string()),
-                &self.owner,
-                serial,
-                self.provision.get(),
-                socket.as_deref(),
-                Some(gate),
-            )
-            .await?,
-        );
-        self.pool.cold_took(t0.elapsed());
-        self.saw(&s);
-        Ok(s)
     }
 
     /// Make `s` session `name`'s and claim it, unless the engine's answer was revoked
@@ -228,8 +172,9 @@ impl Sandbox {
 
     /// Keep within `max_sessions` before session `name` starts: close the least recently used
     /// idle sessions, or refuse when every session is running code (closing a busy one would
-    /// lose work in flight). Called with `starting` held, so no other session starts meanwhile
-    /// and the pool can only shrink; pooled sandboxes (being started) count too.
+    /// lose work in flight). Called with `starting` held, so no other session is counted
+    /// meanwhile and the pool can only shrink; pooled sandboxes and sessions being started
+    /// (held `busy`) count too.
     pub(super) async fn make_room(&self, name: &SessionKey) -> Result<Vec<String>, SandboxError> {
         let max = self.config.max_sessions as usize;
         // Under `serve` an identity's sessions are also bounded on their own, and make room
@@ -258,7 +203,7 @@ impl Sandbox {
                 let named = *owner != Identity::Local;
                 let (candidates, key, limit) = if named && mine.len() >= per_identity {
                     (mine, "http.max_sessions_per_identity", per_identity)
-                } else if live.len() + self.pool.held() + self.busy.len() >= max {
+                } else if live.len() + self.pool.held() + self.busy.others(name) >= max {
                     (live, "max_sessions", max)
                 } else {
                     return Ok(notices);
@@ -284,7 +229,7 @@ impl Sandbox {
             let Some((victim, s)) = victim else {
                 // Sessions being closed (their snapshots written) or restored end within their
                 // bounds, and hold no lock: wait for one, then count again.
-                if self.busy.len() > 0 && waited < BUSY_WAIT {
+                if self.busy.others(name) > 0 && waited < BUSY_WAIT {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     waited += Duration::from_millis(100);
                     continue;
@@ -385,7 +330,7 @@ impl Sandbox {
                     per_identity,
                     "http.max_sessions_per_identity",
                 )
-            } else if live + self.pool.held() + parked.len() >= max {
+            } else if live + self.pool.held() + self.busy.others(name) + parked.len() >= max {
                 (&parked[0], max, "max_sessions")
             } else {
                 return None;
@@ -499,10 +444,11 @@ impl Sandbox {
         let Some(engine) = self.engine.get() else {
             return;
         };
-        // No session is half-started while we compare...
+        // No session is counted or closed while we compare...
         let _starting = self.starting.lock().await;
-        // ... and no pooled one either (it is created before the pool holds it): next time.
-        if !all && self.pool.filling() > 0 {
+        // ... and no pooled one or session's either (each is created before the pool or the
+        // table holds it, and `busy` names it only then): next time.
+        if !all && (self.pool.filling() > 0 || self.busy.starting() > 0) {
             return;
         }
         let mut live: std::collections::HashSet<String> = HashSet::new();
@@ -559,8 +505,8 @@ pub(super) struct BusyGuard<'a> {
 }
 
 impl Busy {
-    /// Hold `key`, whose sandbox is `container` (it must not be held already: both holders
-    /// take it under `starting`).
+    /// Hold `key`, whose sandbox is `container`, or `""` while its sandbox is being started
+    /// (it must not be held already: every holder takes it under `starting`).
     pub(super) fn hold(&self, key: &SessionKey, container: &str) -> BusyGuard<'_> {
         let lock = Arc::new(tokio::sync::Mutex::new(()));
         let held = Arc::clone(&lock).try_lock_owned().ok();
@@ -592,14 +538,41 @@ impl Busy {
         self.0.lock().unwrap().len()
     }
 
+    /// Sessions held other than `key` (each is, or is about to be, a container).
+    pub(super) fn others(&self, key: &SessionKey) -> usize {
+        self.0.lock().unwrap().keys().filter(|k| *k != key).count()
+    }
+
+    /// Sessions held whose sandbox is being started (no container known yet).
+    pub(super) fn starting(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|(_, c)| c.is_empty())
+            .count()
+    }
+
     /// The containers of the sessions held.
     pub(super) fn containers(&self) -> Vec<String> {
         self.0
             .lock()
             .unwrap()
             .values()
+            .filter(|(_, c)| !c.is_empty())
             .map(|(_, c)| c.clone())
             .collect()
+    }
+}
+
+impl BusyGuard<'_> {
+    /// The held session's sandbox is `container` from now on.
+    pub(super) fn set_container(&self, container: &str) {
+        if let Some((l, c)) = self.busy.0.lock().unwrap().get_mut(&self.key)
+            && Arc::ptr_eq(l, &self.lock)
+        {
+            *c = container.to_string();
+        }
     }
 }
 

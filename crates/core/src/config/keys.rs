@@ -117,12 +117,16 @@ pub const KEYS: &[Key] = &[
         doc: "Most sandbox sessions alive at once; a new one beyond it closes the least recently used idle one.",
     },
     Key {
+        name: "memory_reserve",
+        doc: "Host memory (MemAvailable) kept free: a new session is refused, and no pooled sandbox started, while less is available; 0 checks none.",
+    },
+    Key {
         name: "runtime_idle_timeout",
         doc: "A session's container is removed after this long without a call; so is the pool of ready ones.",
     },
     Key {
         name: "pool_size",
-        doc: "Sandboxes kept started and booted, ready for a new session (within max_sessions); 0 starts each on demand.",
+        doc: "Sandboxes kept started and booted, ready for a new session (within max_sessions); more while new sessions come (as many as started in the last two minutes, at most 4 per core and 16); 0 starts each on demand.",
     },
     Key {
         name: "warm_start",

@@ -83,6 +83,8 @@ pub struct Config {
     pub container_user: String,
     #[serde(deserialize_with = "flexible_u32")]
     pub max_sessions: u32,
+    /// Host memory (`MemAvailable`) kept free: no new sandbox starts below it; 0 checks none.
+    pub memory_reserve: Size,
     pub runtime_idle_timeout: Secs,
     #[serde(deserialize_with = "flexible_u32")]
     pub pool_size: u32,
@@ -179,6 +181,7 @@ impl Default for Config {
             cpus: None,
             container_user: "65534:65534".into(),
             max_sessions: 8,
+            memory_reserve: Size(512 << 20),
             runtime_idle_timeout: Secs(Duration::from_secs(300)),
             pool_size: 1,
             warm_start: true,
@@ -516,16 +519,6 @@ impl Config {
             _ => self.pids as i64,
         }
     }
-
-    /// The nproc rlimit of a sandbox's processes. Under runc it counts per uid on the host
-    /// (every sandbox runs as the same user), so it is loose and the pids cgroup is the real cap;
-    /// under gVisor it counts the code's tasks in gVisor's kernel alone, so it is `pids` itself.
-    pub fn nproc_limit(&self) -> i64 {
-        match self.isolation {
-            Isolation::Gvisor => self.pids as i64,
-            _ => 1000.min(self.pids as i64 * 4).max(64),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -538,10 +531,10 @@ mod tests {
             pids: 32,
             ..Config::default()
         };
-        assert_eq!((c.host_pids_limit(), c.nproc_limit()), (32, 128));
+        assert_eq!(c.host_pids_limit(), 32);
         c.isolation = Isolation::Gvisor;
         assert!(c.validate().is_ok());
-        assert_eq!((c.host_pids_limit(), c.nproc_limit()), (32 * 8 + 64, 32));
+        assert_eq!(c.host_pids_limit(), 32 * 8 + 64);
     }
 
     #[test]

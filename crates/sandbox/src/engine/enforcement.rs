@@ -52,6 +52,10 @@ pub struct Enforcement {
     /// lists its built-in candidates too, present or not: a runtime named here may still fail
     /// to start a container).
     pub runtimes: std::collections::BTreeMap<String, String>,
+    /// Docker's `userns-remap`: every container in the daemon's one remapped range (for
+    /// `doctor`; the sandboxes still share their host uid).
+    #[serde(default)]
+    pub userns_remap: bool,
 }
 
 impl Enforcement {
@@ -76,7 +80,12 @@ impl Enforcement {
             .into_iter()
             .map(|(name, r)| (name, r.path.unwrap_or_default()))
             .collect();
+        let userns_remap = info
+            .security_options
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|s| s.contains("name=userns")));
         Ok(Enforcement {
+            userns_remap,
             runtimes,
             rootless,
             memory: info.memory_limit.unwrap_or(false) && !v1_rootless,

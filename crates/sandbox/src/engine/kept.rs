@@ -314,6 +314,7 @@ mod tests {
             pids: true,
             cpu: false,
             runtimes: [("runc".to_string(), "/usr/bin/runc".to_string())].into(),
+            userns_remap: false,
         }
     }
 

@@ -11,13 +11,17 @@ use bollard::{API_DEFAULT_VERSION, Docker};
 use tokio::process::Command;
 
 use crate::config::{Config, Runtime};
-use mcp_code_bridge_core::error::{Hint, Hinted};
 
 mod enforcement;
+mod ids;
 mod kept;
 mod service;
 
+mod error;
+
 pub use enforcement::{Enforcement, SandboxIsolationMissing};
+pub use error::{ContainerError, EngineError};
+pub use ids::HostIds;
 pub use kept::{CHECK_AFTER, Kept};
 pub use service::own_socket;
 use service::{Lingering, OwnService, keep_alive_every, reap_stale_services};
@@ -53,6 +57,8 @@ pub struct Engine {
     /// On a lingering service (`engine_linger`): the task that keeps it from idling out while
     /// this engine lives; aborted by [`Engine::shutdown`] and when the engine is dropped.
     keep_alive: Option<KeepAlive>,
+    /// [`Engine::host_ids`], decided at the first start.
+    ids: std::sync::OnceLock<HostIds>,
 }
 
 /// A task aborted when dropped, and the linger of the service it keeps alive.
@@ -85,80 +91,6 @@ impl KeepAlive {
     }
 }
 
-/// Why no engine could be had. The message says what was tried; [`EngineError::hint`] says what
-/// to do next.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// No candidate socket answered and no podman service could be started.
-    #[error("no container engine answered (runtime = {:?}). Tried:\n{}", .runtime.to_string(), .tried.join("\n"))]
-    NoneAnswered {
-        runtime: Runtime,
-        /// One line per candidate: URL, where it came from, why it failed.
-        tried: Vec<String>,
-    },
-    /// The state dir, where our own podman service keeps its socket, cannot be created.
-    #[error("cannot create state dir {}: {source}", .dir.display())]
-    StateDir {
-        dir: PathBuf,
-        source: std::io::Error,
-    },
-    /// The state dir is too long for the bridge's own service's socket, and the keeper directory,
-    /// where such sockets go then, cannot be used.
-    #[error(
-        "the state dir {} is too long for a socket path in it (107 bytes at most), and {}",
-        .state_dir.display(),
-        .why.problem
-    )]
-    SocketDir {
-        state_dir: PathBuf,
-        why: crate::keeperdir::HandOverOff,
-    },
-    /// `podman system service` could not be spawned.
-    #[error("could not start {} system service (under /bin/sh): {source}", .podman.display())]
-    ServiceSpawn {
-        podman: PathBuf,
-        source: std::io::Error,
-    },
-    /// `isolation = "gvisor"`, and podman cannot run the runtime `gvisor_runtime` names.
-    #[error("{missing}: podman says {podman_said}")]
-    GvisorRuntime {
-        missing: SandboxIsolationMissing,
-        podman_said: String,
-    },
-    /// Our own podman service exited or did not answer in time.
-    #[error("podman is installed but no engine answered. Tried:\n{}", .tried.join("\n"))]
-    ServiceSilent { tried: Vec<String> },
-}
-
-impl Hinted for EngineError {
-    /// What to do about it: on a line of its own (the message lists what was tried, a line
-    /// each), or after `; ` for the state dir.
-    fn hint(&self) -> Option<Hint> {
-        Some(match self {
-            EngineError::NoneAnswered {
-                runtime: Runtime::Socket(_),
-                ..
-            } => Hint::line(
-                "Check that the engine behind that socket is running, or set MCP_BRIDGE_RUNTIME=auto.",
-            ),
-            EngineError::NoneAnswered { .. } => Hint::line(
-                "Install podman (Debian/Ubuntu: `sudo apt-get install podman`; Fedora: `sudo dnf install podman`; macOS: `brew install podman && podman machine init && podman machine start`) or start Docker, or point MCP_BRIDGE_RUNTIME at a socket URL.",
-            ),
-            EngineError::StateDir { .. } => {
-                Hint::clause("set MCP_BRIDGE_STATE_DIR to a writable directory")
-            }
-            EngineError::SocketDir { why, .. } => Hint::line(format!(
-                "Fix the keeper directory ({}), or set MCP_BRIDGE_STATE_DIR to a shorter path.",
-                why.fix
-            )),
-            EngineError::ServiceSpawn { .. } => return None,
-            EngineError::GvisorRuntime { missing, .. } => Hint::line(missing.hint()?.text()),
-            EngineError::ServiceSilent { .. } => Hint::line(
-                "Run `podman info` to see what is wrong (on hosts where crun fails, set runtime = \"runc\" in /etc/containers/containers.conf).",
-            ),
-        })
-    }
-}
 
 /// One place an engine may listen, with the reason we look there.
 #[derive(Debug, Clone)]
@@ -384,6 +316,7 @@ impl Engine {
                         service: Default::default(),
                         http: Default::default(),
                         keep_alive: None,
+                        ids: Default::default(),
                     });
                 }
                 Err(e) => tried.push(format!("  {} ({}): {e}", c.url, c.origin)),
@@ -465,6 +398,7 @@ impl Engine {
                     service: tokio::sync::Mutex::new(Some(service)),
                     http: Default::default(),
                     keep_alive: None,
+                    ids: Default::default(),
                 });
             }
             if tokio::time::Instant::now() > deadline {
@@ -517,6 +451,7 @@ impl Engine {
                 service: Default::default(),
                 http: Default::default(),
                 keep_alive,
+                ids: Default::default(),
             }
         };
         if shared.socket().exists() {
@@ -598,6 +533,16 @@ impl Engine {
         Ok(self.http.get_or_init(|| (client, built.1)))
     }
 
+    /// Whether each sandbox of `config` gets host ids of its own on this engine
+    /// ([`HostIds::of`]), decided once: a bridge has one configuration.
+    pub fn host_ids(&self, config: &Config) -> &HostIds {
+        self.ids.get_or_init(|| {
+            let ids = HostIds::of(self, config);
+            tracing::debug!(?ids, "the sandboxes' host identity");
+            ids
+        })
+    }
+
     /// The engine's Unix socket, when it is reached through one (`sandbox::attach` connects to
     /// it itself).
     pub fn unix_socket(&self) -> Option<std::path::PathBuf> {
@@ -668,22 +613,6 @@ impl Engine {
     }
 }
 
-/// Why the engine did not do what was asked of a container (rename, list, inspect).
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum ContainerError {
-    /// No answer within the time the call allows.
-    #[error("the engine did not answer within {0}s")]
-    NoAnswer(u64),
-    /// The engine's own refusal or failure, as it said it.
-    #[error("{0}")]
-    Engine(String),
-}
-
-impl From<String> for ContainerError {
-    fn from(s: String) -> Self {
-        ContainerError::Engine(s)
-    }
-}
 
 #[cfg(test)]
 mod tests {
