@@ -104,6 +104,8 @@ cargo test --profile dev-release --locked --no-fail-fast --test e2e -- --test-th
 #   killed differently; where it answers differently the test asserts gVisor's answer.
 # - tenancy:: one identity's sessions at their task limits and another's new session: under gVisor
 #   every sandbox's kernel runs as the host's nobody, so the bound is gVisor's and the pids cgroup.
+# - inputs::declared_inputs_are_copied_in_and_nothing_else_of_the_host: the inputs are unpacked by
+#   a process run in the sandbox (an exec), which gVisor's kernel runs.
 # Not here, because the sandbox's kernel plays no part in what they assert: policy:: and proxy::
 # (the bridge's rules and relay; their calls cross the same channel hostile:: and security::
 # attack under gVisor), pool:: (the bridge's pool accounting and timing), faults::upstream_/
@@ -115,7 +117,8 @@ gvisor_suites=(security:: sandbox:: hostile:: files::
     packages::an_allowed_install_works_and_changes_nothing_else
     packages::the_package_mount_names_nothing_of_the_host
     snapshots::a_session_closed_idle_ snapshots::a_fork_diverges_
-    faults::resources_ faults_lifecycle::lifecycle_ tenancy::)
+    faults::resources_ faults_lifecycle::lifecycle_ tenancy::
+    inputs::declared_inputs_are_copied_in_and_nothing_else_of_the_host)
 step "under gVisor: ${gvisor_suites[*]} (MCP_BRIDGE_TEST_ISOLATION=gvisor)"
 gvisor_start=$(date +%s)
 MCP_BRIDGE_TEST_ISOLATION=gvisor cargo test --profile dev-release --locked --no-fail-fast --test e2e -- \
@@ -129,11 +132,13 @@ cargo test --profile dev-release --locked --test e2e -- conformance:: --nocaptur
 # --- against Docker ------------------------------------------------------------------------------
 # The sandbox, security and proxy suites a second time with every bridge on a real Docker daemon
 # (runtime = "docker", MCP_BRIDGE_TEST_ENGINE=docker): the hardened container, its limits and walls,
-# and the proxied calls as Docker's API and runc make them. Where no daemon answers, one is started
+# the proxied calls as Docker's API and runc make them, the tenants' task limits and the inputs
+# unpacked by an exec. Where no daemon answers, one is started
 # here for this pass only (no Docker network, so the host's firewall is untouched) and stopped
 # after: where no podman socket listens, a Docker socket is what `runtime = "auto"` takes, and the
 # passes above are podman's.
-docker_suites=(sandbox:: security:: proxy:: tenancy::)
+docker_suites=(sandbox:: security:: proxy:: tenancy::
+    inputs::declared_inputs_are_copied_in_and_nothing_else_of_the_host)
 step "against Docker: ${docker_suites[*]} (MCP_BRIDGE_TEST_ENGINE=docker)"
 command -v dockerd >/dev/null || die "dockerd is not installed (scripts/setup-debian.sh --docker)"
 dockerd_pid=""

@@ -18,22 +18,24 @@ fn mem_available_mib() -> f64 {
         .map_or(f64::NAN, |kib| kib / 1024.0)
 }
 
+/// The real uid of host process `pid`.
+fn uid_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u32>().ok())
+}
+
 /// The host's tasks (threads) whose real uid is `uid`: what `RLIMIT_NPROC` counts.
 fn tasks_of_uid(uid: u32) -> usize {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return 0;
     };
     dir.flatten()
-        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
-        .filter(|e| {
-            std::fs::read_to_string(e.path().join("status")).is_ok_and(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("Uid:"))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u32>().ok())
-                    == Some(uid)
-            })
-        })
-        .map(|e| std::fs::read_dir(e.path().join("task")).map_or(0, |d| d.count()))
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|&pid| uid_of(pid) == Some(uid))
+        .map(|pid| std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()))
         .sum()
 }
 
@@ -75,14 +77,15 @@ pub(crate) async fn sessions_row(t: &mut Table) {
         }
     }
     let wall = t0.elapsed().as_secs_f64();
-    // The sandboxes run as 65534 on the host (container_user, no user namespace).
-    let tasks = tasks_of_uid(65534);
+    // The host uids the sandboxes run as (one each under podman's --userns=auto, 65534 for all
+    // without it), and the most tasks any one of them has on the host: what RLIMIT_NPROC counts.
     let avail1 = mem_available_mib();
-    let mems: Vec<f64> = containers_inspected(live.pid)
-        .await
-        .iter()
-        .map(|c| ctr_mem(c).usage)
-        .collect();
+    let ctrs = containers_inspected(live.pid).await;
+    let mems: Vec<f64> = ctrs.iter().map(|c| ctr_mem(c).usage).collect();
+    let mut uids: Vec<u32> = ctrs.iter().filter_map(|c| uid_of(c.pid)).collect();
+    uids.sort_unstable();
+    uids.dedup();
+    let most_tasks = uids.iter().map(|&u| tasks_of_uid(u)).max().unwrap_or(0);
     // Each started session asked again, 8 at a time.
     let mut answering = 0;
     for chunk in (0..started).collect::<Vec<_>>().chunks(8) {
@@ -122,7 +125,8 @@ pub(crate) async fn sessions_row(t: &mut Table) {
             "still answering",
             "cgroup usage per session (p50)",
             "host MemAvailable used per session",
-            "host tasks of uid 65534",
+            "host uids of the sandboxes",
+            "most host tasks of one uid",
             "first failure",
         ],
         vec![vec![
@@ -132,7 +136,8 @@ pub(crate) async fn sessions_row(t: &mut Table) {
             answering.to_string(),
             fmt(pct(&mems, 0.5), Unit::MiB),
             format!("{:.1} MiB", (avail0 - avail1) / started.max(1) as f64),
-            tasks.to_string(),
+            uids.len().to_string(),
+            most_tasks.to_string(),
             cause,
         ]],
     );

@@ -865,9 +865,12 @@ print('done')
 /// A sandbox whose init cannot fork (`catatonit: failed to fork child: Resource temporarily
 /// unavailable`): the uid the sandboxes run as (65534) already has 70 processes on the host,
 /// over the sandbox's `RLIMIT_NPROC` (64 with `pids = 8`), so the container's first fork fails
-/// with EAGAIN. The reply
-/// names that cause and its fix, not the image's Python. Needs root (to hold processes as uid
-/// 65534).
+/// with EAGAIN. That needs every sandbox the same host uid with the shared bound of
+/// `allow_unenforced_limits` (`container::nproc_limit`): a `max_sessions` more than the
+/// set-up's subordinate ids hold (32768 sandboxes) gives the first, so this test is the same
+/// on podman with runc (which would otherwise give each sandbox a uid of its own) as on the
+/// engines that never do. The reply names that cause and its fix, not the image's Python.
+/// Needs root (to hold processes as uid 65534).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_that_cannot_fork_at_start_is_diagnosed_as_the_process_limit() {
     if unsafe { libc::getuid() } != 0 {
@@ -887,7 +890,12 @@ async fn a_sandbox_that_cannot_fork_at_start_is_diagnosed_as_the_process_limit()
         .collect();
     let b = Bridge::start_with(
         Home::new(),
-        &[("MCP_BRIDGE_PIDS", "8"), ("MCP_BRIDGE_POOL_SIZE", "0")],
+        &[
+            ("MCP_BRIDGE_PIDS", "8"),
+            ("MCP_BRIDGE_POOL_SIZE", "0"),
+            ("MCP_BRIDGE_MAX_SESSIONS", "40000"),
+            ("MCP_BRIDGE_ALLOW_UNENFORCED_LIMITS", "true"),
+        ],
         None,
     )
     .await;

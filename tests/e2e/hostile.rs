@@ -177,25 +177,34 @@ threading.Thread(target=stop, daemon=True).start()";
 }
 
 /// Junk on the container's stderr (PID 1's fd 2) and forged log frames reach the bridge's log
-/// rate-limited: 1 MB of junk lines adds at most a few KiB of log.
+/// rate-limited: 1 MB of junk lines adds at most a few KiB of log. Where each sandbox has a host
+/// identity of its own (podman with runc: `--userns=auto`), the container's stderr is not even
+/// the sandbox's to open (the engine's pipe belongs to an id its user namespace does not map):
+/// the test asserts that, and the forged frames are what reach the log, limited.
 #[tokio::test(flavor = "multi_thread")]
 async fn host_logs_sandbox_junk_is_rate_limited() {
+    let own_ids = common::engine() == "podman" && common::isolation().as_deref() != Some("gvisor");
     let b = Bridge::start().await;
     let before = b.home.log().len();
     let code = format!(
-        "{RT}err = os.open('/proc/1/fd/2', os.O_WRONLY)\nfor i in range(20000):\n    os.write(err, b'junk line %d\\n' % i)\n\
-for i in range(20000):\n    os.write(fd, (json.dumps({{'type': 'log', 'level': 'warning', 'message': 'forged %d' % i}}) + '\\n').encode())\nprint('ok')"
+        "{RT}try:\n    err = os.open('/proc/1/fd/2', os.O_WRONLY)\nexcept PermissionError:\n    err = None\n\
+if err is not None:\n    for i in range(20000):\n        os.write(err, b'junk line %d\\n' % i)\n\
+for i in range(20000):\n    os.write(fd, (json.dumps({{'type': 'log', 'level': 'warning', 'message': 'forged %d' % i}}) + '\\n').encode())\n\
+print('stderr', 'closed' if err is None else 'open')"
     );
     let r = Outcome(b.call(json!({"code": code, "timeout": 60})).await);
-    assert_eq!(r.stdout(), "ok\n", "{}", r.text());
+    let want = if own_ids { "stderr closed\n" } else { "stderr open\n" };
+    assert_eq!(r.stdout(), want, "{}", r.text());
     tokio::time::sleep(Duration::from_millis(500)).await;
     let log = b.home.log();
     let grown = log.len() - before;
     assert!(grown < 16 << 10, "the bridge's log grew by {grown} bytes");
-    // Limited, not lost: the first lines of the junk did reach the log.
+    // Limited, not lost: the first lines of the junk (or of the forged frames, where the
+    // container's stderr is closed to the sandbox) did reach the log.
+    let first = if own_ids { "forged 0" } else { "junk line" };
     assert!(
-        log[before..].contains("junk line"),
-        "none of the sandbox's stderr reached the log:\n{}",
+        log[before..].contains(first),
+        "none of the sandbox's {first:?} reached the log:\n{}",
         &log[before..]
     );
     b.shutdown().await;

@@ -1,5 +1,6 @@
 //! Files in, end to end: the user's declared `[[inputs]]` (a CSV directory and a single file)
-//! copied into the sandbox at `/data` through the engine's archive API, read with pandas; a
+//! copied into the sandbox at `/data` (a tar unpacked there by a process run as the sandbox's
+//! user, so the files are that user's under every host identity), read with pandas; a
 //! link inside an input to a host secret is not followed; what the code changes stays in the
 //! sandbox and a reset brings the original back; an input over `inputs_size` is a notice and
 //! the bridge serves on; `exec --input` for one-shot runs. Real binary, real podman, rmcp's
@@ -92,6 +93,13 @@ async fn declared_inputs_are_copied_in_and_nothing_else_of_the_host() {
         .await
         .ok();
     assert_eq!(single.sc()["value"], "{'eur': 0.9}");
+    // The sandbox user's files, in its own user namespace too (where the engine's archive API,
+    // writing as the host's root, was refused them).
+    let owner = b
+        .py("import os\nst = os.stat('/data/ref/rates.json')\n(st.st_uid == os.getuid(), st.st_gid == os.getgid(), oct(st.st_mode & 0o777))")
+        .await
+        .ok();
+    assert_eq!(owner.sc()["value"], "(True, True, '0o644')", "{}", owner.text());
 
     // The secret the link pointed to is nowhere in the sandbox.
     let grep = b

@@ -1,6 +1,10 @@
-//! Files in: the user's declared `[[inputs]]` copied into a sandbox at its start, through the
-//! engine's archive API (a tar streamed to `PUT /containers/{id}/archive` at `/data`), so no
-//! host path is ever mounted and the code sees copies it cannot write back.
+//! Files in: the user's declared `[[inputs]]` copied into a sandbox at its start: a tar the
+//! bridge writes, streamed into a process the engine runs in the sandbox as its user
+//! (`exec`: the image's `python3` with [`extract_script`]), which unpacks it into `/data`. So no host
+//! path is ever mounted, the code sees copies it cannot write back, the files are the sandbox
+//! user's under every host identity (the engine's archive API writes as the host's root, which a
+//! sandbox's own user namespace does not map: its tmpfs refuses such a file with EOVERFLOW), and
+//! what they take of the tmpfs is charged to the sandbox's memory, as the code's own files are.
 //!
 //! Only the declared paths are read. The walk never follows a symbolic link below a declared
 //! path (a link could point anywhere on the host: links are skipped and counted), takes regular
@@ -10,7 +14,7 @@
 //! [`MAX_ENTRIES`] entries, and [`COPY_TIMEOUT`]. What is skipped, and a declared path that is
 //! missing, becomes a notice of the session's first call; the session starts anyway.
 //!
-//! The tar is written on the blocking pool into a pipe whose other end is the request body,
+//! The tar is written on the blocking pool into a pipe whose other end is the process's stdin,
 //! so at most the pipe's buffer is held in memory, whatever the inputs' size.
 
 use std::fs::{File, Metadata};
@@ -20,8 +24,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::query_parameters::UploadToContainerOptionsBuilder;
-use tokio_util::io::{ReaderStream, SyncIoBridge};
+use bollard::exec::StartExecResults;
+use bollard::models::ExecConfig;
+use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio_util::io::SyncIoBridge;
 
 use crate::config::Config;
 use crate::config::inputs::{InputEntry, ROOT};
@@ -30,8 +37,25 @@ use crate::config::inputs::{InputEntry, ROOT};
 pub const MAX_ENTRIES: usize = 100_000;
 /// Longest a copy may take before it is abandoned (the session starts without the rest).
 pub const COPY_TIMEOUT: Duration = Duration::from_secs(120);
-/// Pipe between the tar writer and the request body.
+/// Pipe between the tar writer and the process's stdin.
 const PIPE: usize = 256 << 10;
+/// Most of the unpacking process's output kept for the notice.
+const OUTPUT_KEPT: usize = 2 << 10;
+
+/// What the sandbox runs (`python3 -I -S -c`) to unpack the tar on its stdin into [`ROOT`],
+/// as the sandbox's user: each read takes what the pipe holds (the raw file), so the end of the
+/// archive ends it even where the engine passes on no end of input; the `data` filter (Python
+/// 3.12, and the security releases of 3.8-3.11) refuses any entry that would land outside
+/// `ROOT`, though the bridge writes none; and its own alarm ends it after [`COPY_TIMEOUT`].
+fn extract_script() -> String {
+    format!(
+        "import signal, sys, tarfile\n\
+         signal.alarm({secs})\n\
+         kw = {{'filter': 'data'}} if hasattr(tarfile, 'data_filter') else {{}}\n\
+         with tarfile.open(fileobj=sys.stdin.buffer.raw, mode='r|') as t:\n    t.extractall({ROOT:?}, **kw)\n",
+        secs = COPY_TIMEOUT.as_secs()
+    )
+}
 
 /// What the walk skipped or could not do, for the notice.
 #[derive(Debug, Default)]
@@ -106,28 +130,24 @@ pub async fn copy_in(docker: &Docker, id: &str, config: &Config) -> Vec<String> 
             .and_then(|()| builder.into_inner().map(drop));
         (written, report)
     });
-    let opts = UploadToContainerOptionsBuilder::default()
-        .path(ROOT)
-        .build();
-    let upload = docker.upload_to_container(
-        id,
-        Some(opts),
-        bollard::body_try_stream(ReaderStream::new(reader)),
-    );
     let t0 = std::time::Instant::now();
-    let uploaded = tokio::time::timeout(COPY_TIMEOUT, upload).await;
+    let unpacked = tokio::time::timeout(
+        COPY_TIMEOUT,
+        unpack(docker, id, &config.container_user, reader),
+    )
+    .await;
     let (written, mut report) = match walk.await {
         Ok(r) => r,
         Err(e) => (Err(io::Error::other(e.to_string())), Report::default()),
     };
     report.finish();
-    match uploaded {
+    match unpacked {
         Err(_) => report.notices.push(format!(
             "inputs: the copy into the sandbox took more than {} s and was stopped; some inputs are missing",
             COPY_TIMEOUT.as_secs()
         )),
-        Ok(Err(e)) => report.notices.push(format!(
-            "inputs: the engine refused the copy ({e}); the inputs are missing. Is inputs_size large enough?"
+        Ok(Err(why)) => report.notices.push(format!(
+            "inputs: the copy into the sandbox failed ({why}); the inputs are missing or incomplete. Is inputs_size large enough?"
         )),
         Ok(Ok(())) => {
             if let Err(e) = written {
@@ -151,8 +171,90 @@ pub async fn copy_in(docker: &Docker, id: &str, config: &Config) -> Vec<String> 
     report.notices
 }
 
-/// The uid and gid the files are given (those of `container_user` when numeric, else nobody),
-/// so the code can read them whatever the modes on the host.
+/// Run [`extract_script`] in container `id` as `user` with `tar` on its stdin, and wait for it: an
+/// error says what the engine or the process answered.
+async fn unpack(
+    docker: &Docker,
+    id: &str,
+    user: &str,
+    mut tar: tokio::io::DuplexStream,
+) -> Result<(), String> {
+    let exec = docker
+        .create_exec(
+            id,
+            ExecConfig {
+                cmd: Some(vec![
+                    "python3".into(),
+                    "-I".into(),
+                    "-S".into(),
+                    "-c".into(),
+                    extract_script(),
+                ]),
+                user: Some(user.to_string()),
+                working_dir: Some("/".into()),
+                attach_stdin: Some(true),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                tty: Some(false),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| format!("the engine refused to run the unpacking: {e}"))?;
+    let StartExecResults::Attached { mut output, mut input } = docker
+        .start_exec(&exec.id, None)
+        .await
+        .map_err(|e| format!("the engine did not start the unpacking: {e}"))?
+    else {
+        return Err("the engine started the unpacking detached".into());
+    };
+    // The tar in, then the end of input; the process may end first (at the archive's end
+    // marker), and a write refused then is no failure: its exit status says.
+    let feed = async move {
+        let _ = tokio::io::copy(&mut tar, &mut input).await;
+        let _ = input.shutdown().await;
+    };
+    let drain = async move {
+        let mut said = Vec::new();
+        while let Some(chunk) = output.next().await {
+            match chunk {
+                Ok(out) => {
+                    let bytes = out.into_bytes();
+                    let room = OUTPUT_KEPT.saturating_sub(said.len());
+                    said.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                }
+                Err(_) => break,
+            }
+        }
+        said
+    };
+    let ((), said) = tokio::join!(feed, drain);
+    let code = docker
+        .inspect_exec(&exec.id)
+        .await
+        .map_err(|e| format!("the engine did not say how the unpacking ended: {e}"))?
+        .exit_code;
+    match code {
+        Some(0) => Ok(()),
+        code => {
+            let said = String::from_utf8_lossy(&said);
+            let last = said.trim().lines().last().unwrap_or("").to_string();
+            Err(format!(
+                "unpacking in the sandbox exited with {}{}",
+                code.map_or("no status".to_string(), |c| c.to_string()),
+                if last.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", crate::text::visible(&last))
+                }
+            ))
+        }
+    }
+}
+
+/// The uid and gid the tar's headers give the files (those of `container_user` when numeric,
+/// else nobody): the unpacking, as the sandbox's user, makes every file that user's whatever
+/// the headers say, so the code can read them whatever the modes on the host.
 fn owner_ids(user: &str) -> (u64, u64) {
     let mut parts = user.split(':').map(|p| p.parse::<u64>().ok());
     let uid = parts.next().flatten().unwrap_or(65534);
@@ -362,6 +464,51 @@ impl Read for Exactly {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The unpacking script, run by the host's `python3` into a temporary directory: the tar's
+    /// files arrive, and the archive's end ends it while its stdin is still open (an engine
+    /// that passes on no end of input cannot keep it waiting).
+    #[test]
+    fn the_unpacking_ends_at_the_archives_end_with_its_input_still_open() {
+        use std::io::Write;
+        let src = tempfile::tempdir().unwrap();
+        std::fs::create_dir(src.path().join("d")).unwrap();
+        std::fs::write(src.path().join("d/a.csv"), "x,y\n1,2\n").unwrap();
+        let inputs = vec![InputEntry {
+            host: src.path().join("d").display().to_string(),
+            path: Some("/data/d".into()),
+        }];
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut report = Report::default();
+        write_all(&mut builder, &inputs, 1 << 20, (65534, 65534), &mut report).unwrap();
+        let tar = builder.into_inner().unwrap();
+        let dest = tempfile::tempdir().unwrap();
+        let script = extract_script().replace(&format!("{ROOT:?}"), &format!("{:?}", dest.path()));
+        let mut child = std::process::Command::new("python3")
+            .args(["-I", "-S", "-c", &script])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 on the host");
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&tar).unwrap();
+        let t0 = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the unpacking waited for the end of its input"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        drop(stdin);
+        assert!(status.success(), "{status}");
+        assert_eq!(
+            std::fs::read_to_string(dest.path().join("d/a.csv")).unwrap(),
+            "x,y\n1,2\n"
+        );
+    }
 
     fn entries(inputs: &[InputEntry], cap: u64) -> (Vec<(String, u64, u32)>, Report) {
         let mut report = Report::default();
