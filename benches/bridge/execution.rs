@@ -88,7 +88,8 @@ pub(crate) async fn execution(o: &Opts, live: &Live, t: &mut Table) {
         Unit::Ms,
         Target::None,
     );
-    live.ok(json!({"code": "import shutil\nshutil.rmtree('/workspace/out')"}))
+    // `/workspace/out` is a mount point (sandbox::files::OUT_DIR): what is in it goes, not it.
+    live.ok(json!({"code": "import os, shutil\nfor e in os.scandir('/workspace/out'):\n    shutil.rmtree(e.path) if e.is_dir(follow_symlinks=False) else os.remove(e.path)"}))
         .await;
     // Loading servers: the bridge binds the 53 tools' metadata per call; the session's first call
     // sends it and builds the proxies, the warm ones (timed) send it only if it changed.
