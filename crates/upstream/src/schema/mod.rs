@@ -126,6 +126,25 @@ mod tests {
         })
     }
 
+    /// Parameters and fields in the schema's order, not sorted: the signature reads as the
+    /// server wrote it (`serde_json`'s `preserve_order`, declared by the workspace).
+    #[test]
+    fn parameters_and_fields_keep_the_schemas_order() {
+        let schema: Value = serde_json::from_str(
+            r#"{"type": "object", "properties": {
+                "zeta": {"type": "string"}, "alpha": {"type": "integer"},
+                "opts": {"type": "object", "properties": {"y": {"type": "string"}, "b": {"type": "string"}}}
+            }}"#,
+        )
+        .unwrap();
+        let r = render(&schema, "s", "t");
+        let names: Vec<&str> = r.params.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["zeta", "alpha", "opts"]);
+        let text = r.text();
+        let (y, b) = (text.find("y (").unwrap(), text.find("b (").unwrap());
+        assert!(y < b, "{text}");
+    }
+
     #[test]
     fn a_refd_enum_is_a_literal_with_its_description() {
         let r = render(&share_file(), "workspace", "share_file");
