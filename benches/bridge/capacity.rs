@@ -427,6 +427,32 @@ impl LoadFigures {
     }
 }
 
+/// One rmcp client per identity of [`serve_team`] (its `url` and `tokens`), connected.
+pub(crate) async fn team_clients(
+    home: &Home,
+    url: &str,
+    tokens: &[(String, String)],
+) -> Vec<RunningService<RoleClient, ()>> {
+    futures::future::join_all(tokens.iter().map(|(_, t)| http_client(url, Some(t))))
+        .await
+        .into_iter()
+        .map(|c| c.unwrap_or_else(|e| fail(&format!("{e}\n{}", home.log()))))
+        .collect()
+}
+
+/// Each identity's sessions (`SESSIONS_PER_IDENTITY`) as load workers on its client.
+pub(crate) fn team_workers(clients: &[RunningService<RoleClient, ()>]) -> Vec<Worker<'_>> {
+    clients
+        .iter()
+        .flat_map(|c| {
+            (0..SESSIONS_PER_IDENTITY).map(move |s| Worker {
+                client: c,
+                session: format!("s{s}"),
+            })
+        })
+        .collect()
+}
+
 /// `serve` with `ids` identities (bearer tokens), each with 2 sessions making mixed calls
 /// (print, pandas, a proxied `echo`) for `capacity_secs`. With `max_sessions` given, the sessions
 /// are not started first and the bridge has fewer sandboxes than sessions: what waits, what is
@@ -440,20 +466,8 @@ async fn http_load(
     let home = Home::new(&fx.real()[..1]);
     let (child, pid, url, tokens) =
         serve_team(&home, ids, max_sessions.unwrap_or(ROOMY_MAX_SESSIONS), "0").await;
-    let clients = futures::future::join_all(tokens.iter().map(|(_, t)| http_client(&url, Some(t))))
-        .await
-        .into_iter()
-        .map(|c| c.unwrap_or_else(|e| fail(&format!("{e}\n{}", home.log()))))
-        .collect::<Vec<_>>();
-    let workers: Vec<Worker> = clients
-        .iter()
-        .flat_map(|c| {
-            (0..SESSIONS_PER_IDENTITY).map(move |s| Worker {
-                client: c,
-                session: format!("s{s}"),
-            })
-        })
-        .collect();
+    let clients = team_clients(&home, &url, &tokens).await;
+    let workers = team_workers(&clients);
     let label = match max_sessions {
         None => format!("{} × {SESSIONS_PER_IDENTITY} sessions", who(ids)),
         Some(m) => format!(

@@ -18,20 +18,8 @@ async fn starts_run(fx: &Fixtures, t: &mut Table, pool: usize) {
     let home = Home::new(&fx.real()[..1]);
     let (child, pid, url, tokens) =
         serve_team(&home, IDS, ROOMY_MAX_SESSIONS, &pool.to_string()).await;
-    let clients = futures::future::join_all(tokens.iter().map(|(_, t)| http_client(&url, Some(t))))
-        .await
-        .into_iter()
-        .map(|c| c.unwrap_or_else(|e| fail(&format!("{e}\n{}", home.log()))))
-        .collect::<Vec<_>>();
-    let workers: Vec<Worker> = clients
-        .iter()
-        .flat_map(|c| {
-            (0..SESSIONS_PER_IDENTITY).map(move |s| Worker {
-                client: c,
-                session: format!("s{s}"),
-            })
-        })
-        .collect();
+    let clients = team_clients(&home, &url, &tokens).await;
+    let workers = team_workers(&clients);
     // The bridge up and warmed (engine, image, its pool), as before a team's first calls.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let t0 = Instant::now();
