@@ -171,14 +171,29 @@ pub async fn copy_in(docker: &Docker, id: &str, config: &Config) -> Vec<String> 
     report.notices
 }
 
-/// Run [`extract_script`] in container `id` as `user` with `tar` on its stdin, and wait for it: an
-/// error says what the engine or the process answered.
+/// Why the unpacking in the sandbox did not finish.
+#[derive(Debug, thiserror::Error)]
+enum UnpackError {
+    #[error("the engine refused to run the unpacking: {0}")]
+    Create(bollard::errors::Error),
+    #[error("the engine did not start the unpacking: {0}")]
+    Start(bollard::errors::Error),
+    #[error("the engine started the unpacking detached")]
+    Detached,
+    #[error("the engine did not say how the unpacking ended: {0}")]
+    Inspect(bollard::errors::Error),
+    /// Its exit status (none if the engine had none) and the last line it wrote, made visible.
+    #[error("unpacking in the sandbox exited with {}{}", .code.map_or("no status".to_string(), |c| c.to_string()), if .said.is_empty() { String::new() } else { format!(": {}", .said) })]
+    Exited { code: Option<i64>, said: String },
+}
+
+/// Run [`extract_script`] in container `id` as `user` with `tar` on its stdin, and wait for it.
 async fn unpack(
     docker: &Docker,
     id: &str,
     user: &str,
     mut tar: tokio::io::DuplexStream,
-) -> Result<(), String> {
+) -> Result<(), UnpackError> {
     let exec = docker
         .create_exec(
             id,
@@ -200,13 +215,13 @@ async fn unpack(
             },
         )
         .await
-        .map_err(|e| format!("the engine refused to run the unpacking: {e}"))?;
+        .map_err(UnpackError::Create)?;
     let StartExecResults::Attached { mut output, mut input } = docker
         .start_exec(&exec.id, None)
         .await
-        .map_err(|e| format!("the engine did not start the unpacking: {e}"))?
+        .map_err(UnpackError::Start)?
     else {
-        return Err("the engine started the unpacking detached".into());
+        return Err(UnpackError::Detached);
     };
     // The tar in, then the end of input; the process may end first (at the archive's end
     // marker), and a write refused then is no failure: its exit status says.
@@ -232,22 +247,17 @@ async fn unpack(
     let code = docker
         .inspect_exec(&exec.id)
         .await
-        .map_err(|e| format!("the engine did not say how the unpacking ended: {e}"))?
+        .map_err(UnpackError::Inspect)?
         .exit_code;
     match code {
         Some(0) => Ok(()),
         code => {
             let said = String::from_utf8_lossy(&said);
-            let last = said.trim().lines().last().unwrap_or("").to_string();
-            Err(format!(
-                "unpacking in the sandbox exited with {}{}",
-                code.map_or("no status".to_string(), |c| c.to_string()),
-                if last.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", crate::text::visible(&last))
-                }
-            ))
+            let last = said.trim().lines().last().unwrap_or("");
+            Err(UnpackError::Exited {
+                code,
+                said: crate::text::visible(last).into_owned(),
+            })
         }
     }
 }
