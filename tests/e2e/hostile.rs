@@ -193,7 +193,11 @@ for i in range(20000):\n    os.write(fd, (json.dumps({{'type': 'log', 'level': '
 print('stderr', 'closed' if err is None else 'open')"
     );
     let r = Outcome(b.call(json!({"code": code, "timeout": 60})).await);
-    let want = if own_ids { "stderr closed\n" } else { "stderr open\n" };
+    let want = if own_ids {
+        "stderr closed\n"
+    } else {
+        "stderr open\n"
+    };
     assert_eq!(r.stdout(), want, "{}", r.text());
     tokio::time::sleep(Duration::from_millis(500)).await;
     let log = b.home.log();

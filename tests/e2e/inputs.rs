@@ -99,7 +99,12 @@ async fn declared_inputs_are_copied_in_and_nothing_else_of_the_host() {
         .py("import os\nst = os.stat('/data/ref/rates.json')\n(st.st_uid == os.getuid(), st.st_gid == os.getgid(), oct(st.st_mode & 0o777))")
         .await
         .ok();
-    assert_eq!(owner.sc()["value"], "(True, True, '0o644')", "{}", owner.text());
+    assert_eq!(
+        owner.sc()["value"],
+        "(True, True, '0o644')",
+        "{}",
+        owner.text()
+    );
 
     // The secret the link pointed to is nowhere in the sandbox.
     let grep = b

@@ -216,7 +216,10 @@ async fn unpack(
         )
         .await
         .map_err(UnpackError::Create)?;
-    let StartExecResults::Attached { mut output, mut input } = docker
+    let StartExecResults::Attached {
+        mut output,
+        mut input,
+    } = docker
         .start_exec(&exec.id, None)
         .await
         .map_err(UnpackError::Start)?

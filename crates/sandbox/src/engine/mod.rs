@@ -91,7 +91,6 @@ impl KeepAlive {
     }
 }
 
-
 /// One place an engine may listen, with the reason we look there.
 #[derive(Debug, Clone)]
 pub struct Candidate {
@@ -612,7 +611,6 @@ impl Engine {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {
