@@ -252,7 +252,6 @@ fn concurrent_writers_in_two_bridges_interleave_whole_lines() {
 
 #[test]
 fn a_full_queue_counts_drops_and_the_next_record_says_so() {
-    use std::os::fd::AsRawFd;
     let t = tempfile::tempdir().unwrap();
     let max = 64u64 << 20;
     let c = config(t.path(), max, 1, CodeKept::Sha256);
@@ -263,7 +262,7 @@ fn a_full_queue_counts_drops_and_the_next_record_says_so() {
     let f = std::fs::File::create(&path).unwrap();
     f.set_len(max - 10).unwrap();
     let lock = std::fs::File::create(c.state_dir.join("audit.jsonl.lock")).unwrap();
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    lock.lock().unwrap();
     let audit = Audit::open(&c);
     exec(&audit, "first", "0");
     let shared = audit.inner.as_ref().unwrap().shared.clone();

@@ -113,6 +113,9 @@ impl OwnService {
         {
             // Not reaped yet, so its pid still names the group and cannot have been reused.
             if let Some(pid) = self.guard.id() {
+                // SAFETY: kill only sends a signal and touches no memory of ours. The guard was
+                // spawned with `process_group(0)` and is not reaped (`id()` is `Some`), so `-pid`
+                // is its group.
                 unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
             }
             let _ = self.guard.wait().await;
@@ -147,6 +150,7 @@ pub(super) fn bridge_gone(bridge: u32, service_start: u64) -> bool {
 fn stale_services(state_dir: &Path) -> Vec<(u32, u32)> {
     use std::os::unix::fs::MetadataExt;
     let me = std::process::id();
+    // SAFETY: geteuid takes no arguments, cannot fail and touches no memory of ours.
     let uid = unsafe { libc::geteuid() };
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -195,6 +199,8 @@ pub(super) async fn reap_stale_services(state_dir: &Path) -> usize {
             bridge,
             "stopping a podman service left by a bridge that is gone"
         );
+        // SAFETY: kill only sends a signal and touches no memory of ours. `pid` is a positive pid
+        // read from a `/proc` entry name (never 0 or negative, so never a group or "all").
         unsafe { libc::kill(*pid as i32, libc::SIGTERM) };
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
@@ -209,6 +215,9 @@ pub(super) async fn reap_stale_services(state_dir: &Path) -> usize {
         }
         if tokio::time::Instant::now() > deadline {
             for p in left {
+                // SAFETY: kill only sends a signal and touches no memory of ours. `p` is a
+                // positive pid read from a `/proc` entry name (never 0 or negative, so never a
+                // group or "all").
                 unsafe { libc::kill(p as i32, libc::SIGKILL) };
             }
             break;
@@ -268,7 +277,6 @@ impl Lingering {
     /// Make `engine/` (mode 0700, this user's, not a link) and take its lock, waiting at most
     /// `wait` for another bridge that is starting the service; released when the file is closed.
     pub(super) async fn lock(&self, wait: Duration) -> std::io::Result<std::fs::File> {
-        use std::os::fd::AsRawFd;
         use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
         match std::fs::DirBuilder::new().mode(0o700).create(&self.dir) {
             Ok(()) => {}
@@ -276,6 +284,7 @@ impl Lingering {
             Err(e) => return Err(e),
         }
         let meta = std::fs::symlink_metadata(&self.dir)?;
+        // SAFETY: geteuid takes no arguments, cannot fail and touches no memory of ours.
         if !meta.is_dir() || meta.uid() != unsafe { libc::geteuid() } {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
@@ -288,14 +297,8 @@ impl Lingering {
         let file = crate::statefile::open_lock(&self.dir.join("podman.lock"))?;
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            if mcp_code_bridge_core::flock::try_lock_exclusive(&file)? {
                 return Ok(file);
-            }
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK)
-                && e.kind() != std::io::ErrorKind::Interrupted
-            {
-                return Err(e);
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(std::io::Error::new(
