@@ -10,7 +10,10 @@
 //!   tests);
 //! - no source file longer than [`MAX_LINES`] lines before its tests;
 //! - every file path ARCHITECTURE.md names exists;
-//! - no `Result<_, String>` in a `pub` signature: errors that cross a module are types;
+//! - no `Result<_, String>` in a `pub` signature, and no error type that is a `String` in a
+//!   wrapper (`struct X(pub String)` deriving or implementing `Error`): errors that cross a
+//!   module are types whose variants say the cause;
+//! - every advisory file lock through `core::flock` (std's `File::lock`), none by `libc::flock`;
 //! - no crate both a dependency and a dev-dependency in any `Cargo.toml` of the workspace: a
 //!   feature only the tests turn on builds that crate, and the ones above it, twice
 //!   (`cargo build`, then `cargo test`).
@@ -18,7 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-/// Longest a source file may be before its `#[cfg(test)]`.
+/// Longest a source file may be before its test module.
 const MAX_LINES: usize = 700;
 
 /// The workspace crates (`crates/<dir>`) each crate may depend on: the layering ARCHITECTURE.md
@@ -73,12 +76,29 @@ fn sources() -> Vec<(String, String)> {
     out
 }
 
-/// The text before the file's tests.
+/// The text before the file's test module: the first `#[cfg(test)]` whose item is a `mod`
+/// (its other attributes and blank lines between). A test-only helper or import elsewhere in
+/// the file is counted with the code, so it cannot hide what follows it.
 fn before_tests(text: &str) -> &str {
-    match text.find("#[cfg(test)]") {
-        Some(i) => &text[..i],
-        None => text,
+    let mut from = 0;
+    while let Some(i) = text[from..].find("#[cfg(test)]") {
+        let at = from + i;
+        let item = text[at + "#[cfg(test)]".len()..]
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty() && !l.starts_with("#["));
+        if item.is_some_and(|l| {
+            let l = l
+                .strip_prefix("pub(crate) ")
+                .or(l.strip_prefix("pub "))
+                .unwrap_or(l);
+            l.starts_with("mod ")
+        }) {
+            return &text[..at];
+        }
+        from = at + 1;
     }
+    text
 }
 
 /// The module path of a file, its source root first (each crate is a tree of its own):
@@ -360,6 +380,55 @@ fn string_errors(files: &[(String, String)]) -> Vec<String> {
     out
 }
 
+/// Error types that are a `String` in a wrapper: a tuple struct whose one field is a `String`
+/// and that derives `Error` (in the attributes above it) or implements it anywhere in the file.
+fn string_newtype_errors(files: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (f, text) in files {
+        let code = before_tests(text);
+        let lines: Vec<&str> = code.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let Some((_, rest)) = line.split_once("struct ") else {
+                continue;
+            };
+            let Some((name, field)) = rest.split_once('(') else {
+                continue;
+            };
+            let field = field.trim_end().trim_end_matches(';').trim_end_matches(')');
+            let field = field
+                .trim()
+                .trim_start_matches("pub(crate) ")
+                .trim_start_matches("pub ");
+            if field.trim() != "String" || !name.chars().all(|c| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            let derives = lines[..i]
+                .iter()
+                .rev()
+                .take_while(|l| {
+                    l.trim_start().starts_with("#[") || l.trim_start().starts_with("///")
+                })
+                .any(|l| l.contains("derive(") && l.contains("Error"));
+            let implements = [format!("Error for {name} "), format!("Error for {name}{{")]
+                .iter()
+                .any(|p| code.contains(p.as_str()));
+            if derives || implements {
+                out.push(format!("{f}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    out
+}
+
+/// Files that take an advisory lock other than through `core::flock`.
+fn raw_flocks(files: &[(String, String)]) -> Vec<String> {
+    files
+        .iter()
+        .filter(|(f, text)| f != "crates/core/src/flock.rs" && text.contains("libc::flock"))
+        .map(|(f, _)| format!("{f}: calls libc::flock (use mcp_code_bridge_core::flock)"))
+        .collect()
+}
+
 /// The file paths ARCHITECTURE.md names in backticks that exist nowhere in the tree. A name
 /// is looked for as written, under each directory its section's heading names (`attach.rs`
 /// under "### `src/sandbox/`"), then under the tree's usual roots. Placeholders (`<state_dir>/…`)
@@ -619,6 +688,22 @@ fn no_pub_signature_returns_a_string_error() {
 }
 
 #[test]
+fn no_error_type_is_a_string_in_a_wrapper() {
+    report(
+        "rule: an error type says its causes as variants with their data, not as a String in a wrapper",
+        &string_newtype_errors(&sources()),
+    );
+}
+
+#[test]
+fn every_file_lock_goes_through_core_flock() {
+    report(
+        "rule: one way to lock a shared file (core::flock, std's File::lock, EINTR retried)",
+        &raw_flocks(&sources()),
+    );
+}
+
+#[test]
 fn no_crate_is_both_a_dependency_and_a_dev_dependency() {
     let found: Vec<String> = manifests()
         .iter()
@@ -727,15 +812,52 @@ fn each_guard_fails_on_a_planted_violation() {
     );
     let short = vec![(
         "src/ok.rs".to_string(),
-        "fn x() {}\n".repeat(700) + "#[cfg(test)]\n" + &"fn t() {}\n".repeat(900),
+        "fn x() {}\n".repeat(700)
+            + "#[cfg(test)]\n#[allow(unused)]\n\nmod tests {\n"
+            + &"fn t() {}\n".repeat(900)
+            + "}\n",
     )];
     assert!(long_files(&short).is_empty());
+    // A test-only helper early in the file hides nothing after it.
+    let hiding = vec![(
+        "src/hides.rs".to_string(),
+        "#[cfg(test)]\nfn helper() {}\n".to_string()
+            + &"fn x() {}\n".repeat(700)
+            + "#[cfg(test)]\nmod tests {}\n",
+    )];
+    assert_eq!(
+        long_files(&hiding),
+        ["src/hides.rs: 702 lines before its tests"]
+    );
     let sigs = vec![(
         "src/a.rs".to_string(),
         "pub async fn rename(\n    docker: &Docker,\n    id: &str,\n) -> Result<(), String> {\n}\nfn private() -> Result<(), String> {}\npub fn typed() -> Result<(), Error> {}\n".to_string(),
     )];
     let found = string_errors(&sigs);
     assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        string_newtype_errors(&[(
+            "src/e.rs".to_string(),
+            "/// Why.\n#[derive(Debug, thiserror::Error)]\n#[error(\"{0}\")]\npub struct Refused(pub String);\npub struct Name(String);\nstruct ByHand(String);\nimpl std::error::Error for ByHand {}\npub struct Typed(pub Kind);\n".to_string(),
+        )]),
+        [
+            "src/e.rs:4: pub struct Refused(pub String);",
+            "src/e.rs:6: struct ByHand(String);"
+        ]
+    );
+    assert_eq!(
+        raw_flocks(&[
+            (
+                "crates/core/src/flock.rs".to_string(),
+                "libc::flock(fd, 2)".to_string()
+            ),
+            (
+                "crates/sandbox/src/park.rs".to_string(),
+                "unsafe { libc::flock(fd, 6) }".to_string()
+            ),
+        ]),
+        ["crates/sandbox/src/park.rs: calls libc::flock (use mcp_code_bridge_core::flock)"]
+    );
     assert!(
         found[0].starts_with("src/a.rs:1: pub async fn rename("),
         "{found:?}"

@@ -372,6 +372,8 @@ pub(crate) async fn serve_team(
 /// SIGTERM to `serve` (it lets calls in flight finish, closes the MCP sessions and removes its
 /// containers), and a warning for any container left.
 pub(crate) async fn stop_serve(mut child: Child, pid: u32) {
+    // SAFETY: kill only sends a signal and touches no memory of ours. `pid` is `child`'s (from
+    // `spawn_serve`), not yet reaped, so it still names that process.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     if tokio::time::timeout(Duration::from_secs(60), child.wait())
         .await

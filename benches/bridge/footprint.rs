@@ -292,6 +292,7 @@ pub(crate) fn host_busy_ms() -> (f64, usize) {
         .collect();
     let total: f64 = f.iter().take(8).sum();
     let idle = f.get(3).copied().unwrap_or(0.0) + f.get(4).copied().unwrap_or(0.0);
+    // SAFETY: sysconf takes a name constant, cannot fail unsafely and touches no memory of ours.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     ((total - idle) * 1e3 / hz, cpus.max(1))
 }

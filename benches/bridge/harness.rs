@@ -258,6 +258,7 @@ pub(crate) fn proc_cpu_ms(pid: u32) -> f64 {
             .unwrap_or(f64::NAN)
     };
     // utime and stime are fields 14 and 15 of stat; `rest` starts at field 3.
+    // SAFETY: sysconf takes a name constant, cannot fail unsafely and touches no memory of ours.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (ticks(11) + ticks(12)) * 1e3 / hz
 }
@@ -355,6 +356,8 @@ impl Live {
             && std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|c| c.split('\0').nth(1) == Some("serve"))
         {
+            // SAFETY: kill only sends a signal and touches no memory of ours. `pid` is `child`'s,
+            // not reaped (`try_wait` saw it running), and its cmdline was just checked as `serve`.
             unsafe { libc::kill(pid as i32, libc::SIGTERM) };
         }
         if tokio::time::timeout(Duration::from_secs(60), child.wait())

@@ -233,6 +233,8 @@ pub(crate) async fn http_bounds(t: &mut Table) {
     );
 
     // SIGTERM: serve removes the task's container before it exits.
+    // SAFETY: kill only sends a signal and touches no memory of ours. `pid` is `child`'s (from
+    // `spawn_serve`), not yet reaped, so it still names that process.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     let _ = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
 }

@@ -184,8 +184,12 @@ pub(crate) async fn stop_lingering_service(home: &Home) {
     let Ok(pid) = std::fs::read_to_string(state.join("podman.pid")) else {
         return;
     };
-    if let Ok(pid) = pid.trim().parse::<i32>() {
-        // The guard leads the service's process group.
+    // Not 0 (the bench's own group) nor what cannot be negated.
+    if let Ok(pid) = pid.trim().parse::<i32>()
+        && pid > 0
+    {
+        // SAFETY: kill only sends a signal and touches no memory of ours, whatever `pid` is.
+        // The guard leads the service's process group (a stale pid file would name another).
         unsafe { libc::kill(-pid, libc::SIGTERM) };
     }
 }

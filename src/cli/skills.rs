@@ -144,7 +144,7 @@ pub(super) fn show(store: &Store, name: &str) -> ExitCode {
             if let Err(reason) = crate::skills::check::check(&s.name, &s.source) {
                 eprintln!(
                     "warning: sessions do not define this skill: {}",
-                    visible(&reason)
+                    visible(&reason.to_string())
                 );
             }
             ExitCode::SUCCESS

@@ -50,33 +50,20 @@ fn default_port(scheme: &str) -> u16 {
 
 /// Why a request was refused before authentication (its Host or Origin): the 403's message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct GuardRefusal(pub String);
-
-impl From<String> for GuardRefusal {
-    fn from(s: String) -> Self {
-        GuardRefusal(s)
-    }
-}
-
-impl std::ops::Deref for GuardRefusal {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<GuardRefusal> for String {
-    fn from(e: GuardRefusal) -> String {
-        e.0
-    }
-}
-
-impl From<&str> for GuardRefusal {
-    fn from(s: &str) -> Self {
-        GuardRefusal(s.to_string())
-    }
+pub enum GuardRefusal {
+    /// The request names no host, neither in `Host` nor in its URI.
+    #[error("the request has no Host")]
+    NoHost,
+    /// The host (lower case) is not in the allow list.
+    #[error(
+        "Host {0:?} is not one this server answers to (DNS-rebinding protection); add it to http.allowed_hosts (MCP_BRIDGE_HTTP_ALLOWED_HOSTS)"
+    )]
+    Host(String),
+    /// The `Origin` (trimmed, lower case) is not in the allow list.
+    #[error(
+        "Origin {0:?} is not allowed (DNS-rebinding protection); add it to http.allowed_origins (MCP_BRIDGE_HTTP_ALLOWED_ORIGINS) if this page should reach the bridge"
+    )]
+    Origin(String),
 }
 
 impl OriginRule {
@@ -153,7 +140,7 @@ impl Hosts {
             .or_else(|| request.uri().authority().map(|a| a.to_string()));
         if !self.any_host {
             let Some(host) = host else {
-                return Err(GuardRefusal("the request has no Host".into()));
+                return Err(GuardRefusal::NoHost);
             };
             let host = host.to_ascii_lowercase();
             let name = match host.rsplit_once(':') {
@@ -167,17 +154,13 @@ impl Hosts {
                 _ => host.as_str(),
             };
             if !self.hosts.iter().any(|h| h == &host || h == name) {
-                return Err(GuardRefusal(format!(
-                    "Host {host:?} is not one this server answers to (DNS-rebinding protection); add it to http.allowed_hosts (MCP_BRIDGE_HTTP_ALLOWED_HOSTS)"
-                )));
+                return Err(GuardRefusal::Host(host));
             }
         }
         if let Some(origin) = request.headers().get(header::ORIGIN) {
             let o = origin.to_str().unwrap_or("").trim().to_ascii_lowercase();
             if !self.origin_allowed(&o) {
-                return Err(GuardRefusal(format!(
-                    "Origin {o:?} is not allowed (DNS-rebinding protection); add it to http.allowed_origins (MCP_BRIDGE_HTTP_ALLOWED_ORIGINS) if this page should reach the bridge"
-                )));
+                return Err(GuardRefusal::Origin(o));
             }
         }
         Ok(())
@@ -506,6 +489,7 @@ mod tests {
         assert!(
             h.check(&req(Some("evil.example:8931"), None))
                 .unwrap_err()
+                .to_string()
                 .contains("http.allowed_hosts")
         );
         assert!(h.check(&req(None, None)).is_err());
@@ -536,6 +520,7 @@ mod tests {
         assert!(
             h.check(&req(Some("localhost"), Some("https://evil.example")))
                 .unwrap_err()
+                .to_string()
                 .contains("http.allowed_origins")
         );
         assert!(h.check(&req(Some("localhost"), Some("null"))).is_err());

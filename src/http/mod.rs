@@ -290,7 +290,7 @@ async fn check_host_and_origin(
 ) -> Response {
     if let Err(why) = shared.hosts.check(&request) {
         tracing::info!("refused a request: {why}");
-        return problem(StatusCode::FORBIDDEN, "forbidden", why.into());
+        return problem(StatusCode::FORBIDDEN, "forbidden", why.to_string());
     }
     next.run(request).await
 }

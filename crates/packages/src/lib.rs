@@ -212,12 +212,11 @@ impl Packages {
     ) -> Result<Vec<Installed>, PackageError> {
         use crate::config::packages::MAX_REQUIREMENTS;
         if requirements.is_empty() || requirements.len() > MAX_REQUIREMENTS {
-            return Err(PackageError::BadRequirement(crate::config::InvalidValue(
-                format!(
-                    "{} requirements; an install names 1 to {MAX_REQUIREMENTS}",
-                    requirements.len()
-                ),
-            )));
+            return Err(PackageError::BadRequirement(
+                crate::config::InvalidValue::RequirementCount {
+                    count: requirements.len(),
+                },
+            ));
         }
         let reqs = requirements
             .iter()

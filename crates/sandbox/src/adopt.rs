@@ -227,7 +227,7 @@ impl Sandbox {
             tokio::task::spawn_blocking(move || park::hand_to_keeper(&state, &slot, &meta, fd))
                 .await
                 .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(String::from));
+                .and_then(|r| r.map_err(|e| e.to_string()));
         if let Err(e) = handed {
             let _ = std::fs::rename(&to, &from);
             return Err(e);

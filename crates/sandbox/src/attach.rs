@@ -11,7 +11,7 @@
 //! a Unix socket; every other container is attached through bollard as before.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -29,40 +29,48 @@ const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// A response head longer than this is not an engine's.
 const MAX_HEAD: usize = 16 << 10;
 
+/// Why the engine's attach connection could not be opened or was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The engine's socket could not be connected to.
+    #[error("connecting to {}: {source}", .socket.display())]
+    Connect {
+        socket: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The attach request could not be sent.
+    #[error("sending the attach request: {0}")]
+    Send(#[source] std::io::Error),
+    /// The engine's response could not be read.
+    #[error("reading the attach response: {0}")]
+    Read(#[source] std::io::Error),
+    /// The engine closed the connection before its response head.
+    #[error("the engine closed the connection before answering")]
+    Closed,
+    /// The response head passed [`MAX_HEAD`] bytes.
+    #[error("the engine's response head is too long")]
+    HeadTooLong,
+    /// The engine answered neither 101 nor 200; `line` is its status line.
+    #[error("the engine refused the attach: {line}")]
+    Refused { line: String },
+    /// The connection's file descriptor could not be duplicated.
+    #[error("duplicating the attach connection: {0}")]
+    Duplicate(#[source] std::io::Error),
+    /// The engine did not answer within the time given (`0`).
+    #[error("the engine did not answer the attach within {0:?}")]
+    Timeout(Duration),
+    /// bollard's attach failed (containers not attached through [`attach`]).
+    #[error("{0}")]
+    Engine(#[source] bollard::errors::Error),
+    /// An attach connection handed over by a keeper could not be taken up.
+    #[error("{0}")]
+    HandedOver(#[source] std::io::Error),
+}
+
 /// Attach to container `id`'s stdin, stdout and stderr through the engine's Unix socket
 /// `socket`. Returns the two halves the channel reads and writes, and a duplicate of the
 /// connection's file descriptor (the same connection) for [`super::park`].
-/// Why the engine's attach connection could not be opened or was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct AttachError(pub String);
-
-impl From<String> for AttachError {
-    fn from(s: String) -> Self {
-        AttachError(s)
-    }
-}
-
-impl std::ops::Deref for AttachError {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<AttachError> for String {
-    fn from(e: AttachError) -> String {
-        e.0
-    }
-}
-
-impl From<&str> for AttachError {
-    fn from(s: &str) -> Self {
-        AttachError(s.to_string())
-    }
-}
-
 pub async fn attach(
     socket: &Path,
     id: &str,
@@ -70,55 +78,49 @@ pub async fn attach(
     let run = async {
         let mut stream = tokio::net::UnixStream::connect(socket)
             .await
-            .map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
+            .map_err(|source| AttachError::Connect {
+                socket: socket.to_path_buf(),
+                source,
+            })?;
         let request = format!(
             "POST /containers/{id}/attach?stream=1&stdin=1&stdout=1&stderr=1 HTTP/1.1\r\nHost: engine\r\nConnection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: 0\r\n\r\n"
         );
         stream
             .write_all(request.as_bytes())
             .await
-            .map_err(|e| format!("sending the attach request: {e}"))?;
+            .map_err(AttachError::Send)?;
         let mut head = Vec::new();
         let mut buf = [0u8; 4096];
         let end = loop {
-            let n = stream
-                .read(&mut buf)
-                .await
-                .map_err(|e| format!("reading the attach response: {e}"))?;
+            let n = stream.read(&mut buf).await.map_err(AttachError::Read)?;
             if n == 0 {
-                return Err(AttachError(
-                    "the engine closed the connection before answering".to_string(),
-                ));
+                return Err(AttachError::Closed);
             }
             head.extend_from_slice(&buf[..n]);
             if let Some(at) = head.windows(4).position(|w| w == b"\r\n\r\n") {
                 break at + 4;
             }
             if head.len() > MAX_HEAD {
-                return Err(AttachError(
-                    "the engine's response head is too long".to_string(),
-                ));
+                return Err(AttachError::HeadTooLong);
             }
         };
         let status = String::from_utf8_lossy(&head[..end]);
         let line = status.lines().next().unwrap_or("").to_string();
         let code = line.split_whitespace().nth(1).unwrap_or("");
         if code != "101" && code != "200" {
-            return Err(AttachError(format!(
-                "the engine refused the attach: {line}"
-            )));
+            return Err(AttachError::Refused { line });
         }
         let leftover = head.split_off(end);
         let dup = stream
             .as_fd()
             .try_clone_to_owned()
-            .map_err(|e| format!("duplicating the attach connection: {e}"))?;
+            .map_err(AttachError::Duplicate)?;
         let (output, input) = wrap(stream, leftover);
         Ok((output, input, dup))
     };
     tokio::time::timeout(ATTACH_TIMEOUT, run)
         .await
-        .map_err(|_| format!("the engine did not answer the attach within {ATTACH_TIMEOUT:?}"))?
+        .map_err(|_| AttachError::Timeout(ATTACH_TIMEOUT))?
 }
 
 /// The channel's halves over an attach connection already upgraded (handed over by a keeper).

@@ -151,7 +151,10 @@ impl Sandbox {
         };
         let timeout = timeout.min(self.config.max_timeout.0);
         let restored = match taken.file() {
-            Some(file) => s.restore(file, taken.size, timeout).await.map_err(|e| e.0),
+            Some(file) => s
+                .restore(file, taken.size, timeout)
+                .await
+                .map_err(|e| e.to_string()),
             None => Err("it could not be read".to_string()),
         };
         let took = t0.elapsed();
@@ -473,7 +476,7 @@ impl ForkRpc {
         let t0 = std::time::Instant::now();
         let received = match self.session.take_forked() {
             Some(Ok(r)) => r,
-            Some(Err(why)) => return Err(format!("the snapshot was not kept: {}", why.0)),
+            Some(Err(why)) => return Err(format!("the snapshot was not kept: {why}")),
             None => return Err("no snapshot arrived before the fork call".into()),
         };
         // Under `starting`, as a start is: no session of that name starts meanwhile.

@@ -128,6 +128,8 @@ fn shared_nproc() -> i64 {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    // SAFETY: `r` is a live, initialised `libc::rlimit` owned by this frame; getrlimit only
+    // writes one such struct through the pointer and has no other precondition.
     let own = if unsafe { libc::getrlimit(libc::RLIMIT_NPROC, &mut r) } == 0 {
         i64::try_from(r.rlim_max).unwrap_or(i64::MAX)
     } else {

@@ -18,6 +18,7 @@ const SOCKET_NAME_LEN: usize = 44;
 /// is there, else `/tmp/mcp-code-bridge-<uid>`. The second element is the per-user directory
 /// the first lies in, when it is not made here (its owner and mode are checked too).
 fn keeper_place() -> (PathBuf, Option<PathBuf>) {
+    // SAFETY: getuid takes no arguments, cannot fail and touches no memory of ours.
     let uid = unsafe { libc::getuid() };
     let fits = |dir: &Path| fits_beside(dir, SOCKET_NAME_LEN);
     let runtime = std::env::var_os("XDG_RUNTIME_DIR")
@@ -79,6 +80,7 @@ pub(crate) fn keeper_dir_if_there() -> Result<PathBuf, HandOverOff> {
 /// with no access for group or others.
 fn check_private_dir(dir: &Path, what: &str) -> Result<(), HandOverOff> {
     use std::os::unix::fs::MetadataExt;
+    // SAFETY: getuid takes no arguments, cannot fail and touches no memory of ours.
     let me = unsafe { libc::getuid() };
     let m = dir.symlink_metadata().map_err(|e| HandOverOff {
         problem: format!("{what} {} cannot be read: {e}", dir.display()),

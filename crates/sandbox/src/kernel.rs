@@ -31,60 +31,51 @@ pub fn host() -> HostKernel {
     }
 }
 
-/// Whether the kernel a sandbox reported at boot is gVisor's: `Err` says why not. It must say
-/// gVisor's version both through `uname` and in `/proc/version`, and not be the host's own.
 /// Why the kernel a sandbox saw is not gVisor's (the isolation asked for is missing).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct NotGvisor(pub String);
-
-impl From<String> for NotGvisor {
-    fn from(s: String) -> Self {
-        NotGvisor(s)
-    }
+pub enum NotGvisor {
+    /// The `ready` frame named no kernel, which proves nothing.
+    #[error("its runtime reported no kernel")]
+    NoKernel,
+    /// The sandbox runs on the host's own kernel (`uname` matches the host's).
+    #[error("it is the host's kernel ({release} {version})")]
+    HostKernel { release: String, version: String },
+    /// `uname`'s version is not gVisor's.
+    #[error(
+        "uname says {release:?} {version:?}, not gVisor's version {:?}",
+        GVISOR_VERSION
+    )]
+    Uname { release: String, version: String },
+    /// `/proc/version` does not name gVisor's version.
+    #[error(
+        "/proc/version says {proc_version:?}, not gVisor's version {:?}",
+        GVISOR_VERSION
+    )]
+    ProcVersion { proc_version: String },
 }
 
-impl std::ops::Deref for NotGvisor {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<NotGvisor> for String {
-    fn from(e: NotGvisor) -> String {
-        e.0
-    }
-}
-
-impl From<&str> for NotGvisor {
-    fn from(s: &str) -> Self {
-        NotGvisor(s.to_string())
-    }
-}
-
+/// Whether the kernel a sandbox reported at boot is gVisor's: `Err` says why not. It must say
+/// gVisor's version both through `uname` and in `/proc/version`, and not be the host's own.
 pub fn gvisor(seen: Option<&KernelSeen>, host: &HostKernel) -> Result<(), NotGvisor> {
     let Some(k) = seen else {
-        return Err(NotGvisor("its runtime reported no kernel".into()));
+        return Err(NotGvisor::NoKernel);
     };
     if !host.release.is_empty() && k.release == host.release && k.version == host.version {
-        return Err(NotGvisor(format!(
-            "it is the host's kernel ({} {})",
-            k.release, k.version
-        )));
+        return Err(NotGvisor::HostKernel {
+            release: k.release.clone(),
+            version: k.version.clone(),
+        });
     }
     if k.version.trim() != GVISOR_VERSION {
-        return Err(NotGvisor(format!(
-            "uname says {:?} {:?}, not gVisor's version {GVISOR_VERSION:?}",
-            k.release, k.version
-        )));
+        return Err(NotGvisor::Uname {
+            release: k.release.clone(),
+            version: k.version.clone(),
+        });
     }
     if !k.proc_version.contains(GVISOR_VERSION) {
-        return Err(NotGvisor(format!(
-            "/proc/version says {:?}, not gVisor's version {GVISOR_VERSION:?}",
-            k.proc_version
-        )));
+        return Err(NotGvisor::ProcVersion {
+            proc_version: k.proc_version.clone(),
+        });
     }
     Ok(())
 }
@@ -134,7 +125,7 @@ mod tests {
             &h.version,
             "Linux version 6.1.0-26-amd64 (debian-kernel@lists.debian.org) ...",
         );
-        let why = gvisor(Some(&runc), &h).unwrap_err();
+        let why = gvisor(Some(&runc), &h).unwrap_err().to_string();
         assert!(why.contains("the host's kernel (6.1.0-26-amd64"), "{why}");
         // Another kernel (a VM runtime, a wrong registration) is not gVisor's either.
         let kata = seen(
@@ -142,15 +133,15 @@ mod tests {
             "#1 SMP Tue Oct 1 2024",
             "Linux version 5.15.0 ...",
         );
-        let why = gvisor(Some(&kata), &h).unwrap_err();
+        let why = gvisor(Some(&kata), &h).unwrap_err().to_string();
         assert!(why.contains("not gVisor's version"), "{why}");
         // Both sources must agree: uname alone is not enough.
         let half = seen("4.4.0", GVISOR_VERSION, "Linux version 6.1.0-26-amd64 ...");
-        let why = gvisor(Some(&half), &h).unwrap_err();
+        let why = gvisor(Some(&half), &h).unwrap_err().to_string();
         assert!(why.starts_with("/proc/version says"), "{why}");
         // A `ready` without the kernel proves nothing.
         assert_eq!(
-            &*gvisor(None, &h).unwrap_err(),
+            gvisor(None, &h).unwrap_err().to_string(),
             "its runtime reported no kernel"
         );
     }

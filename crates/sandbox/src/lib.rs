@@ -21,6 +21,7 @@ mod compiled;
 pub mod container;
 pub mod engine;
 mod error;
+mod fdpass;
 pub mod files;
 pub mod image;
 mod images;

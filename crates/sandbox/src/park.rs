@@ -44,6 +44,7 @@ use sha2::{Digest, Sha256};
 use super::container::{self, Role};
 pub use crate::clock::now_secs;
 use crate::config::{Config, Isolation};
+use crate::fdpass::{peer_uid, recv_fd, send_fd};
 pub use crate::keeperdir::{HandOverOff, keeper_dir};
 use crate::keeperdir::{keeper_base, keeper_dir_if_there, state_digest};
 
@@ -232,41 +233,56 @@ fn canonical(v: &serde_json::Value, h: &mut Sha256) {
     }
 }
 
+/// Why a sandbox could not be handed to a keeper (one is parked already, the keeper did not
+/// start or answer).
+#[derive(Debug, thiserror::Error)]
+pub enum ParkError {
+    /// A directory of the state dir (`dir`) could not be made.
+    #[error("making {}: {source}", .dir.display())]
+    MakeDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The keeper directory is not fit for use: hand-over is off.
+    #[error("{0}")]
+    KeeperDir(HandOverOff),
+    /// The slot's parking lock could not be opened.
+    #[error("opening the parking lock: {0}")]
+    OpenLock(#[source] std::io::Error),
+    /// Another keeper holds the slot's lock.
+    #[error("a sandbox is parked in this slot of the state dir already")]
+    AlreadyParked,
+    /// The slot's parking lock could not be taken (not for being held).
+    #[error("locking the parking lock: {0}")]
+    Lock(#[source] std::io::Error),
+    /// The keeper's socket (`path`) could not be listened on.
+    #[error("listening on {}: {source}", .path.display())]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// This program's own path could not be found.
+    #[error("finding this program: {0}")]
+    FindProgram(#[source] std::io::Error),
+    /// The descriptors the keeper gets could not be duplicated.
+    #[error("preparing the keeper's descriptors: {0}")]
+    Descriptors(#[source] std::io::Error),
+    /// The keeper process could not be started.
+    #[error("starting the keeper: {0}")]
+    Start(#[source] std::io::Error),
+    /// What the keeper is given could not be written as JSON.
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
+    /// What the keeper keeps could not be written to its stdin.
+    #[error("telling the keeper what it keeps: {0}")]
+    Tell(#[source] std::io::Error),
+}
+
 /// Start a keeper for the sandbox `meta` describes, holding `attach` (its attach connection).
 /// Fails when a sandbox is parked in `state_dir` already (its keeper holds the lock) or the
 /// keeper cannot be started; the caller then removes the sandbox.
-/// Why a sandbox could not be handed to a keeper (one is parked already, the keeper did not
-/// start or answer).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ParkError(pub String);
-
-impl From<String> for ParkError {
-    fn from(s: String) -> Self {
-        ParkError(s)
-    }
-}
-
-impl std::ops::Deref for ParkError {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<ParkError> for String {
-    fn from(e: ParkError) -> String {
-        e.0
-    }
-}
-
-impl From<&str> for ParkError {
-    fn from(s: &str) -> Self {
-        ParkError(s.to_string())
-    }
-}
-
 pub fn hand_to_keeper(
     state_dir: &Path,
     slot: &Slot,
@@ -277,43 +293,50 @@ pub fn hand_to_keeper(
     let (path, lock_path) = slot.paths(state_dir);
     let slot_dir = lock_path.parent().unwrap_or(state_dir).to_path_buf();
     for dir in [state_dir.join("engine"), slot_dir] {
-        std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|source| ParkError::MakeDir {
+            dir: dir.clone(),
+            source,
+        })?;
         let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
     }
     if let Err(e) = keeper_dir() {
         tracing::warn!("{e}");
-        return Err(ParkError(e.to_string()));
+        return Err(ParkError::KeeperDir(e));
     }
-    let lock = {
-        crate::statefile::open_lock(&lock_path)
-            .map_err(|e| format!("opening the parking lock: {e}"))?
-    };
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(ParkError(
-            "a sandbox is parked in this slot of the state dir already".into(),
-        ));
+    let lock = { crate::statefile::open_lock(&lock_path).map_err(ParkError::OpenLock)? };
+    match mcp_code_bridge_core::flock::try_lock_exclusive(&lock) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(ParkError::AlreadyParked);
+        }
+        Err(e) => return Err(ParkError::Lock(e)),
     }
     // What is there is a socket a keeper of this slot left (killed); this user's directory
     // holds nothing of anyone else's.
     let _ = std::fs::remove_file(&path);
-    let listener =
-        UnixListener::bind(&path).map_err(|e| format!("listening on {}: {e}", path.display()))?;
+    let listener = UnixListener::bind(&path).map_err(|source| ParkError::Listen {
+        path: path.clone(),
+        source,
+    })?;
     let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
     tracing::debug!(socket = %path.display(), "the keeper listens");
-    let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
+    let exe = std::env::current_exe().map_err(ParkError::FindProgram)?;
     // Above the three the child gets, so that moving them into place overwrites none.
     let high: Vec<OwnedFd> = [attach.as_raw_fd(), listener.as_raw_fd(), lock.as_raw_fd()]
         .iter()
         .map(|&fd| {
+            // SAFETY: `fd` is borrowed from `attach`, `listener` or `lock`, all open and alive for
+            // this call; F_DUPFD_CLOEXEC takes an int and touches no memory of ours.
             let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 64) };
             if d < 0 {
                 Err(std::io::Error::last_os_error())
             } else {
+                // SAFETY: `d` (>= 0) is a new descriptor fcntl just made; nothing else owns it.
                 Ok(unsafe { OwnedFd::from_raw_fd(d) })
             }
         })
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("preparing the keeper's descriptors: {e}"))?;
+        .map_err(ParkError::Descriptors)?;
     let raw: Vec<RawFd> = high.iter().map(|f| f.as_raw_fd()).collect();
     let mut cmd = std::process::Command::new(exe);
     cmd.arg(KEEPER_COMMAND)
@@ -325,9 +348,11 @@ pub fn hand_to_keeper(
     if let Some(path) = std::env::var_os("PATH") {
         cmd.env("PATH", path);
     }
-    // Only async-signal-safe calls between fork and exec: a session of its own (the bridge's
+    // SAFETY: only async-signal-safe calls between fork and exec, and no allocation (`raw` is
+    // moved in and only read; `last_os_error` reads errno): a session of its own (the bridge's
     // process group and terminal are not its), and the descriptors where it expects them
-    // (dup2 clears close-on-exec on the copy).
+    // (dup2 clears close-on-exec on the copy). The descriptors in `raw` are `high`'s, open until
+    // after `spawn` returns; all are >= 64, so no dup2 overwrites a source still to be copied.
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(move || {
@@ -342,16 +367,14 @@ pub fn hand_to_keeper(
             Ok(())
         });
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("starting the keeper: {e}"))?;
+    let mut child = cmd.spawn().map_err(ParkError::Start)?;
     let listing = slot.session().map(|key| listing_of(state_dir, key));
-    let json = serde_json::to_vec(meta).map_err(|e| e.to_string())?;
+    let json = serde_json::to_vec(meta).map_err(ParkError::Encode)?;
     let given = serde_json::to_vec(&KeeperInput {
         meta: meta.clone(),
         listing: listing.clone(),
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(ParkError::Encode)?;
     let sent = child
         .stdin
         .take()
@@ -361,7 +384,7 @@ pub fn hand_to_keeper(
         let _ = child.kill();
         let _ = child.wait();
         let _ = std::fs::remove_file(&path);
-        return Err(ParkError(format!("telling the keeper what it keeps: {e}")));
+        return Err(ParkError::Tell(e));
     }
     // Not waited for: it outlives this bridge (its parent becomes init when this one exits).
     drop(child);
@@ -393,13 +416,14 @@ pub fn claim(state_dir: &Path, slot: &Slot) -> Option<(Meta, OwnedFd)> {
             return None;
         }
     };
+    // SAFETY: getuid takes no arguments, cannot fail and touches no memory of ours.
     let me = unsafe { libc::getuid() };
     if let Some(uid) = peer_uid(&stream).filter(|&u| u != me) {
         tracing::warn!(socket = %path.display(), "the keeper's socket is held by uid {uid}, not by this user (uid {me}): refused, the sandbox is not taken");
         return None;
     }
     let _ = stream.set_read_timeout(Some(CLAIM_TIMEOUT));
-    let (mut data, fd) = match recv_fd(&stream) {
+    let (mut data, fd) = match recv_fd(&stream, MAX_META) {
         Ok(x) => x,
         Err(e) => {
             tracing::info!("could not take the parked sandbox: {e}");
@@ -435,6 +459,8 @@ struct KeeperInput {
 /// on stdin. Hands the connection to the first bridge of the same user that asks, or at
 /// `expires` closes it and removes the container. Never runs anything else.
 pub fn keeper_main() -> std::process::ExitCode {
+    // SAFETY: setting a disposition to SIG_IGN installs no handler, so no code of ours runs in
+    // signal context; the previous disposition returned is not used.
     unsafe {
         libc::signal(libc::SIGHUP, libc::SIG_IGN);
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
@@ -461,6 +487,7 @@ pub fn keeper_main() -> std::process::ExitCode {
         )
     };
     let ours = socket_identity(&listener);
+    // SAFETY: getuid takes no arguments, cannot fail and touches no memory of ours.
     let me = unsafe { libc::getuid() };
     loop {
         let left = meta.expires.saturating_sub(now_secs());
@@ -473,6 +500,8 @@ pub fn keeper_main() -> std::process::ExitCode {
             revents: 0,
         };
         let ms = (left.min(60) * 1000) as libc::c_int;
+        // SAFETY: `pfd` is one live, initialised `pollfd` (nfds 1) on `listener`'s descriptor,
+        // which stays open for the call; poll only writes its `revents`.
         let n = unsafe { libc::poll(&mut pfd, 1, ms) };
         if n <= 0 {
             continue;
@@ -575,118 +604,10 @@ fn unlink_if_ours(
     }
 }
 
-fn peer_uid(conn: &UnixStream) -> Option<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    let r = unsafe {
-        libc::getsockopt(
-            conn.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (r == 0).then_some(cred.uid)
-}
-
-/// Room for the control message of one descriptor.
-const CONTROL: usize = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-
-/// A message of one buffer, `iov`, and the control buffer `control` ([`CONTROL`] bytes).
-fn message(iov: &mut libc::iovec, control: &mut [u8]) -> libc::msghdr {
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = control.len() as _;
-    msg
-}
-
-/// Send `data` with descriptor `fd` attached (`SCM_RIGHTS`), in one message.
-fn send_fd(conn: &UnixStream, data: &[u8], fd: RawFd) -> std::io::Result<()> {
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    let mut control = vec![0u8; CONTROL];
-    let msg = message(&mut iov, &mut control);
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
-    }
-    let n = unsafe { libc::sendmsg(conn.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if (n as usize) < data.len() {
-        (&*conn).write_all(&data[n as usize..])?;
-    }
-    Ok(())
-}
-
-/// Receive one message and the descriptor attached to it, if any (close-on-exec).
-fn recv_fd(conn: &UnixStream) -> std::io::Result<(Vec<u8>, Option<OwnedFd>)> {
-    let mut buf = vec![0u8; MAX_META];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut control = vec![0u8; CONTROL];
-    let msg = message(&mut iov, &mut control);
-    let mut msg = msg;
-    let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut fd = None;
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let got = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
-                // Only one is ever sent; a second would be closed with its OwnedFd.
-                if fd.is_none() {
-                    fd = Some(OwnedFd::from_raw_fd(got));
-                } else {
-                    drop(OwnedFd::from_raw_fd(got));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
-    }
-    buf.truncate(n as usize);
-    Ok((buf, fd))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::keeperdir::SUN_PATH_MAX;
-
-    #[test]
-    fn a_descriptor_and_its_message_cross_a_socket_pair() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let (mut r, w) = UnixStream::pair().unwrap();
-        send_fd(&a, b"{\"x\":1}", w.as_raw_fd()).unwrap();
-        drop(w);
-        let (data, fd) = recv_fd(&b).unwrap();
-        assert_eq!(data, b"{\"x\":1}");
-        // The received descriptor is the same socket: what is written on it reaches `r`.
-        let mut got = UnixStream::from(fd.expect("a descriptor"));
-        got.write_all(b"hi").unwrap();
-        drop(got);
-        let mut s = String::new();
-        r.read_to_string(&mut s).unwrap();
-        assert_eq!(s, "hi");
-    }
 
     #[test]
     fn the_digest_follows_every_container_setting_and_not_the_owner() {

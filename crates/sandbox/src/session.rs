@@ -24,6 +24,7 @@ mod snap;
 
 pub use snap::{Restored, SnapFailed};
 
+use super::attach::AttachError;
 use super::channel::{Channel, Queued, rpc_line};
 use super::compiled::{BootLine, Compiled};
 use super::container::{self, Role};
@@ -366,7 +367,7 @@ impl Session {
                 let attached = docker
                     .attach_container(id, Some(opts))
                     .await
-                    .map_err(|e| SandboxError::Attach(e.to_string().into()));
+                    .map_err(|e| SandboxError::Attach(AttachError::Engine(e)));
                 let attached = gate_first(&mut gate, attached).await?;
                 (attached.output, attached.input, None)
             }
@@ -432,7 +433,7 @@ impl Session {
         {
             return Err(SandboxError::NotGvisor {
                 runtime: config.gvisor_runtime.clone(),
-                why: why.into(),
+                why: why.to_string(),
             });
         }
         // The runtime (the bridge's own code) booted meanwhile; the user's code comes only after.
@@ -469,8 +470,8 @@ impl Session {
     ) -> Result<Session, SandboxError> {
         // A copy for this bridge to park it again when it exits (`sandbox::resume`).
         let again = fd.try_clone().ok();
-        let (output, input) =
-            super::attach::from_fd(fd).map_err(|e| SandboxError::Attach(e.to_string().into()))?;
+        let (output, input) = super::attach::from_fd(fd)
+            .map_err(|e| SandboxError::Attach(AttachError::HandedOver(e)))?;
         let channel = Channel::open(output, input, name, true);
         let mut s = Self::assemble(
             docker,

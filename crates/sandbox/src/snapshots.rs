@@ -57,8 +57,32 @@ const STALE_TMP: Duration = Duration::from_secs(3600);
 
 /// Why a snapshot was not received or restored, said for the model and the log.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Failed(pub String);
+pub enum Failed {
+    /// The sandbox's runtime refused (what it said, made visible).
+    #[error("{why}")]
+    Refused { why: String },
+    /// A piece the sandbox sent was not base64.
+    #[error("a piece of the snapshot was not base64")]
+    NotBase64,
+    /// The sandbox sent more than `snapshot_max_size` (`limit` bytes).
+    #[error("the sandbox sent more than snapshot_max_size ({limit} bytes)")]
+    TooLarge { limit: u64 },
+    /// The snapshot's temporary file could not be written.
+    #[error("the snapshot could not be written: {0}")]
+    Write(#[source] io::Error),
+    /// The stored snapshot could not be read.
+    #[error("the snapshot could not be read: {0}")]
+    Read(#[source] io::Error),
+    /// The sandbox's channel closed before it answered.
+    #[error("its sandbox is gone")]
+    Gone,
+    /// The sandbox did not answer a restore within `secs` seconds.
+    #[error("the sandbox did not restore it within {secs}s")]
+    Timeout { secs: u64 },
+    /// The blocking task that read the snapshot failed.
+    #[error("{0}")]
+    Task(#[source] tokio::task::JoinError),
+}
 
 /// One name the snapshot could not keep, and why (as the sandbox said).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -275,7 +299,7 @@ pub struct Receiving {
     tmp: PathBuf,
     size: u64,
     limit: u64,
-    failed: Option<String>,
+    failed: Option<Failed>,
 }
 
 impl Receiving {
@@ -309,31 +333,26 @@ impl Receiving {
         let bytes = match base64::engine::general_purpose::STANDARD.decode(data) {
             Ok(b) => b,
             Err(_) => {
-                self.failed = Some("a piece of the snapshot was not base64".into());
+                self.failed = Some(Failed::NotBase64);
                 return;
             }
         };
         self.size += bytes.len() as u64;
         if self.size > self.limit {
-            self.failed = Some(format!(
-                "the sandbox sent more than snapshot_max_size ({} bytes)",
-                self.limit
-            ));
+            self.failed = Some(Failed::TooLarge { limit: self.limit });
             return;
         }
         if let Err(e) = self.file.write_all(&bytes) {
-            self.failed = Some(format!("the snapshot could not be written: {e}"));
+            self.failed = Some(Failed::Write(e));
         }
     }
 
     /// The snapshot received whole, to be kept by [`Received::keep`].
     pub fn finish(mut self, info: Info) -> Result<Received, Failed> {
-        if let Some(why) = &self.failed {
-            return Err(Failed(why.clone()));
+        if let Some(why) = self.failed.take() {
+            return Err(why);
         }
-        self.file
-            .sync_data()
-            .map_err(|e| Failed(format!("the snapshot could not be written: {e}")))?;
+        self.file.sync_data().map_err(Failed::Write)?;
         Ok(Received {
             tmp: Some(std::mem::take(&mut self.tmp)),
             size: self.size,
@@ -604,7 +623,7 @@ mod tests {
             snapshot_store_size: Size(2600),
             ..config(t.path())
         };
-        let err = receive(t.path(), b"0123456789", 5).unwrap_err().0;
+        let err = receive(t.path(), b"0123456789", 5).unwrap_err().to_string();
         assert!(err.contains("more than snapshot_max_size"), "{err}");
         assert_eq!(
             fs::read_dir(dir(t.path())).unwrap().count(),

@@ -1,14 +1,18 @@
 //! `ServerHandler` for [`Bridge`]: each MCP request rmcp hands over, answered.
-
-#![allow(deprecated)]
+//!
+//! MCP logging is deprecated in the newest protocol revision (SEP-2577) but still what most
+//! clients show: `logging/setLevel` is answered for the legacy revisions, and the items that
+//! name it allow rmcp's deprecation one by one.
 
 use std::sync::Arc;
 
+#[allow(deprecated)]
+use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CustomRequest, CustomResult, ErrorData,
     GetPromptRequestParams, GetPromptResponse, ListResourcesResult, ListToolsResult,
     PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-    Resource, ResourceContents, ServerCapabilities, ServerConfig, SetLevelRequestParams, Tool,
+    Resource, ResourceContents, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::model::{
     CancelTaskParams, CreateTaskResult, GetTaskParams, GetTaskResult, UpdateTaskParams,
@@ -42,6 +46,7 @@ impl ServerHandler for Bridge {
         self.watch_skills(context.peer, &Identity::of_request(&context.extensions));
     }
 
+    #[allow(deprecated)] // enable_logging
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().enable_resources_list_changed().enable_logging().enable_tasks().enable_skills().build())
             .with_server_info(rmcp::model::Implementation::new("mcp-code-bridge", env!("CARGO_PKG_VERSION")))
@@ -272,6 +277,7 @@ impl ServerHandler for Bridge {
         self.listen_skills(subscription).await
     }
 
+    #[allow(deprecated)]
     async fn set_level(
         &self,
         request: SetLevelRequestParams,

@@ -2,10 +2,6 @@
 //! summary. The standing context (`tools/list`) is built from constants only, so it is the same
 //! bytes however many upstream servers exist.
 
-// MCP logging is deprecated in the newest protocol revision but still what most clients show;
-// we keep sending it to clients that ask for it with `logging/setLevel`.
-#![allow(deprecated)]
-
 // The layers below, under the names the code gives them (`crate::config::…`).
 use mcp_code_bridge_core::boxed::Boxed;
 use mcp_code_bridge_core::{audit, config, error, identity, policy, protocol, text, trace};
@@ -16,6 +12,9 @@ use mcp_code_bridge_upstream as upstream;
 
 use std::sync::Arc;
 
+// MCP logging is deprecated in the newest protocol revision (SEP-2577) but still what most
+// clients show: the level a client set with `logging/setLevel` is kept.
+#[allow(deprecated)]
 use rmcp::model::LoggingLevel;
 use rmcp::task_manager::TaskManager;
 
@@ -56,6 +55,7 @@ pub struct Bridge {
     config: Arc<Config>,
     sandbox: Arc<Sandbox>,
     upstreams: Upstreams,
+    #[allow(deprecated)]
     log_level: Arc<std::sync::Mutex<Option<LoggingLevel>>>,
     audit: Audit,
     /// The saved skills, whose RPC methods every exec's handler answers first.

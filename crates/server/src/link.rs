@@ -1,8 +1,6 @@
 //! The client of a request as the bridge reaches back to it: the approval question asked by
 //! elicitation, and the link a proxied call's server questions go through.
 
-#![allow(deprecated)]
-
 use rmcp::RoleServer;
 use rmcp::model::{ElicitRequestParams, ElicitResult};
 use serde_json::json;

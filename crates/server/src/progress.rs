@@ -7,16 +7,14 @@
 //! cap) and a marker says how much was skipped. The call's reply waits until what was buffered
 //! has been sent ([`Forwarder::finish`]), so no notification of a request follows its response.
 
-// MCP logging is deprecated in the newest protocol revision but still what most clients show;
-// we keep sending it to clients that ask for it with `logging/setLevel`.
-#![allow(deprecated)]
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rmcp::model::{
-    LoggingLevel, LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken,
-};
+// MCP logging is deprecated in the newest protocol revision (SEP-2577) but still what most
+// clients show: output goes to clients that asked for it with `logging/setLevel`.
+#[allow(deprecated)]
+use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
+use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::{Peer, RoleServer};
 use serde_json::json;
 use tokio::sync::Notify;
@@ -136,6 +134,7 @@ impl Forwarder {
     }
 }
 
+#[allow(deprecated)] // the logging notifications
 async fn forward(
     shared: Arc<Shared>,
     peer: Peer<RoleServer>,

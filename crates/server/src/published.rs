@@ -324,7 +324,7 @@ impl Bridge {
             skills::check::check(&skill.name, &skill.source).map_err(|reason| {
                 skills::SkillError::Broken {
                     name: f.clone(),
-                    reason: reason.0,
+                    reason: reason.to_string(),
                 }
             })?;
             Ok::<_, skills::SkillError>(skill)

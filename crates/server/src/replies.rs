@@ -1,8 +1,6 @@
 //! Error replies the MCP face gives to requests it does not serve: methods it does not implement,
 //! methods protocol revision 2026-07-28 removed, and the one log line every refusal leaves.
 
-#![allow(deprecated)]
-
 use rmcp::RoleServer;
 use rmcp::model::ErrorData;
 use rmcp::service::RequestContext;

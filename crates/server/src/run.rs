@@ -1,8 +1,6 @@
 //! The bridge path of one `run_python` call: load its servers, run its code in its session,
 //! audit it, render its result; and the same call in rounds when a 2026-07-28 client can be asked.
 
-#![allow(deprecated)]
-
 use mcp_code_bridge_core::boxed::Boxed;
 use std::sync::Arc;
 

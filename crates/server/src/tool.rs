@@ -1,8 +1,6 @@
 //! The one tool as `tools/list` shows it (name, description, schemas) and its arguments as a
 //! call brings them: what the model pays for on every request, and what a call may ask for.
 
-#![allow(deprecated)]
-
 use std::sync::Arc;
 
 use rmcp::model::{ErrorData, Tool};
@@ -97,62 +95,49 @@ pub const MAX_CODE_BYTES: usize = 4 << 20;
 pub const MAX_REQUEST_LINE_BYTES: usize = 64 << 20;
 
 /// Why `run_python`'s arguments were refused: what was wrong and what it takes.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct BadArguments(pub String);
-
-impl From<String> for BadArguments {
-    fn from(s: String) -> Self {
-        BadArguments(s)
-    }
-}
-
-impl std::ops::Deref for BadArguments {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<BadArguments> for String {
-    fn from(e: BadArguments) -> String {
-        e.0
-    }
-}
-
-impl From<&str> for BadArguments {
-    fn from(s: &str) -> Self {
-        BadArguments(s.to_string())
-    }
+#[derive(Debug, thiserror::Error)]
+pub enum BadArguments {
+    /// The arguments are not the object `run_python` takes (a missing `code`, a wrong type,
+    /// an unknown key).
+    #[error(
+        "invalid arguments for run_python: {0}; expected {{\"code\": string, \"servers\"?: [string], \"timeout\"?: number, \"session\"?: string, \"reset\"?: bool}}"
+    )]
+    Malformed(#[source] serde_json::Error),
+    /// `timeout` is zero or negative.
+    #[error(
+        "`timeout` is {0}; it must be a positive number of seconds (leave it out for the default; values above the maximum are capped)"
+    )]
+    Timeout(f64),
+    /// `code` is longer than [`MAX_CODE_BYTES`]; the field is its length in bytes.
+    #[error(
+        "`code` is {0} bytes; the limit is {MAX_CODE_BYTES}. Send smaller pieces across calls (state persists)."
+    )]
+    CodeTooLarge(usize),
+    /// `session` is not a session name.
+    #[error("`session`: {0}")]
+    Session(#[source] crate::sandbox::BadSessionName),
 }
 
 impl RunArgs {
     pub fn parse(args: Option<serde_json::Map<String, Value>>) -> Result<RunArgs, BadArguments> {
         let v = Value::Object(args.unwrap_or_default());
-        let mut a: RunArgs = serde_json::from_value(v).map_err(|e| format!("invalid arguments for run_python: {e}; expected {{\"code\": string, \"servers\"?: [string], \"timeout\"?: number, \"session\"?: string, \"reset\"?: bool}}"))?;
+        let mut a: RunArgs = serde_json::from_value(v).map_err(BadArguments::Malformed)?;
         // JSON has no NaN or infinity, so a number that is not positive is the only bad one; a
         // zero or negative limit would otherwise be clamped silently to the floor.
         if let Some(t) = a.timeout
             && (t <= 0.0 || t.is_nan())
         {
-            return Err(BadArguments(format!(
-                "`timeout` is {t}; it must be a positive number of seconds (leave it out for the default; values above the maximum are capped)"
-            )));
+            return Err(BadArguments::Timeout(t));
         }
         // `Duration` cannot hold 1e300 seconds (converting it panicked, and the call got no
         // reply); the configured maximum applies anyway.
         a.timeout = a.timeout.map(|t| t.min(1e9));
         if a.code.len() > MAX_CODE_BYTES {
-            return Err(BadArguments(format!(
-                "`code` is {} bytes; the limit is {MAX_CODE_BYTES}. Send smaller pieces across calls (state persists).",
-                a.code.len()
-            )));
+            return Err(BadArguments::CodeTooLarge(a.code.len()));
         }
         if let Some(s) = &a.session {
             // The one rule for every session name, wherever it comes from (forks, listings).
-            crate::sandbox::check_session_name(s)
-                .map_err(|e| BadArguments(format!("`session`: {e}")))?;
+            crate::sandbox::check_session_name(s).map_err(BadArguments::Session)?;
         }
         Ok(a)
     }
@@ -178,12 +163,8 @@ pub(super) fn call_args(
             ),
         ));
     }
-    let mut args = RunArgs::parse(arguments).map_err(|e| {
-        refused(
-            "tools/call",
-            ErrorData::invalid_params(String::from(e), None),
-        )
-    })?;
+    let mut args = RunArgs::parse(arguments)
+        .map_err(|e| refused("tools/call", ErrorData::invalid_params(e.to_string(), None)))?;
     if args.session.is_none() {
         args.session = identity::mcp_session(extensions);
     }
@@ -209,7 +190,7 @@ mod tests {
 
     #[test]
     fn args_are_checked() {
-        let ok = |v: Value| RunArgs::parse(v.as_object().cloned());
+        let ok = |v: Value| RunArgs::parse(v.as_object().cloned()).map_err(|e| e.to_string());
         assert!(ok(json!({"code": "1"})).is_ok());
         assert!(
             ok(json!({"code": 1}))

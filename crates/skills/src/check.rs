@@ -28,53 +28,86 @@ pub const MAX_DEFAULT_DEPTH: usize = crate::protocol::SKILL_DEFAULT_DEPTH;
 /// stack is mapped lazily.
 const PARSE_STACK: usize = 1 << 30;
 
-/// `Ok` when `source` is exactly one function definition named `name` that runs nothing when
-/// it is defined; else why not, as a sentence that says what to change.
 /// Why a source cannot be a skill (not exactly one function of its name, code that would run
 /// at definition, a source the parser cannot read).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct NotASkill(pub String);
-
-impl From<String> for NotASkill {
-    fn from(s: String) -> Self {
-        NotASkill(s)
-    }
+#[derive(Debug, thiserror::Error)]
+pub enum NotASkill {
+    /// The thread the source is parsed on could not be started.
+    #[error("cannot start the parser's thread: {0}")]
+    ParserThread(#[source] std::io::Error),
+    /// The parser panicked on the source.
+    #[error("the parser failed on it")]
+    ParserFailed,
+    /// The source is not Python the parser reads; `line` is where it stopped (1-based).
+    #[error("its source is not Python this bridge can read (line {line}: {error})")]
+    NotPython {
+        /// The line of the error, counted from 1.
+        line: usize,
+        /// The parser's error.
+        #[source]
+        error: ruff_python_parser::ParseErrorType,
+    },
+    /// The source has no statement at all.
+    #[error("its source defines nothing; a skill is one `def {name}(...):`")]
+    Empty {
+        /// The skill's name.
+        name: String,
+    },
+    /// The source is one statement, but not a function definition.
+    #[error("its source is {found}, not a function definition; a skill is one `def {name}(...):`")]
+    NotAFunction {
+        /// The skill's name.
+        name: String,
+        /// What the statement is, for a person ("an import", "a call").
+        found: &'static str,
+    },
+    /// The source has more than one top-level statement.
+    #[error(
+        "its source has {count} top-level statements (one of them {other}); a skill is exactly one function definition, with nothing before or after it that would run when a session starts (put imports and helpers inside the function)"
+    )]
+    TooManyStatements {
+        /// How many top-level statements there are.
+        count: usize,
+        /// What one of those besides the skill's function is ("an import", "a call").
+        other: &'static str,
+    },
+    /// The source's one function has another name than the skill.
+    #[error("its source defines {found:?}, not {name:?}")]
+    WrongName {
+        /// The name the source defines.
+        found: String,
+        /// The skill's name.
+        name: String,
+    },
+    /// The function is decorated.
+    #[error(
+        "it has a decorator, which runs when the skill is defined; save the undecorated function and apply the decorator in a cell"
+    )]
+    Decorated,
+    /// A parameter's default value is not a literal.
+    #[error(
+        "the default value of its parameter {parameter:?} is an expression, which runs when the skill is defined; defaults may only be literals (numbers, strings, None, True, False, and tuples, lists, sets or dicts of them): use None and compute the value inside the function"
+    )]
+    DefaultNotLiteral {
+        /// The parameter's name.
+        parameter: String,
+    },
 }
 
-impl std::ops::Deref for NotASkill {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<NotASkill> for String {
-    fn from(e: NotASkill) -> String {
-        e.0
-    }
-}
-
-impl From<&str> for NotASkill {
-    fn from(s: &str) -> Self {
-        NotASkill(s.to_string())
-    }
-}
-
+/// `Ok` when `source` is exactly one function definition named `name` that runs nothing when
+/// it is defined; else why not, as a sentence that says what to change.
 pub fn check(name: &str, source: &str) -> Result<(), NotASkill> {
     let (name, source) = (name.to_string(), source.to_string());
     std::thread::Builder::new()
         .name("skill-parse".into())
         .stack_size(PARSE_STACK)
         .spawn(move || check_here(&name, &source))
-        .map_err(|e| format!("cannot start the parser's thread: {e}"))?
+        .map_err(NotASkill::ParserThread)?
         .join()
-        .unwrap_or_else(|_| Err("the parser failed on it".into()))
-        .map_err(NotASkill)
+        .unwrap_or(Err(NotASkill::ParserFailed))
 }
 
-fn check_here(name: &str, source: &str) -> Result<(), String> {
+fn check_here(name: &str, source: &str) -> Result<(), NotASkill> {
     let parsed = ruff_python_parser::parse_module(source).map_err(|e| {
         let at = usize::from(e.location.start()).min(source.len());
         let line = source.as_bytes()[..at]
@@ -82,58 +115,49 @@ fn check_here(name: &str, source: &str) -> Result<(), String> {
             .filter(|b| **b == b'\n')
             .count()
             + 1;
-        format!(
-            "its source is not Python this bridge can read (line {line}: {})",
-            e.error
-        )
+        NotASkill::NotPython {
+            line,
+            error: e.error,
+        }
     })?;
     let body = &parsed.syntax().body;
     let def = match body.as_slice() {
         [Stmt::FunctionDef(def)] => def,
-        [] => {
-            return Err(format!(
-                "its source defines nothing; a skill is one `def {name}(...):`"
-            ));
-        }
+        [] => return Err(NotASkill::Empty { name: name.into() }),
         [one] => {
-            return Err(format!(
-                "its source is {}, not a function definition; a skill is one `def {name}(...):`",
-                what(one)
-            ));
+            return Err(NotASkill::NotAFunction {
+                name: name.into(),
+                found: what(one),
+            });
         }
         more => {
             let other = more
                 .iter()
                 .find(|s| !matches!(s, Stmt::FunctionDef(d) if d.name.as_str() == name))
                 .unwrap_or(&more[1]);
-            return Err(format!(
-                "its source has {} top-level statements (one of them {}); a skill is exactly one function definition, with nothing before or after it that would run when a session starts (put imports and helpers inside the function)",
-                more.len(),
-                what(other)
-            ));
+            return Err(NotASkill::TooManyStatements {
+                count: more.len(),
+                other: what(other),
+            });
         }
     };
     if def.name.as_str() != name {
-        return Err(format!(
-            "its source defines {:?}, not {name:?}",
-            def.name.as_str()
-        ));
+        return Err(NotASkill::WrongName {
+            found: def.name.as_str().into(),
+            name: name.into(),
+        });
     }
     if !def.decorator_list.is_empty() {
-        return Err(
-            "it has a decorator, which runs when the skill is defined; save the undecorated function and apply the decorator in a cell"
-                .into(),
-        );
+        return Err(NotASkill::Decorated);
     }
     let p = &def.parameters;
     for param in p.posonlyargs.iter().chain(&p.args).chain(&p.kwonlyargs) {
         if let Some(default) = &param.default
             && !literal(default, 0)
         {
-            return Err(format!(
-                "the default value of its parameter {:?} is an expression, which runs when the skill is defined; defaults may only be literals (numbers, strings, None, True, False, and tuples, lists, sets or dicts of them): use None and compute the value inside the function",
-                param.parameter.name.as_str()
-            ));
+            return Err(NotASkill::DefaultNotLiteral {
+                parameter: param.parameter.name.as_str().into(),
+            });
         }
     }
     Ok(())
@@ -193,7 +217,9 @@ mod tests {
             "def f[T](x: T) -> T:\n    return x\n",
             "# a comment\n\ndef f():\n    return f'{1}'  # runs when called\n",
         ] {
-            assert_eq!(check("f", ok), Ok(()), "{ok}");
+            if let Err(e) = check("f", ok) {
+                panic!("{ok}: {e}");
+            }
         }
     }
 
@@ -230,7 +256,7 @@ mod tests {
             ),
             ("def f():\n    pass\n\x1b[1A\x1b[2K", "not Python"),
         ] {
-            let e = check("f", source).unwrap_err();
+            let e = check("f", source).unwrap_err().to_string();
             assert!(e.contains(says), "{source:?}: {e}");
         }
         let deep = format!(
@@ -247,10 +273,10 @@ mod tests {
     fn deep_nesting_is_no_crash() {
         let n = 300_000;
         let sums = format!("def f():\n    return {}1\n", "1+".repeat(n));
-        assert_eq!(check("f", &sums), Ok(()));
+        assert!(check("f", &sums).is_ok());
         let lists = format!("def f():\n    return {}{}\n", "[".repeat(n), "]".repeat(n));
         let _ = check("f", &lists);
         let neg = format!("def f():\n    return {}1\n", "-".repeat(n));
-        assert_eq!(check("f", &neg), Ok(()));
+        assert!(check("f", &neg).is_ok());
     }
 }

@@ -297,7 +297,7 @@ impl Store {
         }
         check::check(name, source).map_err(|reason| SkillError::NotOneFunction {
             name: name.into(),
-            reason: reason.into(),
+            reason: reason.to_string(),
         })
     }
 
@@ -376,7 +376,7 @@ impl Store {
                     Ok(()) => listing.skills.push(s),
                     Err(reason) => listing.broken.push(BrokenSkill {
                         name: stem,
-                        reason: reason.into(),
+                        reason: reason.to_string(),
                     }),
                 },
                 Ok(None) => {} // removed since the directory was read

@@ -5,37 +5,167 @@ use crate::error::{Hint, Hinted};
 use std::path::PathBuf;
 
 use super::keys::{KEYS, edit_distance};
+use super::packages::{MAX_REQUIREMENT_LEN, MAX_REQUIREMENTS};
 use super::source::{SYSTEM_CONFIG_ENV, Source, source_from};
 
 /// A value that is not what its key, flag or field takes: the message says what was wrong and
 /// what it takes (a duration, a size, an address, a glob, a requirement).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct InvalidValue(pub String);
-
-impl From<String> for InvalidValue {
-    fn from(s: String) -> Self {
-        InvalidValue(s)
-    }
+pub enum InvalidValue {
+    /// A duration whose number does not parse.
+    #[error("{text:?} is not a duration; write e.g. 30, 30s, 500ms, 2m")]
+    Duration {
+        /// The value as written (trimmed).
+        text: String,
+        /// Why its number is not one.
+        #[source]
+        error: std::num::ParseFloatError,
+    },
+    /// A duration whose unit is none of `ms`, `s`, `m`, `h`, `d`.
+    #[error("{text:?} has an unknown unit {unit:?}; use ms, s, m, h or d")]
+    DurationUnit {
+        /// The value as written (trimmed).
+        text: String,
+        /// The unit it has.
+        unit: String,
+    },
+    /// A size whose number does not parse.
+    #[error("{text:?} is not a size; write e.g. 512m, 1g, 65536")]
+    Size {
+        /// The value as written.
+        text: String,
+        /// Why its number is not one.
+        #[source]
+        error: std::num::ParseFloatError,
+    },
+    /// A size whose unit is none of `k`, `m`, `g`.
+    #[error("{text:?} has an unknown unit {unit:?}; use k, m or g")]
+    SizeUnit {
+        /// The value as written.
+        text: String,
+        /// The unit it has, in lower case.
+        unit: String,
+    },
+    /// A duration or size that is negative, not finite, or too large.
+    #[error("{text:?} is out of range")]
+    OutOfRange {
+        /// The value as written.
+        text: String,
+    },
+    /// A container engine that is neither a known name nor a socket URL.
+    #[error(
+        "`{text}` is not one of: auto, podman, docker, or a socket URL (unix:///path/to.sock, tcp://host:port){}",
+        .closest.map(|n| format!("; did you mean `{n}`?")).unwrap_or_default()
+    )]
+    Runtime {
+        /// The value as written (trimmed).
+        text: String,
+        /// The engine name closest to it, unless it looks like a URL.
+        closest: Option<&'static str>,
+    },
+    /// A listening address that is not an address and port.
+    #[error(
+        "{text:?} is not an address and port ({error}); write it as 127.0.0.1:8931 or [::]:8931"
+    )]
+    Address {
+        /// The value as written.
+        text: String,
+        /// Why it does not parse.
+        #[source]
+        error: std::net::AddrParseError,
+    },
+    /// A distribution-name glob with characters no distribution name has.
+    #[error(
+        "{pattern:?} is not a distribution-name glob (letters, digits, '-', '_', '.', and * ? [ ] {{ }})"
+    )]
+    NameGlob {
+        /// The pattern as written.
+        pattern: String,
+    },
+    /// A pattern that does not compile as a glob.
+    #[error("{pattern:?} is not a glob: {}", .error.kind())]
+    Glob {
+        /// The pattern as written.
+        pattern: String,
+        /// Why it does not compile.
+        #[source]
+        error: globset::Error,
+    },
+    /// A policy rule without the `.` between server and tool.
+    #[error(
+        "{pattern:?} has no '.': a rule is \"server.tool\", e.g. \"{pattern}.*\" for every tool of server {pattern:?}"
+    )]
+    Rule {
+        /// The rule as written.
+        pattern: String,
+    },
+    /// A requirement outside the subset of PEP 508 the bridge accepts.
+    #[error("{shown:?} is not a requirement: {why}")]
+    Requirement {
+        /// Its first 80 characters (trimmed), control characters made visible.
+        shown: String,
+        /// What is wrong with it.
+        why: RequirementFault,
+    },
+    /// An install naming no requirement, or more than [`MAX_REQUIREMENTS`].
+    #[error("{count} requirements; an install names 1 to {MAX_REQUIREMENTS}")]
+    RequirementCount {
+        /// How many it names.
+        count: usize,
+    },
 }
 
-impl std::ops::Deref for InvalidValue {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
+/// What is wrong with a requirement ([`InvalidValue::Requirement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequirementFault {
+    /// Nothing but blanks.
+    Empty,
+    /// Longer than [`MAX_REQUIREMENT_LEN`] bytes.
+    TooLong,
+    /// A pip option (`-e`, `--index-url`).
+    Option,
+    /// A URL or a path.
+    UrlOrPath,
+    /// An environment marker (`; python_version < "3.12"`).
+    Marker,
+    /// No distribution name first.
+    Name,
+    /// An extra's `[` without its `]`.
+    UnclosedExtra,
+    /// An extra that is not a name.
+    Extra,
+    /// A version clause without a comparison operator.
+    Operator,
+    /// A version with characters no version has.
+    Version,
 }
 
-impl From<InvalidValue> for String {
-    fn from(e: InvalidValue) -> String {
-        e.0
-    }
-}
-
-impl From<&str> for InvalidValue {
-    fn from(s: &str) -> Self {
-        InvalidValue(s.to_string())
+impl std::fmt::Display for RequirementFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequirementFault::Empty => f.write_str("it is empty"),
+            RequirementFault::TooLong => write!(f, "longer than {MAX_REQUIREMENT_LEN} bytes"),
+            RequirementFault::Option => f.write_str(
+                "options are not accepted; name a distribution, e.g. \"tabulate\" or \"tabulate==0.9.0\"",
+            ),
+            RequirementFault::UrlOrPath => {
+                f.write_str("URLs and paths are not accepted; name a distribution of the index")
+            }
+            RequirementFault::Marker => f.write_str(
+                "environment markers are not accepted; the sandbox's interpreter is the target",
+            ),
+            RequirementFault::Name => f.write_str(
+                "it must start with a distribution name (letters, digits, '-', '_', '.')",
+            ),
+            RequirementFault::UnclosedExtra => f.write_str("an extra's '[' is not closed"),
+            RequirementFault::Extra => f.write_str("an extra is a name"),
+            RequirementFault::Operator => {
+                f.write_str("a version clause starts with ==, !=, <=, >=, ~=, <, > or ===")
+            }
+            RequirementFault::Version => {
+                f.write_str("a version is letters, digits and . * + ! _ -")
+            }
+        }
     }
 }
 

@@ -93,17 +93,16 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8931";
 
 /// `listen` as an address; `Err` says why not.
 pub fn parse_listen(listen: &str) -> Result<SocketAddr, InvalidValue> {
-    listen.parse().map_err(|e| {
-        InvalidValue(format!(
-            "{listen:?} is not an address and port ({e}); write it as 127.0.0.1:8931 or [::]:8931"
-        ))
+    listen.parse().map_err(|error| InvalidValue::Address {
+        text: listen.into(),
+        error,
     })
 }
 
 impl HttpConfig {
     /// Range checks, as `Config::validate` reports them: the key at fault and why.
     pub(super) fn check(&self, listen: &str) -> Result<(), (&'static str, String)> {
-        parse_listen(listen).map_err(|e| ("listen", e.into()))?;
+        parse_listen(listen).map_err(|e| ("listen", e.to_string()))?;
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err((
                 if self.tls_cert.is_some() {

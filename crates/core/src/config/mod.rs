@@ -45,7 +45,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use audit::{AuditConfig, CodeKept};
-pub use error::{ConfigError, InvalidValue, Problem};
+pub use error::{ConfigError, InvalidValue, Problem, RequirementFault};
 pub use http::HttpConfig;
 pub use inputs::InputEntry;
 pub use keys::{DEFAULT_IMAGE, ENV_PREFIX, KEYS, Key, closest_key, env_name};
@@ -230,7 +230,9 @@ fn default_state_dir() -> PathBuf {
         .and_then(|d| d.state_dir().map(Path::to_path_buf))
         .map(|d| d.join("mcp-code-bridge"))
         .unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("mcp-code-bridge-{}", unsafe { libc::getuid() }))
+            // SAFETY: getuid has no preconditions, cannot fail and touches no memory of ours.
+            let uid = unsafe { libc::getuid() };
+            std::env::temp_dir().join(format!("mcp-code-bridge-{uid}"))
         })
 }
 

@@ -3,7 +3,7 @@
 //! its settings and the one grammar of a requirement, which the sandbox's requests and
 //! `preinstall` are both held to.
 
-use super::InvalidValue;
+use super::{InvalidValue, RequirementFault};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -26,12 +26,14 @@ impl NameGlobs {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "-*?[]{},!".contains(c))
         {
-            return Err(InvalidValue(format!(
-                "{pattern:?} is not a distribution-name glob (letters, digits, '-', '_', '.', and * ? [ ] {{ }})"
-            )));
+            return Err(InvalidValue::NameGlob {
+                pattern: pattern.into(),
+            });
         }
-        globset::Glob::new(&normalized)
-            .map_err(|e| InvalidValue(format!("{pattern:?} is not a glob: {}", e.kind())))
+        globset::Glob::new(&normalized).map_err(|error| InvalidValue::Glob {
+            pattern: pattern.into(),
+            error,
+        })
     }
 }
 
@@ -134,11 +136,11 @@ impl PackagesConfig {
             ("packages.deny", &self.deny),
         ] {
             for p in &list.0 {
-                NameGlobs::compile(p).map_err(|why| (key, why.into()))?;
+                NameGlobs::compile(p).map_err(|why| (key, why.to_string()))?;
             }
         }
         for r in &self.preinstall.0 {
-            Requirement::parse(r).map_err(|why| ("packages.preinstall", why.into()))?;
+            Requirement::parse(r).map_err(|why| ("packages.preinstall", why.to_string()))?;
         }
         if self.preinstall.0.len() > MAX_REQUIREMENTS {
             return Err((
@@ -218,29 +220,26 @@ impl Requirement {
     pub fn parse(text: &str) -> Result<Requirement, InvalidValue> {
         let t = text.trim();
         let shown = crate::text::visible(&t.chars().take(80).collect::<String>()).into_owned();
-        let bad = |why: &str| {
-            Err(InvalidValue(format!(
-                "{shown:?} is not a requirement: {why}"
-            )))
+        let bad = |why: RequirementFault| {
+            Err(InvalidValue::Requirement {
+                shown: shown.clone(),
+                why,
+            })
         };
         if t.is_empty() {
-            return bad("it is empty");
+            return bad(RequirementFault::Empty);
         }
         if t.len() > MAX_REQUIREMENT_LEN {
-            return bad(&format!("longer than {MAX_REQUIREMENT_LEN} bytes"));
+            return bad(RequirementFault::TooLong);
         }
         if t.starts_with('-') {
-            return bad(
-                "options are not accepted; name a distribution, e.g. \"tabulate\" or \"tabulate==0.9.0\"",
-            );
+            return bad(RequirementFault::Option);
         }
         if t.contains("://") || t.contains('@') || t.contains('/') || t.contains('\\') {
-            return bad("URLs and paths are not accepted; name a distribution of the index");
+            return bad(RequirementFault::UrlOrPath);
         }
         if t.contains(';') {
-            return bad(
-                "environment markers are not accepted; the sandbox's interpreter is the target",
-            );
+            return bad(RequirementFault::Marker);
         }
         let name_end = t
             .find(|c: char| !(c.is_ascii_alphanumeric() || "-_.".contains(c)))
@@ -256,12 +255,12 @@ impl Requirement {
                 .last()
                 .is_some_and(|c| c.is_ascii_alphanumeric());
         if !ok_name {
-            return bad("it must start with a distribution name (letters, digits, '-', '_', '.')");
+            return bad(RequirementFault::Name);
         }
         let mut rest = t[name_end..].trim_start();
         if let Some(r) = rest.strip_prefix('[') {
             let Some(close) = r.find(']') else {
-                return bad("an extra's '[' is not closed");
+                return bad(RequirementFault::UnclosedExtra);
             };
             for extra in r[..close].split(',') {
                 let e = extra.trim();
@@ -270,7 +269,7 @@ impl Requirement {
                         .chars()
                         .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
                 {
-                    return bad("an extra is a name");
+                    return bad(RequirementFault::Extra);
                 }
             }
             rest = r[close + 1..].trim_start();
@@ -283,7 +282,7 @@ impl Requirement {
                     .find(|op| c.starts_with(**op))
                     .map(|op| op.len());
                 let Some(op_len) = op_len else {
-                    return bad("a version clause starts with ==, !=, <=, >=, ~=, <, > or ===");
+                    return bad(RequirementFault::Operator);
                 };
                 let v = c[op_len..].trim();
                 if v.is_empty()
@@ -291,7 +290,7 @@ impl Requirement {
                         .chars()
                         .all(|ch| ch.is_ascii_alphanumeric() || ".*+!_-".contains(ch))
                 {
-                    return bad("a version is letters, digits and . * + ! _ -");
+                    return bad(RequirementFault::Version);
                 }
             }
         }

@@ -105,12 +105,14 @@ impl Patterns {
     /// Why `pattern` is not a rule, if it is not one.
     pub fn check(pattern: &str) -> Result<globset::Glob, InvalidValue> {
         if !pattern.contains('.') {
-            return Err(InvalidValue(format!(
-                "{pattern:?} has no '.': a rule is \"server.tool\", e.g. \"{pattern}.*\" for every tool of server {pattern:?}"
-            )));
+            return Err(InvalidValue::Rule {
+                pattern: pattern.into(),
+            });
         }
-        globset::Glob::new(pattern)
-            .map_err(|e| InvalidValue(format!("{pattern:?} is not a glob: {}", e.kind())))
+        globset::Glob::new(pattern).map_err(|error| InvalidValue::Glob {
+            pattern: pattern.into(),
+            error,
+        })
     }
 }
 
@@ -170,7 +172,7 @@ impl PolicyConfig {
     pub(super) fn validate(&self) -> Result<(), (&'static str, String)> {
         for (key, _, list) in self.lists() {
             for p in &list.0 {
-                Patterns::check(p).map_err(|why| (key, why.into()))?;
+                Patterns::check(p).map_err(|why| (key, why.to_string()))?;
             }
         }
         Ok(())

@@ -19,9 +19,10 @@ impl Secs {
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(s.len());
         let (num, unit) = s.split_at(split);
-        let n: f64 = num
-            .parse()
-            .map_err(|_| format!("{s:?} is not a duration; write e.g. 30, 30s, 500ms, 2m"))?;
+        let n: f64 = num.parse().map_err(|error| InvalidValue::Duration {
+            text: s.into(),
+            error,
+        })?;
         let factor = match unit.trim() {
             "" | "s" | "sec" | "secs" => 1.0,
             "ms" => 0.001,
@@ -29,14 +30,15 @@ impl Secs {
             "h" => 3600.0,
             "d" | "day" | "days" => 86_400.0,
             u => {
-                return Err(InvalidValue(format!(
-                    "{s:?} has an unknown unit {u:?}; use ms, s, m, h or d"
-                )));
+                return Err(InvalidValue::DurationUnit {
+                    text: s.into(),
+                    unit: u.into(),
+                });
             }
         };
         let secs = n * factor;
         if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-            return Err(InvalidValue(format!("{s:?} is out of range")));
+            return Err(InvalidValue::OutOfRange { text: s.into() });
         }
         Ok(Secs(Duration::from_secs_f64(secs)))
     }
@@ -85,23 +87,25 @@ impl Size {
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
-        let n: f64 = num
-            .parse()
-            .map_err(|_| format!("{s:?} is not a size; write e.g. 512m, 1g, 65536"))?;
+        let n: f64 = num.parse().map_err(|error| InvalidValue::Size {
+            text: s.into(),
+            error,
+        })?;
         let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
             "" | "b" => 1,
             "k" | "kb" | "kib" => 1 << 10,
             "m" | "mb" | "mib" => 1 << 20,
             "g" | "gb" | "gib" => 1 << 30,
             u => {
-                return Err(InvalidValue(format!(
-                    "{s:?} has an unknown unit {u:?}; use k, m or g"
-                )));
+                return Err(InvalidValue::SizeUnit {
+                    text: s.into(),
+                    unit: u.into(),
+                });
             }
         };
         let v = n * factor as f64;
         if !v.is_finite() || !(0.0..=1e15).contains(&v) {
-            return Err(InvalidValue(format!("{s:?} is out of range")));
+            return Err(InvalidValue::OutOfRange { text: s.into() });
         }
         Ok(Size(v as u64))
     }
@@ -198,19 +202,19 @@ impl Runtime {
             }
             _ => {
                 let closest = if t.contains("://") {
-                    String::new()
+                    None
                 } else {
                     let lower = t.to_ascii_lowercase();
                     let near = Self::NAMES
                         .iter()
                         .min_by_key(|n| super::keys::edit_distance(&lower, n))
                         .unwrap_or(&"auto");
-                    format!("; did you mean `{near}`?")
+                    Some(*near)
                 };
-                return Err(InvalidValue(format!(
-                    "`{t}` is not one of: auto, podman, docker, or a socket URL \
-                     (unix:///path/to.sock, tcp://host:port){closest}"
-                )));
+                return Err(InvalidValue::Runtime {
+                    text: t.into(),
+                    closest,
+                });
             }
         })
     }
@@ -443,7 +447,7 @@ mod tests {
             Runtime::parse("tcp://h:2375").unwrap().to_string(),
             "tcp://h:2375"
         );
-        let err = Runtime::parse("podmn").unwrap_err();
+        let err = Runtime::parse("podmn").unwrap_err().to_string();
         assert!(
             err.contains("`podmn`")
                 && err.contains("auto, podman, docker")
@@ -453,6 +457,7 @@ mod tests {
         assert!(
             !Runtime::parse("ftp://h")
                 .unwrap_err()
+                .to_string()
                 .contains("did you mean")
         );
     }

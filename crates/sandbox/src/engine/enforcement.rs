@@ -10,6 +10,7 @@ use mcp_code_bridge_core::error::{Hint, Hinted};
 /// user, and that user is not root: the engine runs as us, rootless.
 fn storage_is_ours_and_not_root(dir: Option<&str>) -> bool {
     use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid takes no arguments, cannot fail and touches no memory of ours.
     let uid = unsafe { libc::geteuid() };
     uid != 0
         && dir

@@ -130,6 +130,7 @@ pub fn candidates(choice: &Runtime) -> Vec<Candidate> {
         });
     }
     if want_podman {
+        // SAFETY: getuid takes no arguments, cannot fail and touches no memory of ours.
         let uid = unsafe { libc::getuid() };
         let runtime_dir =
             std::env::var("XDG_RUNTIME_DIR").unwrap_or_else(|_| format!("/run/user/{uid}"));
@@ -493,6 +494,10 @@ impl Engine {
             if tokio::time::Instant::now() > deadline {
                 // Its guard leads the group: stop all of it.
                 if let Some(pid) = guard.id() {
+                    // SAFETY: kill only sends a signal and touches no memory of ours. `guard`
+                    // was spawned with `process_group(0)` and has not been reaped (`id()` is
+                    // `Some`), so its pid (> 0) still names its own process group and cannot
+                    // have been reused.
                     unsafe { libc::kill(-(pid as i32), libc::SIGTERM) };
                 }
                 tried.push(format!(

@@ -144,38 +144,24 @@ struct Inner {
     next: u64,
 }
 
-/// A session's kept files: their directory on the host and what each is.
 /// Why a file could not be kept on the host (its size, the session's total, the disk).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct KeepFailed(pub String);
-
-impl From<String> for KeepFailed {
-    fn from(s: String) -> Self {
-        KeepFailed(s)
-    }
+#[derive(Debug, thiserror::Error)]
+pub enum KeepFailed {
+    /// The file alone is larger than `file_cap`.
+    #[error("it is {size} bytes, over the {cap} bytes of `file_cap`")]
+    TooLarge { size: u64, cap: u64 },
+    /// With it, the session's kept files would pass `files_total`.
+    #[error("the session's kept files would pass `files_total` ({total} bytes)")]
+    OverTotal { total: u64 },
+    /// Fewer bytes were written than were given.
+    #[error("it could not be written whole")]
+    Short,
+    /// The disk refused it.
+    #[error("{0}")]
+    Io(#[source] io::Error),
 }
 
-impl std::ops::Deref for KeepFailed {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<KeepFailed> for String {
-    fn from(e: KeepFailed) -> String {
-        e.0
-    }
-}
-
-impl From<&str> for KeepFailed {
-    fn from(s: &str) -> Self {
-        KeepFailed(s.to_string())
-    }
-}
-
+/// A session's kept files: their directory on the host and what each is.
 pub struct OutStore {
     dir: PathBuf,
     inner: Mutex<Inner>,
@@ -229,26 +215,23 @@ impl OutStore {
     ) -> Result<OutFile, KeepFailed> {
         let size = data.len() as u64;
         if size > caps.file {
-            return Err(KeepFailed(format!(
-                "it is {size} bytes, over the {} bytes of `file_cap`",
-                caps.file
-            )));
+            return Err(KeepFailed::TooLarge {
+                size,
+                cap: caps.file,
+            });
         }
         let total = {
             let inner = self.inner.lock().unwrap();
             inner.total - inner.files.get(name).map_or(0, |k| k.file.size)
         };
         if total + size > caps.total {
-            return Err(KeepFailed(format!(
-                "the session's kept files would pass `files_total` ({} bytes)",
-                caps.total
-            )));
+            return Err(KeepFailed::OverTotal { total: caps.total });
         }
         match keep(self, &mut &data[..], name, size, None, session) {
             Ok(Some(file)) => Ok(file),
             Ok(None) => unreachable!("nothing to compare with"),
-            Err(KeepError::Short) => Err(KeepFailed("it could not be written whole".into())),
-            Err(KeepError::Io(e)) => Err(KeepFailed(e.to_string())),
+            Err(KeepError::Short) => Err(KeepFailed::Short),
+            Err(KeepError::Io(e)) => Err(KeepFailed::Io(e)),
         }
     }
 

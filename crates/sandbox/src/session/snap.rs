@@ -80,7 +80,9 @@ impl Session {
         if end {
             let r = fork.take().expect("made above");
             let done = match error {
-                Some(why) => Err(Failed(crate::text::visible(&why).into_owned())),
+                Some(why) => Err(Failed::Refused {
+                    why: crate::text::visible(&why).into_owned(),
+                }),
                 None => r.finish(Info::from_frame(info.as_ref())),
             };
             *self.forked.lock().unwrap() = Some(done);
@@ -144,7 +146,7 @@ impl Session {
                         return tokio::task::spawn_blocking(move || receiving.finish(info))
                             .await
                             .map_err(|e| SnapFailed::new(e.to_string()))?
-                            .map_err(|e| SnapFailed::new(e.0));
+                            .map_err(|e| SnapFailed::new(e.to_string()));
                     }
                     SandboxFrame::Rpc { id: rid, .. } => self.refuse(
                         rid,
@@ -175,22 +177,20 @@ impl Session {
         let mut frames = self.frames.lock().await;
         let id = self.next_exec.fetch_add(1, Ordering::Relaxed);
         self.current.store(id, Ordering::SeqCst);
-        const GONE: &str = "its sandbox is gone";
         let restoring = async {
             self.writer
                 .send(HostFrame::Restore { id, size }.to_line())
                 .await
-                .map_err(|_| Failed(GONE.into()))?;
+                .map_err(|_| Failed::Gone)?;
             loop {
                 let (piece, f) = tokio::task::spawn_blocking(move || {
                     let p = crate::snapshots::next_piece(&mut file, PIECE);
                     (p, file)
                 })
                 .await
-                .map_err(|e| Failed(e.to_string()))?;
+                .map_err(Failed::Task)?;
                 file = f;
-                let piece =
-                    piece.map_err(|e| Failed(format!("the snapshot could not be read: {e}")))?;
+                let piece = piece.map_err(Failed::Read)?;
                 let end = piece.is_none();
                 let line = HostFrame::RestoreData {
                     id,
@@ -198,10 +198,7 @@ impl Session {
                     end,
                 }
                 .to_line();
-                self.writer
-                    .send(line)
-                    .await
-                    .map_err(|_| Failed(GONE.into()))?;
+                self.writer.send(line).await.map_err(|_| Failed::Gone)?;
                 if end {
                     break;
                 }
@@ -218,7 +215,9 @@ impl Session {
                     && fid == id
                 {
                     if let Some(why) = error {
-                        return Err(Failed(crate::text::visible(&why).into_owned()));
+                        return Err(Failed::Refused {
+                            why: crate::text::visible(&why).into_owned(),
+                        });
                     }
                     return Ok(Restored {
                         names: names.len().saturating_add(more_names as usize),
@@ -239,15 +238,14 @@ impl Session {
                     });
                 }
             }
-            Err(Failed(GONE.into()))
+            Err(Failed::Gone)
         };
         let r = tokio::time::timeout(timeout, restoring)
             .await
             .unwrap_or_else(|_| {
-                Err(Failed(format!(
-                    "the sandbox did not restore it within {}s",
-                    timeout.as_secs()
-                )))
+                Err(Failed::Timeout {
+                    secs: timeout.as_secs(),
+                })
             });
         self.current.store(0, Ordering::SeqCst);
         r

@@ -22,46 +22,23 @@ fn options() -> jsonc_parser::ParseOptions {
     }
 }
 
+/// Why a JSONC file could not be read as JSON.
+#[derive(Debug, thiserror::Error)]
+pub enum JsoncError {
+    /// The text is not JSONC: the parser's message, with its line and column.
+    #[error("{0}")]
+    Syntax(#[source] jsonc_parser::errors::ParseError),
+    /// The text parsed but holds no value (empty, or only comments).
+    #[error("the file holds no JSON value")]
+    Empty,
+}
+
 /// The value of a JSONC text (a leading byte-order mark allowed), or what is wrong and where.
-/// Why a JSONC file could not be read as JSON: the parser's message, with its position.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct JsoncError(pub String);
-
-impl From<String> for JsoncError {
-    fn from(s: String) -> Self {
-        JsoncError(s)
-    }
-}
-
-impl std::ops::Deref for JsoncError {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<JsoncError> for String {
-    fn from(e: JsoncError) -> String {
-        e.0
-    }
-}
-
-impl From<&str> for JsoncError {
-    fn from(s: &str) -> Self {
-        JsoncError(s.to_string())
-    }
-}
-
 pub fn parse_jsonc(text: &str) -> Result<Value, JsoncError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let parsed = jsonc_parser::parse_to_ast(text, &Default::default(), &options())
-        .map_err(|e| e.to_string())?;
-    parsed
-        .value
-        .map(Value::from)
-        .ok_or_else(|| JsoncError("the file holds no JSON value".to_string()))
+        .map_err(JsoncError::Syntax)?;
+    parsed.value.map(Value::from).ok_or(JsoncError::Empty)
 }
 
 #[cfg(test)]
@@ -84,7 +61,9 @@ mod tests {
 
     #[test]
     fn errors_name_the_place_and_nothing_else_of_json5_is_taken() {
-        let e = parse_jsonc("{/* a\nb */\n\"x\": nope}").unwrap_err();
+        let e = parse_jsonc("{/* a\nb */\n\"x\": nope}")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("line 3"), "{e}");
         for bad in [
             "{'a': 1}",
