@@ -635,7 +635,7 @@ async fn client_huge_code_is_refused_with_a_message() {
         );
     }
     let r = b.run_python(3, json!({"code": "print('after')"})).await;
-    assert_eq!(common::structured(&r["result"])["stdout"], "after\n");
+    assert_eq!(common::structured(&r["result"])["stdout"], "after\n", "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
