@@ -162,12 +162,16 @@ done
 
 # The namespace: its own mounts (private: nothing reaches the host's) and PIDs (whatever the
 # set-up leaves running ends with it), the root file system made a mount point and pivoted into.
+# The host's devices, but a /dev/shm of its own: podman keeps its table of container locks there
+# (libpod_lock), and the podman inside, with a database of its own, would take its locks from
+# the host podman's table and leave there any its containers still held when the namespace ends.
 inner='set -euo pipefail
 root=$1 dir=$2
 mount --bind "$root" "$root"
 mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys"
 mount --rbind /dev "$root/dev"
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/dev/shm"
 mount -t tmpfs -o mode=755 tmpfs "$root/run"
 mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
 mkdir -p "$root/var/cache/apt/archives" "$root/root/.npm" "$root/root/.cache/pip"

@@ -171,20 +171,84 @@ pub async fn next_line<R: AsyncBufRead + Unpin>(reader: &mut R, max: usize) -> O
 }
 
 /// Log each line a child writes (its stderr), tagged with `source`, within
-/// [`PROCESS_LINES_PER_MINUTE`]; long lines are cut into pieces.
-pub async fn forward_lines<R: AsyncRead + Unpin>(reader: R, source: String) {
+/// [`PROCESS_LINES_PER_MINUTE`]; long lines are cut into pieces. With a [`LineTail`], its last
+/// lines are also kept there, logged or not, for an error message to quote.
+pub async fn forward_lines<R: AsyncRead + Unpin>(
+    reader: R,
+    source: String,
+    tail: Option<LineTail>,
+) {
     let mut reader = BufReader::new(reader);
     let mut budget = LogBudget::new("lines from this process", PROCESS_LINES_PER_MINUTE);
     while let Some(line) = next_line(&mut reader, MAX_LINE).await {
+        if let Some(tail) = &tail {
+            tail.push(&line);
+        }
         if budget.allow(&source) {
             tracing::info!(source = %source, "{line}");
         }
     }
 }
 
+/// The last [`LineTail::LINES`] lines a child wrote (each at most [`LineTail::LINE_CHARS`]
+/// characters, made visible), shared between the task that reads them and the code that quotes
+/// them when the child fails.
+#[derive(Clone, Default)]
+pub struct LineTail(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>);
+
+impl LineTail {
+    /// How many lines are kept.
+    pub const LINES: usize = 5;
+    /// How many characters of each line are kept.
+    pub const LINE_CHARS: usize = 300;
+
+    fn push(&self, line: &str) {
+        let line: String = crate::text::visible(line)
+            .chars()
+            .take(Self::LINE_CHARS)
+            .collect();
+        let mut lines = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if lines.len() == Self::LINES {
+            lines.pop_front();
+        }
+        lines.push_back(line);
+    }
+
+    /// The kept lines, oldest first, joined by " | "; empty when the child wrote nothing.
+    pub fn joined(&self) -> String {
+        let lines = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        lines
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(" | ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tail keeps the last lines, each cut and made visible, and the forwarder fills it.
+    #[tokio::test]
+    async fn a_line_tail_keeps_the_last_lines_cut_and_visible() {
+        let tail = LineTail::default();
+        assert_eq!(tail.joined(), "");
+        let mut text = String::new();
+        for i in 0..7 {
+            text.push_str(&format!("line {i}\n"));
+        }
+        text.push_str(&"x".repeat(1000));
+        text.push_str("\n\u{1b}[31mred\n");
+        forward_lines(text.as_bytes(), "test".into(), Some(tail.clone())).await;
+        let joined = tail.joined();
+        let lines: Vec<&str> = joined.split(" | ").collect();
+        assert_eq!(lines.len(), LineTail::LINES, "{joined}");
+        assert_eq!(lines[0], "line 4");
+        assert_eq!(lines[3].len(), LineTail::LINE_CHARS);
+        assert!(!lines[4].contains('\u{1b}'), "{joined}");
+        assert!(lines[4].ends_with("red"), "{joined}");
+    }
 
     /// rmcp's ERROR for an answer whose client is gone is left out; its other errors, and the
     /// same message with another cause, are kept.

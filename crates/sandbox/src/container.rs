@@ -114,6 +114,17 @@ pub fn nproc_limit(config: &Config, ids: &HostIds) -> i64 {
     }
 }
 
+/// The user namespace of a sandbox with its own ids: podman's `auto` with the range's size
+/// given ([`ids_per_sandbox`](super::engine::ids_per_sandbox): what the sandbox's user needs, the size podman would otherwise work
+/// out). Without a size, podman 4.3 (containers/storage 1.43) reads the image's layers for the
+/// largest id in its passwd and group files, and takes the store's graph lock for it while it
+/// holds the layer lock, the reverse of the order a mount or a container's clean-up takes them
+/// in: two podman processes then wait on each other until one is killed, and every other podman
+/// process waits on them (containers/podman#16062). With a size, that read is never made.
+pub fn userns_auto(config: &Config) -> String {
+    format!("auto:size={}", super::engine::ids_per_sandbox(config))
+}
+
 /// See [`nproc_limit`]: 32768, or the bridge's own hard `RLIMIT_NPROC` when that is lower (the
 /// engine it starts inherits it, and no engine can give a container more than it has).
 pub const SHARED_NPROC: i64 = 32768;
@@ -229,7 +240,7 @@ pub fn spec(config: &Config, ids: &HostIds, role: Role<'_>, owner: &str) -> Cont
         ]),
         // Each container its own range of the subordinate ids (`HostIds::Own`): its uid 65534
         // is a host uid no other sandbox has.
-        userns_mode: ids.own().then(|| "auto".to_string()),
+        userns_mode: ids.own().then(|| userns_auto(config)),
         tmpfs: Some(tmpfs),
         ipc_mode: Some("private".into()),
         // No container log: the engine would otherwise persist everything the code writes to
@@ -516,7 +527,15 @@ mod tests {
             sandboxes: 100,
         };
         let body = serde_json::to_value(spec(&c, &own, Role::Pool, "1:2")).unwrap();
-        assert_eq!(body["HostConfig"]["UsernsMode"], "auto");
+        // The size given (what `container_user` 65534:65534 needs), so podman never reads the
+        // image for it under its layer lock.
+        assert_eq!(body["HostConfig"]["UsernsMode"], "auto:size=65535");
+        let small = Config {
+            container_user: "1000:1000".into(),
+            ..Config::default()
+        };
+        let body_small = serde_json::to_value(spec(&small, &own, Role::Pool, "1:2")).unwrap();
+        assert_eq!(body_small["HostConfig"]["UsernsMode"], "auto:size=1001");
         assert_eq!(body["HostConfig"]["Ulimits"][1]["Name"], "nproc");
         assert_eq!(body["HostConfig"]["Ulimits"][1]["Hard"], 128);
         // Both ulimits given, or podman fills the other with what a user namespace cannot have.

@@ -443,9 +443,24 @@ impl Outcome {
     pub fn is_error(&self) -> bool {
         self.0.is_error == Some(true)
     }
-    /// Panics with the whole result when the run did not succeed.
+    /// Panics with the whole result when the run did not succeed; when no engine answered,
+    /// with the host's podman processes too (what may have held the lock the service waited for).
     pub fn ok(self) -> Self {
-        assert_eq!(self.status(), "ok", "run failed: {}", self.text());
+        let engines = if self.status() == "unavailable" {
+            let ps = std::process::Command::new("ps")
+                .args(["-eo", "pid,etimes,stat,wchan:24,args"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            let lines: Vec<&str> = ps
+                .lines()
+                .filter(|l| l.contains("podman") || l.contains("conmon") || l.contains("runc"))
+                .collect();
+            format!("\nthe host's podman processes:\n{}", lines.join("\n"))
+        } else {
+            String::new()
+        };
+        assert_eq!(self.status(), "ok", "run failed: {}{engines}", self.text());
         self
     }
 }

@@ -21,7 +21,7 @@ mod error;
 
 pub use enforcement::{Enforcement, SandboxIsolationMissing};
 pub use error::{ContainerError, EngineError};
-pub use ids::HostIds;
+pub use ids::{HostIds, ids_per_sandbox};
 pub use kept::{CHECK_AFTER, Kept};
 pub use service::own_socket;
 use service::{Lingering, OwnService, keep_alive_every, reap_stale_services};
@@ -33,6 +33,25 @@ const PING_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often a service being started is looked at: it answers ~60 ms after its start on an idle
 /// two-core host, and every ms until it is seen is a ms of a cold first call.
 const SERVICE_POLL: Duration = Duration::from_millis(5);
+/// How long a podman service the bridge started has to answer. Podman answers in about 0.1 s;
+/// one waiting for a lock that another podman process holds (an image load, a removal on a busy
+/// host) answers when it gets it.
+const SERVICE_START: Duration = Duration::from_secs(60);
+/// After this long without an answer, the log says the bridge is still waiting, and why it may.
+const SERVICE_SLOW: Duration = Duration::from_secs(20);
+
+/// The line of a service that never answered: how long it was given, what it said, what to check.
+fn service_silent(url: &str, said: &str) -> String {
+    let said = if said.is_empty() {
+        "it said nothing".to_string()
+    } else {
+        format!("it said: {said}")
+    };
+    format!(
+        "  {url} (own podman service): no answer within {}s; {said}. Podman may be waiting for a lock another podman process holds (`ps -eo pid,etimes,args | grep podman` shows them)",
+        SERVICE_START.as_secs()
+    )
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineKind {
@@ -371,17 +390,24 @@ impl Engine {
                 podman: podman.to_path_buf(),
                 source,
             })?;
+        let said = crate::logging::LineTail::default();
         if let Some(err) = stderr {
             tokio::spawn(crate::logging::forward_lines(
                 err,
                 "podman service".to_string(),
+                Some(said.clone()),
             ));
         }
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let started = tokio::time::Instant::now();
+        let deadline = started + SERVICE_START;
+        let mut told = false;
         loop {
             if let Ok(Some(_)) = service.guard.try_wait() {
+                // Its last words reach the tail before the guard's own line, which follows its end.
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 tried.push(format!(
-                    "  {url} (own podman service): exited before answering (its output is in the log, source \"podman service\")"
+                    "  {url} (own podman service): exited before answering; it said: {}",
+                    said.joined()
                 ));
                 break;
             }
@@ -401,11 +427,18 @@ impl Engine {
                     ids: Default::default(),
                 });
             }
+            if !told && started.elapsed() > SERVICE_SLOW {
+                told = true;
+                tracing::warn!(
+                    %url,
+                    "the bridge's own podman service has not answered in {}s; waiting up to {}s (another podman process may hold a lock it needs: `ps -eo pid,etimes,args | grep podman`)",
+                    SERVICE_SLOW.as_secs(),
+                    SERVICE_START.as_secs()
+                );
+            }
             if tokio::time::Instant::now() > deadline {
                 service.stop().await;
-                tried.push(format!(
-                    "  {url} (own podman service): no answer within 20s"
-                ));
+                tried.push(service_silent(&url, &said.joined()));
                 break;
             }
             tokio::time::sleep(SERVICE_POLL).await;
@@ -475,7 +508,9 @@ impl Engine {
                 podman: podman.to_path_buf(),
                 source,
             })?;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let started = tokio::time::Instant::now();
+        let deadline = started + SERVICE_START;
+        let mut told = false;
         loop {
             if let Ok(Some(_)) = guard.try_wait() {
                 tried.push(format!(
@@ -491,6 +526,15 @@ impl Engine {
                 tracing::info!(%url, %version, "own podman service is up");
                 return Ok(engine(docker, kind, version, "own podman service"));
             }
+            if !told && started.elapsed() > SERVICE_SLOW {
+                told = true;
+                tracing::warn!(
+                    %url,
+                    "the bridge's own podman service has not answered in {}s; waiting up to {}s (another podman process may hold a lock it needs: `ps -eo pid,etimes,args | grep podman`)",
+                    SERVICE_SLOW.as_secs(),
+                    SERVICE_START.as_secs()
+                );
+            }
             if tokio::time::Instant::now() > deadline {
                 // Its guard leads the group: stop all of it.
                 if let Some(pid) = guard.id() {
@@ -500,9 +544,7 @@ impl Engine {
                     // have been reused.
                     unsafe { libc::kill(-(pid as i32), libc::SIGTERM) };
                 }
-                tried.push(format!(
-                    "  {url} (own podman service): no answer within 20s"
-                ));
+                tried.push(service_silent(&url, &shared.log_tail()));
                 break;
             }
             tokio::time::sleep(SERVICE_POLL).await;
