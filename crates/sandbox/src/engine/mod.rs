@@ -40,6 +40,16 @@ const SERVICE_START: Duration = Duration::from_secs(60);
 /// After this long without an answer, the log says the bridge is still waiting, and why it may.
 const SERVICE_SLOW: Duration = Duration::from_secs(20);
 
+/// Logs that a service being started has not answered in [`SERVICE_SLOW`], and what to look at.
+fn service_slow(url: &str) {
+    tracing::warn!(
+        %url,
+        "the bridge's own podman service has not answered in {}s; waiting up to {}s (another podman process may hold a lock it needs: `ps -eo pid,etimes,args | grep podman`)",
+        SERVICE_SLOW.as_secs(),
+        SERVICE_START.as_secs()
+    );
+}
+
 /// The line of a service that never answered: how long it was given, what it said, what to check.
 fn service_silent(url: &str, said: &str) -> String {
     let said = if said.is_empty() {
@@ -429,12 +439,7 @@ impl Engine {
             }
             if !told && started.elapsed() > SERVICE_SLOW {
                 told = true;
-                tracing::warn!(
-                    %url,
-                    "the bridge's own podman service has not answered in {}s; waiting up to {}s (another podman process may hold a lock it needs: `ps -eo pid,etimes,args | grep podman`)",
-                    SERVICE_SLOW.as_secs(),
-                    SERVICE_START.as_secs()
-                );
+                service_slow(&url);
             }
             if tokio::time::Instant::now() > deadline {
                 service.stop().await;
@@ -528,12 +533,7 @@ impl Engine {
             }
             if !told && started.elapsed() > SERVICE_SLOW {
                 told = true;
-                tracing::warn!(
-                    %url,
-                    "the bridge's own podman service has not answered in {}s; waiting up to {}s (another podman process may hold a lock it needs: `ps -eo pid,etimes,args | grep podman`)",
-                    SERVICE_SLOW.as_secs(),
-                    SERVICE_START.as_secs()
-                );
+                service_slow(&url);
             }
             if tokio::time::Instant::now() > deadline {
                 // Its guard leads the group: stop all of it.
