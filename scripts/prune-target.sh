@@ -31,7 +31,7 @@ for target in "$@"; do
   while IFS= read -r -d '' deps; do
     # Executables (test, bench and fuzz binaries) and the workspace crates' own artifacts.
     newest_per_stem "$deps" 1 -type f -perm -u+x ! -name '*.so' ! -name '*.rlib'
-    newest_per_stem "$deps" 1 -type f -name '*mcp_code_bridge*'
+    newest_per_stem "$deps" 1 -type f \( -name '*mcp_code_bridge*' -o -name 'libbridge_*' -o -name 'bridge_*' \)
   done < <(find "$target" -type d -name deps -print0)
   while IFS= read -r -d '' incremental; do
     # A library, its unit tests and a binary of one crate share a name here: a few are kept.

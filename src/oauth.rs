@@ -36,8 +36,8 @@ use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use crate::config::OAuthConfig;
-use crate::error::{Hint, Hinted};
+use bridge_core::config::OAuthConfig;
+use bridge_core::error::{Hint, Hinted};
 
 /// A refetch for an unknown key id waits at least this long after the last fetch.
 pub const MIN_REFRESH: Duration = Duration::from_secs(30);

@@ -18,8 +18,8 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider};
 
-use crate::config::Config;
-use crate::error::{Hint, Hinted};
+use bridge_core::config::Config;
+use bridge_core::error::{Hint, Hinted};
 
 /// The standard variables that name a collector when `otel_endpoint` does not.
 const ENDPOINT_VARS: [&str; 2] = [

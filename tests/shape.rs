@@ -420,19 +420,88 @@ fn string_newtype_errors(files: &[(String, String)]) -> Vec<String> {
     out
 }
 
+/// The crate roots' imports of another workspace crate or one of its modules: such an import
+/// makes `crate::name` in every file of the crate mean another crate (each crate is called by
+/// its own library name instead, `bridge_core::config::Config`). Items (types, traits, `_`
+/// imports) a root imports for its own code are not re-rooted modules.
+fn reroots(files: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (f, text) in files {
+        let is_root = f == "src/lib.rs"
+            || f == "src/main.rs"
+            || (f.starts_with("crates/") && f.ends_with("/src/lib.rs"));
+        if !is_root {
+            continue;
+        }
+        let code = before_tests(text);
+        let mut lines = code.lines();
+        while let Some(line) = lines.next() {
+            let Some(rest) = ["use ", "pub use ", "pub(crate) use "]
+                .iter()
+                .find_map(|p| line.strip_prefix(p))
+            else {
+                continue;
+            };
+            let mut stmt = rest.to_string();
+            while !stmt.contains(';') {
+                let Some(next) = lines.next() else { break };
+                stmt.push_str(next.trim());
+            }
+            let stmt = stmt.split(';').next().unwrap_or("");
+            let stmt = stmt
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+                .replace(":: ", "::")
+                .replace("{ ", "{")
+                .replace(" }", "}");
+            if !(stmt.starts_with("bridge_") || stmt.starts_with("mcp_code_bridge")) {
+                continue;
+            }
+            for path in expand(&stmt) {
+                let (path, bound) = match path.split_once(" as ") {
+                    Some((p, alias)) => (p.to_string(), alias.to_string()),
+                    None => {
+                        let last = path.rsplit("::").next().unwrap_or(&path).to_string();
+                        (path.clone(), last)
+                    }
+                };
+                let bound = if bound == "self" {
+                    path.trim_end_matches("::self")
+                        .rsplit("::")
+                        .next()
+                        .unwrap_or("")
+                        .to_string()
+                } else {
+                    bound
+                };
+                if bound.starts_with(|c: char| c.is_ascii_lowercase()) {
+                    out.push(format!(
+                        "{f}: imports {path} at the crate root as `crate::{bound}`: name it `{path}` where it is used"
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Files that take an advisory lock other than through `core::flock`.
 fn raw_flocks(files: &[(String, String)]) -> Vec<String> {
     files
         .iter()
         .filter(|(f, text)| f != "crates/core/src/flock.rs" && text.contains("libc::flock"))
-        .map(|(f, _)| format!("{f}: calls libc::flock (use mcp_code_bridge_core::flock)"))
+        .map(|(f, _)| format!("{f}: calls libc::flock (use bridge_core::flock)"))
         .collect()
 }
 
-/// The file paths ARCHITECTURE.md names in backticks that exist nowhere in the tree. A name
-/// is looked for as written, under each directory its section's heading names (`attach.rs`
-/// under "### `src/sandbox/`"), then under the tree's usual roots. Placeholders (`<state_dir>/…`)
-/// and absolute paths are not file names of the tree.
+/// The file paths ARCHITECTURE.md names in backticks that do not exist where they are named. A
+/// name is looked for as written from the repository's root and under each directory its
+/// section's heading names (`park.rs` under "### `crates/sandbox/`" is that crate's
+/// `src/park.rs`), and only there: deleting the file it names fails the guard even when a file
+/// of that name is left elsewhere. Under a heading that names no directory, the tree's usual
+/// roots are searched. Placeholders (`<state_dir>/…`) and absolute paths are not file names of
+/// the tree.
 fn missing_paths(doc: &str) -> Vec<String> {
     const ROOTS: &[&str] = &[
         "",
@@ -478,12 +547,20 @@ fn missing_paths(doc: &str) -> Vec<String> {
             if !plain || !file_like {
                 continue;
             }
+            // Under a heading that names directories, a name is one of theirs (or written from the
+            // repository's root); elsewhere, under the tree's usual roots or a crate's `src/`.
             let crate_roots: Vec<String> = source_roots().iter().map(|r| format!("{r}/")).collect();
-            let found = section
+            let bases: Vec<&str> = if section.is_empty() {
+                ROOTS
+                    .iter()
+                    .copied()
+                    .chain(crate_roots.iter().map(String::as_str))
+                    .collect()
+            } else {
+                section.iter().map(String::as_str).chain([""]).collect()
+            };
+            let found = bases
                 .iter()
-                .map(String::as_str)
-                .chain(ROOTS.iter().copied())
-                .chain(crate_roots.iter().map(String::as_str))
                 .any(|base| root().join(format!("{base}{p}")).exists())
                 // Under "### `crates/sandbox/`", `park.rs` is the crate's `src/park.rs`.
                 || section
@@ -704,6 +781,14 @@ fn every_file_lock_goes_through_core_flock() {
 }
 
 #[test]
+fn no_crate_root_imports_a_module_of_another_crate() {
+    report(
+        "rule: each crate is called by its own name; no crate root imports another crate or one of its modules (`crate::` is the file's own crate)",
+        &reroots(&sources()),
+    );
+}
+
+#[test]
 fn no_crate_is_both_a_dependency_and_a_dev_dependency() {
     let found: Vec<String> = manifests()
         .iter()
@@ -846,6 +931,22 @@ fn each_guard_fails_on_a_planted_violation() {
         ]
     );
     assert_eq!(
+        reroots(&[
+            (
+                "crates/server/src/lib.rs".to_string(),
+                "use bridge_core::boxed::Boxed;\nuse bridge_core::trace::Within as _;\nuse bridge_core::{\n    audit,\n    config::Config,\n};\nuse bridge_sandbox as sandbox;\nmod x {\n    use bridge_core::text;\n}\n".to_string(),
+            ),
+            (
+                "crates/server/src/run.rs".to_string(),
+                "use bridge_core::config;\n".to_string(),
+            ),
+        ]),
+        [
+            "crates/server/src/lib.rs: imports bridge_core::audit at the crate root as `crate::audit`: name it `bridge_core::audit` where it is used",
+            "crates/server/src/lib.rs: imports bridge_sandbox at the crate root as `crate::sandbox`: name it `bridge_sandbox` where it is used",
+        ]
+    );
+    assert_eq!(
         raw_flocks(&[
             (
                 "crates/core/src/flock.rs".to_string(),
@@ -856,7 +957,7 @@ fn each_guard_fails_on_a_planted_violation() {
                 "unsafe { libc::flock(fd, 6) }".to_string()
             ),
         ]),
-        ["crates/sandbox/src/park.rs: calls libc::flock (use mcp_code_bridge_core::flock)"]
+        ["crates/sandbox/src/park.rs: calls libc::flock (use bridge_core::flock)"]
     );
     assert!(
         found[0].starts_with("src/a.rs:1: pub async fn rename("),
@@ -884,6 +985,8 @@ fn each_guard_fails_on_a_planted_violation() {
         ),
         [
             "engine.rs",
+            // The top crate's `src/http/mod.rs` exists, but not under the section's crate.
+            "http/mod.rs",
             "image/runtime.py",
             "sandbox/mod.rs",
             "src/server.rs"

@@ -5,8 +5,8 @@
 
 use super::*;
 
-use mcp_code_bridge::audit::{Audit, Exec};
-use mcp_code_bridge::config::Config;
+use bridge_core::audit::{Audit, Exec};
+use bridge_core::config::Config;
 
 /// Records per writer run.
 const RECORDS: usize = 1000;

@@ -35,6 +35,16 @@
 //! `python3` on PATH. A missing prerequisite stops the bench with a message; nothing is skipped.
 //! The 50 "generated" servers are `benches/fixtures/catalog_server.py` started with 50 names.
 
+// A test harness has no API (its `pub` items are for its own modules), prints what a failure
+// needs, and calls libc directly on test processes; the product's lints (Cargo.toml) are for
+// the crates.
+#![allow(
+    unreachable_pub,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    clippy::undocumented_unsafe_blocks
+)]
+
 mod audit;
 mod capacity;
 mod catalog;

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
-use mcp_code_bridge::config::{self, Overrides, Secs, Size};
+use bridge_core::config::{self, Overrides, Secs, Size};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mcp_code_bridge::protocol::{FrameError, MAX_FRAME_BYTES, SandboxFrame, decode};
+use bridge_core::protocol::{FrameError, MAX_FRAME_BYTES, SandboxFrame, decode};
 
 fuzz_target!(|data: &[u8]| {
     // The whole input as one line, then split on newlines as the reader task splits the stream.

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mcp_code_bridge::protocol::{LineSplitter, Split};
+use bridge_core::protocol::{LineSplitter, Split};
 
 fuzz_target!(|data: &[u8]| {
     // First byte: the limit (small, so long lines are common); second: a seed for chunk sizes.

@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mcp_code_bridge::config::Config;
-use mcp_code_bridge::server::RunArgs;
+use bridge_core::config::Config;
+use bridge_server::RunArgs;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(serde_json::Value::Object(args)) = serde_json::from_slice(data) else {

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use libfuzzer_sys::fuzz_target;
-use mcp_code_bridge::upstream::discovery::parse_jsonc;
-use mcp_code_bridge::upstream::{DiscoveryContext, discover};
+use bridge_upstream::discovery::parse_jsonc;
+use bridge_upstream::{DiscoveryContext, discover};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::audit::rotated_files;
-use crate::config;
-use crate::text::visible;
+use bridge_core::audit::rotated_files;
+use bridge_core::config;
+use bridge_core::text::visible;
 
 /// How often `--follow` looks for new records.
 const POLL: Duration = Duration::from_millis(200);
@@ -103,11 +103,11 @@ pub(super) fn audit(loaded: &config::Loaded, opts: Options) -> ExitCode {
     }
 }
 
-/// A log file to read, opened as the bridge opens its state files (`crate::statefile`): a
+/// A log file to read, opened as the bridge opens its state files (`bridge_core::statefile`): a
 /// FIFO, device or symbolic link in its place is skipped with a warning (once), never waited
 /// on or followed.
 fn open_log(path: &Path, warned: &mut bool) -> Option<BufReader<File>> {
-    match crate::statefile::open_read(path) {
+    match bridge_core::statefile::open_read(path) {
         Ok(f) => Some(BufReader::new(f)),
         Err(e) => {
             if e.kind() != std::io::ErrorKind::NotFound && !std::mem::replace(warned, true) {

@@ -5,11 +5,11 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::config::{self, Config};
-use crate::error::Hinted as _;
-use crate::sandbox::engine::{Enforcement, Engine};
-use crate::sandbox::{ExecRequest, Outcome, Sandbox, image};
-use crate::upstream::Upstreams;
+use bridge_core::config::{self, Config};
+use bridge_core::error::Hinted as _;
+use bridge_sandbox::engine::{Enforcement, Engine};
+use bridge_sandbox::{ExecRequest, Outcome, Sandbox, image};
+use bridge_upstream::Upstreams;
 
 struct Checklist {
     failed: usize,
@@ -172,25 +172,25 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
         ));
     }
     if let Some(engine) = &engine
-        && let Ok(n) = crate::sandbox::container::census(engine).await
+        && let Ok(n) = bridge_sandbox::container::census(engine).await
     {
         c.ok(&format!(
             "sandboxes of running bridges: {} in sessions, {} pooled (ready, pool_size = {})",
             n.sessions, n.pooled, config.pool_size
         ));
     }
-    let parked = crate::sandbox::parked::parked_sessions(&config.state_dir);
+    let parked = bridge_sandbox::parked::parked_sessions(&config.state_dir);
     c.note(&format!(
         "sessions parked for the next bridge on this state_dir: {parked} (session_linger = {}{}; `sessions list` shows them)",
         config.session_linger,
-        if crate::sandbox::park::sessions_eligible(&config) {
+        if bridge_sandbox::park::sessions_eligible(&config) {
             ""
         } else {
             "; this configuration parks none: it needs engine_linger, isolation = \"container\" and no inputs"
         }
     ));
-    if crate::sandbox::park::eligible(&config) {
-        match crate::sandbox::park::keeper_dir() {
+    if bridge_sandbox::park::eligible(&config) {
+        match bridge_sandbox::park::keeper_dir() {
             Ok(dir) => c.ok(&format!(
                 "hand-over to the next bridge: keepers listen in {} (this user's alone)",
                 dir.display()
@@ -204,7 +204,7 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             ),
         }
     }
-    let stored = crate::sandbox::snapshots::list(&config.state_dir);
+    let stored = bridge_sandbox::snapshots::list(&config.state_dir);
     c.note(&format!(
         "session snapshots on disk: {} ({} bytes of snapshot_store_size = {}; snapshot_max_size = {}, snapshot_ttl = {}; `sessions list` shows them)",
         stored.len(),
@@ -269,13 +269,17 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             max_timeout: config.max_timeout.0,
             output_cap: 4096,
             spill: None,
-            binding: crate::protocol::ExecBinding::empty(),
+            binding: bridge_core::protocol::ExecBinding::empty(),
             cancel: Default::default(),
             on_output: None,
         };
         let started = std::time::Instant::now();
         match sandbox
-            .run(&crate::identity::SessionKey::local("doctor"), false, req)
+            .run(
+                &bridge_core::identity::SessionKey::local("doctor"),
+                false,
+                req,
+            )
             .await
         {
             Ok(o) if o.outcome == Outcome::Ok => {
@@ -292,7 +296,7 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
                 ));
                 // The proof that the isolation asked for is the one in force: under gVisor the
                 // code sees gVisor's kernel, not the host's.
-                let host = crate::sandbox::kernel::host().release;
+                let host = bridge_sandbox::kernel::host().release;
                 match config.isolation {
                     config::Isolation::Gvisor if kernel == host => c.bad(
                         &format!(
@@ -311,7 +315,7 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
             Ok(o) => c.bad(
                 &format!(
                     "sandbox ran but failed: {}",
-                    crate::server::render::compact_text(&o)
+                    bridge_server::render::compact_text(&o)
                 ),
                 "run with MCP_BRIDGE_LOG_LEVEL=debug for details",
             ),
@@ -341,8 +345,8 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
 /// Which host identity the sandboxes run as (`sandbox::engine::HostIds`), and what bounds their
 /// tasks: their own `nproc`, or the pids cgroup with no per-uid budget shared.
 fn host_identity(c: &Checklist, config: &Config, engine: &Engine, enf: &Enforcement) {
-    use crate::sandbox::container::nproc_limit;
-    use crate::sandbox::engine::HostIds;
+    use bridge_sandbox::container::nproc_limit;
+    use bridge_sandbox::engine::HostIds;
     let ids = engine.host_ids(config);
     let nproc = nproc_limit(config, ids);
     if enf.userns_remap {
@@ -384,7 +388,7 @@ async fn runsc_details(path: &str) -> String {
     if let Ok(Ok(o)) = tokio::time::timeout(std::time::Duration::from_secs(5), version).await
         && let Some(line) = String::from_utf8_lossy(&o.stdout).lines().next()
     {
-        out.push_str(&format!(", {}", crate::text::visible(line.trim())));
+        out.push_str(&format!(", {}", bridge_core::text::visible(line.trim())));
     }
     let script = std::fs::metadata(path)
         .ok()
@@ -395,7 +399,7 @@ async fn runsc_details(path: &str) -> String {
         .split_whitespace()
         .find_map(|w| w.strip_prefix("--platform="))
     {
-        out.push_str(&format!(", platform {}", crate::text::visible(p)));
+        out.push_str(&format!(", platform {}", bridge_core::text::visible(p)));
     }
     out
 }

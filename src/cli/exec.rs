@@ -9,16 +9,16 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use super::{Paint, load_bar};
-use crate::config::Config;
-use crate::identity::SessionKey;
-use crate::protocol::Stream;
-use crate::sandbox::{Outcome, Sandbox};
-use crate::server::{Bridge, RunArgs};
-use crate::upstream::{CallRelay, Upstreams};
+use bridge_core::config::Config;
+use bridge_core::identity::SessionKey;
+use bridge_core::protocol::Stream;
+use bridge_sandbox::{Outcome, Sandbox};
+use bridge_server::{Bridge, RunArgs};
+use bridge_upstream::{CallRelay, Upstreams};
 
 /// Why `exec` has no code to run.
 #[derive(Debug, thiserror::Error)]
-pub enum CodeError {
+pub(super) enum CodeError {
     #[error("give the code as an argument or with -f, not both")]
     Both,
     #[error("cannot read {}: {source}", .path.display())]
@@ -31,12 +31,12 @@ pub enum CodeError {
 }
 
 /// Where `exec`'s code comes from: the argument (`-` is stdin), a file, or stdin.
-pub struct Code {
+pub(super) struct Code {
     pub code: Option<String>,
     pub file: Option<PathBuf>,
 }
 
-impl crate::error::Hinted for CodeError {}
+impl bridge_core::error::Hinted for CodeError {}
 
 fn read_code(Code { code, file }: Code) -> Result<String, CodeError> {
     let code = code.filter(|c| c != "-");
@@ -83,7 +83,7 @@ pub(super) async fn exec(
     let err_paint = Paint {
         on: std::io::stderr().is_terminal(),
     };
-    let sink: crate::sandbox::OutputSink = Arc::new(move |stream, data: &str| match stream {
+    let sink: bridge_sandbox::OutputSink = Arc::new(move |stream, data: &str| match stream {
         Stream::Stdout => {
             let mut o = std::io::stdout().lock();
             let _ = o.write_all(data.as_bytes());
@@ -146,7 +146,7 @@ pub(super) async fn exec(
                 let path = p.display().to_string();
                 println!(
                     "{}",
-                    dim(&format!("[wrote {}]", crate::text::visible(&path)))
+                    dim(&format!("[wrote {}]", bridge_core::text::visible(&path)))
                 );
             }
         }
@@ -189,7 +189,7 @@ pub(super) async fn exec(
 /// to `dir`. The paths written, or what failed first.
 async fn write_out(
     dir: &std::path::Path,
-    o: &crate::sandbox::ExecOutcome,
+    o: &bridge_sandbox::ExecOutcome,
     sandbox: &Sandbox,
     key: &SessionKey,
 ) -> std::io::Result<Vec<PathBuf>> {

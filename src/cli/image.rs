@@ -5,9 +5,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use super::load_bar;
-use crate::config::Config;
-use crate::sandbox::engine::Engine;
-use crate::sandbox::image;
+use bridge_core::config::Config;
+use bridge_sandbox::engine::Engine;
+use bridge_sandbox::image;
 
 pub(super) async fn image_load(config: Arc<Config>, archive: Option<PathBuf>) -> ExitCode {
     let Some(archive) = archive.or(config.image_archive.clone()) else {

@@ -10,14 +10,25 @@
 //! One module per command group: `exec`, `doctor`, `servers` (`--refresh`), `show` (`config`), `image`,
 //! `audit`.
 
+// The commands that print for people (Cargo.toml's lints refuse a print anywhere else: stdout
+// is the MCP channel of `run`, which prints nothing).
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 mod audit;
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 mod doctor;
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 mod exec;
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 mod image;
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 mod packages;
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 mod servers;
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 mod sessions;
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 mod show;
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 mod skills;
 
 use std::io::IsTerminal;
@@ -27,11 +38,11 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{self, Config, Overrides};
-use crate::error::Hinted;
-use crate::sandbox::Sandbox;
-use crate::server::{self, Bridge};
-use crate::upstream::Upstreams;
+use bridge_core::config::{self, Config, Overrides};
+use bridge_core::error::Hinted;
+use bridge_sandbox::Sandbox;
+use bridge_server::Bridge;
+use bridge_upstream::Upstreams;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -202,6 +213,7 @@ pub enum ImageCommand {
 /// What a command that failed prints, the one way: `error: ` and what happened, then what to
 /// do on a `hint:` line of its own ([`Hinted::report`]); and its exit status (2 for a set-up
 /// that could not be made, 1 otherwise).
+#[allow(clippy::print_stderr)]
 pub fn fail(e: &dyn Hinted, status: u8) -> ExitCode {
     eprintln!("error: {}", e.report());
     ExitCode::from(status)
@@ -230,10 +242,10 @@ impl Usage {
 }
 
 impl Hinted for Usage {
-    fn hint(&self) -> Option<crate::error::Hint> {
+    fn hint(&self) -> Option<bridge_core::error::Hint> {
         self.hint
             .as_ref()
-            .map(|h| crate::error::Hint::line(h.clone()))
+            .map(|h| bridge_core::error::Hint::line(h.clone()))
     }
 }
 
@@ -244,7 +256,7 @@ pub fn entry() -> ExitCode {
     use clap::Parser as _;
     let cli = Cli::parse();
     if matches!(cli.command, Some(Command::KeepParked { .. })) {
-        return crate::sandbox::park::keeper_main();
+        return bridge_sandbox::park::keeper_main();
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -281,7 +293,7 @@ pub async fn main(cli: Cli) -> ExitCode {
         }
         _ => loaded.config.log_level,
     };
-    crate::logging::init(level);
+    bridge_core::logging::init(level);
     let config = Arc::new(loaded.config.clone());
     // `doctor` and `config` show these in their report; everything else logs them.
     if !matches!(command, Command::Doctor { .. } | Command::Config) {
@@ -308,7 +320,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             // once finds the engine (and the image check) under way. In the background: the
             // answers to `initialize` and `tools/list` never wait for it.
             bridge.warm_up();
-            match server::serve_stdio(bridge).await {
+            match bridge_server::serve_stdio(bridge).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e}");
@@ -353,7 +365,7 @@ pub async fn main(cli: Cli) -> ExitCode {
         Command::Doctor { quick } => doctor::doctor(config, &loaded, quick).await,
         Command::Servers { refresh } => {
             let ups = Upstreams::from_loaded(&loaded);
-            print!("{}", ups.report());
+            servers::print_report(&ups);
             if refresh {
                 return servers::refresh_catalog(&ups).await;
             }
@@ -387,7 +399,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             SessionsCommand::Rm { names } => sessions::rm(&config, &names),
             SessionsCommand::Prune => sessions::prune(&config),
         },
-        Command::KeepParked { .. } => crate::sandbox::park::keeper_main(),
+        Command::KeepParked { .. } => bridge_sandbox::park::keeper_main(),
         Command::Skills { identity, command } => {
             let store = skills::store(&config, identity.as_deref());
             match command {
@@ -422,7 +434,7 @@ impl Paint {
 }
 
 /// A progress bar for loading the image archive, on a terminal only.
-fn load_bar(config: &Config) -> Option<(indicatif::ProgressBar, crate::sandbox::LoadProgress)> {
+fn load_bar(config: &Config) -> Option<(indicatif::ProgressBar, bridge_sandbox::LoadProgress)> {
     use std::os::unix::fs::PermissionsExt;
     if !std::io::stderr().is_terminal() {
         return None;

@@ -1,12 +1,12 @@
 //! `packages list|prune`: the host's cache of the wheels sessions installed
 //! (`runtime.install`), read and pruned in the same store the bridge uses
-//! (`crate::packages::store`). Pruning never touches a session's installed files: they are
+//! (`bridge_packages::store`). Pruning never touches a session's installed files: they are
 //! hard links, which outlive the cache's.
 
 use std::process::ExitCode;
 
-use crate::config::Config;
-use crate::packages::store::Store;
+use bridge_core::config::Config;
+use bridge_packages::store::Store;
 
 fn store(config: &Config) -> Store {
     Store::new(config.state_dir.join("packages").join("cache"))
@@ -30,7 +30,7 @@ pub(super) fn list(config: &Config, json: bool) -> ExitCode {
         };
         println!(
             "{:40}  {:>10}  {}",
-            crate::text::visible(dist),
+            bridge_core::text::visible(dist),
             w.size,
             w.sha256
         );
@@ -57,7 +57,7 @@ pub(super) fn prune(config: &Config, all: bool) -> ExitCode {
             println!("removed {n} wheel(s), {freed} bytes");
             ExitCode::SUCCESS
         }
-        Ok(None) => super::fail(&crate::packages::PackageError::CacheBusy, 1),
+        Ok(None) => super::fail(&bridge_packages::PackageError::CacheBusy, 1),
         Err(e) => super::fail(&e, 1),
     }
 }

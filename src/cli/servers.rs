@@ -1,8 +1,14 @@
-//! `servers --refresh`: every server started and listed into the saved tool catalog.
+//! `servers`: the configured servers; with `--refresh`, every server started and listed into the
+//! saved tool catalog.
 
 use std::process::ExitCode;
 
-use crate::upstream::Upstreams;
+use bridge_upstream::Upstreams;
+
+/// `servers`: each configured server, where it came from, and what is known of its tools.
+pub(super) fn print_report(ups: &Upstreams) {
+    print!("{}", ups.report());
+}
 
 /// Every server listed into the catalog, with a progress bar on stderr (a line per server when
 /// stderr is not a terminal). Fails when any server could not be listed.

@@ -5,21 +5,21 @@
 //! out its time.
 //!
 //! Session names are the model's choice and identities a token's, so what is printed for a
-//! person goes through `crate::text::visible`; `--json` is exact.
+//! person goes through `bridge_core::text::visible`; `--json` is exact.
 
 use std::process::ExitCode;
 
-use crate::config::{Config, Secs};
-use crate::sandbox::parked::{self, Parked};
-use crate::sandbox::snapshots::{self, Listing, Store};
-use crate::text::visible;
+use bridge_core::config::{Config, Secs};
+use bridge_core::text::visible;
+use bridge_sandbox::parked::{self, Parked};
+use bridge_sandbox::snapshots::{self, Listing, Store};
 
 pub(super) fn list(config: &Config, json: bool) -> ExitCode {
     let sessions = parked::list(&config.state_dir);
     let store = snapshots::scan(&config.state_dir, config.snapshot_ttl.0);
     let stored: Vec<Listing> = store.listings.iter().map(|s| s.listing.clone()).collect();
     if json {
-        let now = crate::clock::now_secs();
+        let now = bridge_core::clock::now_secs();
         let rows: Vec<_> = sessions
             .iter()
             .map(|p| {
@@ -76,7 +76,7 @@ pub(super) fn list(config: &Config, json: bool) -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    let now = crate::clock::now_secs();
+    let now = bridge_core::clock::now_secs();
     let shown = |p: &Parked| -> String {
         p.identity
             .as_deref()
@@ -120,7 +120,7 @@ fn list_snapshots(config: &Config, stored: &[Listing]) {
         );
         return;
     }
-    let now = crate::clock::now_secs();
+    let now = bridge_core::clock::now_secs();
     let who = |l: &Listing| {
         l.identity
             .as_deref()
@@ -154,7 +154,7 @@ fn list_snapshots(config: &Config, stored: &[Listing]) {
         println!(
             "{:width$}  {session:24}  {:>10}  {:>10}  {:>10}  {:12}  {holds}",
             who(l),
-            crate::config::Size(l.size).to_string(),
+            bridge_core::config::Size(l.size).to_string(),
             ago(now.saturating_sub(l.written_at)),
             ago(l.expires.saturating_sub(now)),
             visible(&l.why),
@@ -172,7 +172,7 @@ fn list_snapshots(config: &Config, stored: &[Listing]) {
 /// none): counted toward `snapshot_store_size` as snapshots are, removed by `sessions rm FILE`
 /// and `sessions prune`.
 fn list_other_files(config: &Config, store: &Store) {
-    let now = crate::clock::now_secs();
+    let now = bridge_core::clock::now_secs();
     for (what, files) in [
         ("unreadable", &store.unreadable),
         ("being written", &store.temporary),
@@ -181,7 +181,7 @@ fn list_other_files(config: &Config, store: &Store) {
             println!(
                 "{what} file {} ({}, written {} ago): {}",
                 visible(&u.file),
-                crate::config::Size(u.bytes),
+                bridge_core::config::Size(u.bytes),
                 ago(now.saturating_sub(u.modified)),
                 u.why
             );
@@ -198,7 +198,7 @@ fn list_other_files(config: &Config, store: &Store) {
 
 /// Remove the snapshot of the session named `name` (`NAME`, or `IDENTITY/NAME` under `serve`);
 /// whether there was one. Recorded in the audit log (`session_end`).
-fn remove_snapshot(config: &Config, audit: &crate::audit::Audit, name: &str) -> bool {
+fn remove_snapshot(config: &Config, audit: &bridge_core::audit::Audit, name: &str) -> bool {
     let Some(l) = snapshots::list(&config.state_dir)
         .into_iter()
         .find(|l| l.key().to_string() == name)
@@ -209,8 +209,8 @@ fn remove_snapshot(config: &Config, audit: &crate::audit::Audit, name: &str) -> 
         return false;
     }
     audit.session_state(
-        crate::audit::StateEvent::SessionEnd,
-        crate::audit::SessionStateRecord {
+        bridge_core::audit::StateEvent::SessionEnd,
+        bridge_core::audit::SessionStateRecord {
             session: l.session.clone(),
             identity: l.identity.clone(),
             why: "sessions rm".into(),
@@ -231,7 +231,7 @@ fn remove_snapshot(config: &Config, audit: &crate::audit::Audit, name: &str) -> 
 /// (the others are still ended).
 pub(super) fn rm(config: &Config, names: &[String]) -> ExitCode {
     let mut status = ExitCode::SUCCESS;
-    let audit = crate::audit::Audit::open(config);
+    let audit = bridge_core::audit::Audit::open(config);
     for name in names {
         let removed = remove_snapshot(config, &audit, name) || remove_other_file(config, name);
         match parked::end(&config.state_dir, name) {
@@ -264,9 +264,9 @@ struct NotParked {
     state_dir: std::path::PathBuf,
 }
 
-impl crate::error::Hinted for NotParked {
-    fn hint(&self) -> Option<crate::error::Hint> {
-        Some(crate::error::Hint::line(
+impl bridge_core::error::Hinted for NotParked {
+    fn hint(&self) -> Option<bridge_core::error::Hint> {
+        Some(bridge_core::error::Hint::line(
             "`mcp-code-bridge sessions list` shows them; a session of `serve` is named IDENTITY/NAME",
         ))
     }
@@ -298,7 +298,7 @@ fn remove_other_file(config: &Config, name: &str) -> bool {
 /// End every parked session and remove every snapshot, and every other file of the store
 /// (unreadable ones, and files being written: a snapshot being written now is not kept).
 pub(super) fn prune(config: &Config) -> ExitCode {
-    let audit = crate::audit::Audit::open(config);
+    let audit = bridge_core::audit::Audit::open(config);
     let store = snapshots::scan(&config.state_dir, config.snapshot_ttl.0);
     let removed = store
         .listings

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::config::{self, KEYS};
+use bridge_core::config::{self, KEYS};
 
 pub(super) fn print_config(loaded: &config::Loaded) {
     let v = serde_json::to_value(&loaded.config).unwrap_or_default();

@@ -1,18 +1,18 @@
 //! `skills list|show|rm`: the functions the model saved (`runtime.save_skill`) for later
-//! sessions, read from and removed in the same store the bridge uses (`crate::skills`), so a
+//! sessions, read from and removed in the same store the bridge uses (`bridge_skills`), so a
 //! person can see what every new session will have defined and take out what should not be.
 //!
 //! Names, descriptions and sources are the code's choice, so what is printed for a person goes
-//! through `crate::text::visible` (one-line fields) and `visible_lines` (a source, a
+//! through `bridge_core::text::visible` (one-line fields) and `visible_lines` (a source, a
 //! description shown whole): a character a terminal would act on (an escape sequence that
 //! moves up and erases a line, a carriage return, a bidi override) is printed as an escape,
 //! so the review `skills show` is for sees every line that would run. `--json` is exact.
 
 use std::process::ExitCode;
 
-use crate::config::Config;
-use crate::skills::{Listing, Store};
-use crate::text::{visible, visible_lines};
+use bridge_core::config::Config;
+use bridge_core::text::{visible, visible_lines};
+use bridge_skills::{Listing, Store};
 
 /// One line of a description in the table: its first line, cut to this many characters.
 const DESCRIPTION_WIDTH: usize = 60;
@@ -141,7 +141,7 @@ pub(super) fn show(store: &Store, name: &str) -> ExitCode {
                 println!();
             }
             // Shown for review all the same; said apart, so the output stays the source.
-            if let Err(reason) = crate::skills::check::check(&s.name, &s.source) {
+            if let Err(reason) = bridge_skills::check::check(&s.name, &s.source) {
                 eprintln!(
                     "warning: sessions do not define this skill: {}",
                     visible(&reason.to_string())
@@ -176,6 +176,6 @@ pub(super) fn rm(store: &Store, names: &[String]) -> ExitCode {
 }
 
 /// The error, and on its own line what to do next.
-fn report(e: &crate::skills::SkillError) {
+fn report(e: &bridge_skills::SkillError) {
     let _ = super::fail(e, 1);
 }

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::Config;
-use crate::error::{Hint, Hinted};
 use crate::oauth::{OAuthError, Verifier};
+use bridge_core::config::Config;
+use bridge_core::error::{Hint, Hinted};
 
 /// Shortest token `token_file` may hold: guessing one must be hopeless.
 pub const MIN_TOKEN_LEN: usize = 16;

@@ -43,7 +43,7 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Raise the soft limit of open files to the hard one (systemd's soft default, 1024, is what a
 /// few hundred idle connections would take), log it, and return the soft limit in force.
-pub fn raise_open_files() -> u64 {
+pub(super) fn raise_open_files() -> u64 {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -79,7 +79,7 @@ const H2_PING: Duration = Duration::from_secs(30);
 
 /// hyper's own deadlines: HTTP/1 headers (and idle keep-alive connections) within `timeout`,
 /// HTTP/2 pings answered within it.
-pub fn deadlines(
+pub(super) fn deadlines(
     builder: &mut hyper_util::server::conn::auto::Builder<TokioExecutor>,
     timeout: Duration,
 ) {
@@ -95,7 +95,7 @@ pub fn deadlines(
 }
 
 /// `http.max_connections`, lowered to what `open_files` leaves beside [`RESERVED_FILES`].
-pub fn connection_cap(configured: u32, open_files: u64) -> usize {
+pub(super) fn connection_cap(configured: u32, open_files: u64) -> usize {
     let room = open_files.saturating_sub(RESERVED_FILES).max(16);
     if u64::from(configured) > room {
         tracing::warn!(
@@ -166,7 +166,7 @@ impl Drop for Mark {
 /// The connection's service: its first call marks the connection as having sent a whole
 /// request, so it is no longer taken for a slowloris.
 #[derive(Clone)]
-pub struct Marked<S> {
+pub(super) struct Marked<S> {
     inner: S,
     mark: Arc<Mark>,
 }
@@ -193,7 +193,7 @@ where
 /// connection beyond the cap takes the place of the oldest pending one, or is refused when
 /// none is pending; one that sends nothing within the timeout is closed.
 #[derive(Clone)]
-pub struct Capped {
+pub(super) struct Capped {
     slots: Arc<Semaphore>,
     refusing: Arc<Semaphore>,
     pending: Arc<Pending>,
@@ -204,7 +204,7 @@ pub struct Capped {
 }
 
 impl Capped {
-    pub fn new(cap: usize, header_timeout: Duration, plain: bool) -> Capped {
+    pub(super) fn new(cap: usize, header_timeout: Duration, plain: bool) -> Capped {
         Capped {
             slots: Arc::new(Semaphore::new(cap)),
             refusing: Arc::new(Semaphore::new(REFUSING)),
@@ -352,7 +352,7 @@ fn evicted() -> io::Error {
 
 /// A connection that holds its place under the cap until it is closed, or until its place is
 /// taken while it is still pending (its next read fails).
-pub struct Counted {
+pub(super) struct Counted {
     stream: TcpStream,
     _slot: OwnedSemaphorePermit,
     closed: Pin<Box<WaitForCancellationFutureOwned>>,

@@ -2,7 +2,7 @@
 //! lists (DNS-rebinding protection), an `Mcp-Session-Id` kept to the identity that created it,
 //! and the bounds on what one identity holds at once.
 
-use crate::identity::Identity;
+use bridge_core::identity::Identity;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,17 +17,17 @@ use rmcp::transport::streamable_http_server::session::SessionManager as _;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::config::HttpConfig;
+use bridge_core::config::HttpConfig;
 
 /// Most SSE streams (GETs) one MCP session keeps open at once.
-pub const SSE_STREAMS_PER_SESSION: usize = 2;
+pub(super) const SSE_STREAMS_PER_SESSION: usize = 2;
 /// Most `Mcp-Session-Id`s remembered with their identity; the oldest are forgotten first
 /// (rmcp has closed them long before: a session lives while its client uses it).
 const MAX_OWNED_SESSIONS: usize = 10_000;
 const SESSION_HEADER: &str = "mcp-session-id";
 
 /// The names a request's `Host` may carry, and the `Origin`s a browser request may come from.
-pub struct Hosts {
+pub(super) struct Hosts {
     any_host: bool,
     hosts: Vec<String>,
     origins: Vec<OriginRule>,
@@ -50,7 +50,7 @@ fn default_port(scheme: &str) -> u16 {
 
 /// Why a request was refused before authentication (its Host or Origin): the 403's message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GuardRefusal {
+pub(super) enum GuardRefusal {
     /// The request names no host, neither in `Host` nor in its URI.
     #[error("the request has no Host")]
     NoHost,
@@ -87,7 +87,7 @@ impl OriginRule {
 }
 
 impl Hosts {
-    pub fn new(config: &HttpConfig, bound: SocketAddr) -> Hosts {
+    pub(super) fn new(config: &HttpConfig, bound: SocketAddr) -> Hosts {
         let mut hosts: Vec<String> = LOOPBACK.iter().map(|s| s.to_string()).collect();
         if !bound.ip().is_unspecified() {
             hosts.push(match bound {
@@ -131,7 +131,7 @@ impl Hosts {
     }
 
     /// `Err`: why the request is refused (403).
-    pub fn check(&self, request: &Request) -> Result<(), GuardRefusal> {
+    pub(super) fn check(&self, request: &Request) -> Result<(), GuardRefusal> {
         let host = request
             .headers()
             .get(header::HOST)
@@ -184,7 +184,7 @@ impl Hosts {
 }
 
 /// What one identity and one MCP session hold, and the requests in flight (for shutdown).
-pub struct Limits {
+pub(super) struct Limits {
     per_identity: usize,
     /// `http.max_mcp_sessions_per_identity`.
     mcp_sessions_per_identity: usize,
@@ -197,7 +197,7 @@ pub struct Limits {
 }
 
 /// What to do when a response's client goes away before its end (see [`Limits::run`]).
-pub type OnAbandoned = Box<dyn FnOnce() + Send + Sync>;
+pub(super) type OnAbandoned = Box<dyn FnOnce() + Send + Sync>;
 
 /// Released when the response's body ends (or the client goes away).
 struct Held {
@@ -262,7 +262,7 @@ fn refuse(status: StatusCode, error: &str, why: String) -> Response {
 }
 
 impl Limits {
-    pub fn new(
+    pub(super) fn new(
         per_identity: usize,
         mcp_sessions_per_identity: usize,
         sessions: Arc<LocalSessionManager>,
@@ -279,12 +279,12 @@ impl Limits {
     }
 
     /// POSTs being answered now.
-    pub fn in_flight(&self) -> usize {
+    pub(super) fn in_flight(&self) -> usize {
         self.in_flight.0.load(Ordering::SeqCst)
     }
 
     /// Until no POST is being answered.
-    pub async fn idle(&self) {
+    pub(super) async fn idle(&self) {
         loop {
             let notified = self.in_flight.1.notified();
             if self.in_flight() == 0 {
@@ -296,7 +296,7 @@ impl Limits {
 
     /// Run `request` of `identity` within the bounds, and remember the MCP session it creates.
     /// `abandoned` runs if the client goes away before the response's end.
-    pub async fn run(
+    pub(super) async fn run(
         self: &Arc<Self>,
         identity: Identity,
         request: Request,
@@ -458,7 +458,7 @@ impl Limits {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::http::Names;
+    use bridge_core::config::http::Names;
 
     fn req(host: Option<&str>, origin: Option<&str>) -> Request {
         let mut b = Request::builder().uri("/mcp");

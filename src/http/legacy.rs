@@ -1,4 +1,4 @@
-//! The 2025-11-25 form of tasks over HTTP: [`crate::server::legacy_tasks`] applied to a POST's JSON body
+//! The 2025-11-25 form of tasks over HTTP: [`bridge_server::legacy_tasks`] applied to a POST's JSON body
 //! before rmcp reads it, and to the answer of an `initialize` or `tools/list` (a JSON body, or
 //! the events of an SSE stream) on its way out.
 
@@ -11,7 +11,7 @@ use axum::response::Response;
 use serde_json::Value;
 
 use super::problem;
-use crate::server::legacy_tasks::Wire;
+use bridge_server::legacy_tasks::Wire;
 
 /// The largest answer translated; an `initialize` or `tools/list` answer is a few KiB.
 const MAX_ANSWER: usize = 4 << 20;
@@ -21,7 +21,7 @@ const ANSWER_WAIT: Duration = Duration::from_secs(30);
 /// Translate a POST's body; the [`Wire`] is returned when the answer must be translated too,
 /// and the message as translated when the body is JSON (the one parse of it the bridge makes).
 /// The body is read within `max_body` (as rmcp would read it).
-pub async fn inbound(
+pub(super) async fn inbound(
     request: Request,
     max_body: usize,
 ) -> Result<(Request, Option<Wire>, Option<Value>), Response> {
@@ -61,7 +61,7 @@ pub async fn inbound(
 }
 
 /// Translate the answer `response` carries, as JSON or as SSE `data:` lines.
-pub async fn outbound(response: Response, mut wire: Wire) -> Response {
+pub(super) async fn outbound(response: Response, mut wire: Wire) -> Response {
     let (mut parts, body) = response.into_parts();
     let sse = is_event_stream(&parts.headers);
     let bytes =

@@ -34,11 +34,11 @@ use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use serde_json::json;
 
-use crate::config::{Config, http::parse_listen};
-use crate::error::{Hint, Hinted};
-use crate::identity::Identity;
-use crate::server::Bridge;
 use auth::Auth;
+use bridge_core::config::{Config, http::parse_listen};
+use bridge_core::error::{Hint, Hinted};
+use bridge_core::identity::Identity;
+use bridge_server::Bridge;
 
 /// Where the MCP endpoint is.
 pub const MCP_PATH: &str = "/mcp";
@@ -64,7 +64,7 @@ pub enum ServeError {
     #[error(transparent)]
     Auth(#[from] auth::AuthSetupError),
     #[error("{0}")]
-    Listen(crate::config::InvalidValue),
+    Listen(bridge_core::config::InvalidValue),
 }
 
 impl Hinted for ServeError {
@@ -209,7 +209,7 @@ pub async fn serve(bridge: Bridge, config: Arc<Config>) -> Result<(), ServeError
         r = &mut server => {
             if let Err(e) = r { tracing::error!("the HTTP server stopped: {e}"); }
         }
-        sig = crate::server::quit_signal() => {
+        sig = bridge_server::quit_signal() => {
             let deadline = config.max_timeout.0 + SHUTDOWN_GRACE;
             tracing::info!(
                 in_flight = shared.guard.in_flight(),

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 
+use bridge_upstream::store::{CATALOG_FILE, Store};
+use bridge_upstream::{Discovery, ServerEntry, UpstreamSettings, Upstreams};
 use common::{Home, Outcome, server_bin, wait_until, write_servers};
-use mcp_code_bridge::upstream::store::{CATALOG_FILE, Store};
-use mcp_code_bridge::upstream::{Discovery, ServerEntry, UpstreamSettings, Upstreams};
 use serde_json::{Value, json};
 
 fn init_log() {
@@ -348,7 +348,7 @@ async fn a_cold_search_starts_servers_a_few_at_a_time_and_leaves_none_running() 
     for n in &names {
         assert_eq!(up.pool().starts(n), 1, "{n}");
     }
-    let bound = mcp_code_bridge::upstream::hydrate_concurrency();
+    let bound = bridge_upstream::hydrate_concurrency();
     assert!(most <= bound, "{most} servers ran at once, over {bound}");
     assert!(most >= 1, "the watcher saw no server");
     wait_until(

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::common::BIN;
-use mcp_code_bridge::config::keys::KEYS;
+use bridge_core::config::keys::KEYS;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -4,6 +4,16 @@
 //! small machine was most of the test command's time. Run one subject with a filter:
 //! `cargo test --release --test e2e -- http::` (several filters may be given).
 
+// A test harness has no API (its `pub` items are for its own modules), prints what a failure
+// needs, and calls libc directly on test processes; the product's lints (Cargo.toml) are for
+// the crates.
+#![allow(
+    unreachable_pub,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    clippy::undocumented_unsafe_blocks
+)]
+
 mod common;
 
 mod approvals;

@@ -18,8 +18,8 @@ use common::oidc::{CIMD_CLIENT, Provider, free_port};
 use std::time::Duration;
 
 use base64::Engine as _;
-use mcp_code_bridge::config::OAuthConfig;
-use mcp_code_bridge::error::Hinted as _;
+use bridge_core::config::OAuthConfig;
+use bridge_core::error::Hinted as _;
 use mcp_code_bridge::oauth::{OAuthError, TokenError, Verifier};
 
 const AUDIENCE: &str = "http://127.0.0.1:8931/mcp";

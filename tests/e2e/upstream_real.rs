@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 
+use bridge_core::error::Hinted as _;
+use bridge_upstream::{BindError, Discovery, ServerEntry, UpstreamSettings, Upstreams};
 use common::{process_alive as alive, server_bin, wait_until};
-use mcp_code_bridge::error::Hinted as _;
-use mcp_code_bridge::upstream::{BindError, Discovery, ServerEntry, UpstreamSettings, Upstreams};
 use serde_json::{Value, json};
 
 fn init_log() {
@@ -59,7 +59,7 @@ fn text_of(result: &Value) -> String {
 }
 
 async fn call(
-    rpc: &dyn mcp_code_bridge::protocol::RpcHandler,
+    rpc: &dyn bridge_core::protocol::RpcHandler,
     server: &str,
     tool: &str,
     args: Value,

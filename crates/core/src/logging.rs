@@ -9,14 +9,31 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogLevel;
 
+/// The library names of this project's crates: the log targets `log_level` applies to (a
+/// target is its module path, `bridge_sandbox::park`, and a directive matches by prefix).
+pub const CRATES: &[&str] = &[
+    "mcp_code_bridge",
+    "bridge_core",
+    "bridge_packages",
+    "bridge_skills",
+    "bridge_sandbox",
+    "bridge_upstream",
+    "bridge_server",
+];
+
+/// The filter when `RUST_LOG` is not set: `level` for this project's crates, warnings of others.
+pub fn default_filter(level: LogLevel) -> String {
+    let mut filter = "warn,rmcp=warn".to_string();
+    for krate in CRATES {
+        filter.push_str(&format!(",{krate}={}", level.as_filter()));
+    }
+    filter
+}
+
 /// Install the stderr subscriber. `RUST_LOG` refines the level when set.
 pub fn init(level: LogLevel) {
-    let filter = EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| {
-        EnvFilter::new(format!(
-            "warn,rmcp=warn,mcp_code_bridge={}",
-            level.as_filter()
-        ))
-    });
+    let filter = EnvFilter::try_from_env("RUST_LOG")
+        .unwrap_or_else(|_| EnvFilter::new(default_filter(level)));
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     let fmt = tracing_subscriber::fmt::layer()
@@ -228,6 +245,39 @@ impl LineTail {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every crate of the workspace is in `CRATES` by its library name, so `log_level` reaches
+    /// its log lines (a crate left out would log warnings only).
+    #[test]
+    fn the_default_filter_names_every_crate_of_the_workspace() {
+        let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap();
+        let mut seen = 0;
+        for entry in std::fs::read_dir(crates).unwrap().flatten() {
+            let Ok(manifest) = std::fs::read_to_string(entry.path().join("Cargo.toml")) else {
+                continue;
+            };
+            let name = manifest
+                .split("[lib]")
+                .nth(1)
+                .and_then(|lib| lib.lines().find_map(|l| l.trim().strip_prefix("name = \"")))
+                .map(|n| n.trim_end_matches('"'))
+                .unwrap_or_else(|| panic!("{}: no [lib] name", entry.path().display()));
+            assert!(CRATES.contains(&name), "{name} is not in logging::CRATES");
+            seen += 1;
+        }
+        assert_eq!(
+            seen,
+            CRATES.len() - 1,
+            "the top crate and one per crates/ directory"
+        );
+        let filter = default_filter(LogLevel::Debug);
+        for krate in CRATES {
+            assert!(filter.contains(&format!(",{krate}=debug")), "{filter}");
+        }
+        assert!(filter.starts_with("warn,rmcp=warn,"), "{filter}");
+    }
 
     /// A tail keeps the last lines, each cut and made visible, and the forwarder fills it.
     #[tokio::test]

@@ -5,8 +5,8 @@ use std::collections::HashSet;
 
 use super::resolve::Wheel;
 use super::{Asker, PackageError, Packages};
-use crate::config::policy::Fallback;
-use crate::policy::{Approval, ApprovalRequest};
+use bridge_core::config::policy::Fallback;
+use bridge_core::policy::{Approval, ApprovalRequest};
 
 /// Questions about installs one session may put to the user; past it an install that would
 /// ask is refused unasked.
@@ -30,11 +30,11 @@ impl Packages {
         who: &Asker<'_>,
         asked: &mut u32,
     ) -> Result<Ruling, (Ruling, PackageError)> {
-        use crate::config::policy::Action;
+        use bridge_core::config::policy::Action;
         if let Some(w) = new.iter().find(|w| self.deny.is_match(&w.name)) {
             let rule = format!(
                 "packages.deny (matches {})",
-                crate::policy::shown_name(&w.name)
+                bridge_core::policy::shown_name(&w.name)
             );
             return Err((
                 Ruling {
@@ -45,7 +45,7 @@ impl Packages {
                 PackageError::Denied {
                     what: format!(
                         "{} (a dependency of what was asked)",
-                        crate::policy::shown_name(&w.name)
+                        bridge_core::policy::shown_name(&w.name)
                     ),
                     rule,
                 },
@@ -148,8 +148,8 @@ fn question(new: &[Wheel], requested: &HashSet<&str>) -> String {
     for w in new.iter().take(64) {
         s.push_str(&format!(
             "  {} {} ({}){}\n",
-            crate::policy::shown_name(&w.name),
-            crate::policy::shown_name(&w.version),
+            bridge_core::policy::shown_name(&w.name),
+            bridge_core::policy::shown_name(&w.version),
             w.size.map_or("size unknown".into(), human),
             if requested.contains(w.name.as_str()) {
                 ", asked for"
@@ -169,7 +169,7 @@ fn listing_names(ws: &[&Wheel]) -> String {
     let names: Vec<String> = ws
         .iter()
         .take(8)
-        .map(|w| crate::policy::shown_name(&w.name))
+        .map(|w| bridge_core::policy::shown_name(&w.name))
         .collect();
     let more = if ws.len() > 8 {
         format!(" and {} more", ws.len() - 8)

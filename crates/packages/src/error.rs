@@ -3,13 +3,13 @@
 
 use std::path::PathBuf;
 
-use mcp_code_bridge_core::error::{Hint, Hinted};
+use bridge_core::error::{Hint, Hinted};
 
 /// Why an install failed; the message says what, the hint what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum PackageError {
     #[error("{0}")]
-    BadRequirement(crate::config::InvalidValue),
+    BadRequirement(bridge_core::config::InvalidValue),
     #[error("install refused: {what}, by {rule}")]
     Denied { what: String, rule: String },
     #[error(

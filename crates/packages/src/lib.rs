@@ -1,7 +1,7 @@
 //! Packages on demand: `runtime.install(...)` in the sandbox, done by the host with the
 //! sandbox's network still off.
 //!
-//! An install is: the requirements checked ([`crate::config::Requirement`]: names, extras and
+//! An install is: the requirements checked ([`bridge_core::config::Requirement`]: names, extras and
 //! version clauses only); resolved for the interpreter the sandbox said it is at boot
 //! (`resolve`, uv on the host, wheels only, the image's distributions as constraints), or taken
 //! from a resolution already made (`store` plans: no index reached); decided under
@@ -16,8 +16,7 @@
 //! `audit`, `protocol` and the ground-floor helpers; nothing of `sandbox/`, `upstream/` or
 //! `server`.
 
-// The layers below, under the names the code gives them (`crate::config::…`).
-use mcp_code_bridge_core::{audit, config, flock, identity, policy, protocol, statefile, trace};
+// The layers below are called by their own names (`bridge_core::config::…`); `crate::` is this crate.
 
 mod decide;
 mod error;
@@ -40,15 +39,15 @@ use std::time::Instant;
 
 use globset::GlobSet;
 
-use crate::audit::{Audit, InstallRecord, ResolvedDist};
-use crate::config::packages::NameGlobs;
-use crate::config::policy::Fallback;
-use crate::config::{Config, PackagesConfig, Requirement};
-use crate::identity::SessionKey;
-use crate::policy::Approver;
-use crate::protocol::Interpreter;
+use bridge_core::audit::{Audit, InstallRecord, ResolvedDist};
+use bridge_core::config::packages::NameGlobs;
+use bridge_core::config::policy::Fallback;
+use bridge_core::config::{Config, PackagesConfig, Requirement};
+use bridge_core::error::Hinted;
+use bridge_core::identity::SessionKey;
+use bridge_core::policy::Approver;
+use bridge_core::protocol::Interpreter;
 use decide::Ruling;
-use mcp_code_bridge_core::error::Hinted;
 use store::Store;
 
 /// Who asks for an install, for the audit and the question.
@@ -116,8 +115,8 @@ impl Packages {
     }
 
     /// What `[packages]` says of `name` (normalized): `deny`, `allow` or `ask`.
-    pub fn rule_for(&self, name: &str) -> crate::config::policy::Action {
-        use crate::config::policy::Action;
+    pub fn rule_for(&self, name: &str) -> bridge_core::config::policy::Action {
+        use bridge_core::config::policy::Action;
         if self.deny.is_match(name) {
             Action::Deny
         } else if self.allow.is_match(name) {
@@ -170,12 +169,12 @@ impl Packages {
         // A span of the call: what was asked for, how it ended. The code's text is on it only
         // as requirements that passed the grammar (bounded, a distribution's name and
         // versions), unless `otel_content`; the rest are counted.
-        let span = trace::Guard::new(trace::internal(
+        let span = bridge_core::trace::Guard::new(bridge_core::trace::internal(
             "packages.install",
             requested_attrs(requirements, self.otel_content),
         ));
         let result = {
-            use trace::Within as _;
+            use bridge_core::trace::Within as _;
             self.install_inner(interpreter, requirements, &who, &mut record)
                 .within(span.context().clone())
                 .await
@@ -184,9 +183,9 @@ impl Packages {
         match &result {
             Ok(installed) => {
                 record.status = "ok".into();
-                trace::set(
+                bridge_core::trace::set(
                     span.context(),
-                    vec![trace::Attr::new(
+                    vec![bridge_core::trace::Attr::new(
                         "mcp_code_bridge.packages.installed",
                         installed.len() as i64,
                     )],
@@ -210,10 +209,10 @@ impl Packages {
         who: &Asker<'_>,
         record: &mut InstallRecord,
     ) -> Result<Vec<Installed>, PackageError> {
-        use crate::config::packages::MAX_REQUIREMENTS;
+        use bridge_core::config::packages::MAX_REQUIREMENTS;
         if requirements.is_empty() || requirements.len() > MAX_REQUIREMENTS {
             return Err(PackageError::BadRequirement(
-                crate::config::InvalidValue::RequirementCount {
+                bridge_core::config::InvalidValue::RequirementCount {
                     count: requirements.len(),
                 },
             ));
@@ -239,7 +238,7 @@ impl Packages {
         {
             record.decision = "deny".into();
             return Err(PackageError::RefusedBefore {
-                what: crate::policy::shown_name(name),
+                what: bridge_core::policy::shown_name(name),
                 rule: rule.clone(),
             });
         }
@@ -248,7 +247,7 @@ impl Packages {
             return Err(PackageError::RefusedBefore {
                 what: reqs
                     .iter()
-                    .map(|r| crate::policy::shown_name(&r.name))
+                    .map(|r| bridge_core::policy::shown_name(&r.name))
                     .collect::<Vec<_>>()
                     .join(", "),
                 rule: rule.clone(),
@@ -259,7 +258,7 @@ impl Packages {
             if self.deny.is_match(&r.name) && !who.preinstall {
                 let rule = format!(
                     "packages.deny (matches {})",
-                    crate::policy::shown_name(&r.name)
+                    bridge_core::policy::shown_name(&r.name)
                 );
                 record.decision = "deny".into();
                 record.rule = Some(rule.clone());
@@ -272,7 +271,7 @@ impl Packages {
                     self.store.root(),
                 );
                 return Err(PackageError::Denied {
-                    what: crate::policy::shown_name(&r.name),
+                    what: bridge_core::policy::shown_name(&r.name),
                     rule,
                 });
             }
@@ -313,7 +312,7 @@ impl Packages {
         let image: std::collections::HashSet<String> = target
             .dists
             .iter()
-            .map(|(n, _)| crate::config::packages::normalize(n))
+            .map(|(n, _)| bridge_core::config::packages::normalize(n))
             .collect();
         wheels.retain(|w| !image.contains(&w.name));
         let mut new = Vec::new();
@@ -355,7 +354,7 @@ impl Packages {
         {
             record.decision = "deny".into();
             return Err(PackageError::RefusedBefore {
-                what: crate::policy::shown_name(name),
+                what: bridge_core::policy::shown_name(name),
                 rule: rule.clone(),
             });
         }
@@ -381,7 +380,7 @@ impl Packages {
                     let declined: Vec<&str> = if record.decision == "ask:denied" {
                         new.iter()
                             .filter(|w| {
-                                self.rule_for(&w.name) != crate::config::policy::Action::Allow
+                                self.rule_for(&w.name) != bridge_core::config::policy::Action::Allow
                             })
                             .map(|w| w.name.as_str())
                             .collect()
@@ -538,7 +537,7 @@ impl Packages {
     /// 'x'`: the call that installs it, when `[packages]` would allow it or ask the user (and the
     /// user can be asked, or the fallback allows); nothing when it would be refused.
     pub fn missing_module_hint(&self, message: &str, can_ask: bool) -> Option<String> {
-        use crate::config::policy::Action;
+        use bridge_core::config::policy::Action;
         let module = message
             .strip_prefix("No module named '")?
             .split('\'')
@@ -555,7 +554,7 @@ impl Packages {
             return None;
         }
         let dist = IMPORT_NAMES.iter().find(|(m, _)| *m == module).map_or_else(
-            || crate::config::packages::normalize(module),
+            || bridge_core::config::packages::normalize(module),
             |(_, d)| d.to_string(),
         );
         let how = match self.rule_for(&dist) {
@@ -575,7 +574,7 @@ impl Packages {
 pub struct Preinstall(pub Arc<Packages>);
 
 #[async_trait::async_trait]
-impl crate::protocol::Provision for Preinstall {
+impl bridge_core::protocol::Provision for Preinstall {
     async fn provision(&self, interpreter: &Interpreter) -> Vec<String> {
         let list = self.0.config.preinstall.0.clone();
         if list.is_empty() {
@@ -600,27 +599,27 @@ impl crate::protocol::Provision for Preinstall {
 /// The install span's account of what the code asked for: the requirements that are valid
 /// (`Requirement::parse`), at most 512 characters of them, and how many were not; with
 /// `content` (`otel_content`), the code's text as it was, cut to 512 characters.
-fn requested_attrs(requirements: &[String], content: bool) -> Vec<trace::Attr> {
+fn requested_attrs(requirements: &[String], content: bool) -> Vec<bridge_core::trace::Attr> {
     let cut = |s: String| -> String { s.chars().take(512).collect() };
     if content {
-        return vec![trace::Attr::new(
+        return vec![bridge_core::trace::Attr::new(
             "mcp_code_bridge.packages.requested",
             cut(requirements.join(" ")),
         )];
     }
     let valid: Vec<String> = requirements
         .iter()
-        .take(crate::config::packages::MAX_REQUIREMENTS)
+        .take(bridge_core::config::packages::MAX_REQUIREMENTS)
         .filter_map(|r| Requirement::parse(r).ok())
         .map(|r| r.text)
         .collect();
     let invalid = requirements.len() - valid.len();
-    let mut attrs = vec![trace::Attr::new(
+    let mut attrs = vec![bridge_core::trace::Attr::new(
         "mcp_code_bridge.packages.requested",
         cut(valid.join(" ")),
     )];
     if invalid > 0 {
-        attrs.push(trace::Attr::new(
+        attrs.push(bridge_core::trace::Attr::new(
             "mcp_code_bridge.packages.requested_invalid",
             invalid as i64,
         ));

@@ -14,8 +14,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::PackageError;
-use crate::config::{PackagesConfig, Requirement};
-use crate::protocol::Target;
+use bridge_core::config::{PackagesConfig, Requirement};
+use bridge_core::protocol::Target;
 
 /// One wheel of a resolution.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -295,7 +295,7 @@ pub fn parse_lock(
         .map_err(|e| PackageError::Unresolvable(format!("uv's lock could not be read: {e}")))?;
     let mut out = Vec::new();
     for p in lock.packages {
-        let name = crate::config::packages::normalize(&p.name);
+        let name = bridge_core::config::packages::normalize(&p.name);
         let version = p.version.unwrap_or_default();
         let Some(w) = p.wheels.into_iter().next() else {
             return Err(PackageError::NoWheel { name, version });

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 
 use super::{Asker, PackageError, Packages};
-use crate::identity::SessionKey;
-use crate::policy::Approver;
-use crate::protocol::{Interpreter, RpcFailure, RpcHandler};
-use mcp_code_bridge_core::error::Hinted;
+use bridge_core::error::Hinted;
+use bridge_core::identity::SessionKey;
+use bridge_core::policy::Approver;
+use bridge_core::protocol::{Interpreter, RpcFailure, RpcHandler};
 
 /// The `kind` of a failed install (`PackageError` in Python) and of a refused one
 /// (`PackageDenied`, a `PermissionError`).

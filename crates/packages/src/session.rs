@@ -10,8 +10,8 @@ use sha2::{Digest, Sha256};
 
 use super::{PackageError, store};
 
-use crate::config::{PackagesConfig, Requirement};
-use crate::protocol::Target;
+use bridge_core::config::{PackagesConfig, Requirement};
+use bridge_core::protocol::Target;
 
 /// The file in a session's package directory where the bridge keeps what it installed there
 /// (the sandbox can read it, not write it).
@@ -66,7 +66,7 @@ impl SessionState {
     pub(super) fn read(dir: &Path) -> SessionState {
         use std::io::Read;
         let mut text = String::new();
-        let ok = crate::statefile::open_read(&dir.join(STATE_FILE))
+        let ok = bridge_core::statefile::open_read(&dir.join(STATE_FILE))
             .ok()
             .and_then(|f| f.take(16 << 20).read_to_string(&mut text).ok());
         ok.and_then(|_| serde_json::from_str(&text).ok())
@@ -129,7 +129,7 @@ fn canonical(r: &Requirement) -> String {
             let mut e: Vec<String> = extras
                 .split(',')
                 .filter(|x| !x.is_empty())
-                .map(crate::config::packages::normalize)
+                .map(bridge_core::config::packages::normalize)
                 .collect();
             e.sort_unstable();
             e.dedup();
@@ -157,7 +157,7 @@ pub(super) fn remember_refusal<'n>(
         }
         state
             .refused_names
-            .entry(crate::config::packages::normalize(name))
+            .entry(bridge_core::config::packages::normalize(name))
             .or_insert_with(|| rule.to_string());
     }
     let _ = state.write(dir, &root.join("tmp"));

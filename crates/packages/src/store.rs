@@ -75,13 +75,13 @@ impl Store {
             std::fs::create_dir_all(self.dir(d)).map_err(io(&self.dir(d)))?;
         }
         let lock = self.lock_file()?;
-        crate::flock::lock_shared(&lock).map_err(io(&self.root))?;
+        bridge_core::flock::lock_shared(&lock).map_err(io(&self.root))?;
         Ok(CacheLock(lock))
     }
 
     fn lock_file(&self) -> Result<File, PackageError> {
         let path = self.root.join(".lock");
-        crate::statefile::open_lock(&path).map_err(|source| PackageError::Io {
+        bridge_core::statefile::open_lock(&path).map_err(|source| PackageError::Io {
             what: "could not open",
             path,
             source,
@@ -104,7 +104,7 @@ impl Store {
     pub fn plan(&self, key: &str) -> Option<Vec<Wheel>> {
         let path = self.dir("plans").join(format!("{key}.json"));
         let mut text = String::new();
-        crate::statefile::open_read(&path)
+        bridge_core::statefile::open_read(&path)
             .ok()?
             .take(4 << 20)
             .read_to_string(&mut text)
@@ -143,7 +143,7 @@ impl Store {
     }
 
     fn manifest(&self, sha256: &str) -> Option<Manifest> {
-        let text = crate::statefile::read_own(&self.manifest_path(sha256), MAX_MANIFEST)?;
+        let text = bridge_core::statefile::read_own(&self.manifest_path(sha256), MAX_MANIFEST)?;
         serde_json::from_str(&text).ok()
     }
 
@@ -407,7 +407,7 @@ impl Store {
         }
         let lock = self.lock_file()?;
         let locked =
-            crate::flock::try_lock_exclusive(&lock).map_err(|source| PackageError::Io {
+            bridge_core::flock::try_lock_exclusive(&lock).map_err(|source| PackageError::Io {
                 what: "could not lock",
                 path: self.root.join(".lock"),
                 source,
@@ -535,7 +535,7 @@ fn touch(path: &Path) {
     }
 }
 
-pub use crate::statefile::write_atomic;
+pub use bridge_core::statefile::write_atomic;
 
 #[cfg(test)]
 mod tests {
@@ -653,7 +653,7 @@ mod tests {
         ] {
             let sha = cached(&store, &bytes);
             let err = store.tree("evil", &sha, 1024).unwrap_err();
-            let msg = mcp_code_bridge_core::error::Hinted::message(&err);
+            let msg = bridge_core::error::Hinted::message(&err);
             assert!(
                 msg.contains(why) || matches!(err, PackageError::TooLarge { .. }),
                 "{msg}"
@@ -692,9 +692,7 @@ mod tests {
         // 301 directories: 1,232,896 bytes charged, over 1 MiB.
         let err = store.tree("dirs", &sha, 1 << 20).unwrap_err();
         assert!(matches!(err, PackageError::TooLarge { .. }), "{err}");
-        assert!(
-            mcp_code_bridge_core::error::Hinted::message(&err).contains("files and directories")
-        );
+        assert!(bridge_core::error::Hinted::message(&err).contains("files and directories"));
         let (_, cost) = store.tree("dirs", &sha, 2 << 20).unwrap();
         assert_eq!(
             cost,

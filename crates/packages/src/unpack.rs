@@ -375,7 +375,7 @@ pub(super) fn file_sha256(path: &Path) -> std::io::Result<String> {
 }
 
 /// What the files and directories under `dir` cost (links not followed, not counted).
-pub fn tree_cost(dir: &Path) -> Cost {
+pub(crate) fn tree_cost(dir: &Path) -> Cost {
     let mut cost = Cost::default();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {

@@ -79,7 +79,7 @@ impl Sandbox {
             remove("it was made with other settings (or by another version)".into()).await;
             return None;
         }
-        if meta.endpoint != engine.endpoint || meta.expires <= crate::clock::now_secs() {
+        if meta.endpoint != engine.endpoint || meta.expires <= bridge_core::clock::now_secs() {
             drop(fd);
             remove("it runs on another engine, or its time is over".into()).await;
             return None;
@@ -184,7 +184,7 @@ impl Sandbox {
         let fd = s
             .take_park_fd()
             .ok_or("it was not attached on a connection of its own")?;
-        let expires = crate::clock::now_secs() + linger.as_secs().max(1);
+        let expires = bridge_core::clock::now_secs() + linger.as_secs().max(1);
         let id = s.container_id.clone();
         let short = &id[..12.min(id.len())];
         let name = format!(
@@ -216,7 +216,7 @@ impl Sandbox {
                 .then(|| engine::on_path("podman"))
                 .flatten(),
             session: slot.session().map(str::to_string),
-            parked_at: crate::clock::now_secs(),
+            parked_at: bridge_core::clock::now_secs(),
             used_at_ms: std::time::SystemTime::now()
                 .checked_sub(s.idle_for())
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())

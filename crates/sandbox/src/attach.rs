@@ -71,7 +71,7 @@ pub enum AttachError {
 /// Attach to container `id`'s stdin, stdout and stderr through the engine's Unix socket
 /// `socket`. Returns the two halves the channel reads and writes, and a duplicate of the
 /// connection's file descriptor (the same connection) for [`super::park`].
-pub async fn attach(
+pub(crate) async fn attach(
     socket: &Path,
     id: &str,
 ) -> Result<(AttachOutput, AttachInput, OwnedFd), AttachError> {
@@ -124,7 +124,7 @@ pub async fn attach(
 }
 
 /// The channel's halves over an attach connection already upgraded (handed over by a keeper).
-pub fn from_fd(fd: OwnedFd) -> std::io::Result<(AttachOutput, AttachInput)> {
+pub(crate) fn from_fd(fd: OwnedFd) -> std::io::Result<(AttachOutput, AttachInput)> {
     let std = std::os::unix::net::UnixStream::from(fd);
     std.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(std)?;

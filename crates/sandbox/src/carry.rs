@@ -9,8 +9,8 @@
 //! key and checks the key it lists. Each step is an audit record (`snapshot`, `restore`, `fork`).
 
 use super::*;
-use crate::audit::{SessionStateRecord, StateEvent};
-use crate::protocol::{RpcFailure, RpcHandler};
+use bridge_core::audit::{SessionStateRecord, StateEvent};
+use bridge_core::protocol::{RpcFailure, RpcHandler};
 use serde_json::{Value, json};
 use snapshots::Listing;
 
@@ -43,7 +43,7 @@ impl Closed {
 
 impl Sandbox {
     /// The audit log the session-state records go to (`server` sets it).
-    pub fn set_audit(&self, audit: crate::audit::Audit) {
+    pub fn set_audit(&self, audit: bridge_core::audit::Audit) {
         let _ = self.audit.set(audit);
     }
 
@@ -158,7 +158,7 @@ impl Sandbox {
             None => Err("it could not be read".to_string()),
         };
         let took = t0.elapsed();
-        let age = clock::now_secs().saturating_sub(listing.written_at);
+        let age = bridge_core::clock::now_secs().saturating_sub(listing.written_at);
         match restored {
             Ok(r) => {
                 // Restored: the session is live again, and its state is there alone.
@@ -204,7 +204,7 @@ impl Sandbox {
                     shown.extend(lost[listing.info.lost.len()..].iter().cloned());
                     let shown: Vec<String> = shown
                         .iter()
-                        .map(|l| text::visible(l).into_owned())
+                        .map(|l| bridge_core::text::visible(l).into_owned())
                         .collect();
                     notice.push_str(&format!(
                         "; lost (could not be kept): {}. Files under /workspace and installed packages were not kept either",
@@ -225,7 +225,7 @@ impl Sandbox {
                 // never ends, say) would fail every call that names the session.
                 let aside = why.clone();
                 let _ = tokio::task::spawn_blocking(move || taken.set_aside(&aside)).await;
-                tracing::warn!(session = %crate::shown(key), "could not restore the session's snapshot (set aside, not restored again): {}", text::visible(&why));
+                tracing::warn!(session = %crate::shown(key), "could not restore the session's snapshot (set aside, not restored again): {}", bridge_core::text::visible(&why));
                 self.audit(
                     StateEvent::Restore,
                     record(
@@ -299,7 +299,7 @@ impl Sandbox {
                 Ok(listing)
             }
             Err((why_not, info)) => {
-                tracing::warn!(session = %crate::shown(key), "could not write the session's snapshot: {}", text::visible(&why_not));
+                tracing::warn!(session = %crate::shown(key), "could not write the session's snapshot: {}", bridge_core::text::visible(&why_not));
                 let status = if info.largest.is_empty() {
                     "failed"
                 } else {
@@ -518,7 +518,7 @@ impl RpcHandler for ForkRpc {
         self.inner.handle(method, params).await
     }
 
-    fn on_interpreter(&self, interpreter: &crate::protocol::Interpreter) {
+    fn on_interpreter(&self, interpreter: &bridge_core::protocol::Interpreter) {
         self.inner.on_interpreter(interpreter);
     }
 }

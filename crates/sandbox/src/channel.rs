@@ -15,7 +15,7 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::protocol::{
+use bridge_core::protocol::{
     self, HostFrame, LineSplitter, MAX_FRAME_BYTES, RpcFailure, SandboxFrame, Split,
 };
 
@@ -61,7 +61,7 @@ impl Channel {
     /// Start the reader and writer tasks over an attached container's streams. `booted`: the
     /// runtime said `ready` already (a parked sandbox, adopted), so no `ready` is taken from it
     /// any more.
-    pub fn open(
+    pub(crate) fn open(
         output: AttachOutput,
         mut input: AttachInput,
         session: &str,
@@ -81,7 +81,10 @@ impl Channel {
                 session: session.to_string(),
                 booted,
                 spoke: booted,
-                log: crate::logging::LogBudget::new("lines from the sandbox", LOG_LINES_PER_MINUTE),
+                log: bridge_core::logging::LogBudget::new(
+                    "lines from the sandbox",
+                    LOG_LINES_PER_MINUTE,
+                ),
                 bad: 0,
                 stale: 0,
             }
@@ -141,7 +144,7 @@ struct Reader {
     booted: bool,
     /// A line came from the sandbox: a `code` frame after it is not the runtime's.
     spoke: bool,
-    log: crate::logging::LogBudget,
+    log: bridge_core::logging::LogBudget,
     bad: u64,
     stale: u64,
 }
@@ -158,7 +161,7 @@ impl Reader {
                 }
                 Ok(LogOutput::StdIn { .. }) => continue,
                 Err(e) => {
-                    tracing::debug!(session = %crate::text::visible(&self.session), "attach stream ended: {e}");
+                    tracing::debug!(session = %bridge_core::text::visible(&self.session), "attach stream ended: {e}");
                     break;
                 }
             };
@@ -168,7 +171,7 @@ impl Reader {
                 let first = split.is_some() && !std::mem::replace(&mut self.spoke, true);
                 match split {
                     Some(Split::Oversize) if self.log.allow(&self.session) => {
-                        tracing::warn!(session = %crate::text::visible(&self.session), "discarding a line over {MAX_FRAME_BYTES} bytes from the sandbox");
+                        tracing::warn!(session = %bridge_core::text::visible(&self.session), "discarding a line over {MAX_FRAME_BYTES} bytes from the sandbox");
                     }
                     Some(Split::Line(line)) if !line.is_empty() => {
                         let len = line.len();
@@ -182,7 +185,7 @@ impl Reader {
                             Err(e) => {
                                 self.bad += 1;
                                 if self.bad <= 5 || self.bad.is_power_of_two() {
-                                    tracing::warn!(session = %crate::text::visible(&self.session), count = self.bad, "dropping a line from the sandbox that is not a frame: {e}");
+                                    tracing::warn!(session = %bridge_core::text::visible(&self.session), count = self.bad, "dropping a line from the sandbox that is not a frame: {e}");
                                 }
                             }
                         }
@@ -222,9 +225,9 @@ impl Reader {
                     // The runtime's own warnings (a preload that failed, an exec it could
                     // not prepare) are worth seeing at the default level; still rate-limited.
                     if matches!(level.as_str(), "warning" | "error") {
-                        tracing::warn!(session = %crate::text::visible(&self.session), "runtime: {}", crate::text::visible(&message[..end]));
+                        tracing::warn!(session = %bridge_core::text::visible(&self.session), "runtime: {}", bridge_core::text::visible(&message[..end]));
                     } else {
-                        tracing::debug!(session = %crate::text::visible(&self.session), %level, "runtime: {}", crate::text::visible(&message[..end]));
+                        tracing::debug!(session = %bridge_core::text::visible(&self.session), %level, "runtime: {}", bridge_core::text::visible(&message[..end]));
                     }
                 }
                 false
@@ -234,7 +237,7 @@ impl Reader {
         if !wanted {
             self.stale += 1;
             if self.stale.is_power_of_two() {
-                tracing::debug!(session = %crate::text::visible(&self.session), dropped = self.stale, "dropping frames that belong to no running call");
+                tracing::debug!(session = %bridge_core::text::visible(&self.session), dropped = self.stale, "dropping frames that belong to no running call");
             }
             return true;
         }
@@ -257,7 +260,7 @@ impl Reader {
         for l in text.lines().filter(|l| !l.trim().is_empty()) {
             let line: String = l.chars().take(500).collect();
             if self.log.allow(&self.session) {
-                tracing::warn!(session = %crate::text::visible(&self.session), "sandbox stderr: {}", crate::text::visible(&line));
+                tracing::warn!(session = %bridge_core::text::visible(&self.session), "sandbox stderr: {}", bridge_core::text::visible(&line));
             }
             let mut tail = self.stderr_tail.lock().unwrap();
             tail.push_back(line);

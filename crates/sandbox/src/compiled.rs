@@ -24,7 +24,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::protocol::RuntimeCode;
+use bridge_core::protocol::RuntimeCode;
 
 /// The directory under the state dir.
 const DIR: &str = "runtime-code";
@@ -192,7 +192,7 @@ fn check(code: &RuntimeCode) -> Result<(), String> {
 
 /// The code kept in `path` for `image` and this runtime; `None` for anything else.
 fn read(path: &Path, image: &str) -> Option<RuntimeCode> {
-    let text = crate::statefile::read_own(path, MAX_FILE_BYTES)?;
+    let text = bridge_core::statefile::read_own(path, MAX_FILE_BYTES)?;
     let r: Record = serde_json::from_str(&text).ok()?;
     (r.format == FORMAT
         && r.version == VERSION
@@ -206,7 +206,7 @@ fn read(path: &Path, image: &str) -> Option<RuntimeCode> {
 /// beyond [`MAX_FILES`] removed.
 fn write(path: &Path, record: &Record) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-    crate::statefile::write_private(path, &bytes)?;
+    bridge_core::statefile::write_private(path, &bytes)?;
     prune(path.parent().unwrap_or(Path::new(".")), path);
     Ok(())
 }

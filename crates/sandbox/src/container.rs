@@ -7,9 +7,9 @@ use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
 use bollard::query_parameters::{KillContainerOptionsBuilder, RemoveContainerOptionsBuilder};
 
-use crate::config::Config;
 pub use crate::engine::ContainerError;
 use crate::engine::{Engine, HostIds};
+use bridge_core::config::Config;
 
 /// Label present on every container the bridge creates.
 pub const LABEL_MANAGED: &str = "io.mcp-code-bridge.managed";
@@ -82,7 +82,7 @@ pub fn owner_id() -> String {
 /// `pid:starttime` of a running process; `None` when it is gone or a zombie (a killed bridge
 /// whose parent has not reaped it yet is dead for our purposes).
 fn owner_of(pid: u32) -> Option<String> {
-    crate::procfs::running_since(pid).map(|start| format!("{pid}:{start}"))
+    bridge_core::procfs::running_since(pid).map(|start| format!("{pid}:{start}"))
 }
 
 /// Whether the bridge that wrote `owner` is still running on this host.
@@ -105,7 +105,7 @@ fn owner_alive(owner: &str) -> bool {
 /// tasks: the shared bound stays (`pids × 4`, 64 to 1000), as `doctor` says.
 pub fn nproc_limit(config: &Config, ids: &HostIds) -> i64 {
     let pids = config.pids as i64;
-    if config.isolation == crate::config::Isolation::Gvisor || ids.own() {
+    if config.isolation == bridge_core::config::Isolation::Gvisor || ids.own() {
         pids
     } else if config.allow_unenforced_limits {
         1000.min(pids * 4).max(64)
@@ -205,7 +205,7 @@ pub fn spec(config: &Config, ids: &HostIds, role: Role<'_>, owner: &str) -> Cont
     // The user's declared inputs are copied here at start (`sandbox::inputs`); no inputs, no mount.
     if !config.inputs.is_empty() {
         tmpfs.insert(
-            crate::config::inputs::ROOT.to_string(),
+            bridge_core::config::inputs::ROOT.to_string(),
             tmpfs_opts(config.inputs_size.0),
         );
     }
@@ -294,7 +294,7 @@ pub fn mount_packages(body: &mut ContainerCreateBody, dir: &std::path::Path) {
     host.mounts
         .get_or_insert_with(Vec::new)
         .push(bollard::models::Mount {
-            target: Some(crate::protocol::PACKAGES_DIR.to_string()),
+            target: Some(bridge_core::protocol::PACKAGES_DIR.to_string()),
             source: Some(dir.to_string_lossy().into_owned()),
             typ: Some(bollard::models::MountType::BIND),
             read_only: Some(true),
@@ -411,7 +411,7 @@ impl Listed {
             // maker's, as the label says.
             if let Some((_, rest)) = n.split_once(PARKED_MARK) {
                 let expires = rest.split('-').next().and_then(|t| t.parse::<u64>().ok());
-                if running && expires.is_some_and(|t| crate::clock::now_secs() <= t + 60) {
+                if running && expires.is_some_and(|t| bridge_core::clock::now_secs() <= t + 60) {
                     return Holder::Keeper;
                 }
             }
@@ -590,7 +590,7 @@ mod tests {
             listed("mcp-code-bridge-1-default-3", "running").holder(),
             Holder::Bridge("1:2".into())
         );
-        let later = crate::clock::now_secs() + 30;
+        let later = bridge_core::clock::now_secs() + 30;
         let parked = format!("mcp-code-bridge-1.parked-{later}-0123456789ab");
         assert_eq!(listed(&parked, "running").holder(), Holder::Keeper);
         // A parked container that no longer runs (its keeper is gone) is its dead maker's, and
@@ -672,7 +672,7 @@ mod tests {
     fn under_gvisor_every_container_names_the_gvisor_runtime_and_changes_only_the_pids_bounds() {
         let runc = Config::default();
         let gvisor = Config {
-            isolation: crate::config::Isolation::Gvisor,
+            isolation: bridge_core::config::Isolation::Gvisor,
             gvisor_runtime: "runsc-test".into(),
             ..Config::default()
         };

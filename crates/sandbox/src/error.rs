@@ -3,7 +3,7 @@
 
 use super::engine::EngineError;
 use super::image::ImageError;
-use mcp_code_bridge_core::error::{Hint, Hinted};
+use bridge_core::error::{Hint, Hinted};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -171,11 +171,11 @@ impl Hinted for SandboxError {
             )),
             SandboxError::AllBusy { key, .. } => Some(Hint::sentence(format!(
                 "Wait for one to finish, run this code in one of them, or raise {key} ({}).",
-                crate::config::env_name(key)
+                bridge_core::config::env_name(key)
             ))),
             SandboxError::MemoryReserve { .. } => Some(Hint::sentence(format!(
                 "Run this code in a session that exists, or close sessions no longer needed (their idle ones close after runtime_idle_timeout), then call again; a host that needs more sessions needs more memory, or a lower memory_reserve ({}).",
-                crate::config::env_name("memory_reserve")
+                bridge_core::config::env_name("memory_reserve")
             ))),
             SandboxError::Isolation(e) => e.hint(),
             SandboxError::NotGvisor { runtime, .. } => Some(Hint::sentence(format!(

@@ -14,7 +14,7 @@ use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio_util::io::ReaderStream;
 
-use crate::config::Config;
+use bridge_core::config::Config;
 
 /// Why the image could not be made present. The message says what happened; the hint, when
 /// there is one, what to do.
@@ -41,11 +41,9 @@ impl ImageError {
     }
 }
 
-impl mcp_code_bridge_core::error::Hinted for ImageError {
-    fn hint(&self) -> Option<mcp_code_bridge_core::error::Hint> {
-        self.hint
-            .clone()
-            .map(mcp_code_bridge_core::error::Hint::sentence)
+impl bridge_core::error::Hinted for ImageError {
+    fn hint(&self) -> Option<bridge_core::error::Hint> {
+        self.hint.clone().map(bridge_core::error::Hint::sentence)
     }
 }
 

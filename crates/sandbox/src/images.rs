@@ -6,14 +6,14 @@ use super::files::{OUT_DIR, OutStore};
 use super::output::ExecOutcome;
 
 /// Images returned per call.
-pub const MAX_IMAGES: usize = 16;
+pub(crate) const MAX_IMAGES: usize = 16;
 /// Base64 bytes of all images of one reply together: with the output cap's text (which appears
 /// twice, as content and as structured content) a reply stays within the 16 MiB of one message
 /// that stdio clients such as rmcp's accept; a larger one would never be read.
-pub const MAX_IMAGES_TOTAL: usize = 12 << 20;
+pub(crate) const MAX_IMAGES_TOTAL: usize = 12 << 20;
 /// Largest image `display()` may return, raw; the runtime refuses larger ones with the same
 /// number (sent in the boot frame, `sandbox::runtime`).
-pub const MAX_IMAGE_BYTES: usize = 6 << 20;
+pub(crate) const MAX_IMAGE_BYTES: usize = 6 << 20;
 
 /// Whether a `display` frame holds an image a client can show: an allowed type whose bytes are
 /// valid base64, no larger than [`MAX_IMAGE_BYTES`], and start as that type's files do.
@@ -46,7 +46,7 @@ pub(super) fn check_image(mime: &str, data: &str) -> Result<(), String> {
 /// Images among the call's new files are also shown inline, as `display()`ed ones are, within
 /// the same bounds (count, size, base64 total of one reply); an image whose bytes the code also
 /// displayed is not shown twice. One that does not fit stays a link, and a notice says why.
-pub fn inline_images(outcome: &mut ExecOutcome, store: &OutStore) {
+pub(crate) fn inline_images(outcome: &mut ExecOutcome, store: &OutStore) {
     use base64::Engine as _;
     const SHOWN: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
     for f in outcome

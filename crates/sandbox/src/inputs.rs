@@ -30,8 +30,8 @@ use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::SyncIoBridge;
 
-use crate::config::Config;
-use crate::config::inputs::{InputEntry, ROOT};
+use bridge_core::config::Config;
+use bridge_core::config::inputs::{InputEntry, ROOT};
 
 /// Most entries (files and directories) copied in all.
 pub const MAX_ENTRIES: usize = 100_000;
@@ -259,7 +259,7 @@ async fn unpack(
             let last = said.trim().lines().last().unwrap_or("");
             Err(UnpackError::Exited {
                 code,
-                said: crate::text::visible(last).into_owned(),
+                said: bridge_core::text::visible(last).into_owned(),
             })
         }
     }
@@ -632,6 +632,7 @@ mod tests {
 
     fn nix_mkfifo(p: &Path) {
         let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     }
 }

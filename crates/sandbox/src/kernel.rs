@@ -4,7 +4,7 @@
 //! a call ([`gvisor`]). The code runs only afterwards, so what it could forge later on the
 //! channel (a second `ready` is dropped, `channel.rs`) changes nothing here.
 
-use crate::protocol::KernelSeen;
+use bridge_core::protocol::KernelSeen;
 
 /// The version gVisor's kernel gives in `uname` and `/proc/version`: a constant of gVisor's
 /// (`pkg/abi/linux`, with the release `4.4.0`), the same under every platform (ptrace, kvm,

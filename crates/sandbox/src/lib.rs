@@ -7,11 +7,8 @@
 //! `shutdown` removes all of them, and the next bridge reaps any left by a killed one. Sessions,
 //! pooled containers and those held `busy` stay within `max_sessions`.
 
-// The layers below, under the names the code gives them (`crate::config::…`).
-use mcp_code_bridge_core::boxed::Boxed;
-use mcp_code_bridge_core::{
-    audit, clock, config, identity, logging, procfs, protocol, statefile, text, trace,
-};
+// The layers below are called by their own names (`bridge_core::config::…`); `crate::` is this crate.
+use bridge_core::boxed::Boxed;
 
 mod adopt;
 mod attach;
@@ -48,10 +45,10 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex, OnceCell};
 
-use crate::trace::Within as _;
+use bridge_core::trace::Within as _;
 
-use crate::config::Config;
-use crate::identity::{Identity, SessionKey};
+use bridge_core::config::Config;
+use bridge_core::identity::{Identity, SessionKey};
 use container::Role;
 use engine::{Enforcement, Engine};
 pub use error::SandboxError;
@@ -64,7 +61,7 @@ pub use table::Start;
 use table::{Busy, Lost};
 
 /// The session used when a call names none: one per client, and a stdio bridge has one client.
-pub use crate::identity::DEFAULT_SESSION;
+pub use bridge_core::identity::DEFAULT_SESSION;
 
 /// The rule of every session name, wherever it comes from (a call's `session`, a fork's name,
 /// a listing read back from the store): 1 to 64 characters of letters, digits, '-', '_' or '.'.
@@ -79,9 +76,9 @@ pub fn check_session_name(name: &str) -> Result<(), BadSessionName> {
     {
         return Ok(());
     }
-    let cut = &name[..text::floor_char_boundary(name, 80)];
+    let cut = &name[..bridge_core::text::floor_char_boundary(name, 80)];
     Err(BadSessionName {
-        shown: text::visible(cut).into_owned(),
+        shown: bridge_core::text::visible(cut).into_owned(),
         bytes: (cut.len() < name.len()).then_some(name.len()),
     })
 }
@@ -101,9 +98,9 @@ pub struct BadSessionName {
 }
 
 /// A session's key as a log line shows it: escaped as the CLI's listings are
-/// (`text::visible`), so no identity or name rewrites the line it is in.
+/// (`bridge_core::text::visible`), so no identity or name rewrites the line it is in.
 pub(crate) fn shown(key: &SessionKey) -> String {
-    text::visible(&key.to_string()).into_owned()
+    bridge_core::text::visible(&key.to_string()).into_owned()
 }
 
 /// The notice of a call cancelled while it waited for its session's running call.
@@ -142,9 +139,9 @@ pub struct Sandbox {
     this: Weak<Sandbox>,
     /// What the last sandbox to boot said of its interpreter (the image's Python and
     /// distributions), for the capabilities resource.
-    seen_target: std::sync::Mutex<Option<crate::protocol::Target>>,
+    seen_target: std::sync::Mutex<Option<bridge_core::protocol::Target>>,
     /// What makes every new sandbox ready after its boot (`packages.preinstall`).
-    provision: std::sync::OnceLock<Arc<dyn crate::protocol::Provision>>,
+    provision: std::sync::OnceLock<Arc<dyn bridge_core::protocol::Provision>>,
     /// The containers this bridge parked as it shut down (`park`, `resume`): keepers hold them
     /// now, so the shutdown's sweep of this bridge's containers leaves them.
     parked: std::sync::Mutex<Vec<String>>,
@@ -162,7 +159,7 @@ pub struct Sandbox {
     /// sent it (kept in the state dir for the next bridges).
     compiled: compiled::Compiled,
     /// Where the records of sessions' snapshots, restores and forks go (`carry`).
-    audit: std::sync::OnceLock<crate::audit::Audit>,
+    audit: std::sync::OnceLock<bridge_core::audit::Audit>,
     /// Sessions out of the table while their state is written (closed idle) or restored: each
     /// still has its container, and a call naming one waits for it (`table::Busy`).
     busy: Busy,
@@ -350,7 +347,7 @@ impl Sandbox {
     }
 
     /// What the last sandbox to boot said of its interpreter; `None` before any booted.
-    pub fn seen_target(&self) -> Option<crate::protocol::Target> {
+    pub fn seen_target(&self) -> Option<bridge_core::protocol::Target> {
         self.seen_target.lock().unwrap().clone()
     }
 
@@ -361,7 +358,7 @@ impl Sandbox {
     }
 
     /// Run `p` on every new sandbox after its boot, before it serves a call.
-    pub fn set_provision(&self, p: Arc<dyn crate::protocol::Provision>) {
+    pub fn set_provision(&self, p: Arc<dyn bridge_core::protocol::Provision>) {
         let _ = self.provision.set(p);
     }
 
@@ -389,7 +386,7 @@ impl Sandbox {
     ) -> Result<ExecOutcome, SandboxError> {
         // The session's sandbox as a span of the call: found running, handed out of the pool,
         // started, resumed or restored, and how long that took.
-        let span = trace::Guard::new(trace::internal("sandbox", vec![]));
+        let span = bridge_core::trace::Guard::new(bridge_core::trace::internal("sandbox", vec![]));
         let got = self
             .session(name, reset, req.timeout)
             .within(span.context().clone())
@@ -402,9 +399,12 @@ impl Sandbox {
                     Start::Resumed => "resumed",
                     Start::Restored { .. } => "restored",
                 };
-                trace::set(
+                bridge_core::trace::set(
                     span.context(),
-                    vec![trace::Attr::new("mcp_code_bridge.sandbox.session", how)],
+                    vec![bridge_core::trace::Attr::new(
+                        "mcp_code_bridge.sandbox.session",
+                        how,
+                    )],
                 );
                 span.end(None);
                 got

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::protocol::{ExecError, Stream};
+use bridge_core::protocol::{ExecError, Stream};
 
 /// How an exec ended, from the bridge's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -137,7 +137,7 @@ pub trait Fit: Send + Sync {
 pub struct Spill {
     pub fit: Arc<dyn Fit>,
     /// The session the kept parts belong to (their URIs name it).
-    pub key: crate::identity::SessionKey,
+    pub key: bridge_core::identity::SessionKey,
 }
 
 /// A part kept whole: on the host (`file`, readable with `resources/read`) and, unless
@@ -218,7 +218,7 @@ impl Collector {
             head.push_str(data);
             return;
         }
-        let cut = crate::text::floor_char_boundary(data, room);
+        let cut = bridge_core::text::floor_char_boundary(data, room);
         head.push_str(&data[..cut]);
         let rest = &data.as_bytes()[cut..];
         let tail = &mut self.tails[i];

@@ -42,11 +42,11 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::container::{self, Role};
-pub use crate::clock::now_secs;
-use crate::config::{Config, Isolation};
 use crate::fdpass::{peer_uid, recv_fd, send_fd};
 pub use crate::keeperdir::{HandOverOff, keeper_dir};
 use crate::keeperdir::{keeper_base, keeper_dir_if_there, state_digest};
+pub use bridge_core::clock::now_secs;
+use bridge_core::config::{Config, Isolation};
 
 /// The hidden command that runs a keeper.
 pub const KEEPER_COMMAND: &str = "keep-parked";
@@ -65,7 +65,7 @@ pub struct Meta {
     /// Its engine-side name while parked.
     pub name: String,
     pub python: String,
-    pub target: Option<crate::protocol::Target>,
+    pub target: Option<bridge_core::protocol::Target>,
     /// Its package directory (mounted at `/opt/packages`), renamed with it.
     pub packages: PathBuf,
     /// [`spec_digest`] of the settings it was created with.
@@ -303,8 +303,8 @@ pub fn hand_to_keeper(
         tracing::warn!("{e}");
         return Err(ParkError::KeeperDir(e));
     }
-    let lock = { crate::statefile::open_lock(&lock_path).map_err(ParkError::OpenLock)? };
-    match mcp_code_bridge_core::flock::try_lock_exclusive(&lock) {
+    let lock = { bridge_core::statefile::open_lock(&lock_path).map_err(ParkError::OpenLock)? };
+    match bridge_core::flock::try_lock_exclusive(&lock) {
         Ok(true) => {}
         Ok(false) => {
             return Err(ParkError::AlreadyParked);
@@ -391,7 +391,7 @@ pub fn hand_to_keeper(
     if let Some(listing) = listing {
         // What `sessions list` shows and `max_sessions` counts; the keeper removes it with
         // its socket.
-        let _ = crate::statefile::write_private(&listing, &json);
+        let _ = bridge_core::statefile::write_private(&listing, &json);
     }
     Ok(())
 }
@@ -565,7 +565,7 @@ fn remove_container(meta: &Meta) {
 
 /// A listing, when it is this user's regular file and reads as a [`Meta`].
 pub(crate) fn read_listing(path: &Path) -> Option<Meta> {
-    crate::statefile::read_own(path, 64 << 10).and_then(|t| serde_json::from_str(&t).ok())
+    bridge_core::statefile::read_own(path, 64 << 10).and_then(|t| serde_json::from_str(&t).ok())
 }
 
 /// The (device, inode) of the socket file the listener was bound to, to unlink it only while it
@@ -622,7 +622,7 @@ mod tests {
         };
         assert_ne!(d, super::spec_digest(&c, &own), "host ids");
         let mut m = c.clone();
-        m.memory = crate::config::Size(c.memory.0 * 2);
+        m.memory = bridge_core::config::Size(c.memory.0 * 2);
         assert_ne!(d, spec_digest(&m), "memory");
         let mut i = c.clone();
         i.image = "another:tag".into();
@@ -675,9 +675,9 @@ mod tests {
     fn sessions_park_within_both_lingers_and_never_with_zero() {
         let mut c = Config::default();
         assert!(sessions_eligible(&c), "the defaults park sessions");
-        c.engine_linger = crate::config::Secs(Duration::from_secs(30));
+        c.engine_linger = bridge_core::config::Secs(Duration::from_secs(30));
         assert_eq!(session_linger(&c), Duration::from_secs(30));
-        c.session_linger = crate::config::Secs(Duration::ZERO);
+        c.session_linger = bridge_core::config::Secs(Duration::ZERO);
         assert!(!sessions_eligible(&c));
     }
 
@@ -685,7 +685,7 @@ mod tests {
     fn only_runc_with_a_linger_and_no_inputs_parks() {
         let mut c = Config::default();
         assert!(eligible(&c), "the defaults park");
-        c.engine_linger = crate::config::Secs(Duration::ZERO);
+        c.engine_linger = bridge_core::config::Secs(Duration::ZERO);
         assert!(!eligible(&c));
         let g = Config {
             isolation: Isolation::Gvisor,

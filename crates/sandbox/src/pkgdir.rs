@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::config::Config;
+use bridge_core::config::Config;
 
 /// The name a parked sandbox's record starts with, before the time its keeper removes it
 /// (`parked-<expires>-<container>`).
@@ -115,7 +115,7 @@ fn remove_root_if_empty(root: &Path) {
 /// killed between making one and its record). Best effort; nothing else is touched.
 pub fn sweep(config: &Config) {
     let me = std::process::id();
-    let now = crate::clock::now_secs();
+    let now = bridge_core::clock::now_secs();
     let mut named = std::collections::HashSet::new();
     for e in std::fs::read_dir(records(config))
         .into_iter()
@@ -130,7 +130,7 @@ pub fn sweep(config: &Config) {
             expires.is_some_and(|t| now > t + 60)
         } else {
             match bridge_of(&name) {
-                Some(p) => p != me && crate::procfs::running_since(p).is_none(),
+                Some(p) => p != me && bridge_core::procfs::running_since(p).is_none(),
                 None => false,
             }
         };

@@ -51,7 +51,7 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    pub fn new() -> Pool {
+    pub(crate) fn new() -> Pool {
         Pool {
             ready: Mutex::new(VecDeque::new()),
             filling: AtomicUsize::new(0),
@@ -69,25 +69,25 @@ impl Pool {
     }
 
     /// A call came (or the bridge warmed up): the idle clock starts again.
-    pub fn touch(&self) {
+    pub(crate) fn touch(&self) {
         *self.last_call.lock().unwrap() = Instant::now();
     }
 
-    pub fn idle_for(&self) -> Duration {
+    pub(crate) fn idle_for(&self) -> Duration {
         self.last_call.lock().unwrap().elapsed()
     }
 
     /// Sandboxes ready plus being started.
-    pub fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         self.ready.lock().unwrap().len() + self.filling.load(Ordering::SeqCst)
     }
 
-    pub fn filling(&self) -> usize {
+    pub(crate) fn filling(&self) -> usize {
         self.filling.load(Ordering::SeqCst)
     }
 
     /// Container ids of the ready sandboxes.
-    pub fn ready_ids(&self) -> Vec<String> {
+    pub(crate) fn ready_ids(&self) -> Vec<String> {
         self.ready
             .lock()
             .unwrap()
@@ -97,28 +97,28 @@ impl Pool {
     }
 
     /// Claim the right to run the refill task; false when one runs already.
-    pub fn begin_refill(&self) -> bool {
+    pub(crate) fn begin_refill(&self) -> bool {
         !self.refilling.swap(true, Ordering::SeqCst)
     }
 
     /// Whether a refill task runs (it may not have counted its start yet).
-    pub fn refilling(&self) -> bool {
+    pub(crate) fn refilling(&self) -> bool {
         self.refilling.load(Ordering::SeqCst)
     }
 
-    pub fn end_refill(&self) {
+    pub(crate) fn end_refill(&self) {
         self.refilling.store(false, Ordering::SeqCst);
     }
 
     /// Count a start for the pool (done by the caller under `Sandbox::starting`, so a session
     /// that starts meanwhile sees it).
-    pub fn reserve(&self) {
+    pub(crate) fn reserve(&self) {
         self.filling.fetch_add(1, Ordering::SeqCst);
         *self.fill_began.lock().unwrap() = Some(Instant::now());
     }
 
     /// A start for the pool ended: keep its sandbox if there is one, and wake waiters.
-    pub fn filled(&self, s: Option<Session>) {
+    pub(crate) fn filled(&self, s: Option<Session>) {
         if let Some(began) = self.fill_began.lock().unwrap().take()
             && s.is_some()
         {
@@ -147,12 +147,12 @@ impl Pool {
     }
 
     /// Calls waiting for a sandbox being started.
-    pub fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         self.waiting.load(Ordering::SeqCst)
     }
 
     /// A new session gets a sandbox now (pooled or started for it).
-    pub fn started_one(&self) {
+    pub(crate) fn started_one(&self) {
         let mut recent = self.recent.lock().unwrap();
         if recent.len() >= RECENT_MAX {
             recent.pop_front();
@@ -163,7 +163,7 @@ impl Pool {
     /// How many sandboxes the pool should hold: as many as new sessions took one in the last
     /// [`RECENT`], at least `pool_size` and at most `most` (a burst of new sessions is met by
     /// ready sandboxes next time; a quiet bridge keeps `pool_size`).
-    pub fn target(&self, pool_size: usize, most: usize) -> usize {
+    pub(crate) fn target(&self, pool_size: usize, most: usize) -> usize {
         let mut recent = self.recent.lock().unwrap();
         while recent.front().is_some_and(|t| t.elapsed() > RECENT) {
             recent.pop_front();
@@ -174,7 +174,7 @@ impl Pool {
     /// A ready sandbox; when none is ready but one is being started, wait for it (it started
     /// earlier than a new one would, and it counts against `max_sessions` already) at most
     /// `wait`. `None`: start one on demand.
-    pub async fn take(&self, wait: Duration) -> Option<Session> {
+    pub(crate) async fn take(&self, wait: Duration) -> Option<Session> {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let _waiting = Waiting(&self.waiting);
         self.take_within(wait).await
@@ -201,13 +201,13 @@ impl Pool {
     }
 
     /// An on-demand start took `d`.
-    pub fn cold_took(&self, d: Duration) {
+    pub(crate) fn cold_took(&self, d: Duration) {
         self.cold_ms.store(d.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Whether the start in progress is expected to end sooner than one begun now: judged by
     /// the last start of each kind (with none measured yet, it is waited for).
-    pub fn worth_waiting(&self) -> bool {
+    pub(crate) fn worth_waiting(&self) -> bool {
         let Some(began) = *self.fill_began.lock().unwrap() else {
             return false;
         };
@@ -222,7 +222,7 @@ impl Pool {
     }
 
     /// Take every ready sandbox out (to remove them).
-    pub fn drain(&self) -> Vec<Session> {
+    pub(crate) fn drain(&self) -> Vec<Session> {
         self.ready.lock().unwrap().drain(..).collect()
     }
 }

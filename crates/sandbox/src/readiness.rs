@@ -4,7 +4,7 @@
 //! session and refuses every call once the engine no longer enforces what is needed.
 
 use super::*;
-use mcp_code_bridge_core::boxed::Boxed;
+use bridge_core::boxed::Boxed;
 
 impl Sandbox {
     /// The engine, connected at first use. A failure is not cached: the next call tries again.
@@ -155,7 +155,7 @@ impl Sandbox {
         if let Err(e) = judge(&self.config, &now) {
             self.revoke(format!(
                 "{} (the engine said so when asked again; the answer an earlier bridge kept had allowed it, and the sandboxes started since were closed)",
-                mcp_code_bridge_core::error::Hinted::message(&e)
+                bridge_core::error::Hinted::message(&e)
             ))
             .await;
         }
@@ -244,7 +244,7 @@ where
             return Err(SandboxError::Shared(failed.last.lock().unwrap().clone()));
         }
         init().await.inspect_err(|e| {
-            *failed.last.lock().unwrap() = mcp_code_bridge_core::error::Hinted::message(e);
+            *failed.last.lock().unwrap() = bridge_core::error::Hinted::message(e);
             failed.count.fetch_add(1, Ordering::SeqCst);
         })
     })

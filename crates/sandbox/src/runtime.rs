@@ -5,7 +5,7 @@
 
 use std::sync::LazyLock;
 
-use crate::protocol::{self, HostFrame, RuntimeCode, RuntimeConstants};
+use bridge_core::protocol::{self, HostFrame, RuntimeCode, RuntimeConstants};
 
 /// `(name, source)` of the module `image/runtime/<name>.py`.
 macro_rules! module {
@@ -19,7 +19,7 @@ macro_rules! module {
 
 /// The runtime's modules, `(name, source)`: every file of `image/runtime/`, once. The loader
 /// compiles a module when it is first imported, so their order does not matter.
-pub const MODULES: &[(&str, &str)] = &[
+pub(crate) const MODULES: &[(&str, &str)] = &[
     module!("api"),
     module!("boot"),
     module!("channel"),
@@ -43,7 +43,7 @@ pub const MODULES: &[(&str, &str)] = &[
 ];
 
 /// The module whose `main` the loader calls.
-pub const ENTRY: &str = "boot";
+pub(crate) const ENTRY: &str = "boot";
 
 /// What the runtime takes from the host rather than writing itself.
 fn constants() -> RuntimeConstants<'static> {
@@ -59,14 +59,14 @@ fn constants() -> RuntimeConstants<'static> {
 
 /// The boot frame, the first line every container reads, without compiled code: the runtime
 /// itself, the same bytes for every sandbox, so made once.
-pub fn boot_line() -> &'static [u8] {
+pub(crate) fn boot_line() -> &'static [u8] {
     static LINE: LazyLock<Vec<u8>> = LazyLock::new(|| boot_line_with(None));
     &LINE
 }
 
 /// The boot frame carrying `code`, the modules' compiled code a sandbox sent
 /// (`super::compiled`).
-pub fn boot_line_with(code: Option<&RuntimeCode>) -> Vec<u8> {
+pub(crate) fn boot_line_with(code: Option<&RuntimeCode>) -> Vec<u8> {
     HostFrame::Boot {
         modules: MODULES,
         entry: ENTRY,

@@ -5,7 +5,7 @@
 //! An exec holds the session's frame receiver for its whole duration, so execs on one session run
 //! one at a time, and frames that name another exec id are dropped.
 
-use crate::identity::SessionKey;
+use bridge_core::identity::SessionKey;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,8 +31,8 @@ use super::container::{self, Role};
 use super::error::SandboxError;
 use super::images::{MAX_IMAGES, MAX_IMAGES_TOTAL, check_image};
 use super::output::{Collector, ExecOutcome, Outcome, OutputSink, limit_hint};
-use crate::config::Config;
-use crate::protocol::{
+use bridge_core::config::Config;
+use bridge_core::protocol::{
     ExecBinding, ExecError, ExecStatus, HostFrame, Interpreter, Provision, SandboxFrame, Stream,
 };
 
@@ -287,7 +287,7 @@ impl Session {
             }
         };
         let id = created.id;
-        tracing::debug!(session = %crate::text::visible(&name), ms = t0.elapsed().as_millis() as u64, "container created");
+        tracing::debug!(session = %bridge_core::text::visible(&name), ms = t0.elapsed().as_millis() as u64, "container created");
         match Self::attach_and_boot(
             docker,
             config,
@@ -320,7 +320,7 @@ impl Session {
     /// Give a pooled sandbox to session `name`. The engine-side name follows in the background
     /// (only `doctor` reads it), so the call that takes it does not wait for the rename.
     pub fn hand_to(&mut self, name: &str, serial: u64) {
-        tracing::info!(session = name, container = %short(&self.container_id), pooled = %crate::text::visible(&self.name), "a pooled sandbox serves the session");
+        tracing::info!(session = name, container = %short(&self.container_id), pooled = %bridge_core::text::visible(&self.name), "a pooled sandbox serves the session");
         self.name = name.to_string();
         let docker = self.docker.clone();
         let id = self.container_id.clone();
@@ -428,7 +428,7 @@ impl Session {
         // The proof of the isolation asked for, sandbox by sandbox: the kernel the runtime saw
         // at boot, before any code of the user's ran, is gVisor's (the caller removes the
         // container otherwise).
-        if config.isolation == crate::config::Isolation::Gvisor
+        if config.isolation == bridge_core::config::Isolation::Gvisor
             && let Err(why) = super::kernel::gvisor(kernel.as_ref(), &super::kernel::host())
         {
             return Err(SandboxError::NotGvisor {
@@ -486,7 +486,7 @@ impl Session {
         s.name_suffix = suffix.to_string();
         s.park_fd = std::sync::Mutex::new(again);
         // Past every id a bridge before this one gave it (those count from 1 up, one a call).
-        s.next_exec = AtomicU64::new(crate::clock::now_secs().saturating_mul(1000));
+        s.next_exec = AtomicU64::new(bridge_core::clock::now_secs().saturating_mul(1000));
         Ok(s)
     }
 
@@ -498,7 +498,7 @@ impl Session {
         id: &str,
         channel: Channel,
         python: String,
-        target: Option<crate::protocol::Target>,
+        target: Option<bridge_core::protocol::Target>,
         packages: std::path::PathBuf,
     ) -> Session {
         let Channel {
@@ -534,7 +534,7 @@ impl Session {
             files: Arc::new(super::files::OutStore::new(&config.state_dir, id)),
             file_caps: super::files::Caps::from_config(config),
             out_stamp: std::sync::Mutex::new(OutStamp::default()),
-            files_through_channel: config.isolation == crate::config::Isolation::Gvisor,
+            files_through_channel: config.isolation == bridge_core::config::Isolation::Gvisor,
             interpreter: Interpreter {
                 id: id.to_string(),
                 packages: Some(packages),

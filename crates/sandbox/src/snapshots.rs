@@ -31,10 +31,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::clock::now_secs;
-use crate::config::Config;
-use crate::identity::{Identity, SessionKey};
-use crate::statefile;
+use bridge_core::clock::now_secs;
+use bridge_core::config::Config;
+use bridge_core::identity::{Identity, SessionKey};
+use bridge_core::statefile;
 
 mod store;
 use store::make_room;
@@ -117,7 +117,7 @@ pub struct Info {
 
 /// `s` cut to `max` bytes at a character boundary.
 fn cut(s: &str, max: usize) -> String {
-    s[..crate::text::floor_char_boundary(s, max)].to_string()
+    s[..bridge_core::text::floor_char_boundary(s, max)].to_string()
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -512,7 +512,7 @@ impl Taken {
         let Some(mut listing) = self.listing.take() else {
             return;
         };
-        listing.set_aside = Some(crate::text::visible(&cut(why, MAX_WHY)).into_owned());
+        listing.set_aside = Some(bridge_core::text::visible(&cut(why, MAX_WHY)).into_owned());
         if fs::rename(&self.tmp, &self.snap).is_ok()
             && let Some(dir) = self.listing_path.parent()
         {
@@ -550,7 +550,7 @@ pub fn next_piece(file: &mut File, max: usize) -> io::Result<Option<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Size;
+    use bridge_core::config::Size;
 
     fn config(dir: &Path) -> Config {
         Config {
@@ -791,7 +791,7 @@ mod tests {
     fn an_expired_snapshot_is_neither_found_nor_listed_and_its_files_go() {
         let t = tempfile::tempdir().unwrap();
         let c = Config {
-            snapshot_ttl: crate::config::Secs(Duration::ZERO),
+            snapshot_ttl: bridge_core::config::Secs(Duration::ZERO),
             ..config(t.path())
         };
         let a = SessionKey::local("a");

@@ -17,7 +17,7 @@ pub fn starts_at_once() -> usize {
 
 /// The most sandboxes the pool holds while new sessions come: 4 per core, at most 16 (a pooled
 /// sandbox holds what a pandas session holds, about 51 MiB: 816 MiB at most).
-pub fn pool_most() -> usize {
+pub(crate) fn pool_most() -> usize {
     (cores() * 4).min(16)
 }
 
@@ -41,8 +41,8 @@ impl Sandbox {
         let busy = self.busy.hold(name, "");
         self.pool.started_one();
         let from = |how: &'static str| {
-            let attr = crate::trace::Attr::new("mcp_code_bridge.sandbox.from", how);
-            crate::trace::set(&crate::trace::Context::current(), vec![attr]);
+            let attr = bridge_core::trace::Attr::new("mcp_code_bridge.sandbox.from", how);
+            bridge_core::trace::set(&bridge_core::trace::Context::current(), vec![attr]);
         };
         let hand = |mut s: Session, busy: &BusyGuard<'_>| {
             busy.set_container(&s.container_id);
@@ -127,7 +127,7 @@ impl Sandbox {
         if reserve == 0 {
             return None;
         }
-        let available = crate::procfs::mem_available()?;
+        let available = bridge_core::procfs::mem_available()?;
         (available < reserve).then_some((available, reserve))
     }
 }

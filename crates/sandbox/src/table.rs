@@ -343,7 +343,7 @@ impl Sandbox {
             .await
             .ok()
             .flatten();
-        tracing::info!(session = %text::visible(&key), ended = ended.is_some(), limit, key = limit_key, "ending a session the bridge before this one parked, to make room");
+        tracing::info!(session = %bridge_core::text::visible(&key), ended = ended.is_some(), limit, key = limit_key, "ending a session the bridge before this one parked, to make room");
         let ended_key = SessionKey::new(
             oldest
                 .identity

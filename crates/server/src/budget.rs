@@ -11,8 +11,8 @@
 //! cost. A piece's count can differ from the whole text's by a token at its edges; the cut is
 //! made on piece boundaries, and the budget keeps a reserve for the lines around the parts.
 
-use crate::sandbox::files::OUT_DIR;
-use crate::sandbox::{ExecOutcome, Fit, Kept, Part};
+use bridge_sandbox::files::OUT_DIR;
+use bridge_sandbox::{ExecOutcome, Fit, Kept, Part};
 
 /// Bytes of the longest piece counted at once. The BPE merge is quadratic in a piece without
 /// spaces; at this size it is microseconds.
@@ -34,7 +34,7 @@ fn tokens(piece: &str) -> usize {
 /// The end of the piece of `t` that starts at `start`: through the next newline within
 /// [`PIECE`] bytes, else [`PIECE`] bytes back to a character boundary.
 fn piece_after(t: &str, start: usize) -> usize {
-    let window = crate::text::floor_char_boundary(t, (start + PIECE).min(t.len()));
+    let window = bridge_core::text::floor_char_boundary(t, (start + PIECE).min(t.len()));
     let window = if window <= start {
         // One character longer than a piece cannot be: PIECE is far more than 4 bytes.
         t.len()
@@ -219,7 +219,7 @@ pub const SHOWN_NAME: usize = 96;
 /// A file name the code chose, as the model is shown it: escaped (`text::visible`), and past
 /// [`SHOWN_NAME`] characters cut with the count of what was cut. Its URI stays exact.
 pub fn shown_file_name(name: &str) -> String {
-    let shown = crate::text::visible(name);
+    let shown = bridge_core::text::visible(name);
     let n = shown.chars().count();
     if n <= SHOWN_NAME {
         return shown.into_owned();
@@ -270,8 +270,8 @@ fn preview(t: &str, share: usize, part: Part, kept: Option<&Kept>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::ExecOutcome;
-    use crate::sandbox::files::OutFile;
+    use bridge_sandbox::ExecOutcome;
+    use bridge_sandbox::files::OutFile;
     use std::time::Duration;
 
     fn outcome(stdout: String) -> ExecOutcome {

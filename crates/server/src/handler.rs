@@ -27,10 +27,10 @@ use super::replies::{
 };
 use super::tool::{call_args, tool};
 use super::{Bridge, CAPABILITIES_URI, TOOL_NAME, rounds};
-use crate::identity::{Identity, SessionKey};
-use crate::policy::Approver;
-use crate::sandbox::files;
-use crate::upstream::{CallRelay, ClientLink};
+use bridge_core::identity::{Identity, SessionKey};
+use bridge_core::policy::Approver;
+use bridge_sandbox::files;
+use bridge_upstream::{CallRelay, ClientLink};
 
 /// How long a client may treat `tools/list` as fresh (SEP-2549): an hour, so that a `serve`
 /// upgraded to another version is seen within one.
@@ -134,7 +134,7 @@ impl ServerHandler for Bridge {
         let relay = CallRelay { progress, client };
         // SEP-414: the client's trace, if it sent one, is the parent of the call's span (also
         // in the task and rounds paths above).
-        let parent = crate::trace::parent_of(&context.meta);
+        let parent = bridge_core::trace::parent_of(&context.meta);
         let result = self
             .run_for(
                 key,

@@ -2,13 +2,8 @@
 //! summary. The standing context (`tools/list`) is built from constants only, so it is the same
 //! bytes however many upstream servers exist.
 
-// The layers below, under the names the code gives them (`crate::config::…`).
-use mcp_code_bridge_core::boxed::Boxed;
-use mcp_code_bridge_core::{audit, config, error, identity, policy, protocol, text, trace};
-use mcp_code_bridge_packages as packages;
-use mcp_code_bridge_sandbox as sandbox;
-use mcp_code_bridge_skills as skills;
-use mcp_code_bridge_upstream as upstream;
+// The layers below are called by their own names (`bridge_core::config::…`); `crate::` is this crate.
+use bridge_core::boxed::Boxed;
 
 use std::sync::Arc;
 
@@ -18,10 +13,10 @@ use std::sync::Arc;
 use rmcp::model::LoggingLevel;
 use rmcp::task_manager::TaskManager;
 
-use crate::audit::Audit;
-use crate::config::Config;
-use crate::sandbox::Sandbox;
-use crate::upstream::Upstreams;
+use bridge_core::audit::Audit;
+use bridge_core::config::Config;
+use bridge_sandbox::Sandbox;
+use bridge_upstream::Upstreams;
 
 pub mod budget;
 mod handler;
@@ -59,9 +54,9 @@ pub struct Bridge {
     log_level: Arc<std::sync::Mutex<Option<LoggingLevel>>>,
     audit: Audit,
     /// The saved skills, whose RPC methods every exec's handler answers first.
-    skills: Arc<skills::Store>,
+    skills: Arc<bridge_skills::Store>,
     /// The installer of `runtime.install`, whose RPC methods every exec's handler answers too.
-    packages: Arc<crate::packages::Packages>,
+    packages: Arc<bridge_packages::Packages>,
     /// `run_python` calls running as tasks, for clients that declared the tasks extension.
     tasks: TaskManager,
     /// Whose each task is (`None`: the stdio user's) and its form, so one identity cannot read or cancel
@@ -75,11 +70,11 @@ impl Bridge {
     /// The bridge of `run`; it opens the audit log configured by `[audit]`.
     pub fn new(config: Arc<Config>, sandbox: Arc<Sandbox>, upstreams: Upstreams) -> Self {
         let audit = Audit::open(&config);
-        let skills = Arc::new(skills::Store::from_config(&config));
-        let packages = crate::packages::Packages::new(&config, audit.clone());
+        let skills = Arc::new(bridge_skills::Store::from_config(&config));
+        let packages = bridge_packages::Packages::new(&config, audit.clone());
         sandbox.set_audit(audit.clone());
         if !config.packages.preinstall.0.is_empty() {
-            sandbox.set_provision(Arc::new(crate::packages::Preinstall(packages.clone())));
+            sandbox.set_provision(Arc::new(bridge_packages::Preinstall(packages.clone())));
         }
         Bridge {
             skills,
@@ -123,7 +118,7 @@ impl Bridge {
         let mut s = String::from(
             "\n\n## Packages\n\n`await runtime.install(\"name\", \"other==1.2\")` installs distributions into this session: the bridge resolves and downloads them on the host (the sandbox stays offline), from wheels only, never replacing the image's own packages. It returns `[{name, version, cached, size}]`; `runtime.installed()` lists the session's installs. A refusal raises `PackageDenied` (a `PermissionError`: do not retry), a failure `PackageError`.\n",
         );
-        let globs = |l: &crate::config::packages::NameGlobs| {
+        let globs = |l: &bridge_core::config::packages::NameGlobs| {
             l.0.iter()
                 .map(|g| format!("`{g}`"))
                 .collect::<Vec<_>>()
@@ -176,7 +171,7 @@ impl Bridge {
         s.push_str("\n\n");
         s.push_str(HELPERS);
         s.push_str("\n\n## Files out\n\nFiles the code writes under `/workspace/out/` (make it first: `os.makedirs(\"/workspace/out\", exist_ok=True)`) come back after the call as resource links (new or changed ones only) that the client reads with `resources/read`; images among them are also shown. Only regular files; they last as long as the session.");
-        s.push_str(&format!("\n\n## Long output\n\nA result carries at most {} tokens of output. Past that, each part too long (stdout, stderr, the value, the traceback) comes back as its head and tail with a line saying how much was left out, and the whole part is a file: `{}/{}/<call>.<part>.txt`, readable by the next call's code (`open(...)`: grep, slice or summarize it there) and as the resource link in the result. Displayed images past the result's limits are files with links too.", self.config.output_budget, crate::sandbox::files::OUT_DIR, crate::sandbox::files::KEPT_DIR));
+        s.push_str(&format!("\n\n## Long output\n\nA result carries at most {} tokens of output. Past that, each part too long (stdout, stderr, the value, the traceback) comes back as its head and tail with a line saying how much was left out, and the whole part is a file: `{}/{}/<call>.<part>.txt`, readable by the next call's code (`open(...)`: grep, slice or summarize it there) and as the resource link in the result. Displayed images past the result's limits are files with links too.", self.config.output_budget, bridge_sandbox::files::OUT_DIR, bridge_sandbox::files::KEPT_DIR));
         s.push_str(&self.packages_markdown());
         if !self.config.inputs.is_empty() {
             s.push_str("\n\n## Files in\n\nThe user's files, copied into every new session (read-only on the host's side: changes stay in the sandbox, a reset brings the originals back):\n");

@@ -6,9 +6,9 @@ use rmcp::model::{ElicitRequestParams, ElicitResult};
 use serde_json::json;
 
 use super::rounds;
-use crate::identity::Identity;
-use crate::policy::{Approval, ApprovalRequest, Approver};
-use crate::upstream::ClientLink;
+use bridge_core::identity::Identity;
+use bridge_core::policy::{Approval, ApprovalRequest, Approver};
+use bridge_upstream::ClientLink;
 
 /// Asks the human through the MCP client of a `run_python` request: an `elicitation/create`
 /// request in form mode, one field with the three choices.
@@ -116,17 +116,17 @@ impl Approver for TracedApprover {
     }
 
     async fn ask(&self, request: &ApprovalRequest) -> Approval {
-        use crate::trace::{self, Within as _};
+        use bridge_core::trace::{self, Within as _};
         let mut attrs = vec![trace::Attr::new("mcp_code_bridge.ask.path", self.0.path())];
         match &request.asked {
-            crate::policy::Asked::ToolCall => {
+            bridge_core::policy::Asked::ToolCall => {
                 attrs.push(trace::Attr::new(
                     "mcp_code_bridge.server",
                     request.server.clone(),
                 ));
                 attrs.push(trace::Attr::new("gen_ai.tool.name", request.tool.clone()));
             }
-            crate::policy::Asked::Other { title, .. } => {
+            bridge_core::policy::Asked::Other { title, .. } => {
                 attrs.push(trace::Attr::new("mcp_code_bridge.ask.title", *title));
             }
         }

@@ -19,9 +19,9 @@ use rmcp::service::{Peer, RoleServer};
 use serde_json::json;
 use tokio::sync::Notify;
 
-use crate::protocol::Stream;
-use crate::sandbox::OutputSink;
-use crate::upstream::{ProgressSink, UpstreamProgress};
+use bridge_core::protocol::Stream;
+use bridge_sandbox::OutputSink;
+use bridge_upstream::{ProgressSink, UpstreamProgress};
 
 /// Output held for streaming, at most.
 pub const BUFFER: usize = 256 << 10;
@@ -114,7 +114,7 @@ impl Forwarder {
         let upstream: ProgressSink = Arc::new(move |p: UpstreamProgress| {
             // A server's message is its own text: cut it so one notification stays small.
             let mut line = upstream_line(&p);
-            crate::text::truncate_with(&mut line, CHUNK, "…\n");
+            bridge_core::text::truncate_with(&mut line, CHUNK, "…\n");
             up.push(Kind::Upstream, &line)
         });
         (Forwarder { shared, task }, sink, upstream)

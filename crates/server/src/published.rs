@@ -34,9 +34,8 @@ use serde_json::{Value, json};
 
 use super::Bridge;
 use super::replies::{is_2026_07_28, refused};
-use crate::error::Hinted;
-use crate::identity::Identity;
-use crate::skills;
+use bridge_core::error::Hinted;
+use bridge_core::identity::Identity;
 
 /// The scheme of the skills' URIs.
 pub const SCHEME: &str = "skill://";
@@ -56,14 +55,14 @@ const UNKNOWN_HINT: &str = "skills/list lists the skills this identity has saved
 /// have none, and those skills are defined in sessions but not served under the extension.
 pub fn skill_name(function: &str) -> Option<String> {
     let fits = !function.is_empty()
-        && function.len() <= skills::MAX_NAME
+        && function.len() <= bridge_skills::MAX_NAME
         && function
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         && !function.starts_with('_')
         && !function.ends_with('_')
         && !function.contains("__")
-        && skills::valid_name(function);
+        && bridge_skills::valid_name(function);
     fits.then(|| function.replace('_', "-"))
 }
 
@@ -122,7 +121,7 @@ impl Rendered {
 
 /// A description as the frontmatter carries it: trimmed, at most [`MAX_DESCRIPTION`]
 /// characters, never empty.
-fn short_description(skill: &skills::Skill) -> String {
+fn short_description(skill: &bridge_skills::Skill) -> String {
     let d = skill.description.trim();
     if d.is_empty() {
         return format!(
@@ -163,7 +162,7 @@ fn fence(source: &str) -> String {
 }
 
 /// The MCP skill of a saved one, or `None` when its function name has no Agent Skills name.
-pub fn render(skill: &skills::Skill) -> Option<Rendered> {
+pub fn render(skill: &bridge_skills::Skill) -> Option<Rendered> {
     let name = skill_name(&skill.name)?;
     let description = short_description(skill);
     let mut metadata = vec![("function", skill.name.as_str())];
@@ -284,10 +283,10 @@ fn not_served(method: &str, uri: &str, why: String) -> ErrorData {
 
 impl Bridge {
     /// The store of `identity`: the user's over stdio, its own under `serve`.
-    fn store_of(&self, identity: &Identity) -> Arc<skills::Store> {
+    fn store_of(&self, identity: &Identity) -> Arc<bridge_skills::Store> {
         match identity {
             Identity::Local => self.skills.clone(),
-            Identity::Named(id) => Arc::new(skills::Store::for_identity(&self.config, id)),
+            Identity::Named(id) => Arc::new(bridge_skills::Store::for_identity(&self.config, id)),
         }
     }
 
@@ -321,20 +320,20 @@ impl Bridge {
         let f = function.clone();
         let got = tokio::task::spawn_blocking(move || {
             let skill = store.get(&f)?;
-            skills::check::check(&skill.name, &skill.source).map_err(|reason| {
-                skills::SkillError::Broken {
+            bridge_skills::check::check(&skill.name, &skill.source).map_err(|reason| {
+                bridge_skills::SkillError::Broken {
                     name: f.clone(),
                     reason: reason.to_string(),
                 }
             })?;
-            Ok::<_, skills::SkillError>(skill)
+            Ok::<_, bridge_skills::SkillError>(skill)
         })
         .await
         .map_err(|e| ErrorData::internal_error(format!("reading a skill: {e}"), None))?;
         match got {
             Ok(skill) => render(&skill)
                 .ok_or_else(|| not_served(method, uri, format!("{function:?} has no skill name"))),
-            Err(e @ skills::SkillError::Io { .. }) => Err(refused(
+            Err(e @ bridge_skills::SkillError::Io { .. }) => Err(refused(
                 method,
                 ErrorData::internal_error(e.message(), None),
             )),

@@ -15,9 +15,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::budget::{self, Budget};
-use crate::config::OutputMode;
-use crate::protocol::ExecError;
-use crate::sandbox::{ExecOutcome, Outcome};
+use bridge_core::config::OutputMode;
+use bridge_core::protocol::ExecError;
+use bridge_sandbox::{ExecOutcome, Outcome};
 
 /// The `_meta` key of a result's metadata ([`Meta`]).
 pub const RESULT_META: &str = "mcp-code-bridge/result";
@@ -136,7 +136,7 @@ pub fn meta<'a>(o: &'a ExecOutcome, session: &'a str) -> Meta<'a> {
                 path: k
                     .in_sandbox
                     .is_ok()
-                    .then(|| format!("{}/{}", crate::sandbox::files::OUT_DIR, k.file.name)),
+                    .then(|| format!("{}/{}", bridge_sandbox::files::OUT_DIR, k.file.name)),
                 size: k.file.size,
             })
             .collect(),
@@ -199,7 +199,7 @@ pub fn parts(o: &ExecOutcome, listed: usize) -> Vec<(&'static str, String)> {
             .map(|f| {
                 format!(
                     "[file] {}/{} ({}, {} bytes): {}",
-                    crate::sandbox::files::OUT_DIR,
+                    bridge_sandbox::files::OUT_DIR,
                     budget::shown_file_name(&f.name),
                     f.mime,
                     f.size,
@@ -211,7 +211,7 @@ pub fn parts(o: &ExecOutcome, listed: usize) -> Vec<(&'static str, String)> {
             lines.push(format!(
                 "[file] and {} more in {}, past the output budget: resources/list lists them all",
                 o.files.len() - listed,
-                crate::sandbox::files::OUT_DIR
+                bridge_sandbox::files::OUT_DIR
             ));
         }
         parts.push(("files", lines.join("\n")));
@@ -299,7 +299,7 @@ pub fn tool_result(
     let files = std::mem::take(&mut o.files).into_iter().take(listed);
     for f in files.chain(kept) {
         let name = budget::shown_file_name(&f.name);
-        let title = format!("{}/{name}", crate::sandbox::files::OUT_DIR);
+        let title = format!("{}/{name}", bridge_sandbox::files::OUT_DIR);
         let r = rmcp::model::Resource::new(f.uri, name)
             .with_title(title)
             .with_mime_type(f.mime)
@@ -376,7 +376,7 @@ mod tests {
     #[test]
     fn files_become_resource_links() {
         let mut o = outcome();
-        o.files = vec![crate::sandbox::files::OutFile {
+        o.files = vec![bridge_sandbox::files::OutFile {
             name: "sales.csv".into(),
             mime: "text/csv".into(),
             size: 12,

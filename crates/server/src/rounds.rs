@@ -28,11 +28,11 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{Hint, Hinted};
-use crate::identity::{Identity, SessionKey};
-use crate::policy::{Approval, ApprovalRequest, Approver};
-use crate::sandbox::OutputSink;
-use crate::upstream::{ClientLink, ProgressSink, UpstreamProgress};
+use bridge_core::error::{Hint, Hinted};
+use bridge_core::identity::{Identity, SessionKey};
+use bridge_core::policy::{Approval, ApprovalRequest, Approver};
+use bridge_sandbox::OutputSink;
+use bridge_upstream::{ClientLink, ProgressSink, UpstreamProgress};
 
 /// How long a paused call whose code has ended (its deadline passed, or it finished without
 /// needing the answer) stays claimable by its client's retry, which then gets its result.
@@ -47,7 +47,7 @@ const MAX_QUESTIONS_PER_ROUND: usize = 8;
 
 /// What the request declared it can answer, read from its own `_meta`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Askable {
+pub(crate) struct Askable {
     pub form: bool,
     pub url: bool,
 }
@@ -55,7 +55,7 @@ pub struct Askable {
 impl Askable {
     /// Form elicitation when the client declared elicitation with neither mode (the spec's
     /// backward-compatible reading), else each mode it names.
-    pub fn of(caps: Option<&ClientCapabilities>) -> Askable {
+    pub(crate) fn of(caps: Option<&ClientCapabilities>) -> Askable {
         match caps.and_then(|c| c.elicitation.as_ref()) {
             None => Askable::default(),
             Some(e) if e.form.is_none() && e.url.is_none() => Askable {
@@ -69,7 +69,7 @@ impl Askable {
         }
     }
 
-    pub fn any(self) -> bool {
+    pub(crate) fn any(self) -> bool {
         self.form || self.url
     }
 
@@ -83,7 +83,7 @@ impl Askable {
 }
 
 /// One question of the running code, waiting for its round.
-pub struct Question {
+pub(crate) struct Question {
     request: ElicitRequestParams,
     answer: oneshot::Sender<Result<ElicitResult, String>>,
 }
@@ -109,7 +109,7 @@ impl Asker {
 }
 
 /// `policy::Approver` by `input_required` rounds.
-pub struct RoundApprover(Asker);
+pub(crate) struct RoundApprover(Asker);
 
 #[async_trait::async_trait]
 impl Approver for RoundApprover {
@@ -133,7 +133,7 @@ impl Approver for RoundApprover {
 
 /// `upstream::ClientLink` by `input_required` rounds: a server's question reaches the user in
 /// the next round of the call that made the proxied call.
-pub struct RoundLink {
+pub(crate) struct RoundLink {
     asker: Asker,
     identity: Identity,
 }
@@ -157,10 +157,10 @@ impl ClientLink for RoundLink {
 /// at the moment (each round is a request of its own, with its own progress token), or nowhere
 /// between rounds (the output is in the final result all the same).
 #[derive(Clone, Default)]
-pub struct Sinks(Arc<Mutex<Option<(OutputSink, ProgressSink)>>>);
+pub(crate) struct Sinks(Arc<Mutex<Option<(OutputSink, ProgressSink)>>>);
 
 impl Sinks {
-    pub fn output(&self) -> OutputSink {
+    pub(crate) fn output(&self) -> OutputSink {
         let s = self.clone();
         Arc::new(move |stream, data: &str| {
             if let Some((out, _)) = &*s.0.lock().unwrap() {
@@ -169,7 +169,7 @@ impl Sinks {
         })
     }
 
-    pub fn progress(&self) -> ProgressSink {
+    pub(crate) fn progress(&self) -> ProgressSink {
         let s = self.clone();
         Arc::new(move |p: UpstreamProgress| {
             if let Some((_, up)) = &*s.0.lock().unwrap() {
@@ -178,20 +178,20 @@ impl Sinks {
         })
     }
 
-    pub fn set(&self, to: Option<(OutputSink, ProgressSink)>) {
+    pub(crate) fn set(&self, to: Option<(OutputSink, ProgressSink)>) {
         *self.0.lock().unwrap() = to;
     }
 }
 
 /// Who may resume a paused call: the identity, the session name and the code of the call.
 #[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Binding {
+pub(crate) struct Binding {
     pub key: SessionKey,
     code: [u8; 32],
 }
 
 impl Binding {
-    pub fn new(key: SessionKey, code: &str) -> Binding {
+    pub(crate) fn new(key: SessionKey, code: &str) -> Binding {
         Binding {
             key,
             code: Sha256::digest(code.as_bytes()).into(),
@@ -200,7 +200,7 @@ impl Binding {
 }
 
 /// A call between rounds, or one running until its first question or its end.
-pub struct Running {
+pub(crate) struct Running {
     binding: Binding,
     run: tokio::task::JoinHandle<CallToolResult>,
     questions: mpsc::Receiver<Question>,
@@ -215,7 +215,7 @@ pub struct Running {
 }
 
 /// What a new call's run is given: the links to pass to `Bridge::run_for`.
-pub struct Links {
+pub(crate) struct Links {
     pub approver: RoundApprover,
     pub client: RoundLink,
     pub cancel: CancellationToken,
@@ -224,7 +224,7 @@ pub struct Links {
 
 impl Running {
     /// The channels of a new call: hand `Links` to the run, then [`Running::spawn`] it.
-    pub fn links(askable: Askable, identity: Identity) -> (Links, mpsc::Receiver<Question>) {
+    pub(crate) fn links(askable: Askable, identity: Identity) -> (Links, mpsc::Receiver<Question>) {
         let (tx, rx) = mpsc::channel(MAX_QUESTIONS_PER_ROUND);
         let asker = Asker { tx, askable };
         let links = Links {
@@ -236,7 +236,7 @@ impl Running {
         (links, rx)
     }
 
-    pub fn spawn(
+    pub(crate) fn spawn(
         binding: Binding,
         cancel: CancellationToken,
         sinks: Sinks,
@@ -279,7 +279,11 @@ impl Running {
     /// Run until the code asks or ends, or the request is cancelled (then the code is
     /// interrupted, as a cancelled call's is). A question becomes `input_required`, whose
     /// handle is registered in `paused`.
-    pub async fn drive(mut self, request: &CancellationToken, paused: &Paused) -> CallToolResponse {
+    pub(crate) async fn drive(
+        mut self,
+        request: &CancellationToken,
+        paused: &Paused,
+    ) -> CallToolResponse {
         let session = self.binding.key.name().to_string();
         tokio::select! {
             r = &mut self.run => CallToolResponse::Complete(joined(r, &session)),
@@ -330,7 +334,7 @@ fn joined(r: Result<CallToolResult, tokio::task::JoinError>, session: &str) -> C
 
 /// Why a retry's `requestState` was refused.
 #[derive(Debug, thiserror::Error)]
-pub enum ResumeError {
+pub(crate) enum ResumeError {
     #[error(
         "requestState is unknown: it was used already, its call ended more than {}s ago, or it \
          belongs to another call",
@@ -353,14 +357,14 @@ impl Hinted for ResumeError {
 }
 
 impl ResumeError {
-    pub fn into_error(self) -> ErrorData {
+    pub(crate) fn into_error(self) -> ErrorData {
         ErrorData::invalid_params(self.message(), None)
     }
 }
 
 /// The paused calls, by handle. Shared by every connection of a bridge.
 #[derive(Clone, Default)]
-pub struct Paused(Arc<Mutex<HashMap<String, (Instant, Running)>>>);
+pub(crate) struct Paused(Arc<Mutex<HashMap<String, (Instant, Running)>>>);
 
 impl Paused {
     /// Keep `running` under a new handle, forget it once its code has ended and
@@ -405,7 +409,7 @@ impl Paused {
 
     /// Take the call `handle` names for its retry: once, by the binding that made it. A handle
     /// of another identity is as unknown as one never made.
-    pub fn take(
+    pub(crate) fn take(
         &self,
         handle: &str,
         binding: &Binding,

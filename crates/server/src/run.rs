@@ -1,7 +1,7 @@
 //! The bridge path of one `run_python` call: load its servers, run its code in its session,
 //! audit it, render its result; and the same call in rounds when a 2026-07-28 client can be asked.
 
-use mcp_code_bridge_core::boxed::Boxed;
+use bridge_core::boxed::Boxed;
 use std::sync::Arc;
 
 use rmcp::RoleServer;
@@ -17,16 +17,15 @@ use super::link::TracedApprover;
 use super::progress::Forwarder;
 use super::replies::refused;
 use super::{Bridge, RunArgs, render, rounds};
-use crate::audit::{self};
-use crate::error::Hinted as _;
-use crate::identity::{Identity, SessionKey};
-use crate::policy::Approver;
-use crate::sandbox::files;
-use crate::sandbox::{ExecOutcome, ExecRequest, OutputSink};
-use crate::skills;
-use crate::trace::{self, Within as _};
-use crate::upstream::{CallContext, CallRelay, ProgressSink};
 use base64::Engine as _;
+use bridge_core::audit::{self};
+use bridge_core::error::Hinted as _;
+use bridge_core::identity::{Identity, SessionKey};
+use bridge_core::policy::Approver;
+use bridge_core::trace::{self, Within as _};
+use bridge_sandbox::files;
+use bridge_sandbox::{ExecOutcome, ExecRequest, OutputSink};
+use bridge_upstream::{CallContext, CallRelay, ProgressSink};
 
 /// Why a call's code could not run at all: its servers could not be loaded, or no sandbox
 /// could be had. `kind` is the error type the result and the audit record name.
@@ -99,7 +98,7 @@ impl Bridge {
             relay,
             audit: self.audit.clone(),
         };
-        let gate = skills::rpc::SaveGate {
+        let gate = bridge_skills::rpc::SaveGate {
             rule: self.config.skills.save,
             fallback: self.config.policy.ask_fallback,
             approver: asker.clone(),
@@ -108,12 +107,12 @@ impl Bridge {
         };
         let binding = match self.upstreams.load_for(&args.servers, call).await {
             Ok(b) => match key.owner() {
-                Identity::Named(id) => skills::rpc::SkillRpc::bind(
-                    &Arc::new(skills::Store::for_identity(&self.config, id)),
+                Identity::Named(id) => bridge_skills::rpc::SkillRpc::bind(
+                    &Arc::new(bridge_skills::Store::for_identity(&self.config, id)),
                     b,
                     gate,
                 ),
-                Identity::Local => skills::rpc::SkillRpc::bind(&self.skills, b, gate),
+                Identity::Local => bridge_skills::rpc::SkillRpc::bind(&self.skills, b, gate),
             },
             Err(e) => {
                 record("setup_error", Some(e.kind()));
@@ -123,8 +122,8 @@ impl Bridge {
                 });
             }
         };
-        let binding = crate::protocol::ExecBinding {
-            rpc: crate::packages::rpc::PackagesRpc::wrap(
+        let binding = bridge_core::protocol::ExecBinding {
+            rpc: bridge_packages::rpc::PackagesRpc::wrap(
                 self.packages.clone(),
                 key.clone(),
                 asker,
@@ -140,7 +139,7 @@ impl Bridge {
             binding,
             cancel,
             on_output,
-            spill: budget.map(|b| crate::sandbox::Spill {
+            spill: budget.map(|b| bridge_sandbox::Spill {
                 fit: Arc::new(b),
                 key: key.clone(),
             }),
@@ -270,7 +269,7 @@ impl Bridge {
                 trace::set(span, attrs);
                 let error =
                     match o.outcome {
-                        crate::sandbox::Outcome::Ok => None,
+                        bridge_sandbox::Outcome::Ok => None,
                         _ => Some(o.error.as_ref().map_or_else(
                             || status.as_str().unwrap_or("unknown"),
                             |e| e.kind.as_str(),

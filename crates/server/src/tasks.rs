@@ -20,10 +20,10 @@ use super::link::{ClientApprover, PeerLink};
 use super::replies::refused;
 use super::tool::call_args;
 use super::{Bridge, RunArgs, TASK_POLL_MS, TASK_RETENTION};
-use crate::identity::{Identity, SessionKey};
 use crate::legacy_tasks::PREFIX;
-use crate::policy::Approver;
-use crate::upstream::CallRelay;
+use bridge_core::identity::{Identity, SessionKey};
+use bridge_core::policy::Approver;
+use bridge_upstream::CallRelay;
 
 /// How often `tasks/result` looks whether its task has ended.
 const RESULT_POLL: Duration = Duration::from_millis(50);
@@ -129,7 +129,7 @@ impl Bridge {
     ) -> Result<Task, ErrorData> {
         let bridge = self.clone();
         let peer = context.peer.clone();
-        let parent = crate::trace::parent_of(&context.meta);
+        let parent = bridge_core::trace::parent_of(&context.meta);
         let owner = key.clone();
         let bytes = args.code.len();
         let ended = Arc::new(AtomicBool::new(false));

@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use super::TOOL_NAME;
 use super::replies::refused;
-use crate::identity::{self, Identity, SessionKey};
-use crate::sandbox::DEFAULT_SESSION;
+use bridge_core::identity::{self, Identity, SessionKey};
+use bridge_sandbox::DEFAULT_SESSION;
 
 /// The tool description: how to start, in as few tokens as possible, since it is paid for on
 /// every request. `tools/list` must stay within 250 cl100k tokens (the bench's section 1, and
@@ -115,7 +115,7 @@ pub enum BadArguments {
     CodeTooLarge(usize),
     /// `session` is not a session name.
     #[error("`session`: {0}")]
-    Session(#[source] crate::sandbox::BadSessionName),
+    Session(#[source] bridge_sandbox::BadSessionName),
 }
 
 impl RunArgs {
@@ -137,7 +137,7 @@ impl RunArgs {
         }
         if let Some(s) = &a.session {
             // The one rule for every session name, wherever it comes from (forks, listings).
-            crate::sandbox::check_session_name(s).map_err(BadArguments::Session)?;
+            bridge_sandbox::check_session_name(s).map_err(BadArguments::Session)?;
         }
         Ok(a)
     }
@@ -176,7 +176,7 @@ pub(super) fn call_args(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use bridge_core::config::Config;
     use rmcp::model::ListToolsResult;
 
     #[test]

@@ -20,7 +20,7 @@
 use ruff_python_ast::{Expr, Stmt, UnaryOp};
 
 /// Deepest nesting of a default value's literal containers (the runtime checks the same).
-pub const MAX_DEFAULT_DEPTH: usize = crate::protocol::SKILL_DEFAULT_DEPTH;
+pub const MAX_DEFAULT_DEPTH: usize = bridge_core::protocol::SKILL_DEFAULT_DEPTH;
 
 /// Stack of the thread that parses: the parser grows its own stack as it descends, but the
 /// tree it returns is dropped recursively, and a source of `skills.max_size` (1 MiB at most)

@@ -23,10 +23,7 @@
 //! The store is one directory, so it is keyed: a bridge serving several identities over HTTP
 //! would open one [`Store`] per identity (`skills/<identity>/`); today there is one, the user's.
 
-// The layers below, under the names the code gives them (`crate::config::…`).
-use mcp_code_bridge_core::{
-    audit, config, error, flock, identity, policy, protocol, statefile, text,
-};
+// The layers below are called by their own names (`bridge_core::config::…`); `crate::` is this crate.
 
 pub mod check;
 pub mod rpc;
@@ -38,7 +35,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
+use bridge_core::config::Config;
 
 /// Directory of the store under the state directory.
 pub const DIR: &str = "skills";
@@ -87,10 +84,10 @@ pub enum SkillError {
     },
 }
 
-impl crate::error::Hinted for SkillError {
+impl bridge_core::error::Hinted for SkillError {
     /// What to do next.
-    fn hint(&self) -> Option<crate::error::Hint> {
-        Some(crate::error::Hint::sentence(match self {
+    fn hint(&self) -> Option<bridge_core::error::Hint> {
+        Some(bridge_core::error::Hint::sentence(match self {
             SkillError::InvalidName { .. } => format!(
                 "a skill is saved under its function's name: ASCII letters, digits and _, not starting with a digit, at most {MAX_NAME} characters, not a Python keyword"
             ),
@@ -200,7 +197,7 @@ impl Store {
     }
 
     /// An identity's own store under `serve`: `<state_dir>/skills/users/<identity>` (see
-    /// `crate::identity::dir_name`), so one user's skills are never defined in another's
+    /// `bridge_core::identity::dir_name`), so one user's skills are never defined in another's
     /// sessions. The directory has no `.py` name, so the stdio user's store never lists it.
     pub fn for_identity(config: &Config, identity: &str) -> Store {
         Store::new(
@@ -208,7 +205,7 @@ impl Store {
                 .state_dir
                 .join(DIR)
                 .join(USERS_DIR)
-                .join(crate::identity::dir_name(identity)),
+                .join(bridge_core::identity::dir_name(identity)),
             config.skills.max_size.0,
             config.skills.max_count,
         )
@@ -228,7 +225,8 @@ impl Store {
             Ok(())
         } else {
             Err(SkillError::InvalidName {
-                name: name[..crate::text::floor_char_boundary(name, 2 * MAX_NAME)].to_string(),
+                name: name[..bridge_core::text::floor_char_boundary(name, 2 * MAX_NAME)]
+                    .to_string(),
             })
         }
     }
@@ -445,17 +443,17 @@ impl Store {
         Ok(Some(Skill {
             name: name.into(),
             description: meta.description,
-            sha256: crate::audit::code_sha256(&source),
+            sha256: bridge_core::audit::code_sha256(&source),
             source,
             saved_at: meta.saved_at,
             saved_by: meta.saved_by,
         }))
     }
 
-    /// A regular file's bytes (`crate::statefile::open_read`: no symlink followed, no FIFO
+    /// A regular file's bytes (`bridge_core::statefile::open_read`: no symlink followed, no FIFO
     /// waited on), reading at most `max_size + 1`.
     fn read_bounded(&self, path: &Path) -> Result<Option<Vec<u8>>, String> {
-        let file = match crate::statefile::open_read(path) {
+        let file = match bridge_core::statefile::open_read(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return Err(e.to_string()),
@@ -477,9 +475,9 @@ impl Store {
     /// The store's lock, held while the count is checked and the files written.
     fn lock(&self) -> Result<File, SkillError> {
         let path = self.dir.join(".lock");
-        let f =
-            crate::statefile::open_lock(&path).map_err(Self::io("cannot open the lock", &path))?;
-        crate::flock::lock_exclusive(&f).map_err(Self::io("cannot lock", &path))?;
+        let f = bridge_core::statefile::open_lock(&path)
+            .map_err(Self::io("cannot open the lock", &path))?;
+        bridge_core::flock::lock_exclusive(&f).map_err(Self::io("cannot lock", &path))?;
         Ok(f)
     }
 

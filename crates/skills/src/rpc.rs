@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::{SkillError, Store};
-use crate::protocol::{ExecBinding, RpcFailure, RpcHandler};
+use bridge_core::protocol::{ExecBinding, RpcFailure, RpcHandler};
 
 /// The RPC methods of skills; [`SkillRpc`] answers these and passes on the rest.
 pub const METHODS: &[&str] = &["save_skill", "list_skills", "delete_skill", "load_skills"];
@@ -30,13 +30,13 @@ pub struct SkillRpc {
 /// description and the start of its source; every decision is audited.
 #[derive(Clone)]
 pub struct SaveGate {
-    pub rule: crate::config::policy::Action,
+    pub rule: bridge_core::config::policy::Action,
     /// What `ask` means when the client cannot be asked (`policy.ask_fallback`).
-    pub fallback: crate::config::policy::Fallback,
-    pub approver: Option<Arc<dyn crate::policy::Approver>>,
-    pub audit: crate::audit::Audit,
+    pub fallback: bridge_core::config::policy::Fallback,
+    pub approver: Option<Arc<dyn bridge_core::policy::Approver>>,
+    pub audit: bridge_core::audit::Audit,
     /// The session saving it: as logs show it (`identity/session`), it is kept as `saved_by`.
-    pub key: crate::identity::SessionKey,
+    pub key: bridge_core::identity::SessionKey,
 }
 
 /// Lines of a skill's source the question shows, and characters of each.
@@ -53,7 +53,7 @@ fn preview(text: &str, prefix: &str) -> String {
     for l in lines.iter().take(PREVIEW_LINES) {
         let indent = l.len() - l.trim_start().len();
         let (lead, rest) = l.split_at(indent);
-        let mut shown = crate::text::visible(lead).into_owned();
+        let mut shown = bridge_core::text::visible(lead).into_owned();
         // Runs of blanks and of the rest, in turn.
         let mut run = String::new();
         let mut blank_run = false;
@@ -67,7 +67,7 @@ fn preview(text: &str, prefix: &str) -> String {
             } else if blank && n > 8 {
                 shown.push_str(&format!("⟨{n} blanks⟩"));
             } else {
-                shown.push_str(&crate::text::visible(run));
+                shown.push_str(&bridge_core::text::visible(run));
             }
             run.clear();
         };
@@ -108,8 +108,8 @@ impl SaveGate {
         description: &str,
         source: &str,
     ) -> Result<String, (String, String)> {
-        use crate::config::policy::{Action, Fallback};
-        use crate::policy::{Approval, ApprovalRequest};
+        use bridge_core::config::policy::{Action, Fallback};
+        use bridge_core::policy::{Approval, ApprovalRequest};
         let fallback = |path: &str| {
             match self.fallback {
             Fallback::Allow => Ok(format!("ask:unavailable ({path})")),
@@ -132,11 +132,11 @@ impl SaveGate {
                 let lines = source.lines().count();
                 let text = format!(
                     "Code running in run_python wants to save the skill {}: a function every later session will have defined, and may run.\nDescription ({} lines; every later model reads it):\n{}(end of description)\nSource ({lines} lines, {} characters, sha256 {}):\n{}(end of source)",
-                    crate::policy::shown_name(name),
+                    bridge_core::policy::shown_name(name),
                     description.lines().count(),
                     preview(description, "  > "),
                     source.chars().count(),
-                    &crate::audit::code_sha256(source)[..16],
+                    &bridge_core::audit::code_sha256(source)[..16],
                     preview(source, "  | "),
                 );
                 let request = ApprovalRequest::other(
@@ -204,14 +204,14 @@ impl SkillRpc {
             tokio::task::spawn_blocking(move || store.check_save(&n, &s, &d))
                 .await
                 .map_err(|e| RpcFailure::from(format!("the skill store failed: {e}")))?
-                .map_err(|e| RpcFailure::from(crate::error::Hinted::message(&e)))?;
+                .map_err(|e| RpcFailure::from(bridge_core::error::Hinted::message(&e)))?;
             let decided = gate.decide(name, description, source).await;
             let record = |decision: &str, status: &str| {
-                gate.audit.skill_save(crate::audit::SkillSaveRecord {
+                gate.audit.skill_save(bridge_core::audit::SkillSaveRecord {
                     session: gate.key.to_string(),
                     identity: gate.key.owner().name().map(str::to_string),
                     skill: name.to_string(),
-                    source_sha256: crate::audit::code_sha256(source),
+                    source_sha256: bridge_core::audit::code_sha256(source),
                     decision: decision.to_string(),
                     ask: None,
                     status: status.to_string(),
@@ -226,7 +226,7 @@ impl SkillRpc {
                     record(&decision, "denied");
                     return Err(RpcFailure {
                         message,
-                        kind: Some(crate::protocol::RPC_DENIED),
+                        kind: Some(bridge_core::protocol::RPC_DENIED),
                     });
                 }
             }
@@ -236,7 +236,7 @@ impl SkillRpc {
         tokio::task::spawn_blocking(move || answer(&store, &method, &params, &by))
             .await
             .map_err(|e| RpcFailure::from(format!("the skill store failed: {e}")))?
-            .map_err(|e| RpcFailure::from(crate::error::Hinted::message(&e)))
+            .map_err(|e| RpcFailure::from(bridge_core::error::Hinted::message(&e)))
     }
 }
 
@@ -311,7 +311,7 @@ impl RpcHandler for SkillRpc {
         self.inner.handle(method, params).await
     }
 
-    fn on_interpreter(&self, interpreter: &crate::protocol::Interpreter) {
+    fn on_interpreter(&self, interpreter: &bridge_core::protocol::Interpreter) {
         self.inner.on_interpreter(interpreter);
     }
 }

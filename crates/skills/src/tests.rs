@@ -1,5 +1,5 @@
 use super::*;
-use crate::error::Hinted as _;
+use bridge_core::error::Hinted as _;
 
 const SRC: &str = "def double(x):\n    \"\"\"Twice x.\"\"\"\n    return 2 * x\n";
 

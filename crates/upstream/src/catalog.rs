@@ -13,9 +13,9 @@ use nucleo_matcher::{Config, Matcher, Utf32Str};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use crate::error::{Hint, Hinted};
-use crate::protocol::ToolMeta;
 use crate::schema::{Rendering, Schemas, render};
+use bridge_core::error::{Hint, Hinted};
+use bridge_core::protocol::ToolMeta;
 
 /// Python's hard keywords (3.14), lowercase ones only (aliases are lowercase).
 pub const PYTHON_KEYWORDS: &[&str] = &[

@@ -28,7 +28,7 @@ use tokio::io::AsyncRead;
 use super::discovery::{ServerEntry, redact_url};
 use super::relay::{Routes, UpstreamProgress};
 use super::secrets::{ResolveError, Resolved, resolve};
-use crate::error::{Hint, Hinted};
+use bridge_core::error::{Hint, Hinted};
 
 /// How many stderr lines of a server are kept for error messages.
 const STDERR_TAIL_LINES: usize = 12;
@@ -155,7 +155,7 @@ impl Conn {
             && !self.peer.is_transport_closed()
             // A killed child is noticed here at once, before its closed pipe reaches the
             // transport: a call sent meanwhile would count as crashed mid-call, not retried.
-            && self.pid.is_none_or(crate::procfs::is_running)
+            && self.pid.is_none_or(bridge_core::procfs::is_running)
     }
 
     /// The server's last stderr lines (stdio servers), for error messages.
@@ -195,14 +195,14 @@ impl StderrTail {
     ) -> tokio::task::JoinHandle<()> {
         let tail = self.clone();
         tokio::spawn(async move {
-            use crate::logging::{LogBudget, MAX_LINE, PROCESS_LINES_PER_MINUTE, next_line};
+            use bridge_core::logging::{LogBudget, MAX_LINE, PROCESS_LINES_PER_MINUTE, next_line};
             let mut reader = tokio::io::BufReader::new(stderr);
             let mut budget =
                 LogBudget::new("stderr lines of this server", PROCESS_LINES_PER_MINUTE);
             while let Some(mut line) = next_line(&mut reader, MAX_LINE).await {
-                crate::text::truncate_with(&mut line, STDERR_LINE_MAX, "…");
+                bridge_core::text::truncate_with(&mut line, STDERR_LINE_MAX, "…");
                 if budget.allow(&server) {
-                    tracing::info!(target: "mcp_code_bridge::upstream::stderr", server = %server, "{}", crate::text::visible(&line));
+                    tracing::info!(target: "mcp_code_bridge::upstream::stderr", server = %server, "{}", bridge_core::text::visible(&line));
                 }
                 let mut t = tail.0.lock().unwrap();
                 if t.len() == STDERR_TAIL_LINES {
@@ -230,7 +230,7 @@ pub(super) struct Handler {
     tools: Arc<ToolCache>,
     routes: Routes,
     /// The server's log notifications reach the bridge's log within this budget.
-    log: std::sync::Mutex<crate::logging::LogBudget>,
+    log: std::sync::Mutex<bridge_core::logging::LogBudget>,
 }
 
 impl ClientHandler for Handler {
@@ -276,20 +276,20 @@ impl ClientHandler for Handler {
             serde_json::Value::String(s) => s.clone(),
             other => other.to_string(),
         };
-        crate::text::truncate_with(&mut data, crate::logging::MAX_LINE, "…");
+        bridge_core::text::truncate_with(&mut data, bridge_core::logging::MAX_LINE, "…");
         let logger = params.logger.as_deref().unwrap_or("");
         match params.level {
             LoggingLevel::Debug => {
-                tracing::debug!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data))
+                tracing::debug!(server = %self.server, logger = %bridge_core::text::visible(logger), "{}", bridge_core::text::visible(&data))
             }
             LoggingLevel::Info | LoggingLevel::Notice => {
-                tracing::info!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data))
+                tracing::info!(server = %self.server, logger = %bridge_core::text::visible(logger), "{}", bridge_core::text::visible(&data))
             }
             LoggingLevel::Warning => {
-                tracing::warn!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data))
+                tracing::warn!(server = %self.server, logger = %bridge_core::text::visible(logger), "{}", bridge_core::text::visible(&data))
             }
             _ => {
-                tracing::error!(server = %self.server, logger = %crate::text::visible(logger), "{}", crate::text::visible(&data))
+                tracing::error!(server = %self.server, logger = %bridge_core::text::visible(logger), "{}", bridge_core::text::visible(&data))
             }
         }
     }
@@ -417,9 +417,9 @@ pub(super) async fn connect(
         server: name.to_string(),
         tools,
         routes: routes.clone(),
-        log: std::sync::Mutex::new(crate::logging::LogBudget::new(
+        log: std::sync::Mutex::new(bridge_core::logging::LogBudget::new(
             "log messages of this server",
-            crate::logging::PROCESS_LINES_PER_MINUTE,
+            bridge_core::logging::PROCESS_LINES_PER_MINUTE,
         )),
     };
     let sent = Arc::new(Mutex::new(HashSet::new()));

@@ -11,15 +11,11 @@
 //! proxied call goes straight to its server. Nothing of a server's `env` or `headers` is ever part
 //! of what goes to the sandbox.
 //!
-//! This side knows the wire types ([`crate::protocol`]) and the configuration, and nothing of the
+//! This side knows the wire types ([`bridge_core::protocol`]) and the configuration, and nothing of the
 //! sandbox.
 
-// The layers below, under the names the code gives them (`crate::config::…`).
-use mcp_code_bridge_core::boxed::Boxed;
-use mcp_code_bridge_core::{
-    audit, clock, config, error, flock, identity, logging, policy, procfs, protocol, statefile,
-    text, trace,
-};
+// The layers below are called by their own names (`bridge_core::config::…`); `crate::` is this crate.
+use bridge_core::boxed::Boxed;
 
 pub mod catalog;
 pub mod connection;
@@ -37,10 +33,10 @@ pub mod store;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::Hinted;
-use crate::identity::SessionKey;
-use crate::policy::{Approver, Grants, Policy};
-use crate::protocol::{CatalogInfo, DiscoveredServer, ExecBinding, LoadedServer};
+use bridge_core::error::Hinted;
+use bridge_core::identity::SessionKey;
+use bridge_core::policy::{Approver, Grants, Policy};
+use bridge_core::protocol::{CatalogInfo, DiscoveredServer, ExecBinding, LoadedServer};
 use catalog::ServerTools;
 pub use discovery::{
     DiscoveredEntry, Discovery, DiscoveryContext, Origin, SOURCES, SearchedLocation, ServerEntry,
@@ -143,7 +139,7 @@ pub struct CallContext {
     pub approver: Option<Arc<dyn Approver>>,
     pub relay: CallRelay,
     /// Where each proxied call's `tool_call` record goes (off by default).
-    pub audit: crate::audit::Audit,
+    pub audit: bridge_core::audit::Audit,
 }
 
 impl Upstreams {
@@ -213,7 +209,7 @@ impl Upstreams {
     /// build the upstream side with its timeouts. The config is layered from several files, so
     /// each `[servers.<name>]` table keeps the file that defined it, which `servers` and the log
     /// name.
-    pub fn from_loaded(loaded: &crate::config::Loaded) -> Self {
+    pub fn from_loaded(loaded: &bridge_core::config::Loaded) -> Self {
         let config = &loaded.config;
         let mut ctx = DiscoveryContext::from_env(
             config.servers.clone(),
@@ -432,8 +428,8 @@ impl Upstreams {
     fn mark_policy(
         &self,
         slot: &Slot,
-        mut tools: Vec<crate::protocol::ToolMeta>,
-    ) -> Vec<crate::protocol::ToolMeta> {
+        mut tools: Vec<bridge_core::protocol::ToolMeta>,
+    ) -> Vec<bridge_core::protocol::ToolMeta> {
         let policy = &self.inner.policy;
         if policy.allows_everything() {
             return tools;
@@ -443,9 +439,9 @@ impl Upstreams {
             let destructive = listed
                 .as_ref()
                 .and_then(|l| l.iter().find(|x| x.name == t.name))
-                .is_some_and(crate::policy::is_destructive);
+                .is_some_and(bridge_core::policy::is_destructive);
             let action = policy.rule_for(slot.name(), &t.name, destructive).action;
-            t.policy = (action != crate::config::policy::Action::Allow)
+            t.policy = (action != bridge_core::config::policy::Action::Allow)
                 .then(|| action.as_str().to_string());
         }
         tools
@@ -679,7 +675,7 @@ mod tests {
     fn toml_servers_keep_the_file_that_defined_them() {
         figment::Jail::expect_with(|jail| {
             // Nothing of the machine's /etc/mcp-code-bridge/config.toml.
-            jail.set_env(crate::config::SYSTEM_CONFIG_ENV, "none");
+            jail.set_env(bridge_core::config::SYSTEM_CONFIG_ENV, "none");
             jail.set_env("HOME", jail.directory().display().to_string());
             jail.set_env(
                 "XDG_CONFIG_HOME",
@@ -691,7 +687,7 @@ mod tests {
                 "[servers.from_user]\ncommand = \"u\"\n",
             )?;
             jail.create_file("extra.toml", "[servers.from_flag]\ncommand = \"f\"\n")?;
-            let loaded = crate::config::load(
+            let loaded = bridge_core::config::load(
                 Some(std::path::Path::new("extra.toml")),
                 &Default::default(),
             )

@@ -3,9 +3,9 @@
 
 use std::time::Instant;
 
-use crate::audit::{Audit, Decision as AuditDecision, ToolCallRecord, ToolStatus};
-use crate::policy::{Decision, Verdict};
-use crate::trace;
+use bridge_core::audit::{Audit, Decision as AuditDecision, ToolCallRecord, ToolStatus};
+use bridge_core::policy::{Decision, Verdict};
+use bridge_core::trace;
 
 /// The audit log's name for a verdict.
 pub(super) fn audit_decision(v: Verdict) -> AuditDecision {

@@ -35,7 +35,7 @@ pub type ProgressSink = Arc<dyn Fn(UpstreamProgress) + Send + Sync>;
 #[async_trait::async_trait]
 pub trait ClientLink: Send + Sync {
     /// Who the client is: questions of one server go to one client only.
-    fn identity(&self) -> &crate::identity::Identity;
+    fn identity(&self) -> &bridge_core::identity::Identity;
     /// Whether the client declared it can answer questions of this kind.
     fn can_elicit(&self, request: &ElicitRequestParams) -> bool;
     /// Ask the client's user; `Err` says why no answer came.
@@ -97,7 +97,7 @@ impl Routes {
             tracing::info!(
                 server,
                 "declined the server's question: {}",
-                crate::text::visible(why)
+                bridge_core::text::visible(why)
             );
             ElicitResult::new(ElicitationAction::Decline)
         };
@@ -161,7 +161,7 @@ impl Drop for RouteGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::Identity;
+    use bridge_core::identity::Identity;
     use rmcp::model::NumberOrString;
 
     struct Asked {

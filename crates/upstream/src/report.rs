@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::discovery::{Origin, SearchedLocation, SkippedEntry, SourceSpec};
 use super::pool::CallError;
-use crate::error::{Hint, Hinted};
+use bridge_core::error::{Hint, Hinted};
 
 /// A server a search left out, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

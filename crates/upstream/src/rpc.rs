@@ -17,12 +17,12 @@ use super::pool::{CallError, Slot};
 use super::record::{RecordOnDrop, audit_decision, rule_text};
 use super::report::known_servers;
 use super::{CallContext, Upstreams};
-use crate::audit::{Decision as AuditDecision, ToolCallRecord, ToolStatus};
-use crate::config::policy::Action;
-use crate::error::{Hint, Hinted};
-use crate::policy::{Approval, ApprovalRequest, Decision, Verdict};
-use crate::protocol::{RPC_DENIED, RpcFailure, RpcHandler};
-use crate::trace::{self, Within as _};
+use bridge_core::audit::{Decision as AuditDecision, ToolCallRecord, ToolStatus};
+use bridge_core::config::policy::Action;
+use bridge_core::error::{Hint, Hinted};
+use bridge_core::policy::{Approval, ApprovalRequest, Decision, Verdict};
+use bridge_core::protocol::{RPC_DENIED, RpcFailure, RpcHandler};
+use bridge_core::trace::{self, Within as _};
 
 /// The largest `limit` a search honours.
 pub const MAX_SEARCH_LIMIT: usize = 50;
@@ -534,7 +534,7 @@ impl ExecRpc {
         let destructive = tools
             .iter()
             .find(|t| t.name == name)
-            .is_some_and(crate::policy::is_destructive);
+            .is_some_and(bridge_core::policy::is_destructive);
         let check = crate::schema::Schemas::of(&slot.schemas, slot.name(), &tools)
             .check_of(&name)
             .cloned();
@@ -613,10 +613,10 @@ impl ExecRpc {
         let request = ApprovalRequest {
             server: server.to_string(),
             tool: tool.to_string(),
-            arguments: crate::policy::summarize_arguments(arguments),
+            arguments: bridge_core::policy::summarize_arguments(arguments),
             rule: ruling.rule.clone(),
             origin: ruling.origin.clone(),
-            asked: crate::policy::Asked::ToolCall,
+            asked: bridge_core::policy::Asked::ToolCall,
         };
         let path = approver.path();
         match approver.ask(&request).await {
@@ -677,7 +677,7 @@ impl RpcHandler for ExecRpc {
         })
     }
 
-    fn on_interpreter(&self, interpreter: &crate::protocol::Interpreter) {
+    fn on_interpreter(&self, interpreter: &bridge_core::protocol::Interpreter) {
         let _ = self.interpreter.set(interpreter.id.clone());
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::discovery::ServerEntry;
-use crate::error::{Hint, Hinted};
+use bridge_core::error::{Hint, Hinted};
 
 /// Why a server's definition could not be resolved.
 #[derive(Debug, thiserror::Error)]

@@ -93,20 +93,20 @@ pub enum StoreError {
     },
 }
 
-impl crate::error::Hinted for StoreError {
-    fn hint(&self) -> Option<crate::error::Hint> {
+impl bridge_core::error::Hinted for StoreError {
+    fn hint(&self) -> Option<bridge_core::error::Hint> {
         match self {
-            StoreError::Write { .. } => Some(crate::error::Hint::sentence(
+            StoreError::Write { .. } => Some(bridge_core::error::Hint::sentence(
                 "Searches still work but start servers; check that state_dir is writable.",
             )),
-            _ => Some(crate::error::Hint::sentence(
+            _ => Some(bridge_core::error::Hint::sentence(
                 "It is rebuilt as servers are listed (`mcp-code-bridge servers --refresh` rebuilds it at once).",
             )),
         }
     }
 }
 
-pub use crate::clock::now_secs;
+pub use bridge_core::clock::now_secs;
 
 /// The key of a server's entry: SHA-256 over what decides which program answers and how. Env
 /// and header *values* are left out (they are secrets, and changing a token does not change the
@@ -155,7 +155,7 @@ impl Store {
             Ok(Some(entries)) => entries,
             Ok(None) => BTreeMap::new(),
             Err(e) => {
-                tracing::warn!("{}", crate::error::Hinted::message(&e));
+                tracing::warn!("{}", bridge_core::error::Hinted::message(&e));
                 BTreeMap::new()
             }
         };
@@ -223,7 +223,7 @@ impl Store {
             std::thread::sleep(WRITE_DELAY);
             store.pending.store(false, Ordering::SeqCst);
             if let Err(e) = store.flush() {
-                tracing::warn!("{}", crate::error::Hinted::message(&e));
+                tracing::warn!("{}", bridge_core::error::Hinted::message(&e));
             }
         };
         match tokio::runtime::Handle::try_current() {
@@ -244,13 +244,13 @@ impl Store {
         };
         create_private_dir(&self.dir).map_err(werr)?;
         let lock_path = self.dir.join(LOCK_FILE);
-        let lock = crate::statefile::open_lock(&lock_path).map_err(|e| {
+        let lock = bridge_core::statefile::open_lock(&lock_path).map_err(|e| {
             werr(std::io::Error::new(
                 e.kind(),
                 format!("its lock {}: {e}", lock_path.display()),
             ))
         })?;
-        crate::flock::lock_exclusive(&lock).map_err(werr)?;
+        bridge_core::flock::lock_exclusive(&lock).map_err(werr)?;
         // What another bridge wrote since: newest entry per key wins. A broken file has nothing
         // to keep (it was warned about at open).
         let on_disk = read_file(&path).ok().flatten().unwrap_or_default();
@@ -301,10 +301,10 @@ fn bound(entries: &mut BTreeMap<String, StoredEntry>) {
 }
 
 /// The entries of a catalog file; `None` when there is no file. Opened by
-/// `crate::statefile::open_read`: a FIFO, device, socket or symbolic link in its place is an
+/// `bridge_core::statefile::open_read`: a FIFO, device, socket or symbolic link in its place is an
 /// error (a warning, and the file is replaced at the next write), never a read that waits.
 fn read_file(path: &Path) -> Result<Option<BTreeMap<String, StoredEntry>>, StoreError> {
-    let file = match crate::statefile::open_read(path) {
+    let file = match bridge_core::statefile::open_read(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {

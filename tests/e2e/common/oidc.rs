@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use mcp_code_bridge::config::OAuthConfig;
+use bridge_core::config::OAuthConfig;
 
 /// The fixture's client whose `client_id` is a Client ID Metadata Document URL.
 pub const CIMD_CLIENT: &str = "https://client.test/mcp/client-metadata.json";

@@ -3,8 +3,8 @@
 
 use bollard::Docker;
 
-use crate::config::Config;
-use mcp_code_bridge_core::error::{Hint, Hinted};
+use bridge_core::config::Config;
+use bridge_core::error::{Hint, Hinted};
 
 /// Whether `dir` (the engine's storage root) is a local directory owned by this process's
 /// user, and that user is not root: the engine runs as us, rootless.
@@ -115,7 +115,7 @@ impl Enforcement {
             "the engine reports the cgroup controller unavailable (rootless cgroup v2 needs it delegated: see systemd's Delegate=)"
         };
         let mut out = Vec::new();
-        if self.rootless && config.isolation == crate::config::Isolation::Gvisor {
+        if self.rootless && config.isolation == bridge_core::config::Isolation::Gvisor {
             // runsc runs a rootless container only with --ignore-cgroups: every limit dropped,
             // whatever the engine says of its controllers.
             out.push(format!(

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use super::enforcement::SandboxIsolationMissing;
-use crate::config::Runtime;
-use mcp_code_bridge_core::error::{Hint, Hinted};
+use bridge_core::config::Runtime;
+use bridge_core::error::{Hint, Hinted};
 
 /// Why no engine could be had. The message says what was tried; [`EngineError::hint`] says what
 /// to do next.

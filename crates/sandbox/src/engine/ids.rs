@@ -7,16 +7,16 @@
 
 use std::path::Path;
 
-use crate::config::{Config, Isolation};
+use bridge_core::config::{Config, Isolation};
 
 use super::{Engine, EngineKind};
 
 /// Where podman reads the subordinate ids it gives `--userns=auto` containers.
-pub const SUBUID: &str = "/etc/subuid";
+pub(super) const SUBUID: &str = "/etc/subuid";
 /// See [`SUBUID`].
-pub const SUBGID: &str = "/etc/subgid";
+pub(super) const SUBGID: &str = "/etc/subgid";
 /// The name whose subordinate ids rootful podman gives `--userns=auto` containers.
-pub const ROOTFUL_NAME: &str = "containers";
+pub(super) const ROOTFUL_NAME: &str = "containers";
 
 /// The host identity the sandboxes run as.
 #[derive(Debug, Clone, PartialEq, Eq)]

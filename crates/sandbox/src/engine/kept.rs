@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::{Enforcement, Engine, EngineKind};
 
 /// The longest a kept answer is used, however unchanged its facts.
-pub const KEEP_FOR: Duration = Duration::from_secs(24 * 3600);
+pub(super) const KEEP_FOR: Duration = Duration::from_secs(24 * 3600);
 /// How long after a kept answer was used the engine is asked again: past the first call, while
 /// an agent reads its result.
 pub const CHECK_AFTER: Duration = Duration::from_secs(2);
@@ -42,7 +42,7 @@ const VERSION: u32 = 1;
 
 /// What podman's answer is computed from, as this process reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Facts {
+pub(super) struct Facts {
     /// The endpoint, or `own podman service` for one this state dir's bridges start (its socket
     /// differs from one bridge to the next), with the podman it runs.
     engine: String,
@@ -113,7 +113,7 @@ impl Kept {
     }
 
     fn answer_now(&self, now: u64) -> Option<Enforcement> {
-        let text = crate::statefile::read_own(&self.path, MAX_BYTES)?;
+        let text = bridge_core::statefile::read_own(&self.path, MAX_BYTES)?;
         let r: Record = serde_json::from_str(&text).ok()?;
         let fresh = r.at <= now && now - r.at < KEEP_FOR.as_secs();
         (r.format == FORMAT && r.version == VERSION && fresh && r.facts == self.facts)
@@ -152,7 +152,7 @@ fn now() -> u64 {
 /// its directory made 0700 if missing.
 fn write(path: &Path, record: &Record) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-    crate::statefile::write_private(path, &bytes)
+    bridge_core::statefile::write_private(path, &bytes)
 }
 
 /// The variables that move podman's configuration.

@@ -2,7 +2,7 @@
 //! no socket answers. Chosen lazily, at the first `run_python`, so `initialize` and `tools/list`
 //! work on a machine with no container runtime at all.
 
-use mcp_code_bridge_core::boxed::Boxed;
+use bridge_core::boxed::Boxed;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use bollard::{API_DEFAULT_VERSION, Docker};
 use tokio::process::Command;
 
-use crate::config::{Config, Runtime};
+use bridge_core::config::{Config, Runtime};
 
 mod enforcement;
 mod ids;
@@ -277,7 +277,7 @@ async fn gvisor_runtime_runs(podman: &Path, rt: &str) -> Result<(), EngineError>
             runtime: rt.to_string(),
             known: Vec::new(),
         },
-        podman_said: crate::text::visible(&podman_said)
+        podman_said: bridge_core::text::visible(&podman_said)
             .chars()
             .take(300)
             .collect(),
@@ -400,9 +400,9 @@ impl Engine {
                 podman: podman.to_path_buf(),
                 source,
             })?;
-        let said = crate::logging::LineTail::default();
+        let said = bridge_core::logging::LineTail::default();
         if let Some(err) = stderr {
-            tokio::spawn(crate::logging::forward_lines(
+            tokio::spawn(bridge_core::logging::forward_lines(
                 err,
                 "podman service".to_string(),
                 Some(said.clone()),
@@ -722,7 +722,7 @@ mod tests {
     #[test]
     fn a_bridge_is_gone_when_dead_or_younger_than_its_service() {
         let me = std::process::id();
-        let my_start = crate::procfs::running_since(me).unwrap();
+        let my_start = bridge_core::procfs::running_since(me).unwrap();
         // A service this process started (later than it) has a live bridge.
         assert!(!bridge_gone(me, my_start + 100));
         // A service older than the process now at that pid: the pid was reused.

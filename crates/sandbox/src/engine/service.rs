@@ -140,7 +140,7 @@ pub(super) fn own_socket_pid(state_dir: &Path, url: &str) -> Option<u32> {
 /// gone: not running (a zombie counts as gone), or a process started after the service (the pid
 /// was reused).
 pub(super) fn bridge_gone(bridge: u32, service_start: u64) -> bool {
-    crate::procfs::running_since(bridge).is_none_or(|start| start > service_start)
+    bridge_core::procfs::running_since(bridge).is_none_or(|start| start > service_start)
 }
 
 /// Processes of this user that run (or guard) the podman service of a bridge that is gone, on a
@@ -180,7 +180,7 @@ fn stale_services(state_dir: &Path) -> Vec<(u32, u32)> {
             .find_map(|a| own_socket_pid(state_dir, a));
         if let (true, Some(bridge)) = (is_service, bridge)
             && bridge != me
-            && let Some(start) = crate::procfs::running_since(pid)
+            && let Some(start) = bridge_core::procfs::running_since(pid)
             && bridge_gone(bridge, start)
         {
             out.push((pid, bridge));
@@ -208,7 +208,7 @@ pub(super) async fn reap_stale_services(state_dir: &Path) -> usize {
         let left: Vec<u32> = stale
             .iter()
             .map(|(p, _)| *p)
-            .filter(|p| crate::procfs::is_running(*p))
+            .filter(|p| bridge_core::procfs::is_running(*p))
             .collect();
         if left.is_empty() {
             break;
@@ -230,7 +230,7 @@ pub(super) async fn reap_stale_services(state_dir: &Path) -> usize {
             let url = format!("unix://{}", entry.path().display());
             if let Some(bridge) = own_socket_pid(state_dir, &url)
                 && bridge != me
-                && !crate::procfs::is_running(bridge)
+                && !bridge_core::procfs::is_running(bridge)
             {
                 let _ = std::fs::remove_file(entry.path());
             }
@@ -294,10 +294,10 @@ impl Lingering {
         if meta.mode() & 0o077 != 0 {
             std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))?;
         }
-        let file = crate::statefile::open_lock(&self.dir.join("podman.lock"))?;
+        let file = bridge_core::statefile::open_lock(&self.dir.join("podman.lock"))?;
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            if mcp_code_bridge_core::flock::try_lock_exclusive(&file)? {
+            if bridge_core::flock::try_lock_exclusive(&file)? {
                 return Ok(file);
             }
             if tokio::time::Instant::now() >= deadline {
@@ -321,7 +321,7 @@ impl Lingering {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let _ = std::fs::remove_file(self.socket());
-        let log = crate::statefile::open(
+        let log = bridge_core::statefile::open(
             &self.dir.join("podman.log"),
             std::fs::OpenOptions::new()
                 .create(true)
@@ -338,7 +338,7 @@ impl Lingering {
             .stderr(Stdio::from(log))
             .process_group(0)
             .spawn()?;
-        let mut pid = crate::statefile::open(
+        let mut pid = bridge_core::statefile::open(
             &self.dir.join("podman.pid"),
             std::fs::OpenOptions::new()
                 .create(true)
@@ -353,14 +353,14 @@ impl Lingering {
     /// The end of `podman.log`, for an error naming why the service did not come up.
     pub(super) fn log_tail(&self) -> String {
         use std::io::{Read, Seek, SeekFrom};
-        let Ok(mut f) = crate::statefile::open_read(&self.dir.join("podman.log")) else {
+        let Ok(mut f) = bridge_core::statefile::open_read(&self.dir.join("podman.log")) else {
             return String::new();
         };
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
         let _ = f.seek(SeekFrom::Start(len.saturating_sub(2000)));
         let mut buf = Vec::new();
         let _ = f.take(2000).read_to_end(&mut buf);
-        crate::text::visible_lines(String::from_utf8_lossy(&buf).trim()).into_owned()
+        bridge_core::text::visible_lines(String::from_utf8_lossy(&buf).trim()).into_owned()
     }
 
     /// The socket is the user's alone: mode 0600 (the directory is 0700 already).

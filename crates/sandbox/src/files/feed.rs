@@ -74,7 +74,7 @@ impl TarFeed {
         let data = match piece {
             TarPiece::End(None) => return false,
             TarPiece::End(Some(why)) => {
-                let cut = crate::text::floor_char_boundary(&why, 300);
+                let cut = bridge_core::text::floor_char_boundary(&why, 300);
                 self.notices.push(format!(
                     "the sandbox stopped sending {OUT_DIR} early: {:?}",
                     &why[..cut]

@@ -27,7 +27,7 @@ impl Skips {
         s.count += 1;
         if s.names.len() < 3 {
             let lossy = String::from_utf8_lossy(raw);
-            let cut = crate::text::floor_char_boundary(&lossy, 80);
+            let cut = bridge_core::text::floor_char_boundary(&lossy, 80);
             s.names.push(format!("{:?}", &lossy[..cut]));
         }
     }
@@ -126,8 +126,8 @@ pub fn extract<R: Read>(tar: R, store: &OutStore, session: &str, caps: &Caps) ->
             return report;
         }
     };
-    let file_cap = crate::config::Size(caps.file);
-    let total_cap = crate::config::Size(caps.total);
+    let file_cap = bridge_core::config::Size(caps.file);
+    let total_cap = bridge_core::config::Size(caps.total);
     for (i, entry) in entries.enumerate() {
         if i >= MAX_ENTRIES {
             report.notices.push(format!(

@@ -31,7 +31,7 @@ use futures::StreamExt;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 
-use crate::config::Config;
+use bridge_core::config::Config;
 
 mod feed;
 mod judge;
@@ -272,7 +272,7 @@ pub fn reap_orphans(state_dir: &Path) {
         let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
             continue;
         };
-        if pid != std::process::id() && crate::procfs::running_since(pid).is_none() {
+        if pid != std::process::id() && bridge_core::procfs::running_since(pid).is_none() {
             tracing::info!(dir = %d.path().display(), "removing files out of a bridge that is gone");
             let _ = std::fs::remove_dir_all(d.path());
         }

@@ -2,7 +2,7 @@
 //! RPCs, the result), the deadline and its interrupts, and the end, normal or a crash.
 
 use super::*;
-use crate::trace::Within as _;
+use bridge_core::trace::Within as _;
 
 /// The refusal of a tool call made by code whose exec has ended (a thread it left running).
 pub(super) const AFTER_END: &str = "this call was made after its run_python call ended; await every tool call before the code finishes";
@@ -168,7 +168,7 @@ impl Session {
         };
         run.rpcs.abort_all();
         if run.interrupts_sent > 0 {
-            tracing::debug!(session = %crate::text::visible(&self.name), exec = id, interrupts = run.interrupts_sent, "the code stopped after its interrupt");
+            tracing::debug!(session = %bridge_core::text::visible(&self.name), exec = id, interrupts = run.interrupts_sent, "the code stopped after its interrupt");
         }
         let outcome = match result {
             Some(end) => {
@@ -212,7 +212,7 @@ impl Session {
         }
         .to_line();
         tracing::debug!(
-            session = %crate::text::visible(&self.name),
+            session = %bridge_core::text::visible(&self.name),
             exec = id,
             bytes = line.len(),
             servers_sent = !unchanged,
@@ -353,12 +353,12 @@ impl Session {
         match run.interrupted {
             None => self.interrupt(run, Outcome::Timeout),
             Some((why, _)) if run.interrupts_sent < 2 => {
-                tracing::debug!(session = %crate::text::visible(&self.name), exec = run.id, "no answer to the interrupt after {}s; sending it again", INTERRUPT_RESEND.as_secs());
+                tracing::debug!(session = %bridge_core::text::visible(&self.name), exec = run.id, "no answer to the interrupt after {}s; sending it again", INTERRUPT_RESEND.as_secs());
                 self.interrupt(run, why);
             }
             Some((why, _)) => {
                 // The code ignored KeyboardInterrupt: kill the container.
-                tracing::debug!(session = %crate::text::visible(&self.name), exec = run.id, interrupts = run.interrupts_sent, "the code ignored its interrupts; killing the sandbox");
+                tracing::debug!(session = %bridge_core::text::visible(&self.name), exec = run.id, interrupts = run.interrupts_sent, "the code ignored its interrupts; killing the sandbox");
                 self.current.store(0, Ordering::SeqCst);
                 run.rpcs.abort_all();
                 self.destroy().await;
@@ -443,7 +443,7 @@ impl Session {
     /// dropped, and only that sandbox's own calls wait, until its timeout.
     pub(super) fn refuse(&self, id: u64, message: String, pending: &Arc<AtomicU64>) {
         if pending.load(Ordering::Relaxed) as usize >= 2 * MAX_PENDING_RPCS {
-            tracing::debug!(session = %crate::text::visible(&self.name), rpc = id, "dropping the refusal of an rpc: the sandbox floods without reading");
+            tracing::debug!(session = %bridge_core::text::visible(&self.name), rpc = id, "dropping the refusal of an rpc: the sandbox floods without reading");
             return;
         }
         pending.fetch_add(1, Ordering::Relaxed);
@@ -525,5 +525,5 @@ impl Session {
 }
 
 fn secs(d: Duration) -> String {
-    crate::config::Secs(d).to_string()
+    bridge_core::config::Secs(d).to_string()
 }

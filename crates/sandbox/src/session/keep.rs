@@ -59,7 +59,7 @@ impl Session {
                         KEEP_TIMEOUT.as_secs()
                     ))
                 });
-            tracing::debug!(session = %crate::text::visible(&self.name), exec = id, part = part.name(), bytes = file.size, ms = t.elapsed().as_millis() as u64, "a part kept whole");
+            tracing::debug!(session = %bridge_core::text::visible(&self.name), exec = id, part = part.name(), bytes = file.size, ms = t.elapsed().as_millis() as u64, "a part kept whole");
             o.kept.push(super::super::output::Kept {
                 part,
                 file,

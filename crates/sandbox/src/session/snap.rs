@@ -34,7 +34,7 @@ impl SnapFailed {
             .info
             .largest
             .iter()
-            .map(|(name, size)| format!("{} ({size} bytes)", crate::text::visible(name)))
+            .map(|(name, size)| format!("{} ({size} bytes)", bridge_core::text::visible(name)))
             .collect();
         format!("{}; the largest values: {}", self.why, largest.join(", "))
     }
@@ -69,7 +69,7 @@ impl Session {
             match Receiving::new(&self.state_dir, limit) {
                 Ok(r) => *fork = Some(r),
                 Err(e) => {
-                    tracing::warn!(session = %crate::text::visible(&self.name), "could not receive a fork's snapshot: {e}");
+                    tracing::warn!(session = %bridge_core::text::visible(&self.name), "could not receive a fork's snapshot: {e}");
                     return;
                 }
             }
@@ -81,7 +81,7 @@ impl Session {
             let r = fork.take().expect("made above");
             let done = match error {
                 Some(why) => Err(Failed::Refused {
-                    why: crate::text::visible(&why).into_owned(),
+                    why: bridge_core::text::visible(&why).into_owned(),
                 }),
                 None => r.finish(Info::from_frame(info.as_ref())),
             };
@@ -139,7 +139,7 @@ impl Session {
                         let info = Info::from_frame(info.as_ref());
                         if let Some(why) = error {
                             return Err(SnapFailed {
-                                why: crate::text::visible(&why).into_owned(),
+                                why: bridge_core::text::visible(&why).into_owned(),
                                 info: Box::new(info),
                             });
                         }
@@ -216,7 +216,7 @@ impl Session {
                 {
                     if let Some(why) = error {
                         return Err(Failed::Refused {
-                            why: crate::text::visible(&why).into_owned(),
+                            why: bridge_core::text::visible(&why).into_owned(),
                         });
                     }
                     return Ok(Restored {
@@ -231,8 +231,10 @@ impl Session {
                             .take(200)
                             .filter_map(|m| m.as_str())
                             .map(|m| {
-                                crate::text::visible(&m[..crate::text::floor_char_boundary(m, 200)])
-                                    .into_owned()
+                                bridge_core::text::visible(
+                                    &m[..bridge_core::text::floor_char_boundary(m, 200)],
+                                )
+                                .into_owned()
                             })
                             .collect(),
                     });

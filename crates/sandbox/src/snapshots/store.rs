@@ -11,10 +11,10 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use super::{LISTING_BUDGET, Listing, MAX_LISTING, MAX_SNAPSHOTS, STALE_TMP, dir, remove};
-use crate::clock::now_secs;
-use crate::config::Config;
-use crate::identity::{Identity, SessionKey};
-use crate::statefile;
+use bridge_core::clock::now_secs;
+use bridge_core::config::Config;
+use bridge_core::identity::{Identity, SessionKey};
+use bridge_core::statefile;
 
 /// A snapshot refused because the store is full of other identities' snapshots (and files
 /// being written): said to the model and the log as it is.

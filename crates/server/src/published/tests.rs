@@ -1,7 +1,7 @@
 use super::*;
 
-fn saved(name: &str, description: &str, source: &str) -> skills::Skill {
-    skills::Skill {
+fn saved(name: &str, description: &str, source: &str) -> bridge_skills::Skill {
+    bridge_skills::Skill {
         name: name.into(),
         description: description.into(),
         source: source.into(),
@@ -127,7 +127,7 @@ fn unmappable_names_are_not_rendered() {
 #[test]
 fn the_fingerprint_changes_on_save_replace_and_remove_only() {
     let d = std::env::temp_dir().join(format!("published-fingerprint-{}", std::process::id()));
-    let store = skills::Store::new(d.join("s"), 1 << 16, 10);
+    let store = bridge_skills::Store::new(d.join("s"), 1 << 16, 10);
     let cap = fingerprint_cap(10);
     let empty = fingerprint(store.dir(), cap);
     store.save("f", "def f():\n    return 1\n", "one").unwrap();

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::config::servers::{ServerEntry, redact_url};
-use crate::error::{Hint, Hinted};
+use bridge_core::config::servers::{ServerEntry, redact_url};
+use bridge_core::error::{Hint, Hinted};
 
 /// Why an entry is not offered. The text is the skip reason `servers` shows.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -43,10 +43,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::error::Hinted as _;
+use bridge_core::error::Hinted as _;
 use serde_json::Value;
 
-pub use crate::config::servers::{ServerEntry, redact_url};
+pub use bridge_core::config::servers::{ServerEntry, redact_url};
 pub use entry::{EntryError, launches_self};
 pub use jsonc::parse_jsonc;
 use sources::Place;

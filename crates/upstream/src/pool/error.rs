@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::super::connection::{StartError, stderr_suffix};
-use crate::error::{Hint, Hinted};
+use bridge_core::error::{Hint, Hinted};
 
 /// Why listing a server's tools or calling one of them failed. A tool's own failure is not an
 /// error here: it is a result with `isError: true`.

@@ -42,7 +42,7 @@ use super::connection::{CancelOnDrop, Conn, StartError, ToolCache, connect};
 use super::discovery::ServerEntry;
 use super::relay::CallRelay;
 use super::store::{ServerIdentity, Store, StoredEntry, definition_digest, now_secs};
-use crate::config::Config;
+use bridge_core::config::Config;
 
 /// A list the server gave this recently counts as fresh for [`Pool::fresh_tools`].
 pub(crate) const RELIST_WITHIN: Duration = Duration::from_secs(1);
@@ -443,7 +443,7 @@ impl Pool {
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = arguments;
         // SEP-414: the server's own spans join the call's trace.
-        let traced = crate::trace::meta_of(&crate::trace::Context::current());
+        let traced = bridge_core::trace::meta_of(&bridge_core::trace::Context::current());
         if !traced.is_empty() {
             params.meta = Some(rmcp::model::RequestMetaObject(rmcp::model::MetaObject(
                 traced,
@@ -673,7 +673,7 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Hinted as _;
+    use bridge_core::error::Hinted as _;
 
     /// A pool of one server, and its slot.
     fn one(name: &str, entry: ServerEntry, settings: UpstreamSettings) -> (Pool, Arc<Slot>) {

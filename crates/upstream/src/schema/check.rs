@@ -16,7 +16,7 @@ use jsonschema::{ValidationError, Validator};
 use serde_json::{Map, Value};
 
 use super::pytext::py_repr;
-use crate::error::{Hint, Hinted};
+use bridge_core::error::{Hint, Hinted};
 
 /// The most problems one refusal lists.
 const MAX_PROBLEMS: usize = 4;
