@@ -70,7 +70,7 @@ rustPlatform.buildRustPackage {
 
   cargoLock.lockFile = root + "/Cargo.lock";
   # The release profile (what buildRustPackage builds) is whole, not incremental; this keeps it so
-  # whatever the environment says (the test runs' incremental profile is dev-release).
+  # whatever the environment says (the incremental profile for changing code is dev-release).
   env.CARGO_INCREMENTAL = "0";
 
   doCheck = true;

@@ -61,26 +61,29 @@ step "pytest image/tests (the sandbox runtime, frame by frame)"
 
 # The unit tests in the dev profile (unoptimised, incremental): they need no speed, and building
 # the crate's tests a second time optimised cost 6 minutes of the CI run. The integration tests
-# (e2e against the optimised binary, the shape guards) in the dev-release profile: release's
-# optimisation, incremental for our crates, so that a change rebuilds in seconds, not minutes
-# (Cargo.toml). What users get, `cargo build --release`, is built whole: README's first command.
+# (e2e against the optimised binary, the shape guards) in the release profile, the build of
+# README's first command: its ~400 dependencies and our crates are reused and only the test
+# binaries are built, so they test the binary users get. (In the incremental `dev-release`
+# profile they were a second optimised build of everything: 14 min 5 s of the 41 min this command
+# took on a fresh 2-core machine after the first command, BENCHMARKS.md "The build".) While
+# changing code, `--profile dev-release` rebuilds a change in seconds (Cargo.toml).
 step "cargo test --locked --no-fail-fast --workspace --lib --bins (the unit tests of every crate, dev profile)"
 cargo --version >&2
 # A failure here is reported at the end, after the integration tests have run too.
 unit_status=0
 cargo test --locked --no-fail-fast --workspace --lib --bins -- --test-threads=2 < /dev/null || unit_status=$?
 
-step "cargo test --profile dev-release --locked --no-fail-fast --test '*' -- --test-threads=2 (all but the rootless tests)"
+step "cargo test --release --locked --no-fail-fast --test '*' -- --test-threads=2 (all but the rootless tests)"
 # The conformance suite runs on its own below, where its summary is printed.
 # The rootless tests (every test whose name says rootless) run on their own below.
-cargo test --profile dev-release --locked --no-fail-fast --test '*' -- --test-threads=2 \
+cargo test --release --locked --no-fail-fast --test '*' -- --test-threads=2 \
     --skip official_conformance_suite --skip rootless < /dev/null
 
 # Rootless podman here stores images and containers with vfs (full copies): removing a container
 # takes seconds of disk work, which the rest of the suite running beside it made outlast the
 # bridge's shutdown. One at a time (common::rootless::TURN), with nothing else running.
 step "the rootless tests, alone"
-cargo test --profile dev-release --locked --no-fail-fast --test e2e -- --test-threads=2 rootless < /dev/null
+cargo test --release --locked --no-fail-fast --test e2e -- --test-threads=2 rootless < /dev/null
 
 # Suites a second time with every sandbox under gVisor (isolation = "gvisor", the runtime runsc
 # that setup registered, ptrace platform): the suites where the sandbox's kernel answers. 72 tests,
@@ -121,13 +124,13 @@ gvisor_suites=(security:: sandbox:: hostile:: files::
     inputs::declared_inputs_are_copied_in_and_nothing_else_of_the_host)
 step "under gVisor: ${gvisor_suites[*]} (MCP_BRIDGE_TEST_ISOLATION=gvisor)"
 gvisor_start=$(date +%s)
-MCP_BRIDGE_TEST_ISOLATION=gvisor cargo test --profile dev-release --locked --no-fail-fast --test e2e -- \
+MCP_BRIDGE_TEST_ISOLATION=gvisor cargo test --release --locked --no-fail-fast --test e2e -- \
     --test-threads=2 "${gvisor_suites[@]}" --skip lifecycle_a_hundred_sessions < /dev/null
 printf '    the gVisor pass took %ss\n' "$(( $(date +%s) - gvisor_start ))" >&2
 
 step "the official MCP conformance suite against serve, at 2025-11-25 and 2026-07-28 (tests/e2e/conformance.rs)"
 # One revision after the other, so each summary prints whole.
-cargo test --profile dev-release --locked --test e2e -- conformance:: --nocapture --test-threads=1 < /dev/null
+cargo test --release --locked --test e2e -- conformance:: --nocapture --test-threads=1 < /dev/null
 
 # --- against Docker ------------------------------------------------------------------------------
 # The sandbox, security and proxy suites a second time with every bridge on a real Docker daemon
@@ -161,7 +164,7 @@ if ! timeout 20 docker info >/dev/null 2>&1; then
 fi
 printf '    %s\n' "$(docker version --format 'Docker {{.Server.Version}} (API {{.Server.APIVersion}})')" >&2
 docker_start=$(date +%s)
-MCP_BRIDGE_TEST_ENGINE=docker cargo test --profile dev-release --locked --no-fail-fast --test e2e -- \
+MCP_BRIDGE_TEST_ENGINE=docker cargo test --release --locked --no-fail-fast --test e2e -- \
     --test-threads=2 "${docker_suites[@]}" < /dev/null
 printf '    the Docker pass took %ss\n' "$(( $(date +%s) - docker_start ))" >&2
 stop_dockerd
@@ -169,9 +172,9 @@ trap - EXIT
 
 # --- the Nix pieces -------------------------------------------------------------------------------
 # What the NixOS VM tests and the modules run (the probes, the units, config.toml, the runsc
-# wrapper), taken from the offline evaluation and run against the dev-release binary and real
+# wrapper), taken from the offline evaluation and run against the release binary and real
 # podman, each unit as its own user (docs/nix.md, VM tests); about 3 minutes.
-bridge="${CARGO_TARGET_DIR:-target}/dev-release/mcp-code-bridge"
+bridge="${CARGO_TARGET_DIR:-target}/release/mcp-code-bridge"
 step "the Nix pieces on Debian: scripts/nix-pieces.sh $bridge"
 bash scripts/nix-pieces.sh "$bridge" < /dev/null
 # ----------------------------------------------------------------------------------------------------
