@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/nix-pieces.sh BRIDGE [--flake DIR]: what Nix runs inside the NixOS VM tests and on a
+# scripts/nix-pieces.sh BRIDGE [--flake DIR] | --preflight: what Nix runs inside the NixOS VM tests and on a
 # NixOS or home-manager machine, run here on Debian against BRIDGE (the optimised binary) and real
 # podman. Nothing of the flake can be built here (no binary cache, no nixpkgs), so every piece is
 # taken from the offline evaluation (`nix eval` through the nix-offline wrapper, with the stand-in
@@ -59,7 +59,23 @@ set -euo pipefail
 
 die() { printf 'nix-pieces: error: %s\n' "$*" >&2; exit 2; }
 
-[[ $# -ge 1 ]] || die "usage: scripts/nix-pieces.sh BRIDGE [--flake DIR]"
+repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+# The flake is evaluated offline from its pinned inputs (nixpkgs' lib, home-manager): the
+# nix-offline wrapper, or the directory to set it up from.
+nix_offline_dir="${NIX_OFFLINE_DIR:-$repo/../shared/nix-offline}"
+need_nix_offline() {
+    command -v nix-offline >/dev/null || [[ -d "$nix_offline_dir/inputs" ]] \
+        || die "nix-offline is not set up and $nix_offline_dir has no inputs: the flake is evaluated offline from its pinned inputs; set NIX_OFFLINE_DIR to their nix-offline directory (default: ../shared/nix-offline beside the checkout)"
+}
+# --preflight: only whether the run could start (scripts/test.sh asks before its suites, so a
+# missing piece fails the test command in its first minute, not after the suites).
+if [[ "${1:-}" == --preflight ]]; then
+    need_nix_offline
+    printf 'nix-pieces: preflight ok (nix-offline %s)\n' \
+        "$(command -v nix-offline >/dev/null && echo "set up" || echo "from $nix_offline_dir")"
+    exit 0
+fi
+[[ $# -ge 1 ]] || die "usage: scripts/nix-pieces.sh BRIDGE [--flake DIR] | --preflight"
 bridge=$(realpath -- "$1"); shift
 flake_src=""
 while [[ $# -gt 0 ]]; do
@@ -68,7 +84,6 @@ while [[ $# -gt 0 ]]; do
         *) die "unknown argument: $1" ;;
     esac
 done
-repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 [[ $(id -u) -eq 0 ]] || die "run as root (podman networks, a network namespace, a test user)"
 [[ -x "$bridge" ]] || die "$bridge is not an executable"
 for tool in podman ip nsenter setpriv python3 git runsc useradd groupadd; do
@@ -928,9 +943,8 @@ PY
 pieces() { "$py" "$work/pieces.py" "$@"; }
 
 # ------------------------------------------------------------------------------------ nix-offline
-nix_offline_dir="${NIX_OFFLINE_DIR:-$repo/../shared/nix-offline}"
+need_nix_offline
 if ! command -v nix-offline >/dev/null; then
-    [[ -d "$nix_offline_dir/inputs" ]] || die "nix-offline is not set up and $nix_offline_dir has no inputs (NIX_OFFLINE_DIR)"
     printf 'setting up the nix-offline wrapper (%s)\n' "$nix_offline_dir"
     # As .ci/run does: writable copies of the pinned inputs, with the refs/ that git needs.
     inputs=$(mktemp -d)

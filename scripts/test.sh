@@ -46,6 +46,9 @@ bash scripts/check-setup.sh --test-deps --cache-dir "$cache_dir" < /dev/null \
     || die "the set-up left something out (above); scripts/setup-debian.sh --test-deps installs it"
 command -v cargo >/dev/null \
     || die "cargo not found for $(id -un): install Rust for this user (https://rustup.rs)"
+# The last step, the Nix pieces, evaluates the flake offline: whether it can is known now.
+bash scripts/nix-pieces.sh --preflight < /dev/null \
+    || die "the Nix pieces (the last step) could not run (above)"
 [[ -f Cargo.toml ]] || die "no Cargo.toml in $repo"
 
 export MCP_BRIDGE_TEST_IMAGE_ARCHIVE="$MCP_BRIDGE_IMAGE_ARCHIVE"
