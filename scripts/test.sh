@@ -67,8 +67,8 @@ step "pytest image/tests (the sandbox runtime, frame by frame)"
 # (e2e against the optimised binary, the shape guards) in the release profile, the build of
 # README's first command: its ~400 dependencies and our crates are reused and only the test
 # binaries are built, so they test the binary users get. (In the incremental `dev-release`
-# profile they were a second optimised build of everything: 14 min 5 s of the 41 min this command
-# took on a fresh 2-core machine after the first command, BENCHMARKS.md "The build".) While
+# profile they were a second optimised build of everything: 14 min 5 s of the 34 min this command
+# ran on a fresh 2-core machine after the first command, BENCHMARKS.md "The build".) While
 # changing code, `--profile dev-release` rebuilds a change in seconds (Cargo.toml).
 step "cargo test --locked --no-fail-fast --workspace --lib --bins (the unit tests of every crate, dev profile)"
 cargo --version >&2
