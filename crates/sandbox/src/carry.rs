@@ -3,16 +3,22 @@
 //! bridge's exit, before it is parked), restored into a new sandbox by the next call that names
 //! it (`"resumed": "snapshot"`), and copied into another session by `runtime.fork()`.
 //!
-//! Only under `run` and `serve` ([`Sandbox::park_sessions_at_exit`]: their clients come back;
-//! `exec` expects a fresh interpreter), with `snapshot_max_size` above 0. A snapshot is only
+//! Only under `run` and `serve` ([`Carry::keep_at_exit`]: their clients come back; `exec`
+//! expects a fresh interpreter), with `snapshot_max_size` above 0. A snapshot is only
 //! ever restored into a sandbox of its own key (identity and name): the store finds it by the
 //! key and checks the key it lists. Each step is an audit record (`snapshot`, `restore`, `fork`).
 
-use super::*;
-use bridge_core::audit::{SessionStateRecord, StateEvent};
-use bridge_core::protocol::{RpcFailure, RpcHandler};
-use serde_json::{Value, json};
-use snapshots::Listing;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bridge_core::audit::{Audit, SessionStateRecord, StateEvent};
+use bridge_core::config::Config;
+use bridge_core::identity::SessionKey;
+
+use crate::name::shown;
+use crate::session::Session;
+use crate::snapshots::{self, Listing};
 
 /// The longest the snapshots at the bridge's exit may take together: a client that restarts
 /// its server does not wait for ever.
@@ -25,7 +31,7 @@ const TO_MAKE_ROOM: Duration = Duration::from_secs(10);
 
 /// Why a session was closed, as its snapshot's listing and audit record say.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Closed {
+pub(crate) enum Closed {
     Idle,
     MaxSessions,
     Exit,
@@ -41,21 +47,61 @@ impl Closed {
     }
 }
 
-impl Sandbox {
+/// How a fresh sandbox of a session with a snapshot starts ([`Carry::restore_into`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Restore {
+    /// Its snapshot is back: the names that could not be kept or brought back, as
+    /// `name (type)`.
+    Restored(Vec<String>),
+    /// Fresh after all: the snapshot was gone or unreadable (the notice says which).
+    Fresh,
+}
+
+/// Sessions' states carried past their sandboxes: the store's side of the bridge.
+pub(crate) struct Carry {
+    config: Arc<Config>,
+    /// Where the records of sessions' snapshots, restores and forks go.
+    audit: OnceLock<Audit>,
+    /// Whether this bridge's clients come back (`keep_at_exit`).
+    keeps: AtomicBool,
+}
+
+impl Carry {
+    /// Nothing kept until `keep_at_exit`.
+    pub(crate) fn new(config: Arc<Config>) -> Carry {
+        Carry {
+            config,
+            audit: OnceLock::new(),
+            keeps: AtomicBool::new(false),
+        }
+    }
+
     /// The audit log the session-state records go to (`server` sets it).
-    pub fn set_audit(&self, audit: bridge_core::audit::Audit) {
+    pub(crate) fn set_audit(&self, audit: Audit) {
         let _ = self.audit.set(audit);
     }
 
-    fn audit(&self, event: StateEvent, r: SessionStateRecord) {
+    /// Write `r` to the audit log as `event`.
+    pub(crate) fn audit(&self, event: StateEvent, r: SessionStateRecord) {
         if let Some(a) = self.audit.get() {
             a.session_state(event, r);
         }
     }
 
+    /// Sessions' states are written and restored from now on (the bridge's clients come back:
+    /// `run`, `serve`), with `snapshot_max_size` above 0.
+    pub(crate) fn keep_at_exit(&self) {
+        self.keeps.store(true, Ordering::SeqCst);
+    }
+
     /// Whether sessions' states are written and restored (see the module's text).
-    pub(super) fn keeps_snapshots(&self) -> bool {
-        self.parks_sessions.load(Ordering::SeqCst) && self.config.snapshot_max_size.0 > 0
+    pub(crate) fn keeps_snapshots(&self) -> bool {
+        self.keeps.load(Ordering::SeqCst) && self.config.snapshot_max_size.0 > 0
+    }
+
+    /// The largest snapshot kept, in bytes (`snapshot_max_size`; 0: snapshots are off).
+    pub(crate) fn max_size(&self) -> u64 {
+        self.config.snapshot_max_size.0
     }
 
     /// How long a snapshot of a session closed for `why` may take: `max_timeout` (no lock is
@@ -69,7 +115,7 @@ impl Sandbox {
     }
 
     /// `key`'s stored snapshot, when there is one to restore.
-    pub(super) async fn stored_snapshot(&self, key: &SessionKey) -> Option<Listing> {
+    pub(crate) async fn stored_snapshot(&self, key: &SessionKey) -> Option<Listing> {
         if !self.keeps_snapshots() {
             return None;
         }
@@ -82,26 +128,26 @@ impl Sandbox {
     }
 
     /// A session resumed live: its snapshot (written as its bridge exited) is older than it.
-    pub(super) async fn drop_snapshot(&self, key: &SessionKey) {
+    pub(crate) async fn drop_snapshot(&self, key: &SessionKey) {
         let state = self.config.state_dir.clone();
         let k = key.clone();
         let _ = tokio::task::spawn_blocking(move || snapshots::remove(&state, &k)).await;
     }
 
     /// Whether session `key` has a snapshot (for the notices of a session closed).
-    pub(super) async fn has_snapshot(&self, key: &SessionKey) -> bool {
+    pub(crate) async fn has_snapshot(&self, key: &SessionKey) -> bool {
         self.keeps_snapshots() && self.stored_snapshot(key).await.is_some()
     }
 
     /// On a reset: `key`'s snapshot goes too.
-    pub(super) async fn discard_snapshot(&self, key: &SessionKey) {
+    pub(crate) async fn discard_snapshot(&self, key: &SessionKey) {
         let state = self.config.state_dir.clone();
         let k = key.clone();
         let removed = tokio::task::spawn_blocking(move || snapshots::remove(&state, &k))
             .await
             .unwrap_or(false);
         if removed {
-            tracing::info!(session = %crate::shown(key), "removed the session's snapshot: the call asked for a reset");
+            tracing::info!(session = %shown(key), "removed the session's snapshot: the call asked for a reset");
             self.audit(
                 StateEvent::SessionEnd,
                 record(key, "reset", 0, Vec::new(), "ok", None, Duration::ZERO),
@@ -115,14 +161,14 @@ impl Sandbox {
     /// `Some` with how `s` starts (restored, or fresh when the snapshot was gone or unreadable);
     /// `None` when the restore failed: `s` is closed (no half-restored interpreter is handed
     /// out), and the snapshot is set aside, named in the notice and never restored again.
-    pub(super) async fn restore_into(
+    pub(crate) async fn restore_into(
         &self,
         key: &SessionKey,
         s: &Arc<Session>,
         listing: Listing,
         timeout: Duration,
         notices: &mut Vec<String>,
-    ) -> Option<Start> {
+    ) -> Option<Restore> {
         let t0 = std::time::Instant::now();
         let state = self.config.state_dir.clone();
         let k = key.clone();
@@ -139,14 +185,14 @@ impl Sandbox {
                     "session {:?} had a snapshot, but another bridge on this state_dir restored it first; this is a fresh interpreter",
                     key.name()
                 ));
-                return Some(Start::Fresh);
+                return Some(Restore::Fresh);
             }
             Err(e) => {
                 notices.push(format!(
                     "session {:?} had a snapshot, but it could not be read ({e}); this is a fresh interpreter",
                     key.name()
                 ));
-                return Some(Start::Fresh);
+                return Some(Restore::Fresh);
             }
         };
         let timeout = timeout.min(self.config.max_timeout.0);
@@ -166,7 +212,7 @@ impl Sandbox {
                 let mut lost: Vec<String> = listing.info.lost_names();
                 lost.extend(r.lost.iter().map(|l| l.shown()));
                 lost.extend(r.modules.iter().map(|m| format!("{m} (module)")));
-                tracing::info!(session = %crate::shown(key), bytes = listing.size, names = r.names, lost = lost.len(), ms = took.as_millis() as u64, "restored the session from its snapshot");
+                tracing::info!(session = %shown(key), bytes = listing.size, names = r.names, lost = lost.len(), ms = took.as_millis() as u64, "restored the session from its snapshot");
                 self.audit(
                     StateEvent::Restore,
                     record(
@@ -218,14 +264,14 @@ impl Sandbox {
                     ));
                 }
                 notices.push(notice);
-                Some(Start::Restored { lost })
+                Some(Restore::Restored(lost))
             }
             Err(why) => {
                 // Set aside, not put back: a snapshot that failed once (one whose unpickling
                 // never ends, say) would fail every call that names the session.
                 let aside = why.clone();
                 let _ = tokio::task::spawn_blocking(move || taken.set_aside(&aside)).await;
-                tracing::warn!(session = %crate::shown(key), "could not restore the session's snapshot (set aside, not restored again): {}", bridge_core::text::visible(&why));
+                tracing::warn!(session = %shown(key), "could not restore the session's snapshot (set aside, not restored again): {}", bridge_core::text::visible(&why));
                 self.audit(
                     StateEvent::Restore,
                     record(
@@ -251,7 +297,7 @@ impl Sandbox {
 
     /// Write session `key`'s state before it is closed without a caller; the notice for
     /// whoever closed it (`None`: nothing to say, e.g. snapshots are off or it ran no code).
-    pub(super) async fn snapshot_before_close(
+    pub(crate) async fn snapshot_before_close(
         &self,
         key: &SessionKey,
         s: &Session,
@@ -283,7 +329,7 @@ impl Sandbox {
         let took = t0.elapsed();
         Some(match kept {
             Ok(listing) => {
-                tracing::info!(session = %crate::shown(key), bytes = listing.size, why = why.as_str(), lost = listing.info.lost.len(), ms = took.as_millis() as u64, "wrote the session's snapshot");
+                tracing::info!(session = %shown(key), bytes = listing.size, why = why.as_str(), lost = listing.info.lost.len(), ms = took.as_millis() as u64, "wrote the session's snapshot");
                 self.audit(
                     StateEvent::Snapshot,
                     record(
@@ -299,7 +345,7 @@ impl Sandbox {
                 Ok(listing)
             }
             Err((why_not, info)) => {
-                tracing::warn!(session = %crate::shown(key), "could not write the session's snapshot: {}", bridge_core::text::visible(&why_not));
+                tracing::warn!(session = %shown(key), "could not write the session's snapshot: {}", bridge_core::text::visible(&why_not));
                 let status = if info.largest.is_empty() {
                     "failed"
                 } else {
@@ -322,20 +368,14 @@ impl Sandbox {
         })
     }
 
-    /// At the bridge's exit, before sessions are parked or closed: a snapshot of each idle
-    /// session that ran code, together, within [`AT_EXIT`].
-    pub(super) async fn snapshot_at_exit(&self) {
-        if !self.keeps_snapshots() || self.revoked.get().is_some() {
+    /// At the bridge's exit, before sessions are parked or closed: a snapshot of each of
+    /// `sessions` (the live ones not running code) that ran code, together, within [`AT_EXIT`].
+    pub(crate) async fn snapshot_at_exit(&self, sessions: Vec<(SessionKey, Arc<Session>)>) {
+        if !self.keeps_snapshots() {
             return;
         }
-        let sessions: Vec<(SessionKey, Arc<Session>)> = self
-            .sessions
-            .lock()
-            .await
-            .iter()
-            .filter(|(_, s)| !s.is_dead() && !s.is_busy() && s.ran_code())
-            .map(|(k, s)| (k.clone(), Arc::clone(s)))
-            .collect();
+        let sessions: Vec<(SessionKey, Arc<Session>)> =
+            sessions.into_iter().filter(|(_, s)| s.ran_code()).collect();
         if sessions.is_empty() {
             return;
         }
@@ -351,179 +391,9 @@ impl Sandbox {
             );
         }
     }
-
-    /// `rpc` with `fork` answered here, for the calls of session `key`'s exec in `s`.
-    pub(super) fn fork_handler(
-        &self,
-        key: &SessionKey,
-        s: &Arc<Session>,
-        rpc: Arc<dyn RpcHandler>,
-    ) -> Arc<dyn RpcHandler> {
-        match self.this.upgrade() {
-            Some(sandbox) => Arc::new(ForkRpc {
-                sandbox,
-                key: key.clone(),
-                session: Arc::clone(s),
-                inner: rpc,
-            }),
-            None => rpc,
-        }
-    }
-
-    /// `runtime.fork(name, reset=True)`: session `key` goes in every form (live, parked, kept),
-    /// unless it is running code. Called with `starting` held.
-    async fn replace_for_fork(&self, key: &SessionKey) -> Result<(), String> {
-        if self.busy.contains(key) {
-            return Err(format!(
-                "session {:?} is being started, closed or restored; fork into it once that is done",
-                key.name()
-            ));
-        }
-        let live = {
-            let mut sessions = self.sessions.lock().await;
-            match sessions.get(key) {
-                Some(s) if s.is_busy() => {
-                    return Err(format!(
-                        "session {:?} is running code; fork into it once its call is done",
-                        key.name()
-                    ));
-                }
-                Some(_) => sessions.remove(key),
-                None => None,
-            }
-        };
-        if let Some(s) = live {
-            tracing::info!(session = %crate::shown(key), "closing the session: a fork replaces it");
-            s.destroy().await;
-        }
-        self.discard_parked(key).await;
-        Ok(())
-    }
-
-    /// Whether session `key` exists in any form: live here, parked by the bridge before, or
-    /// kept as a snapshot.
-    async fn session_exists(&self, key: &SessionKey) -> bool {
-        self.busy.contains(key)
-            || self
-                .sessions
-                .lock()
-                .await
-                .get(key)
-                .is_some_and(|s| !s.is_dead())
-            || self.has_parked(key)
-            || {
-                let state = self.config.state_dir.clone();
-                let k = key.clone();
-                tokio::task::spawn_blocking(move || snapshots::find(&state, &k).is_some())
-                    .await
-                    .unwrap_or(true)
-            }
-    }
 }
 
-/// The `fork` RPC of `runtime.fork(name, reset=False)`: `{"session": name, "begin": true}`
-/// first (is the target free, and how large may the snapshot be), then the snapshot's `snap`
-/// frames (taken by the exec loop into the session), then `{"session": name}` to keep it as
-/// `name`'s, under the caller's identity; with `"reset": true` in both, a session `name` that
-/// exists is replaced. Any other method goes to `inner`.
-struct ForkRpc {
-    sandbox: Arc<Sandbox>,
-    key: SessionKey,
-    session: Arc<Session>,
-    inner: Arc<dyn RpcHandler>,
-}
-
-impl ForkRpc {
-    async fn fork(&self, params: &Value) -> Result<Value, String> {
-        let sb = &self.sandbox;
-        if !sb.keeps_snapshots() {
-            return Err(if sb.config.snapshot_max_size.0 == 0 {
-                "snapshots are off (snapshot_max_size = 0), so sessions cannot be forked".into()
-            } else {
-                "this bridge keeps no session state (only `run` and `serve` do)".into()
-            });
-        }
-        let name = params
-            .get("session")
-            .and_then(Value::as_str)
-            .ok_or("fork needs a session name (a string)")?;
-        crate::check_session_name(name).map_err(|e| e.to_string())?;
-        let to = SessionKey::new(self.key.owner().clone(), name);
-        if to == self.key {
-            return Err("a session cannot be forked into itself".into());
-        }
-        let begin = params
-            .get("begin")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        let reset = params
-            .get("reset")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        let exists = || {
-            format!(
-                "session {name:?} exists; fork into a new name, or replace it with runtime.fork({name:?}, reset=True)"
-            )
-        };
-        if begin {
-            // Forget a snapshot an earlier fork sent but never kept.
-            drop(self.session.take_forked());
-            if !reset && sb.session_exists(&to).await {
-                return Err(exists());
-            }
-            return Ok(json!({"limit": sb.config.snapshot_max_size.0}));
-        }
-        let t0 = std::time::Instant::now();
-        let received = match self.session.take_forked() {
-            Some(Ok(r)) => r,
-            Some(Err(why)) => return Err(format!("the snapshot was not kept: {why}")),
-            None => return Err("no snapshot arrived before the fork call".into()),
-        };
-        // Under `starting`, as a start is: no session of that name starts meanwhile.
-        let _starting = sb.starting.lock().await;
-        if reset {
-            sb.replace_for_fork(&to).await?;
-        } else if sb.session_exists(&to).await {
-            return Err(exists());
-        }
-        let config = Arc::clone(&sb.config);
-        let k = to.clone();
-        let listing = tokio::task::spawn_blocking(move || received.keep(&config, &k, "fork"))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("the snapshot could not be stored: {e}"))?;
-        let lost = listing.info.lost_names();
-        let mut r = record(
-            &self.key,
-            "fork",
-            listing.size,
-            lost.clone(),
-            "ok",
-            None,
-            t0.elapsed(),
-        );
-        r.to = Some(name.to_string());
-        sb.audit(StateEvent::Fork, r);
-        tracing::info!(session = %crate::shown(&self.key), to = %crate::shown(&to), bytes = listing.size, "forked the session");
-        Ok(json!({"session": name, "size": listing.size, "lost": lost}))
-    }
-}
-
-#[async_trait::async_trait]
-impl RpcHandler for ForkRpc {
-    async fn handle(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
-        if method == "fork" {
-            return self.fork(&params).await.map_err(RpcFailure::from);
-        }
-        self.inner.handle(method, params).await
-    }
-
-    fn on_interpreter(&self, interpreter: &bridge_core::protocol::Interpreter) {
-        self.inner.on_interpreter(interpreter);
-    }
-}
-
-fn record(
+pub(crate) fn record(
     key: &SessionKey,
     why: &str,
     size: u64,

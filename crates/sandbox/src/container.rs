@@ -349,7 +349,7 @@ pub async fn remove(docker: &Docker, id: &str) {
         .v(true)
         .build();
     // Bounded like every other await a call can reach: an engine that hangs here leaves a stray,
-    // which the reaper removes later (`Sandbox::reap_strays`).
+    // which the reaper removes later (`Table::reap_strays`).
     let removed =
         tokio::time::timeout(REMOVE_TIMEOUT, docker.remove_container(id, Some(opts))).await;
     let Ok(removed) = removed else {

@@ -2,8 +2,8 @@
 //! for them, each handed to one new session and never back (a sandbox a session used is never
 //! pooled again, so no state passes from one session to another).
 //!
-//! The pool only holds what [`super::Sandbox`] decides: it refills within `pool_size` and, with
-//! the sessions, within `max_sessions`; it empties after `runtime_idle_timeout` without a call
+//! The pool only holds what the session table decides (`table::fill`): it refills within
+//! `pool_size` and, with the sessions, within `max_sessions`; it empties after `runtime_idle_timeout` without a call
 //! and at shutdown. A pooled sandbox's channel is open from its start, so whatever it writes
 //! before a session takes it meets the same bounds as a session's between calls: frames of no
 //! running exec are dropped at arrival, stderr reaches the log rate-limited.
@@ -15,18 +15,38 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::session::Session;
+use crate::session::Session;
 
 /// The window of new sessions the pool's size follows, and the most it remembers.
 const RECENT: Duration = Duration::from_secs(120);
 const RECENT_MAX: usize = 256;
 
-pub(super) struct Pool {
+/// Containers started at once (sessions' and the pool's): one per core, at least 2 and at most
+/// 32. A start is the engine's and the interpreter's CPU: measured on 2 cores (BENCHMARKS.md,
+/// 11d), 6 at once took 6 times as long each as one alone, and slowed the running sessions'
+/// calls, for no start done sooner.
+pub fn starts_at_once() -> usize {
+    cores().clamp(2, 32)
+}
+
+/// The most sandboxes the pool holds while new sessions come: 4 per core, at most 16 (a pooled
+/// sandbox holds what a pandas session holds, about 51 MiB: 816 MiB at most).
+fn pool_most() -> usize {
+    (cores() * 4).min(16)
+}
+
+fn cores() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// The ready sandboxes and the starts for them (see the module's text).
+pub(crate) struct Pool {
     /// Booted sandboxes, oldest first.
     ready: Mutex<VecDeque<Session>>,
     /// Sandboxes being started for the pool: they count against `max_sessions` already.
     filling: AtomicUsize,
-    /// Whether a refill task runs (one at a time; it starts up to `Sandbox::start_permits`
+    /// Whether a refill task runs (one at a time; it starts up to `Table::start_permits`
     /// sandboxes at once).
     refilling: AtomicBool,
     /// Calls waiting in [`Pool::take`] for a sandbox being started.
@@ -34,10 +54,10 @@ pub(super) struct Pool {
     /// When the latest new sessions got their sandboxes (at most [`RECENT_MAX`]): the pool
     /// holds as many as started in the last [`RECENT`].
     recent: Mutex<VecDeque<Instant>>,
-    /// Set by the server (`Sandbox::warm_up`); one-shot uses such as `exec` keep no pool.
-    pub enabled: AtomicBool,
+    /// Set by the server (`Sandbox::warm_up`, through `Pool::enable`); one-shot uses such as `exec` keep no pool.
+    enabled: AtomicBool,
     /// Set at shutdown: nothing is added any more, and what is being started is removed.
-    pub closed: AtomicBool,
+    closed: AtomicBool,
     /// The last call (or the warm-up): the pool empties and stops refilling once this is older
     /// than `runtime_idle_timeout`.
     last_call: Mutex<Instant>,
@@ -110,7 +130,7 @@ impl Pool {
         self.refilling.store(false, Ordering::SeqCst);
     }
 
-    /// Count a start for the pool (done by the caller under `Sandbox::starting`, so a session
+    /// Count a start for the pool (done by the caller under `Table::starting`, so a session
     /// that starts meanwhile sees it).
     pub(crate) fn reserve(&self) {
         self.filling.fetch_add(1, Ordering::SeqCst);
@@ -160,10 +180,31 @@ impl Pool {
         recent.push_back(Instant::now());
     }
 
+    /// Keep a pool from now on (the server is up).
+    pub(crate) fn enable(&self) {
+        self.enabled.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a pool is kept (`enable`).
+    pub(crate) fn is_enabled(&self) -> bool {
+        self.enabled.load(Ordering::SeqCst)
+    }
+
+    /// The bridge shuts down: nothing is added any more.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the bridge shuts down (`close`).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
     /// How many sandboxes the pool should hold: as many as new sessions took one in the last
-    /// [`RECENT`], at least `pool_size` and at most `most` (a burst of new sessions is met by
-    /// ready sandboxes next time; a quiet bridge keeps `pool_size`).
-    pub(crate) fn target(&self, pool_size: usize, most: usize) -> usize {
+    /// [`RECENT`], at least `pool_size` and at most [`pool_most`] (a burst of new sessions is
+    /// met by ready sandboxes next time; a quiet bridge keeps `pool_size`).
+    pub(crate) fn target(&self, pool_size: usize) -> usize {
+        let most = pool_most();
         let mut recent = self.recent.lock().unwrap();
         while recent.front().is_some_and(|t| t.elapsed() > RECENT) {
             recent.pop_front();

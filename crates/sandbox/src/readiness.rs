@@ -1,19 +1,92 @@
 //! Whether this bridge may run sandboxes, and on what: the engine (asked once, its failure
 //! shared with those that waited), the image, what the engine can enforce (`judge`), the kept
-//! answer used at start and checked again later (`check_kept`), and `revoke`, which closes every
-//! session and refuses every call once the engine no longer enforces what is needed.
+//! answer used at start and checked again later (`check_kept`), and the revocation that refuses
+//! every call once the engine no longer enforces what is needed. It also makes every sandbox
+//! (`start`): the boot frame, what provisions it, and the names its container gets.
+//!
+//! It knows no session: what must close them (a refused answer, a revocation) is said to the
+//! caller, which owns them.
 
-use super::*;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+
 use bridge_core::boxed::Boxed;
+use bridge_core::config::Config;
+use bridge_core::protocol::{Provision, Target};
 
-impl Sandbox {
-    /// The engine, connected at first use. A failure is not cached: the next call tries again.
-    #[inline(never)]
-    pub fn engine(&self) -> Boxed<'_, Result<Arc<Engine>, SandboxError>> {
-        Box::pin(self.engine_here())
+use crate::compiled::Compiled;
+use crate::container::{self, Role};
+use crate::engine::{self, Enforcement, Engine};
+use crate::error::SandboxError;
+use crate::session::{self, Session};
+use crate::{files, image, pkgdir};
+
+/// A reporter of image-load progress: bytes streamed so far.
+pub type LoadProgress = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// What checks a kept answer again once [`engine::CHECK_AFTER`] has passed: the owner of the
+/// sessions, which closes them when the answer no longer holds ([`Readiness::check_kept`]).
+pub(crate) type Recheck = Arc<dyn Fn() -> Boxed<'static, ()> + Send + Sync>;
+
+/// The engine, the image and what every new sandbox is made with.
+pub(crate) struct Readiness {
+    config: Arc<Config>,
+    engine: OnceCell<Arc<Engine>>,
+    /// Serializes image preparation so concurrent first calls load the archive once.
+    image_ready: OnceCell<()>,
+    /// Failed attempts at either, shared with those that waited for them.
+    engine_failed: Failed,
+    image_failed: Failed,
+    /// Shows image-load progress (bytes so far); the log when unset.
+    load_progress: OnceLock<LoadProgress>,
+    /// Set when the engine, asked again after its kept answer was used (`engine::Kept`), can
+    /// no longer enforce what this bridge needs: why, refused to every call from then on.
+    revoked: OnceLock<String>,
+    /// A kept answer in use that the engine has not confirmed yet ([`Readiness::check_kept`]).
+    unchecked: Mutex<Option<Unchecked>>,
+    recheck: Recheck,
+    /// What the last sandbox to boot said of its interpreter (the image's Python and
+    /// distributions), for the capabilities resource.
+    seen_target: Mutex<Option<Target>>,
+    /// What makes every new sandbox ready after its boot (`packages.preinstall`).
+    provision: OnceLock<Arc<dyn Provision>>,
+    /// The boot frame every sandbox is sent, with the runtime's compiled code once a sandbox
+    /// sent it (kept in the state dir for the next bridges).
+    compiled: Compiled,
+    /// This bridge's mark on its containers (`container::owner_id`).
+    owner: String,
+    /// Numbers this bridge's containers in their names.
+    serial: AtomicU64,
+}
+
+impl Readiness {
+    /// Nothing asked yet; `recheck` is run when a kept answer is due to be checked again.
+    pub(crate) fn new(config: Arc<Config>, recheck: Recheck) -> Readiness {
+        let compiled = Compiled::new(&config.state_dir, &config.image);
+        Readiness {
+            config,
+            engine: OnceCell::new(),
+            image_ready: OnceCell::new(),
+            engine_failed: Failed::default(),
+            image_failed: Failed::default(),
+            load_progress: OnceLock::new(),
+            revoked: OnceLock::new(),
+            unchecked: Mutex::new(None),
+            recheck,
+            seen_target: Mutex::new(None),
+            provision: OnceLock::new(),
+            compiled,
+            owner: container::owner_id(),
+            serial: AtomicU64::new(0),
+        }
     }
 
-    async fn engine_here(&self) -> Result<Arc<Engine>, SandboxError> {
+    /// The engine, connected at first use. A failure is not cached: the next call tries again.
+    pub(crate) async fn engine(&self) -> Result<Arc<Engine>, SandboxError> {
         init_once(&self.engine, &self.engine_failed, || async {
             let engine = Arc::new(Engine::connect(&self.config).await?);
             // Off the first call's path: what bridges that are gone left behind is no
@@ -27,7 +100,7 @@ impl Sandbox {
                 }
                 let _ = tokio::task::spawn_blocking(move || {
                     files::reap_orphans(&config.state_dir);
-                    crate::pkgdir::sweep(&config);
+                    pkgdir::sweep(&config);
                 })
                 .await;
             });
@@ -36,8 +109,19 @@ impl Sandbox {
         .await
     }
 
-    /// Connect, check enforceable limits and make the image present.
-    pub(super) async fn prepare(&self) -> Result<Arc<Engine>, SandboxError> {
+    /// The engine, if it is connected already.
+    pub(crate) fn connected(&self) -> Option<&Arc<Engine>> {
+        self.engine.get()
+    }
+
+    /// Connect, check enforceable limits and make the image present. When the engine cannot
+    /// enforce what is needed, `close_all` runs before the error is returned: a sandbox adopted
+    /// from the bridge before (`park`) was not checked here, and it goes, with any session it
+    /// became.
+    pub(crate) async fn prepare(
+        &self,
+        close_all: impl Future<Output = ()>,
+    ) -> Result<Arc<Engine>, SandboxError> {
         self.not_revoked()?;
         let engine = self.engine().await?;
         init_once(&self.image_ready, &self.image_failed, || async {
@@ -54,9 +138,7 @@ impl Sandbox {
             let missing = match judge(&self.config, &enf?) {
                 Ok(missing) => missing,
                 Err(e) => {
-                    // A sandbox adopted from the bridge before (`park`) was not checked here:
-                    // it goes, with any session it became.
-                    self.close_all().await;
+                    close_all.await;
                     return Err(e);
                 }
             };
@@ -75,7 +157,7 @@ impl Sandbox {
     /// What the engine can enforce: the answer an earlier bridge kept, when everything it is
     /// computed from is unchanged and it lets the sandbox run (asked again [`engine::CHECK_AFTER`]
     /// later, off the path), else the engine's answer now, kept for the next bridge.
-    pub(super) async fn enforcement(&self, engine: &Engine) -> Result<Enforcement, SandboxError> {
+    async fn enforcement(&self, engine: &Engine) -> Result<Enforcement, SandboxError> {
         let kept = engine::Kept::of(engine, &self.config.state_dir).await;
         if let Some(kept) = &kept
             && let Some(answer) = kept.answer().await
@@ -94,15 +176,13 @@ impl Sandbox {
         Ok(answer)
     }
 
-    /// Check the kept answer just used [`engine::CHECK_AFTER`] from now, or at shutdown if
-    /// that comes first ([`Unchecked`]).
-    pub(super) fn check_kept_later(&self, kept: engine::Kept, used: Enforcement) {
-        let this = self.this.clone();
+    /// Check the kept answer just used [`engine::CHECK_AFTER`] from now (through `recheck`), or
+    /// at shutdown if that comes first ([`Unchecked`]).
+    fn check_kept_later(&self, kept: engine::Kept, used: Enforcement) {
+        let recheck = Arc::clone(&self.recheck);
         let timer = tokio::spawn(async move {
             tokio::time::sleep(engine::CHECK_AFTER).await;
-            if let Some(sb) = this.upgrade() {
-                sb.check_kept(false).await;
-            }
+            recheck().await;
         });
         let old = self
             .unchecked
@@ -114,77 +194,136 @@ impl Sandbox {
         }
     }
 
-    /// Ask the engine again what it can enforce, if a kept answer is in use unchecked; keep
-    /// what it says, and when that no longer lets the sandbox run, [`Sandbox::revoke`].
+    /// Ask the engine again what it can enforce, if a kept answer is in use unchecked, and keep
+    /// what it says. `Some(why)` when that no longer lets the sandbox run: every call is
+    /// refused from now on (`why`), and the caller closes every sandbox.
     /// `at_shutdown`: called by the shutdown, which stops the timer.
-    pub(super) async fn check_kept(&self, at_shutdown: bool) {
-        let Some(Unchecked { kept, used, timer }) = self.unchecked.lock().unwrap().take() else {
-            return;
-        };
+    pub(crate) async fn check_kept(&self, at_shutdown: bool) -> Option<String> {
+        let Unchecked { kept, used, timer } = self.unchecked.lock().unwrap().take()?;
         if at_shutdown {
             timer.abort();
         }
-        let Some(engine) = self.engine.get().cloned() else {
-            return;
-        };
+        let engine = self.engine.get().cloned()?;
         let now =
             match tokio::time::timeout(CHECK_TIMEOUT, Enforcement::query(&engine.docker)).await {
                 Ok(Ok(now)) => now,
                 Ok(Err(e)) => {
                     tracing::warn!("asking the engine again what it can enforce failed: {e}");
-                    return;
+                    return None;
                 }
                 Err(_) => {
                     tracing::warn!(
                         "the engine did not say within {}s what it can enforce, asked again",
                         CHECK_TIMEOUT.as_secs()
                     );
-                    return;
+                    return None;
                 }
             };
         kept.keep(&now).await;
         if now == used {
             tracing::debug!("the engine's answer, asked again, is the one kept");
-            return;
+            return None;
         }
         tracing::warn!(
             kept = ?used,
             now = ?now,
             "the engine's answer changed though nothing it is computed from did"
         );
-        if let Err(e) = judge(&self.config, &now) {
-            self.revoke(format!(
-                "{} (the engine said so when asked again; the answer an earlier bridge kept had allowed it, and the sandboxes started since were closed)",
-                bridge_core::error::Hinted::message(&e)
-            ))
-            .await;
-        }
-    }
-
-    /// Refuse every call from now on, saying `why`, and close every session and pooled sandbox.
-    pub(super) async fn revoke(&self, why: String) {
+        let e = judge(&self.config, &now).err()?;
+        let why = format!(
+            "{} (the engine said so when asked again; the answer an earlier bridge kept had allowed it, and the sandboxes started since were closed)",
+            bridge_core::error::Hinted::message(&e)
+        );
         tracing::error!("{why}");
-        let _ = self.revoked.set(why);
-        self.close_all().await;
+        let _ = self.revoked.set(why.clone());
+        Some(why)
     }
 
-    /// Close every session and pooled sandbox: at shutdown, or when the engine refuses what
-    /// they were started under.
-    pub(super) async fn close_all(&self) {
-        let pooled = self.pool.drain();
-        let live: Vec<Arc<Session>> = self.sessions.lock().await.drain().map(|(_, s)| s).collect();
-        futures::future::join_all(
-            live.iter()
-                .map(|s| s.destroy())
-                .chain(pooled.iter().map(|s| s.destroy())),
-        )
-        .await;
-    }
-
-    pub(super) fn not_revoked(&self) -> Result<(), SandboxError> {
+    /// `Err` once the engine's answer was revoked: why, for every call from then on.
+    pub(crate) fn not_revoked(&self) -> Result<(), SandboxError> {
         match self.revoked.get() {
             Some(why) => Err(SandboxError::Shared(why.clone())),
             None => Ok(()),
+        }
+    }
+
+    /// Whether the engine's answer was revoked (nothing is parked or kept then).
+    pub(crate) fn is_revoked(&self) -> bool {
+        self.revoked.get().is_some()
+    }
+
+    /// Report image-load progress to `f` instead of the log.
+    pub(crate) fn set_load_progress(&self, f: LoadProgress) {
+        let _ = self.load_progress.set(f);
+    }
+
+    /// Run `p` on every new sandbox after its boot, before it serves a call.
+    pub(crate) fn set_provision(&self, p: Arc<dyn Provision>) {
+        let _ = self.provision.set(p);
+    }
+
+    /// What the last sandbox to boot said of its interpreter; `None` before any booted.
+    pub(crate) fn seen_target(&self) -> Option<Target> {
+        self.seen_target.lock().unwrap().clone()
+    }
+
+    /// `s` booted: what it said of its interpreter is the one shown from now on.
+    pub(crate) fn saw(&self, s: &Session) {
+        if let Some(t) = &s.interpreter.target {
+            *self.seen_target.lock().unwrap() = Some(t.clone());
+        }
+    }
+
+    /// This bridge's mark on its containers.
+    pub(crate) fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The next number for a container's name.
+    pub(crate) fn next_serial(&self) -> u64 {
+        self.serial.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Create, start and boot a sandbox on `engine` for `role`, numbered `serial`: attached on
+    /// a connection of its own through `socket` when given (it may be parked), its code let in
+    /// once `gate` passes.
+    pub(crate) async fn start(
+        &self,
+        engine: &Engine,
+        role: Role<'_>,
+        serial: u64,
+        socket: Option<&std::path::Path>,
+        gate: Option<session::Gate<'_>>,
+    ) -> Result<Session, SandboxError> {
+        Session::start(
+            engine,
+            &self.config,
+            &self.compiled,
+            role,
+            &self.owner,
+            serial,
+            self.provision.get(),
+            socket,
+            gate,
+        )
+        .await
+    }
+
+    /// The host's available memory and `memory_reserve`, when the first is under the second
+    /// (`None` with no reserve, or where the host does not say).
+    pub(crate) fn memory_short(&self) -> Option<(u64, u64)> {
+        let reserve = self.config.memory_reserve.0;
+        if reserve == 0 {
+            return None;
+        }
+        let available = bridge_core::procfs::mem_available()?;
+        (available < reserve).then_some((available, reserve))
+    }
+
+    /// Stop the engine's own service, if this bridge started one.
+    pub(crate) async fn shutdown(&self) {
+        if let Some(engine) = self.engine.get() {
+            engine.shutdown().await;
         }
     }
 }
@@ -192,7 +331,7 @@ impl Sandbox {
 /// A kept answer of the engine's in use, to be checked [`engine::CHECK_AFTER`] after it was
 /// used or when the bridge shuts down, whichever comes first: a bridge gone sooner (`exec`)
 /// still checks it, so that no chain of short-lived bridges uses it unchecked.
-pub(super) struct Unchecked {
+struct Unchecked {
     kept: engine::Kept,
     used: Enforcement,
     /// Waits [`engine::CHECK_AFTER`], then checks; aborted by a shutdown that checks first.
@@ -200,12 +339,12 @@ pub(super) struct Unchecked {
 }
 
 /// The longest the engine gets to answer when asked again.
-pub(super) const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Whether the sandbox may run with what the engine can enforce: `Err` when the isolation asked
 /// for is missing (never excused) or limits cannot be enforced and `allow_unenforced_limits` is
 /// off; `Ok` with the limits that will go unenforced because it is on.
-pub(super) fn judge(config: &Config, enf: &Enforcement) -> Result<Vec<String>, SandboxError> {
+fn judge(config: &Config, enf: &Enforcement) -> Result<Vec<String>, SandboxError> {
     enf.isolation(config)?;
     let missing = enf.missing(config);
     if !missing.is_empty() && !config.allow_unenforced_limits {
@@ -216,7 +355,7 @@ pub(super) fn judge(config: &Config, enf: &Enforcement) -> Result<Vec<String>, S
 
 /// Failed attempts at one thing, counted, with the last one's message.
 #[derive(Default)]
-pub(super) struct Failed {
+struct Failed {
     count: AtomicU64,
     last: std::sync::Mutex<String>,
 }
@@ -225,7 +364,7 @@ pub(super) struct Failed {
 /// next call tries again), but a caller that waited for an attempt that failed gets that
 /// failure instead of starting another: the warm-up and a first call that race would otherwise
 /// pay twice, the second attempt (a podman service started again) outliving the call's answer.
-pub(super) async fn init_once<T, F, Fut>(
+async fn init_once<T, F, Fut>(
     cell: &OnceCell<T>,
     failed: &Failed,
     init: F,

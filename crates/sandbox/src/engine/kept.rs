@@ -14,7 +14,7 @@
 //! [`KEEP_FOR`], and only when it lets the sandbox run (a refusal is always asked afresh). The
 //! sandbox asks again [`CHECK_AFTER`] later, off the path, and keeps what it hears; an answer
 //! that no longer lets the sandbox run closes what started under the kept one (see
-//! `Sandbox::revoke`). The file is the user's (0600, in the 0700 `engine/` directory), read
+//! `Readiness::check_kept`). The file is the user's (0600, in the 0700 `engine/` directory), read
 //! leniently: anything unexpected in it is a miss, never an error.
 
 use std::io::Read;

@@ -104,7 +104,7 @@ pub(super) fn make_room(
     }
     for old in doomed {
         let key = old.listing.key();
-        tracing::info!(session = %crate::shown(&key), bytes = old.bytes, "removing this identity's oldest session snapshot to stay within its share of snapshot_store_size");
+        tracing::info!(session = %crate::name::shown(&key), bytes = old.bytes, "removing this identity's oldest session snapshot to stay within its share of snapshot_store_size");
         remove(&config.state_dir, &key);
     }
     Ok(())
@@ -225,7 +225,7 @@ pub fn scan(state_dir: &Path, ttl: Duration) -> Store {
                 Ok(l) if stem != super::stem(&l.key()) => {
                     Err("its listing names another session than its file name")
                 }
-                Ok(l) if crate::check_session_name(&l.session).is_err() => {
+                Ok(l) if crate::name::check_session_name(&l.session).is_err() => {
                     Err("its listing names a session no call can name")
                 }
                 Ok(l) => Ok(l),
