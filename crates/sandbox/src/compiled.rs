@@ -50,7 +50,7 @@ struct Record {
 }
 
 /// The boot frame to send, with the code held for one image (when there is any).
-pub struct Compiled {
+pub(crate) struct Compiled {
     path: PathBuf,
     image: String,
     /// The boot line carrying the code held; read from the file on first use.
@@ -58,10 +58,10 @@ pub struct Compiled {
 }
 
 /// The boot line to send to one sandbox.
-pub struct BootLine {
-    pub line: Arc<Vec<u8>>,
+pub(crate) struct BootLine {
+    pub(crate) line: Arc<Vec<u8>>,
     /// It carries kept code (which the sandbox's start drops if the boot fails).
-    pub carries_code: bool,
+    pub(crate) carries_code: bool,
 }
 
 /// The digest of the runtime the boot frame sends (its modules and the host's constants):
@@ -74,7 +74,7 @@ fn runtime_digest() -> &'static str {
 
 impl Compiled {
     /// For sandboxes of `image`, with the file under `state_dir`.
-    pub fn new(state_dir: &Path, image: &str) -> Compiled {
+    pub(crate) fn new(state_dir: &Path, image: &str) -> Compiled {
         let name = &hex::encode(Sha256::digest(image.as_bytes()))[..32];
         Compiled {
             path: state_dir.join(DIR).join(format!("{name}.json")),
@@ -98,7 +98,7 @@ impl Compiled {
 
     /// The boot line for the next sandbox: with the code held, else the runtime's sources
     /// alone.
-    pub async fn boot_line(&self) -> BootLine {
+    pub(crate) async fn boot_line(&self) -> BootLine {
         match self.held().await.lock().unwrap().clone() {
             Some(line) => BootLine {
                 line,
@@ -114,7 +114,7 @@ impl Compiled {
     /// Take the code a sandbox sent as its first frame: held for the next boots and written
     /// to the file (off the async threads). Code not of this runtime's shape is refused
     /// (logged).
-    pub async fn offer(&self, code: RuntimeCode) {
+    pub(crate) async fn offer(&self, code: RuntimeCode) {
         if let Err(why) = check(&code) {
             tracing::warn!("ignoring the runtime code a sandbox sent: {why}");
             return;
@@ -142,7 +142,7 @@ impl Compiled {
 
     /// Drop the code held (a sandbox booted with it did not start): the next boots compile,
     /// and the first of them sends fresh code.
-    pub async fn forget(&self) {
+    pub(crate) async fn forget(&self) {
         *self.held().await.lock().unwrap() = None;
         let path = self.path.clone();
         let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(path)).await;

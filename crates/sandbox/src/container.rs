@@ -1,6 +1,7 @@
 //! The hardened container: the one place the sandbox's isolation is defined, the labels that
 //! say who owns a container, and the reaping of containers whose bridge died.
 
+use bridge_core::boxed::Boxed;
 use std::collections::HashMap;
 
 use bollard::Docker;
@@ -304,7 +305,7 @@ pub fn mount_packages(body: &mut ContainerCreateBody, dir: &std::path::Path) {
 
 /// Rename container `id` to `name`, within 10 s: names say who holds a pooled, parked or
 /// adopted container ([`Listed::holder`]), and `doctor` shows them.
-pub async fn rename(docker: &Docker, id: &str, name: &str) -> Result<(), ContainerError> {
+pub(crate) async fn rename(docker: &Docker, id: &str, name: &str) -> Result<(), ContainerError> {
     let opts = bollard::query_parameters::RenameContainerOptionsBuilder::default()
         .name(name)
         .build();
@@ -322,7 +323,7 @@ pub async fn rename(docker: &Docker, id: &str, name: &str) -> Result<(), Contain
 
 /// Whether container `id` exists and runs, as the engine says within 5 s (`false` when it
 /// does not answer): a parked sandbox is adopted only then.
-pub async fn running(docker: &Docker, id: &str) -> bool {
+pub(crate) async fn running(docker: &Docker, id: &str) -> bool {
     let inspect = docker.inspect_container(id, None);
     matches!(
         tokio::time::timeout(std::time::Duration::from_secs(5), inspect).await,
@@ -336,7 +337,7 @@ const REMOVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 const KILL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Remove a container, whatever its state. Errors are logged, not returned: removal is cleanup.
-pub async fn remove(docker: &Docker, id: &str) {
+pub(crate) async fn remove(docker: &Docker, id: &str) {
     // SIGKILL first: a forced removal of a running container stops it the polite way (SIGTERM,
     // a wait, then SIGKILL), which costs seconds when the code ignores SIGTERM or is stopped
     // (SIGSTOP), and a call whose sandbox is killed replies only after this.
@@ -433,7 +434,7 @@ impl Listed {
 /// Read untyped through [`Engine::get_json`], not bollard's `list_containers`: podman 4 reports
 /// containers between exit and clean-up in a state Docker's models do not know, which would fail
 /// the whole list (see there).
-pub async fn list(engine: &Engine, label: &str) -> Result<Vec<Listed>, ContainerError> {
+pub(crate) async fn list(engine: &Engine, label: &str) -> Result<Vec<Listed>, ContainerError> {
     let filters = serde_json::json!({ "label": [label] }).to_string();
     let body = engine
         .get_json(
@@ -451,7 +452,7 @@ fn parse_list(body: serde_json::Value) -> Result<Vec<Listed>, String> {
 }
 
 /// The containers bridge `owner` created, whatever their state.
-pub async fn owned_by(engine: &Engine, owner: &str) -> Result<Vec<String>, ContainerError> {
+pub(crate) async fn owned_by(engine: &Engine, owner: &str) -> Result<Vec<String>, ContainerError> {
     Ok(list(engine, &format!("{LABEL_OWNER}={owner}"))
         .await?
         .into_iter()
@@ -470,7 +471,12 @@ pub struct Census {
 
 /// Count the containers of running bridges: in sessions, and pooled (a pooled container is
 /// renamed when a session takes it, so its name tells whether it still waits).
-pub async fn census(engine: &Engine) -> Result<Census, ContainerError> {
+#[inline(never)]
+pub fn census(engine: &Engine) -> Boxed<'_, Result<Census, ContainerError>> {
+    Box::pin(census_here(engine))
+}
+
+async fn census_here(engine: &Engine) -> Result<Census, ContainerError> {
     let mut c = Census::default();
     for l in list(engine, &format!("{LABEL_MANAGED}=true")).await? {
         match l.holder() {
@@ -489,7 +495,7 @@ pub async fn census(engine: &Engine) -> Result<Census, ContainerError> {
 }
 
 /// Remove every managed container whose owning bridge is no longer running. Returns how many.
-pub async fn reap_orphans(engine: &Engine) -> usize {
+pub(crate) async fn reap_orphans(engine: &Engine) -> usize {
     let list = match list(engine, &format!("{LABEL_MANAGED}=true")).await {
         Ok(l) => l,
         Err(e) => {

@@ -1,6 +1,7 @@
 //! The sandbox image: present, loaded from an archive (verifying its sha256 while it streams), or
 //! pulled when the reference names a registry.
 
+use bridge_core::boxed::Boxed;
 use std::io;
 use std::path::Path;
 use std::pin::Pin;
@@ -85,7 +86,7 @@ pub fn names_registry(reference: &str) -> bool {
 }
 
 /// Make sure `config.image` exists in the engine.
-pub async fn ensure(
+pub(crate) async fn ensure(
     docker: &Docker,
     config: &Config,
     progress: &(dyn Fn(u64) + Sync),
@@ -122,7 +123,17 @@ pub async fn ensure(
 
 /// Load `archive` (docker-archive, gzipped or not, or an executable printing one) and check that
 /// it provided `config.image`.
-pub async fn load(
+#[inline(never)]
+pub fn load<'a>(
+    docker: &'a Docker,
+    config: &'a Config,
+    archive: &'a Path,
+    progress: &'a (dyn Fn(u64) + Sync),
+) -> Boxed<'a, Result<Provenance, ImageError>> {
+    Box::pin(load_here(docker, config, archive, progress))
+}
+
+async fn load_here(
     docker: &Docker,
     config: &Config,
     archive: &Path,
@@ -309,7 +320,12 @@ async fn check_file_digest(path: &Path, want: &str) -> Result<(), ImageError> {
 }
 
 /// The sha256 of a file, in hex (hashed on a blocking thread).
-pub async fn file_sha256(path: &Path) -> Result<String, ImageError> {
+#[inline(never)]
+pub fn file_sha256(path: &Path) -> Boxed<'_, Result<String, ImageError>> {
+    Box::pin(file_sha256_here(path))
+}
+
+async fn file_sha256_here(path: &Path) -> Result<String, ImageError> {
     let p = path.to_path_buf();
     tokio::task::spawn_blocking(move || -> io::Result<String> {
         use std::io::Read;

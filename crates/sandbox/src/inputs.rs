@@ -114,7 +114,7 @@ fn first(names: &[String]) -> String {
 }
 
 /// Copy the declared inputs into container `id`; the notices for its first call.
-pub async fn copy_in(docker: &Docker, id: &str, config: &Config) -> Vec<String> {
+pub(crate) async fn copy_in(docker: &Docker, id: &str, config: &Config) -> Vec<String> {
     if config.inputs.is_empty() {
         return Vec::new();
     }

@@ -178,7 +178,7 @@ impl Session {
     /// more, compiling (the code is the bridge's own, kept in the state dir: a damaged file
     /// costs one start, never the call).
     #[allow(clippy::too_many_arguments)]
-    pub async fn start(
+    pub(crate) async fn start(
         engine: &crate::engine::Engine,
         config: &Config,
         boot: &Compiled,
@@ -575,7 +575,7 @@ impl Session {
     }
 
     /// Kill and remove the container.
-    pub async fn destroy(&self) {
+    pub(crate) async fn destroy(&self) {
         self.dead.store(true, Ordering::Relaxed);
         container::remove(&self.docker, &self.container_id).await;
         self.files.clear();
@@ -614,7 +614,7 @@ impl Session {
     /// engine's archive API, when [`Self::wanted_copy`] says so. Under gVisor the exec itself
     /// copied it, through the channel, before it let go of the session
     /// (`Session::collect_through_channel`): nothing is left to do here.
-    pub async fn collect_files(&self, session: &SessionKey) -> super::files::Report {
+    pub(crate) async fn collect_files(&self, session: &SessionKey) -> super::files::Report {
         if self.files_through_channel {
             return super::files::Report::default();
         }

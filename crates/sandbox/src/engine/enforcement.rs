@@ -2,6 +2,7 @@
 //! sandbox asks for that would be silently dropped, and the gVisor runtime when it is asked for.
 
 use bollard::Docker;
+use bridge_core::boxed::Boxed;
 
 use bridge_core::config::Config;
 use bridge_core::error::{Hint, Hinted};
@@ -60,7 +61,13 @@ pub struct Enforcement {
 }
 
 impl Enforcement {
-    pub async fn query(docker: &Docker) -> Result<Self, bollard::errors::Error> {
+    /// Ask the engine what it can enforce (its `/info`).
+    #[inline(never)]
+    pub fn query(docker: &Docker) -> Boxed<'_, Result<Self, bollard::errors::Error>> {
+        Box::pin(Self::query_here(docker))
+    }
+
+    async fn query_here(docker: &Docker) -> Result<Self, bollard::errors::Error> {
         let info = docker.info().await?;
         // Rootless Docker says so in its security options. Podman's compatible /info does not
         // (and reports MemoryLimit even where rootless cgroup v1 drops every limit), but its

@@ -79,7 +79,7 @@ pub struct Kept {
 impl Kept {
     /// For `engine` (podman only: Docker's `/info` costs no process), with the facts read now;
     /// `None` when the answer is not kept for it.
-    pub async fn of(engine: &Engine, state_dir: &Path) -> Option<Kept> {
+    pub(crate) async fn of(engine: &Engine, state_dir: &Path) -> Option<Kept> {
         if engine.kind != EngineKind::Podman {
             return None;
         }
@@ -104,7 +104,7 @@ impl Kept {
     }
 
     /// The kept answer, if it was given for these facts less than [`KEEP_FOR`] ago.
-    pub async fn answer(&self) -> Option<Enforcement> {
+    pub(crate) async fn answer(&self) -> Option<Enforcement> {
         let k = self.clone();
         tokio::task::spawn_blocking(move || k.answer_now(now()))
             .await
@@ -122,7 +122,7 @@ impl Kept {
 
     /// Keep `answer`, just given by the engine, for these facts. A failure to write is logged:
     /// the next bridge asks the engine.
-    pub async fn keep(&self, answer: &Enforcement) {
+    pub(crate) async fn keep(&self, answer: &Enforcement) {
         let record = Record {
             format: FORMAT.into(),
             version: VERSION,

@@ -603,7 +603,7 @@ impl Engine {
     /// process has ended but whose clean-up has not run yet as `"State": "stopped"`, a value
     /// Docker's API does not have; bollard then rejects the whole list, and one such container
     /// anywhere on the host would hide every orphan from the reaper.
-    pub async fn get_json(
+    pub(crate) async fn get_json(
         &self,
         path: &str,
         query: &[(&str, &str)],
@@ -646,7 +646,12 @@ impl Engine {
     }
 
     /// Stop the podman service we started, if any; a lingering one is left to its idle timer.
-    pub async fn shutdown(&self) {
+    #[inline(never)]
+    pub fn shutdown(&self) -> Boxed<'_, ()> {
+        Box::pin(self.shutdown_here())
+    }
+
+    async fn shutdown_here(&self) {
         if let Some(k) = &self.keep_alive {
             k.task.abort();
         }

@@ -68,7 +68,7 @@ pub fn tar_feed(
 
 impl TarFeed {
     /// Take one frame; false when the copy is over (its end, or a bound).
-    pub async fn feed(&mut self, piece: TarPiece) -> bool {
+    pub(crate) async fn feed(&mut self, piece: TarPiece) -> bool {
         use base64::Engine as _;
         self.frames += 1;
         let data = match piece {

@@ -308,7 +308,7 @@ pub(super) fn keep(
 /// Copy `/workspace/out` of `container` into `store`: the archive streamed from the engine, at
 /// most [`Caps::read_limit`] bytes and [`COPY_TIMEOUT`], judged entry by entry on a blocking
 /// thread. A missing directory is no file and no notice.
-pub async fn collect(
+pub(crate) async fn collect(
     docker: &Docker,
     container: &str,
     store: Arc<OutStore>,
@@ -368,7 +368,12 @@ pub async fn collect(
 /// Judge a tar of `/workspace/out` as it streams in (the engine's archive, or the runtime's
 /// `tar` frames under gVisor: [`TarFeed`]): at most [`Caps::read_limit`] bytes,
 /// entry by entry with [`extract`] on a blocking thread.
-pub async fn judge<S, B>(stream: S, store: Arc<OutStore>, session: &str, caps: Caps) -> Report
+pub(crate) async fn judge<S, B>(
+    stream: S,
+    store: Arc<OutStore>,
+    session: &str,
+    caps: Caps,
+) -> Report
 where
     S: futures::Stream<Item = io::Result<B>> + Send + Unpin + 'static,
     B: tokio_util::bytes::Buf + Send + 'static,

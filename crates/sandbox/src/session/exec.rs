@@ -84,7 +84,7 @@ impl Session {
     /// line (or never sent its code), nothing ran, and the session and its state are untouched
     /// (cancelling calls queued behind a running one had reset the session).
     /// `key` is the session's (the files copied out are named by it).
-    pub async fn exec(&self, req: ExecRequest, key: &SessionKey) -> Option<ExecOutcome> {
+    pub(crate) async fn exec(&self, req: ExecRequest, key: &SessionKey) -> Option<ExecOutcome> {
         let mut frames = tokio::select! {
             // A call cancelled in the line leaves it: the lock's future is dropped.
             biased;

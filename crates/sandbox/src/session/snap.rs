@@ -97,7 +97,11 @@ impl Session {
     /// Write this session's state as a snapshot (the session must be idle: it is closing).
     /// Bounded by `limit` bytes and `timeout`; what arrives goes to a temporary file of the
     /// snapshots' directory, kept by the caller ([`Received::keep`]).
-    pub async fn snapshot(&self, limit: u64, timeout: Duration) -> Result<Received, SnapFailed> {
+    pub(crate) async fn snapshot(
+        &self,
+        limit: u64,
+        timeout: Duration,
+    ) -> Result<Received, SnapFailed> {
         if self.is_dead() {
             return Err(SnapFailed::new("its sandbox had stopped"));
         }
@@ -168,7 +172,7 @@ impl Session {
     /// Restore a snapshot of `size` bytes read from `file` into this fresh sandbox, before its
     /// first exec, within `timeout`. `Err` when the runtime could not read it at all (its
     /// namespace is then a fresh one) or the sandbox did not answer.
-    pub async fn restore(
+    pub(crate) async fn restore(
         &self,
         mut file: std::fs::File,
         size: u64,
