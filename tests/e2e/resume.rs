@@ -1,4 +1,4 @@
-//! Sessions that outlive their bridge (`sandbox::resume`): a bridge that exits parks each session
+//! Sessions that outlive their bridge (`sandbox::parking`): a bridge that exits parks each session
 //! that ran code, still running, for `session_linger`; the next bridge on the same state dir
 //! takes it on the first call naming it, its state as it was (`"resumed": "live"`).
 

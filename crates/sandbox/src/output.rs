@@ -47,7 +47,7 @@ pub struct ExecOutcome {
     /// links cost the budget nothing the code chose.
     pub bridge_named_files: usize,
     /// `"live"` when the call's session was taken from the bridge before this one
-    /// (`sandbox::resume`).
+    /// (`sandbox::parking`).
     pub resumed: Option<&'static str>,
     /// With `resumed: "snapshot"`: the names its snapshot could not keep or bring back, as
     /// `name (type)`.

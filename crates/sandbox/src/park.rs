@@ -16,7 +16,7 @@
 //! A session that ran code is parked the same way, in a slot of its own ([`Slot::Session`]:
 //! its lock and listing `<state_dir>/engine/sessions/<digest of its key>.{lock,json}`), for
 //! `session_linger`, and taken by the next bridge's first call that names the session
-//! (`sandbox::resume`).
+//! (`sandbox::parking`).
 //!
 //! A socket's path is at most 107 bytes (`SUN_LEN`), so the keepers' sockets are not in the
 //! state dir, whose path may be of any length: they are in a short directory of this user's

@@ -195,7 +195,7 @@ impl Parking {
         }
     }
     /// Take the sandbox a keeper holds in `slot` (see [`Parking::adopt_parked`]): a pooled sandbox, or
-    /// a parked session, which must have served exactly that session (`sandbox::resume`).
+    /// a parked session, which must have served exactly that session.
     async fn take_parked(&self, slot: park::Slot) -> Option<Session> {
         let state = self.config.state_dir.clone();
         let asked = slot.clone();

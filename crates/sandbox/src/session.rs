@@ -468,7 +468,7 @@ impl Session {
         suffix: &str,
         packages: std::path::PathBuf,
     ) -> Result<Session, SandboxError> {
-        // A copy for this bridge to park it again when it exits (`sandbox::resume`).
+        // A copy for this bridge to park it again when it exits (`sandbox::parking`).
         let again = fd.try_clone().ok();
         let (output, input) = super::attach::from_fd(fd)
             .map_err(|e| SandboxError::Attach(AttachError::HandedOver(e)))?;
