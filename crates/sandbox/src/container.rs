@@ -376,10 +376,13 @@ pub(crate) async fn remove(docker: &Docker, id: &str) {
 #[derive(Debug, serde::Deserialize)]
 pub struct Listed {
     #[serde(rename = "Id")]
+    /// The container's id.
     pub id: String,
     #[serde(rename = "Labels", default)]
+    /// Its labels (the bridge's own say whose it is and what it serves).
     pub labels: Option<HashMap<String, String>>,
     #[serde(rename = "Names", default)]
+    /// Its names, each with the engine's leading `/`.
     pub names: Option<Vec<String>>,
     /// `running`, `exited`, ... (podman 4 also says `stopped`, `configured`).
     #[serde(rename = "State", default)]

@@ -5,6 +5,8 @@ use super::engine::EngineError;
 use super::image::ImageError;
 use bridge_core::error::{Hint, Hinted};
 
+/// Why no sandbox could run a call: the engine, the image, the limits, the container's start or
+/// the room for a session. Each says what to do next through [`Hinted`].
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     /// No container engine could be reached or started.
@@ -27,19 +29,40 @@ pub enum SandboxError {
     #[error(
         "isolation = \"gvisor\", but the sandbox's kernel is not gVisor's: {why}; the sandbox was removed before any code ran in it"
     )]
-    NotGvisor { runtime: String, why: String },
+    NotGvisor {
+        /// The OCI runtime the sandbox was started with.
+        runtime: String,
+        /// What the kernel said of itself, and why that is not gVisor.
+        why: String,
+    },
     /// The image is missing and could not be loaded or pulled.
     #[error("{0}")]
     Image(#[from] ImageError),
+    /// The engine refused to create the container (a bad image name, a setting it rejects).
     #[error("could not create the sandbox container from image {image:?}: {reason}")]
-    Create { image: String, reason: String },
+    Create {
+        /// The image the container was to run.
+        image: String,
+        /// The engine's answer.
+        reason: String,
+    },
+    /// The container was created but its stdin/stdout stream could not be attached.
     #[error("could not attach to the sandbox container: {0}")]
     Attach(super::attach::AttachError),
+    /// The engine did not start the created container (its runtime failed, a limit it cannot
+    /// set); the engine's answer.
     #[error("could not start the sandbox container: {0}")]
     Start(String),
     /// The container ended before the runtime said `ready`; `stderr` is its last lines.
     #[error("{}", exited_at_start(.image, .stderr))]
-    ExitedAtStart { image: String, stderr: Vec<String> },
+    ExitedAtStart {
+        /// The image it ran.
+        image: String,
+        /// Its last lines of stderr, as it wrote them.
+        stderr: Vec<String>,
+    },
+    /// The runtime did not say `ready` within the start's bound (seconds): the container is
+    /// removed.
     #[error("the sandbox did not become ready within {0}s")]
     NotReady(u64),
     /// The failure of an attempt (to reach the engine, or to make the image present) that this
@@ -53,9 +76,13 @@ pub enum SandboxError {
         .busy.join(", ")
     )]
     AllBusy {
+        /// The session the call asked for.
         session: String,
+        /// The bound that is full.
         max: u32,
+        /// The configuration key of that bound.
         key: &'static str,
+        /// The caller's own busy sessions by name, and a count of other users'.
         busy: Vec<String>,
     },
     /// The host's available memory is below `memory_reserve`: a new sandbox would take what the
@@ -65,8 +92,11 @@ pub enum SandboxError {
         .available >> 20, .reserve >> 20
     )]
     MemoryReserve {
+        /// The session the call asked for.
         session: String,
+        /// The host's available memory, in bytes (`MemAvailable`).
         available: u64,
+        /// `memory_reserve`, in bytes.
         reserve: u64,
     },
 }

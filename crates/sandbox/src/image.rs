@@ -22,7 +22,9 @@ use bridge_core::config::Config;
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct ImageError {
+    /// What happened.
     pub message: String,
+    /// What to do about it, when known.
     pub hint: Option<String>,
 }
 
@@ -51,12 +53,18 @@ impl bridge_core::error::Hinted for ImageError {
 /// How the image came to be there.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Provenance {
+    /// It was there already.
     Present,
+    /// Loaded from an archive.
     Loaded {
+        /// The archive's path.
         archive: String,
+        /// Its size in bytes.
         bytes: u64,
+        /// How long the load took.
         seconds: f64,
     },
+    /// Pulled from its registry.
     Pulled,
 }
 
@@ -79,6 +87,7 @@ pub fn profile(image: &bollard::models::ImageInspect) -> String {
         .unwrap_or_else(|| "default".into())
 }
 
+/// Whether an image reference names a registry (its first part has a `.` or a `:`), so that the engine may pull it.
 pub fn names_registry(reference: &str) -> bool {
     reference
         .split_once('/')

@@ -60,8 +60,11 @@ fn extract_script() -> String {
 /// What the walk skipped or could not do, for the notice.
 #[derive(Debug, Default)]
 pub struct Report {
+    /// Files copied in.
     pub files: u64,
+    /// Bytes copied in.
     pub bytes: u64,
+    /// What was skipped, and why, for the model.
     pub notices: Vec<String>,
     links: u64,
     special: u64,

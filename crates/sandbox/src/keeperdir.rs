@@ -163,7 +163,9 @@ fn fits_beside(dir: &Path, longest: usize) -> bool {
 /// fit for use), and what repairs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HandOverOff {
+    /// What is wrong with the keeper directory.
     pub problem: String,
+    /// What repairs it.
     pub fix: String,
 }
 

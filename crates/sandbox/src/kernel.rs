@@ -14,7 +14,9 @@ pub const GVISOR_VERSION: &str = "#1 SMP Sun Jan 10 15:06:54 PST 2016";
 /// The host's kernel, as `uname -r` and `uname -v` print it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostKernel {
+    /// `uname -r`.
     pub release: String,
+    /// `uname -v`.
     pub version: String,
 }
 
@@ -39,19 +41,32 @@ pub enum NotGvisor {
     NoKernel,
     /// The sandbox runs on the host's own kernel (`uname` matches the host's).
     #[error("it is the host's kernel ({release} {version})")]
-    HostKernel { release: String, version: String },
+    HostKernel {
+        /// `uname -r` in the sandbox.
+        release: String,
+        /// `uname -v` in the sandbox.
+        version: String,
+    },
     /// `uname`'s version is not gVisor's.
     #[error(
         "uname says {release:?} {version:?}, not gVisor's version {:?}",
         GVISOR_VERSION
     )]
-    Uname { release: String, version: String },
+    Uname {
+        /// `uname -r` in the sandbox.
+        release: String,
+        /// `uname -v` in the sandbox.
+        version: String,
+    },
     /// `/proc/version` does not name gVisor's version.
     #[error(
         "/proc/version says {proc_version:?}, not gVisor's version {:?}",
         GVISOR_VERSION
     )]
-    ProcVersion { proc_version: String },
+    ProcVersion {
+        /// `/proc/version` in the sandbox.
+        proc_version: String,
+    },
 }
 
 /// Whether the kernel a sandbox reported at boot is gVisor's: `Err` says why not. It must say

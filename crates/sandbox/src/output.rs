@@ -25,15 +25,21 @@ pub enum Outcome {
 /// Everything an exec produced.
 #[derive(Debug, Clone)]
 pub struct ExecOutcome {
+    /// How the exec ended.
     pub outcome: Outcome,
+    /// What the code printed, within the output cap.
     pub stdout: String,
+    /// What the code wrote to stderr, within the output cap.
     pub stderr: String,
+    /// The last expression's rendering, if it had one.
     pub value: Option<String>,
+    /// The exception the code raised, if any.
     pub error: Option<ExecError>,
     /// `(mime, base64 data)` of each displayed image.
     pub images: Vec<(String, String)>,
     /// Files of `/workspace/out` new or changed in this call, kept on the host.
     pub files: Vec<super::files::OutFile>,
+    /// How long the exec took, from the code's sending to its end.
     pub duration: Duration,
     /// Output bytes dropped by the output cap.
     pub truncated: u64,
@@ -84,16 +90,21 @@ impl ExecOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Part {
+    /// What the code printed.
     Stdout,
+    /// What the code wrote to stderr.
     Stderr,
     /// The last expression's rendering.
     Value,
+    /// The exception's traceback.
     Traceback,
 }
 
 impl Part {
+    /// Every part, in the order a result shows them.
     pub const ALL: [Part; 4] = [Part::Stdout, Part::Stderr, Part::Value, Part::Traceback];
 
+    /// The part's name in a result and a kept file's name.
     pub fn name(self) -> &'static str {
         match self {
             Part::Stdout => "stdout",
@@ -129,12 +140,14 @@ impl Part {
 /// of the interpreter, and keeps each part it names as a file, so that nothing is lost when the
 /// result carries only a preview.
 pub trait Fit: Send + Sync {
+    /// The parts of `o` too long to return whole.
     fn over(&self, o: &ExecOutcome) -> Vec<Part>;
 }
 
 /// A [`Fit`] for an exec, and the session name its files' URIs carry.
 #[derive(Clone)]
 pub struct Spill {
+    /// What judges the parts' length.
     pub fit: Arc<dyn Fit>,
     /// The session the kept parts belong to (their URIs name it).
     pub key: bridge_core::identity::SessionKey,
@@ -144,8 +157,11 @@ pub struct Spill {
 /// `in_sandbox` says why not, under `/workspace/out/.outputs/` for the next call's code.
 #[derive(Debug, Clone)]
 pub struct Kept {
+    /// Which part.
     pub part: Part,
+    /// The file on the host.
     pub file: super::files::OutFile,
+    /// Whether the sandbox has it too, and why not.
     pub in_sandbox: Result<(), String>,
 }
 

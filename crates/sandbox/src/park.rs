@@ -61,10 +61,13 @@ const CLAIM_TIMEOUT: Duration = Duration::from_secs(2);
 /// What the next bridge is told of a parked sandbox.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Meta {
+    /// The container's id.
     pub container_id: String,
     /// Its engine-side name while parked.
     pub name: String,
+    /// Its interpreter's version.
     pub python: String,
+    /// What it said of its interpreter at boot.
     pub target: Option<bridge_core::protocol::Target>,
     /// Its package directory (mounted at `/opt/packages`), renamed with it.
     pub packages: PathBuf,
@@ -114,7 +117,9 @@ pub fn session_linger(config: &Config) -> Duration {
 /// Which parked sandbox of a state dir: the pool's one, or a session's (by its key).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Slot {
+    /// The ready pooled sandbox.
     Pool,
+    /// A session's sandbox, by its key.
     Session(String),
 }
 
@@ -240,7 +245,9 @@ pub enum ParkError {
     /// A directory of the state dir (`dir`) could not be made.
     #[error("making {}: {source}", .dir.display())]
     MakeDir {
+        /// The directory.
         dir: PathBuf,
+        /// Why it could not be made.
         #[source]
         source: std::io::Error,
     },
@@ -259,7 +266,9 @@ pub enum ParkError {
     /// The keeper's socket (`path`) could not be listened on.
     #[error("listening on {}: {source}", .path.display())]
     Listen {
+        /// The socket's path.
         path: PathBuf,
+        /// Why it could not be listened on.
         #[source]
         source: std::io::Error,
     },

@@ -25,6 +25,7 @@ pub struct Parked {
     pub container: String,
     /// Seconds since the epoch when it was parked, and when its keeper ends it.
     pub parked_at: u64,
+    /// Seconds since the epoch when its keeper ends it.
     pub expires: u64,
     /// Milliseconds since the epoch of its last call.
     pub used_at_ms: u64,

@@ -68,24 +68,33 @@ async fn gate_first<T>(
 
 /// What a caller asks of one exec.
 pub struct ExecRequest {
+    /// The code to run.
     pub code: String,
+    /// How long it may run.
     pub timeout: Duration,
     /// The configured ceiling of `timeout`, quoted when a call runs out of time.
     pub max_timeout: Duration,
+    /// The most bytes of output kept (`output_cap`).
     pub output_cap: usize,
+    /// The servers the code may call, and their handler.
     pub binding: ExecBinding,
+    /// Cancelled when the client gives up on the call: the code is interrupted.
     pub cancel: CancellationToken,
+    /// Where output goes as it comes (progress notifications), if anywhere.
     pub on_output: Option<OutputSink>,
     /// Parts too long for the result are kept as files (`None`: everything is returned, as
     /// `exec` on the command line does).
     pub spill: Option<super::output::Spill>,
 }
 
+/// One container and its interpreter: started, handed to one session, destroyed.
 pub struct Session {
     /// The session it serves, as logs and the engine's container name show it (its key, or
     /// `pool-<serial>` while pooled).
     pub name: String,
+    /// The container's id.
     pub container_id: String,
+    /// Its interpreter's version.
     pub python: String,
     docker: Docker,
     memory_limit: String,
@@ -570,6 +579,7 @@ impl Session {
         Claim(Arc::clone(self))
     }
 
+    /// How long since its last call ended.
     pub fn idle_for(&self) -> Duration {
         self.last_used.lock().unwrap().elapsed()
     }

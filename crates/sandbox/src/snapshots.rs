@@ -60,13 +60,19 @@ const STALE_TMP: Duration = Duration::from_secs(3600);
 pub enum Failed {
     /// The sandbox's runtime refused (what it said, made visible).
     #[error("{why}")]
-    Refused { why: String },
+    Refused {
+        /// What the runtime said, made visible.
+        why: String,
+    },
     /// A piece the sandbox sent was not base64.
     #[error("a piece of the snapshot was not base64")]
     NotBase64,
     /// The sandbox sent more than `snapshot_max_size` (`limit` bytes).
     #[error("the sandbox sent more than snapshot_max_size ({limit} bytes)")]
-    TooLarge { limit: u64 },
+    TooLarge {
+        /// `snapshot_max_size`, in bytes.
+        limit: u64,
+    },
     /// The snapshot's temporary file could not be written.
     #[error("the snapshot could not be written: {0}")]
     Write(#[source] io::Error),
@@ -78,7 +84,10 @@ pub enum Failed {
     Gone,
     /// The sandbox did not answer a restore within `secs` seconds.
     #[error("the sandbox did not restore it within {secs}s")]
-    Timeout { secs: u64 },
+    Timeout {
+        /// The bound, in seconds.
+        secs: u64,
+    },
     /// The blocking task that read the snapshot failed.
     #[error("{0}")]
     Task(#[source] tokio::task::JoinError),
@@ -87,10 +96,13 @@ pub enum Failed {
 /// One name the snapshot could not keep, and why (as the sandbox said).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LostName {
+    /// The variable's name.
     pub name: String,
     #[serde(rename = "type")]
+    /// Its type's name.
     pub kind: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// Why it could not be kept, as the sandbox said (may be empty).
     pub why: String,
 }
 
@@ -98,20 +110,25 @@ pub struct LostName {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Info {
     #[serde(default)]
+    /// The names kept (at most [`MAX_NAMES`]).
     pub names: Vec<String>,
     #[serde(default)]
+    /// Modules imported again on restore, by the name they were bound to.
     pub modules: std::collections::BTreeMap<String, String>,
     #[serde(default)]
+    /// The names that could not be kept.
     pub lost: Vec<LostName>,
     /// Names left out of `names` and `lost` past [`MAX_NAMES`].
     #[serde(default, skip_serializing_if = "is_zero")]
     pub more: u64,
     #[serde(default)]
+    /// Cells (closures' variables) kept.
     pub cells: u64,
     /// The largest values, by size: a refused snapshot's notice names them.
     #[serde(default)]
     pub largest: Vec<(String, u64)>,
     #[serde(default)]
+    /// The pickler that wrote it (`pickle`, `cloudpickle`).
     pub pickler: String,
 }
 
@@ -189,6 +206,7 @@ pub fn lost_name(v: &Value) -> Option<LostName> {
 }
 
 impl LostName {
+    /// `name (type)`, as notices list it.
     pub fn shown(&self) -> String {
         if self.kind.is_empty() {
             self.name.clone()
@@ -202,15 +220,20 @@ impl LostName {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Listing {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The identity it belongs to under `serve`; none for the local user's.
     pub identity: Option<String>,
+    /// The session's name.
     pub session: String,
+    /// The snapshot's size in bytes.
     pub size: u64,
     /// Seconds since the epoch.
     pub written_at: u64,
+    /// Seconds since the epoch when it expires (`snapshot_ttl`).
     pub expires: u64,
     /// What closed the session: `idle`, `max_sessions`, `exit`, `fork`.
     pub why: String,
     #[serde(default)]
+    /// What the sandbox said it holds.
     pub info: Info,
     /// Set aside: a restore of it failed (why), so it is never restored again; listed, kept
     /// until it expires or is removed (`sessions rm`), or replaced by a newer snapshot.
@@ -243,6 +266,7 @@ impl Listing {
         }
     }
 
+    /// The key of the session it belongs to.
     pub fn key(&self) -> SessionKey {
         SessionKey::new(
             self.identity
@@ -303,6 +327,7 @@ pub struct Receiving {
 }
 
 impl Receiving {
+    /// Begin receiving a snapshot of at most `limit` bytes into a temporary file of the store under `state_dir`.
     pub fn new(state_dir: &Path, limit: u64) -> io::Result<Receiving> {
         let d = ensure_dir(state_dir)?;
         let mut random = [0u8; 12];
@@ -378,7 +403,9 @@ impl Drop for Receiving {
 #[derive(Debug)]
 pub struct Received {
     tmp: Option<PathBuf>,
+    /// Its size in bytes.
     pub size: u64,
+    /// What the sandbox said it holds.
     pub info: Info,
 }
 
@@ -492,6 +519,7 @@ pub struct Taken {
     listing_path: PathBuf,
     listing: Option<Listing>,
     file: Option<File>,
+    /// Its size in bytes.
     pub size: u64,
 }
 

@@ -26,7 +26,9 @@ fn storage_is_ours_and_not_root(dir: Option<&str>) -> bool {
     if .known.is_empty() { String::new() } else { format!(" (it has: {})", .known.join(", ")) }
 )]
 pub struct SandboxIsolationMissing {
+    /// The runtime `gvisor_runtime` names.
     pub runtime: String,
+    /// The runtimes the engine has, by name.
     pub known: Vec<String>,
 }
 
@@ -45,10 +47,15 @@ impl Hinted for SandboxIsolationMissing {
 /// What the engine can enforce, from its `/info`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Enforcement {
+    /// The engine runs as an unprivileged user.
     pub rootless: bool,
+    /// The host's cgroup version as the engine reports it (`1`, `2`).
     pub cgroup_version: String,
+    /// A memory limit takes effect.
     pub memory: bool,
+    /// A pids limit takes effect.
     pub pids: bool,
+    /// A CPU limit takes effect.
     pub cpu: bool,
     /// The OCI runtimes the engine has registered, by name, with the path it reports (podman
     /// lists its built-in candidates too, present or not: a runtime named here may still fail

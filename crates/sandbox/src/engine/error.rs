@@ -14,6 +14,7 @@ pub enum EngineError {
     /// No candidate socket answered and no podman service could be started.
     #[error("no container engine answered (runtime = {:?}). Tried:\n{}", .runtime.to_string(), .tried.join("\n"))]
     NoneAnswered {
+        /// The `runtime` setting the candidates came from.
         runtime: Runtime,
         /// One line per candidate: URL, where it came from, why it failed.
         tried: Vec<String>,
@@ -21,7 +22,9 @@ pub enum EngineError {
     /// The state dir, where our own podman service keeps its socket, cannot be created.
     #[error("cannot create state dir {}: {source}", .dir.display())]
     StateDir {
+        /// The directory that could not be made.
         dir: PathBuf,
+        /// Why.
         source: std::io::Error,
     },
     /// The state dir is too long for the bridge's own service's socket, and the keeper directory,
@@ -32,24 +35,33 @@ pub enum EngineError {
         .why.problem
     )]
     SocketDir {
+        /// The state dir.
         state_dir: PathBuf,
+        /// Why the keeper directory cannot be used, and its fix.
         why: crate::keeperdir::HandOverOff,
     },
     /// `podman system service` could not be spawned.
     #[error("could not start {} system service (under /bin/sh): {source}", .podman.display())]
     ServiceSpawn {
+        /// The podman program run.
         podman: PathBuf,
+        /// Why it could not be spawned.
         source: std::io::Error,
     },
     /// `isolation = "gvisor"`, and podman cannot run the runtime `gvisor_runtime` names.
     #[error("{missing}: podman says {podman_said}")]
     GvisorRuntime {
+        /// The runtime that is missing.
         missing: SandboxIsolationMissing,
+        /// What podman said when asked to run it.
         podman_said: String,
     },
     /// Our own podman service exited or did not answer in time.
     #[error("podman is installed but no engine answered. Tried:\n{}", .tried.join("\n"))]
-    ServiceSilent { tried: Vec<String> },
+    ServiceSilent {
+        /// One line per endpoint tried: URL, where it came from, why it failed.
+        tried: Vec<String>,
+    },
 }
 
 impl Hinted for EngineError {

@@ -34,6 +34,7 @@ pub enum HostIds {
 }
 
 impl HostIds {
+    /// Whether each sandbox gets host ids of its own.
     pub fn own(&self) -> bool {
         matches!(self, HostIds::Own { .. })
     }

@@ -64,19 +64,25 @@ fn service_silent(url: &str, said: &str) -> String {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which engine answered: their APIs differ in places (`podman` has its own service, `--userns=auto`).
 pub enum EngineKind {
+    /// Podman's Docker-compatible API.
     Podman,
+    /// The Docker daemon.
     Docker,
 }
 
 /// A connected engine.
 pub struct Engine {
+    /// The API client, on the endpoint below.
     pub docker: Docker,
+    /// Which engine it is.
     pub kind: EngineKind,
     /// The URL we connected to, for `doctor` and error messages.
     pub endpoint: String,
     /// Where that endpoint came from ("DOCKER_HOST", "rootful podman socket", ...).
     pub origin: String,
+    /// The engine's version, as it reports it.
     pub version: String,
     /// A podman service we started: stopped by [`Engine::shutdown`], and by its guard when the
     /// engine is dropped or the bridge dies.
@@ -123,7 +129,9 @@ impl KeepAlive {
 /// One place an engine may listen, with the reason we look there.
 #[derive(Debug, Clone)]
 pub struct Candidate {
+    /// Where it may listen (`unix://…`, `tcp://…`).
     pub url: String,
+    /// Why we look there ("DOCKER_HOST", "rootful podman socket", …).
     pub origin: &'static str,
 }
 

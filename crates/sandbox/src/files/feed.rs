@@ -21,6 +21,7 @@ pub fn max_tar_frames(caps: &Caps) -> u64 {
 
 /// One `tar` frame of a copy through the runtime's channel, as [`TarFeed::feed`] takes it.
 pub enum TarPiece {
+    /// A piece of the tar, base64.
     Data(String),
     /// The runtime's last frame, and why it stopped early, if it says.
     End(Option<String>),

@@ -7,7 +7,9 @@ use super::*;
 /// What one copy brought: the files new or changed in this call, and what was skipped and why.
 #[derive(Debug, Default)]
 pub struct Report {
+    /// The files new or changed in this call, kept on the host.
     pub new: Vec<OutFile>,
+    /// What was skipped, and why, for the model.
     pub notices: Vec<String>,
 }
 

@@ -79,8 +79,11 @@ const SESSION_SEGMENT: &AsciiSet = &SEGMENT.add(b'/');
 pub struct OutFile {
     /// Path under `/workspace/out`, e.g. `plots/trend.png`.
     pub name: String,
+    /// Its media type, guessed from its name.
     pub mime: String,
+    /// Its size in bytes.
     pub size: u64,
+    /// The resource URI a client reads it by (`resources/read`).
     pub uri: String,
 }
 
@@ -114,6 +117,7 @@ pub struct Caps {
 }
 
 impl Caps {
+    /// The bounds `c` sets (`file_cap`, `files_total`).
     pub fn from_config(c: &Config) -> Self {
         Caps {
             file: c.file_cap.0,
@@ -149,10 +153,18 @@ struct Inner {
 pub enum KeepFailed {
     /// The file alone is larger than `file_cap`.
     #[error("it is {size} bytes, over the {cap} bytes of `file_cap`")]
-    TooLarge { size: u64, cap: u64 },
+    TooLarge {
+        /// The file's size in bytes.
+        size: u64,
+        /// `file_cap`, in bytes.
+        cap: u64,
+    },
     /// With it, the session's kept files would pass `files_total`.
     #[error("the session's kept files would pass `files_total` ({total} bytes)")]
-    OverTotal { total: u64 },
+    OverTotal {
+        /// `files_total`, in bytes.
+        total: u64,
+    },
     /// Fewer bytes were written than were given.
     #[error("it could not be written whole")]
     Short,

@@ -13,7 +13,9 @@ const PIECE: usize = 768 << 10;
 /// largest values) or a failure of the sandbox or the disk.
 #[derive(Debug)]
 pub struct SnapFailed {
+    /// Why, for the model and the log.
     pub why: String,
+    /// What the runtime said of the state (its largest values), if it said.
     pub info: Box<Info>,
 }
 
@@ -43,7 +45,9 @@ impl SnapFailed {
 /// What a restore brought back, as the runtime said.
 #[derive(Debug, Default, Clone)]
 pub struct Restored {
+    /// Names brought back.
     pub names: usize,
+    /// Names that could not be, and why.
     pub lost: Vec<LostName>,
     /// Modules that could not be imported again.
     pub modules: Vec<String>,

@@ -23,8 +23,11 @@ use bridge_core::statefile;
     "the snapshot store is full: snapshot_store_size = {cap} bytes holds {others} bytes of other identities' snapshots and files being written, and this snapshot is {size} bytes; it was not kept (another identity's snapshots are never removed to make room: they expire after snapshot_ttl, or `mcp-code-bridge sessions rm` removes them)"
 )]
 pub struct Full {
+    /// `snapshot_store_size`, in bytes.
     pub cap: u64,
+    /// Bytes other identities' snapshots and files being written take.
     pub others: u64,
+    /// The snapshot's size in bytes.
     pub size: u64,
 }
 
@@ -35,11 +38,14 @@ pub struct Full {
 /// its bridge: its share is the whole store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Share {
+    /// The bytes it may keep.
     pub bytes: u64,
+    /// The snapshots it may keep.
     pub count: usize,
 }
 
 impl Share {
+    /// `owner`'s share under `config` (see the type's text).
     pub fn of(config: &Config, owner: &Identity) -> Share {
         let cap = config.snapshot_store_size.0;
         if *owner == Identity::Local {
@@ -113,7 +119,9 @@ pub(super) fn make_room(
 /// A snapshot in the store, and the bytes its two files take.
 #[derive(Debug, Clone)]
 pub struct Stored {
+    /// Its listing.
     pub listing: Listing,
+    /// The bytes its two files take.
     pub bytes: u64,
     /// When its listing was written, to the file system's precision (`written_at` is in
     /// seconds): which of two snapshots of one second is the older.
@@ -126,10 +134,13 @@ pub struct Stored {
 /// removed (`sessions prune`, or `sessions rm` by its file name) like the rest.
 #[derive(Debug, Clone, Serialize)]
 pub struct Unreadable {
+    /// Its file name in the store.
     pub file: String,
+    /// Its size in bytes.
     pub bytes: u64,
     /// Seconds since the epoch.
     pub modified: u64,
+    /// Why it is no readable snapshot.
     pub why: String,
 }
 
@@ -137,8 +148,11 @@ pub struct Unreadable {
 /// (a snapshot or listing being written, a fork's snapshot waiting for its `fork` call).
 #[derive(Debug, Default)]
 pub struct Store {
+    /// The snapshots, oldest first.
     pub listings: Vec<Stored>,
+    /// Files that are no readable snapshot.
     pub unreadable: Vec<Unreadable>,
+    /// Files being written.
     pub temporary: Vec<Unreadable>,
 }
 
