@@ -22,8 +22,6 @@ mod exec;
 mod keep;
 mod snap;
 
-pub use snap::{Restored, SnapFailed};
-
 use super::attach::AttachError;
 use super::channel::{Channel, Queued, rpc_line};
 use super::compiled::{BootLine, Compiled};
@@ -31,6 +29,7 @@ use super::container::{self, Role};
 use super::error::SandboxError;
 use super::images::{MAX_IMAGES, MAX_IMAGES_TOTAL, check_image};
 use super::output::{Collector, ExecOutcome, Outcome, OutputSink, limit_hint};
+use crate::snapshots::{Info, LostName};
 use bridge_core::config::Config;
 use bridge_core::protocol::{
     ExecBinding, ExecError, ExecStatus, HostFrame, Interpreter, Provision, SandboxFrame, Stream,
@@ -64,6 +63,50 @@ async fn gate_first<T>(
         g.await?;
     }
     r
+}
+
+/// Why a snapshot was not written: the runtime's refusal (with what it said of the state: its
+/// largest values) or a failure of the sandbox or the disk.
+#[derive(Debug)]
+pub struct SnapFailed {
+    /// Why, for the model and the log.
+    pub why: String,
+    /// What the runtime said of the state (its largest values), if it said.
+    pub info: Box<Info>,
+}
+
+impl SnapFailed {
+    fn new(why: impl Into<String>) -> SnapFailed {
+        SnapFailed {
+            why: why.into(),
+            info: Box::default(),
+        }
+    }
+
+    /// The notice: why, and the largest values when the runtime named them.
+    pub fn notice(&self) -> String {
+        if self.info.largest.is_empty() {
+            return self.why.clone();
+        }
+        let largest: Vec<String> = self
+            .info
+            .largest
+            .iter()
+            .map(|(name, size)| format!("{} ({size} bytes)", bridge_core::text::visible(name)))
+            .collect();
+        format!("{}; the largest values: {}", self.why, largest.join(", "))
+    }
+}
+
+/// What a restore brought back, as the runtime said.
+#[derive(Debug, Default, Clone)]
+pub struct Restored {
+    /// Names brought back.
+    pub names: usize,
+    /// Names that could not be, and why.
+    pub lost: Vec<LostName>,
+    /// Modules that could not be imported again.
+    pub modules: Vec<String>,
 }
 
 /// What a caller asks of one exec.

@@ -4,54 +4,10 @@
 //! arrive during an exec and are taken by `on_fork_piece`.
 
 use super::*;
-use crate::snapshots::{Failed, Info, LostName, Received, Receiving};
+use crate::snapshots::{Failed, Received, Receiving};
 
 /// Raw bytes of one `restore_data` frame (base64 makes them 1 MiB).
 const PIECE: usize = 768 << 10;
-
-/// Why a snapshot was not written: the runtime's refusal (with what it said of the state: its
-/// largest values) or a failure of the sandbox or the disk.
-#[derive(Debug)]
-pub struct SnapFailed {
-    /// Why, for the model and the log.
-    pub why: String,
-    /// What the runtime said of the state (its largest values), if it said.
-    pub info: Box<Info>,
-}
-
-impl SnapFailed {
-    fn new(why: impl Into<String>) -> SnapFailed {
-        SnapFailed {
-            why: why.into(),
-            info: Box::default(),
-        }
-    }
-
-    /// The notice: why, and the largest values when the runtime named them.
-    pub fn notice(&self) -> String {
-        if self.info.largest.is_empty() {
-            return self.why.clone();
-        }
-        let largest: Vec<String> = self
-            .info
-            .largest
-            .iter()
-            .map(|(name, size)| format!("{} ({size} bytes)", bridge_core::text::visible(name)))
-            .collect();
-        format!("{}; the largest values: {}", self.why, largest.join(", "))
-    }
-}
-
-/// What a restore brought back, as the runtime said.
-#[derive(Debug, Default, Clone)]
-pub struct Restored {
-    /// Names brought back.
-    pub names: usize,
-    /// Names that could not be, and why.
-    pub lost: Vec<LostName>,
-    /// Modules that could not be imported again.
-    pub modules: Vec<String>,
-}
 
 impl Session {
     /// Frames of this session's exec that are pieces of its `runtime.fork()`'s snapshot:
