@@ -158,7 +158,13 @@ impl Readiness {
     /// computed from is unchanged and it lets the sandbox run (asked again [`engine::CHECK_AFTER`]
     /// later, off the path), else the engine's answer now, kept for the next bridge.
     async fn enforcement(&self, engine: &Engine) -> Result<Enforcement, SandboxError> {
-        let kept = engine::Kept::of(engine, &self.config.state_dir).await;
+        let kept = engine::Kept::of(
+            engine.kind,
+            &engine.endpoint,
+            &engine.version,
+            &self.config.state_dir,
+        )
+        .await;
         if let Some(kept) = &kept
             && let Some(answer) = kept.answer().await
             && judge(&self.config, &answer).is_ok()

@@ -5,11 +5,11 @@
 //! writes are per sandbox only in the first case; `container::spec` fits the `nproc` ulimit to
 //! which holds, and `doctor` says which.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use bridge_core::config::{Config, Isolation};
 
-use super::{Engine, EngineKind};
+use super::kind::EngineKind;
 
 /// Where podman reads the subordinate ids it gives `--userns=auto` containers.
 pub(super) const SUBUID: &str = "/etc/subuid";
@@ -39,8 +39,14 @@ impl HostIds {
         matches!(self, HostIds::Own { .. })
     }
 
-    /// What the engine and the host's subordinate ids give a sandbox of `config`.
-    pub fn of(engine: &Engine, config: &Config) -> HostIds {
+    /// What an engine of `kind` at `endpoint` (on the local `socket`, when it is on one) and the
+    /// host's subordinate ids give a sandbox of `config`.
+    pub fn of(
+        kind: EngineKind,
+        socket: Option<PathBuf>,
+        endpoint: &str,
+        config: &Config,
+    ) -> HostIds {
         if config.isolation == Isolation::Gvisor {
             return HostIds::Shared(
                 "under gVisor every sandbox's kernel (runsc) runs as the host's nobody, whatever \
@@ -48,17 +54,17 @@ impl HostIds {
                     .into(),
             );
         }
-        if engine.kind == EngineKind::Docker {
+        if kind == EngineKind::Docker {
             return HostIds::Shared(
                 "Docker runs every container with the same ids (its userns-remap is one range for \
                  the whole daemon)"
                     .into(),
             );
         }
-        let Some(socket) = engine.unix_socket() else {
+        let Some(socket) = socket else {
             return HostIds::Shared(format!(
                 "podman at {} is not on a local socket: its subordinate ids are not readable here",
-                engine.endpoint
+                endpoint
             ));
         };
         let (name, uid) = match socket_owner(&socket) {

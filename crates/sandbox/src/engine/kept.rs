@@ -24,7 +24,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Enforcement, Engine, EngineKind};
+use super::enforcement::Enforcement;
+use super::kind::{EngineKind, on_path};
 
 /// The longest a kept answer is used, however unchanged its facts.
 pub(super) const KEEP_FOR: Duration = Duration::from_secs(24 * 3600);
@@ -77,23 +78,28 @@ pub struct Kept {
 }
 
 impl Kept {
-    /// For `engine` (podman only: Docker's `/info` costs no process), with the facts read now;
-    /// `None` when the answer is not kept for it.
-    pub(crate) async fn of(engine: &Engine, state_dir: &Path) -> Option<Kept> {
-        if engine.kind != EngineKind::Podman {
+    /// For an engine of `kind` at `endpoint` reporting `version` (podman only: Docker's
+    /// `/info` costs no process), with the facts read now; `None` when the answer is not kept
+    /// for it.
+    pub(crate) async fn of(
+        kind: EngineKind,
+        endpoint: &str,
+        version: &str,
+        state_dir: &Path,
+    ) -> Option<Kept> {
+        if kind != EngineKind::Podman {
             return None;
         }
-        let own = engine
-            .endpoint
+        let own = endpoint
             .strip_prefix("unix://")
             .is_some_and(|p| Path::new(p).starts_with(state_dir));
         let name = if own {
-            let podman = super::on_path("podman").unwrap_or_default();
+            let podman = on_path("podman").unwrap_or_default();
             format!("own podman service ({})", podman.display())
         } else {
-            engine.endpoint.clone()
+            endpoint.to_string()
         };
-        let version = engine.version.clone();
+        let version = version.to_string();
         let dir = state_dir.join("engine");
         tokio::task::spawn_blocking(move || Kept {
             path: dir.join(FILE),

@@ -3,7 +3,7 @@
 //! work on a machine with no container runtime at all.
 
 use bridge_core::boxed::Boxed;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use bridge_core::config::{Config, Runtime};
 mod enforcement;
 mod ids;
 mod kept;
+mod kind;
 mod service;
 
 mod error;
@@ -23,6 +24,7 @@ pub use enforcement::{Enforcement, SandboxIsolationMissing};
 pub use error::{ContainerError, EngineError};
 pub use ids::{HostIds, ids_per_sandbox};
 pub use kept::{CHECK_AFTER, Kept};
+pub use kind::{EngineKind, on_path};
 pub use service::own_socket;
 use service::{Lingering, OwnService, keep_alive_every, reap_stale_services};
 
@@ -61,15 +63,6 @@ fn service_silent(url: &str, said: &str) -> String {
         "  {url} (own podman service): no answer within {}s; {said}. Podman may be waiting for a lock another podman process holds (`ps -eo pid,etimes,args | grep podman` shows them)",
         SERVICE_START.as_secs()
     )
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-/// Which engine answered: their APIs differ in places (`podman` has its own service, `--userns=auto`).
-pub enum EngineKind {
-    /// Podman's Docker-compatible API.
-    Podman,
-    /// The Docker daemon.
-    Docker,
 }
 
 /// A connected engine.
@@ -302,14 +295,6 @@ async fn podman_default_runtime(docker: &Docker, want: &str) -> Option<String> {
         .ok()?;
     let default = info.default_runtime.unwrap_or_default();
     (default != want).then_some(default)
-}
-
-/// Whether an executable named `name` is on PATH.
-pub fn on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
 }
 
 impl Engine {
@@ -591,7 +576,7 @@ impl Engine {
     /// ([`HostIds::of`]), decided once: a bridge has one configuration.
     pub fn host_ids(&self, config: &Config) -> &HostIds {
         self.ids.get_or_init(|| {
-            let ids = HostIds::of(self, config);
+            let ids = HostIds::of(self.kind, self.unix_socket(), &self.endpoint, config);
             tracing::debug!(?ids, "the sandboxes' host identity");
             ids
         })
@@ -695,14 +680,14 @@ mod tests {
 
     #[test]
     fn a_state_dir_too_long_for_a_socket_has_its_own_service_listen_in_the_keeper_directory() {
-        let long = PathBuf::from(format!("/home/u/{}", "s".repeat(100)));
+        let long = std::path::PathBuf::from(format!("/home/u/{}", "s".repeat(100)));
         let keepers = crate::keeperdir::keeper_base();
         let url = format!("unix://{}/podman-12.sock", keepers.display());
         assert_eq!(own_socket_pid(&long, &url), Some(12));
         let beside = format!("unix://{}/podman-12.sock", long.display());
         assert_eq!(own_socket_pid(&long, &beside), None);
         // The longest name still fits where the state dir is short enough.
-        let edge = PathBuf::from(format!("/{}", "e".repeat(107 - 1 - 1 - 19)));
+        let edge = std::path::PathBuf::from(format!("/{}", "e".repeat(107 - 1 - 1 - 19)));
         let url = format!("unix://{}/podman-4194304.sock", edge.display());
         assert_eq!(own_socket_pid(&edge, &url), Some(4194304));
     }
