@@ -68,8 +68,6 @@ pub enum Provenance {
     Pulled,
 }
 
-/// Whether `reference` names a registry (`host.tld/…`, `host:port/…`) so that pulling it makes
-/// sense. `localhost/…` is podman's name for local images: never pulled.
 /// The label naming an image's profile (`image/build-debian.sh --profile`, the Nix image's
 /// `profile`): which packages beyond Python, numpy, pandas and matplotlib it has.
 pub const PROFILE_LABEL: &str = "io.mcp-code-bridge.profile";
@@ -87,7 +85,8 @@ pub fn profile(image: &bollard::models::ImageInspect) -> String {
         .unwrap_or_else(|| "default".into())
 }
 
-/// Whether an image reference names a registry (its first part has a `.` or a `:`), so that the engine may pull it.
+/// Whether `reference` names a registry (`host.tld/…`, `host:port/…`) so that pulling it makes
+/// sense. `localhost/…` is podman's name for local images: never pulled.
 pub fn names_registry(reference: &str) -> bool {
     reference
         .split_once('/')

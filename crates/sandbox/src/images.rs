@@ -17,30 +17,42 @@ pub(crate) const MAX_IMAGE_BYTES: usize = 6 << 20;
 
 /// Whether a `display` frame holds an image a client can show: an allowed type whose bytes are
 /// valid base64, no larger than [`MAX_IMAGE_BYTES`], and start as that type's files do.
-pub(super) fn check_image(mime: &str, data: &str) -> Result<(), String> {
+pub(super) fn check_image(mime: &str, data: &str) -> Result<(), BadImage> {
     use base64::Engine as _;
     let magic: &[&[u8]] = match mime {
         "image/png" => &[b"\x89PNG\r\n\x1a\n"],
         "image/jpeg" => &[b"\xff\xd8\xff"],
         "image/gif" => &[b"GIF87a", b"GIF89a"],
         "image/webp" => &[b"RIFF"],
-        _ => {
-            return Err(format!(
-                "type {:?} is not an image type clients accept (PNG, JPEG, GIF, WebP)",
-                mime.chars().take(60).collect::<String>()
-            ));
-        }
+        _ => return Err(BadImage::Type(mime.chars().take(60).collect())),
     };
     if data.len() > MAX_IMAGE_BYTES.div_ceil(3) * 4 {
-        return Err(format!("larger than {} MiB", MAX_IMAGE_BYTES >> 20));
+        return Err(BadImage::TooLarge);
     }
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(data)
-        .map_err(|_| "the data is not valid base64".to_string())?;
+        .map_err(|_| BadImage::NotBase64)?;
     if !magic.iter().any(|m| bytes.starts_with(m)) {
-        return Err(format!("the bytes are not a {mime} file"));
+        return Err(BadImage::NotThatType(mime.to_string()));
     }
     Ok(())
+}
+
+/// Why a `display` frame's image is not returned ([`check_image`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum BadImage {
+    /// Its type (cut to 60 characters) is none a client accepts.
+    #[error("type {0:?} is not an image type clients accept (PNG, JPEG, GIF, WebP)")]
+    Type(String),
+    /// Its data is over [`MAX_IMAGE_BYTES`].
+    #[error("larger than {} MiB", MAX_IMAGE_BYTES >> 20)]
+    TooLarge,
+    /// Its data is not base64.
+    #[error("the data is not valid base64")]
+    NotBase64,
+    /// Its bytes do not start as its type's files do.
+    #[error("the bytes are not a {0} file")]
+    NotThatType(String),
 }
 
 /// Images among the call's new files are also shown inline, as `display()`ed ones are, within

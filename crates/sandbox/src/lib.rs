@@ -51,7 +51,7 @@ use carry::Carry;
 use engine::Engine;
 pub use error::SandboxError;
 pub use name::{BadSessionName, check_session_name};
-pub use output::{ExecOutcome, Fit, Kept, Outcome, OutputSink, Part, Spill};
+pub use output::{ExecOutcome, Fit, Kept, NotKept, Outcome, OutputSink, Part, Spill};
 use parking::Parking;
 use pool::Pool;
 pub use pool::starts_at_once;
@@ -63,6 +63,9 @@ use table::Table;
 
 /// The session used when a call names none: one per client, and a stdio bridge has one client.
 pub use bridge_core::identity::DEFAULT_SESSION;
+
+/// A kept file and its bytes ([`Sandbox::read_file`]).
+pub type FileBytes = (files::OutFile, Vec<u8>);
 
 /// The notice of a call cancelled while it waited for its session's running call.
 const NOT_STARTED: &str = "the call was cancelled before its code started (it was waiting for the session's running call): nothing ran, and the session and its variables are untouched.";
@@ -331,17 +334,27 @@ impl Sandbox {
     }
 
     /// Every kept file of the live sessions, as `(session, file)`.
-    pub async fn files(&self) -> Vec<(SessionKey, files::OutFile)> {
-        self.table.files().await
+    #[inline(never)]
+    pub fn files(&self) -> Boxed<'_, Vec<(SessionKey, files::OutFile)>> {
+        Box::pin(self.table.files())
     }
 
     /// The kept file `name` of session `session` and its bytes; `None` when there is none (the
     /// session was reset or closed, or never wrote it).
-    pub async fn read_file(
+    #[inline(never)]
+    pub fn read_file<'a>(
+        &'a self,
+        session: &'a SessionKey,
+        name: &'a str,
+    ) -> Boxed<'a, std::io::Result<Option<FileBytes>>> {
+        Box::pin(self.read_file_here(session, name))
+    }
+
+    async fn read_file_here(
         &self,
         session: &SessionKey,
         name: &str,
-    ) -> std::io::Result<Option<(files::OutFile, Vec<u8>)>> {
+    ) -> std::io::Result<Option<FileBytes>> {
         let Some(store) = self.table.file_store(session).await else {
             return Ok(None);
         };

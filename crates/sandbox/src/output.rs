@@ -162,7 +162,21 @@ pub struct Kept {
     /// The file on the host.
     pub file: super::files::OutFile,
     /// Whether the sandbox has it too, and why not.
-    pub in_sandbox: Result<(), String>,
+    pub in_sandbox: Result<(), NotKept>,
+}
+
+/// Why a part kept on the host is not under `/workspace/out/.outputs/` too ([`Kept`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotKept {
+    /// The sandbox's channel closed.
+    #[error("the sandbox is gone")]
+    Gone,
+    /// The sandbox did not answer within this many seconds.
+    #[error("the sandbox did not answer within {0}s")]
+    NoAnswer(u64),
+    /// The sandbox's runtime could not write it (what it said).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// The outcome of a call cancelled before its code was sent (it waited in line behind another

@@ -63,9 +63,20 @@ pub(super) fn relative(raw: &[u8]) -> Option<&[u8]> {
     rest.strip_prefix(b"/")
 }
 
+/// Why an entry's path gives no safe name ([`sanitize`]), as the notice of skipped files says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum UnsafeName {
+    /// The path is not UTF-8.
+    #[error("names that are not UTF-8")]
+    NotUtf8,
+    /// Absolute, with an empty, `.` or `..` part, a control character, or too long.
+    #[error("unsafe names (absolute, empty parts, `.`/`..`, control characters or too long)")]
+    Unsafe,
+}
+
 /// A safe name from an entry's relative path, or why there is none.
-pub fn sanitize(rel: &[u8]) -> Result<String, &'static str> {
-    let s = std::str::from_utf8(rel).map_err(|_| "names that are not UTF-8")?;
+pub fn sanitize(rel: &[u8]) -> Result<String, UnsafeName> {
+    let s = std::str::from_utf8(rel).map_err(|_| UnsafeName::NotUtf8)?;
     let s = s.strip_suffix('/').unwrap_or(s);
     if s.is_empty()
         || s.starts_with('/')
@@ -74,9 +85,7 @@ pub fn sanitize(rel: &[u8]) -> Result<String, &'static str> {
         || s.split('/')
             .any(|p| p.is_empty() || p == "." || p == ".." || p.len() > 255)
     {
-        return Err(
-            "unsafe names (absolute, empty parts, `.`/`..`, control characters or too long)",
-        );
+        return Err(UnsafeName::Unsafe);
     }
     Ok(s.to_string())
 }
@@ -162,7 +171,7 @@ pub fn extract<R: Read>(tar: R, store: &OutStore, session: &str, caps: &Caps) ->
         let name = match sanitize(rel) {
             Ok(n) => n,
             Err(reason) => {
-                skips.add(reason, &raw);
+                skips.add(reason.to_string(), &raw);
                 continue;
             }
         };

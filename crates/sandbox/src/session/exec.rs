@@ -274,7 +274,7 @@ impl Session {
                     )
                 }
                 Ok(()) => run.out.images.push((mime, data)),
-                Err(why) => run.drop_image(why),
+                Err(why) => run.drop_image(why.to_string()),
             },
             SandboxFrame::Rpc {
                 id: rid,

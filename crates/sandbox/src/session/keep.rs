@@ -5,6 +5,7 @@
 use super::exec::{AFTER_END, ExecRun, KEEP_TIMEOUT};
 use super::*;
 use crate::files;
+use crate::output::NotKept;
 
 impl Session {
     /// Keep whole, as files, the parts of `o` that `spill` says are too long for the result:
@@ -53,12 +54,7 @@ impl Session {
             let t = Instant::now();
             let in_sandbox = tokio::time::timeout_at(deadline, self.keep(frames, id, line))
                 .await
-                .unwrap_or_else(|_| {
-                    Err(format!(
-                        "the sandbox did not answer within {}s",
-                        KEEP_TIMEOUT.as_secs()
-                    ))
-                });
+                .unwrap_or(Err(NotKept::NoAnswer(KEEP_TIMEOUT.as_secs())));
             tracing::debug!(session = %bridge_core::text::visible(&self.name), exec = id, part = part.name(), bytes = file.size, ms = t.elapsed().as_millis() as u64, "a part kept whole");
             o.kept.push(super::super::output::Kept {
                 part,
@@ -74,9 +70,8 @@ impl Session {
         frames: &mut mpsc::Receiver<Queued>,
         id: u64,
         line: Vec<u8>,
-    ) -> Result<(), String> {
-        const GONE: &str = "the sandbox is gone";
-        self.writer.send(line).await.map_err(|_| GONE.to_string())?;
+    ) -> Result<(), NotKept> {
+        self.writer.send(line).await.map_err(|_| NotKept::Gone)?;
         let pending = Arc::new(AtomicU64::new(0));
         while let Some(q) = frames.recv().await {
             match q.frame {
@@ -96,13 +91,13 @@ impl Session {
                         stamp.copied = out.clone();
                     }
                     stamp.latest = out;
-                    return error.map_or(Ok(()), Err);
+                    return error.map_or(Ok(()), |e| Err(NotKept::Refused(e)));
                 }
                 SandboxFrame::Rpc { id: rid, .. } => self.refuse(rid, AFTER_END.into(), &pending),
                 _ => {}
             }
         }
-        Err(GONE.into())
+        Err(NotKept::Gone)
     }
 
     /// Copy `/workspace/out` through the channel (under gVisor the engine cannot read the
