@@ -47,6 +47,18 @@ impl Closed {
     }
 }
 
+/// Why a session's state was not written as it closed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NotWritten {
+    /// The sandbox did not give it (its runtime refused, with its largest values; it is gone;
+    /// it did not answer in time): the notice.
+    #[error("{0}")]
+    Snapshot(String),
+    /// The store did not keep what arrived.
+    #[error("it could not be stored: {0}")]
+    Store(#[source] std::io::Error),
+}
+
 /// How a fresh sandbox of a session with a snapshot starts ([`Carry::restore_into`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Restore {
@@ -302,7 +314,7 @@ impl Carry {
         key: &SessionKey,
         s: &Session,
         why: Closed,
-    ) -> Option<Result<Listing, String>> {
+    ) -> Option<Result<Listing, NotWritten>> {
         if !self.keeps_snapshots() || !s.ran_code() || s.is_dead() {
             return None;
         }
@@ -317,14 +329,9 @@ impl Carry {
                     .await
                     .map_err(std::io::Error::other)
                     .and_then(|r| r)
-                    .map_err(|e| {
-                        (
-                            format!("it could not be stored: {e}"),
-                            snapshots::Info::default(),
-                        )
-                    })
+                    .map_err(|e| (NotWritten::Store(e), snapshots::Info::default()))
             }
-            Err(f) => Err((f.notice(), *f.info)),
+            Err(f) => Err((NotWritten::Snapshot(f.notice()), *f.info)),
         };
         let took = t0.elapsed();
         Some(match kept {
@@ -345,7 +352,8 @@ impl Carry {
                 Ok(listing)
             }
             Err((why_not, info)) => {
-                tracing::warn!(session = %shown(key), "could not write the session's snapshot: {}", bridge_core::text::visible(&why_not));
+                let said = why_not.to_string();
+                tracing::warn!(session = %shown(key), "could not write the session's snapshot: {}", bridge_core::text::visible(&said));
                 let status = if info.largest.is_empty() {
                     "failed"
                 } else {
@@ -359,7 +367,7 @@ impl Carry {
                         0,
                         info.lost_names(),
                         status,
-                        Some(why_not.clone()),
+                        Some(said),
                         took,
                     ),
                 );
