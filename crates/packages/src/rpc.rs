@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use super::{Asker, PackageError, Packages};
+use super::decide::Asker;
+use super::error::PackageError;
+use super::installer::Packages;
 use bridge_core::error::Hinted;
 use bridge_core::identity::SessionKey;
 use bridge_core::policy::Approver;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::{SkillError, Store};
+use super::store::{BrokenSkill, SkillError, Store};
 use bridge_core::protocol::{ExecBinding, RpcFailure, RpcHandler};
 
 /// The RPC methods of skills; [`SkillRpc`] answers these and passes on the rest.
@@ -283,7 +283,7 @@ fn answer(store: &Store, method: &str, params: &Value, by: &str) -> Result<Value
             for s in listing.skills {
                 sent += s.source.len() + s.description.len();
                 if sent > LOAD_BUDGET {
-                    listing.broken.push(super::BrokenSkill {
+                    listing.broken.push(BrokenSkill {
                         reason: format!(
                             "the skills a session defines are at most {} MiB together; remove some (`mcp-code-bridge skills rm NAME`)",
                             LOAD_BUDGET >> 20

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::{Figment, Metadata};
 
+use super::effective::{Config, Overrides};
 use super::error::ConfigError;
 use super::keys::{ENV_PREFIX, closest_key, env_name, key_of_env};
 use super::source::source_from;
 pub use super::source::{SETUP_MARKER, SYSTEM_CONFIG_ENV, Source};
-use super::{Config, Overrides};
 
 /// The system configuration file, the lowest file layer.
 pub const SYSTEM_CONFIG: &str = "/etc/mcp-code-bridge/config.toml";
@@ -244,8 +244,8 @@ pub(super) fn unknown_variables(names: impl Iterator<Item = std::ffi::OsString>)
     out
 }
 
-#[cfg(test)]
 // figment::Jail fixes the closure's error type (a large figment::Error).
+#[cfg(test)]
 #[allow(clippy::result_large_err)]
 mod tests {
     use std::time::Duration;
