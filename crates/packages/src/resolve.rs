@@ -93,7 +93,7 @@ pub fn constraints(target: &Target) -> String {
 /// Resolve `requirements` for `target`: every wheel the install needs, the image's own
 /// distributions included (the caller drops them). `work` is an empty directory for uv's
 /// input and output; `uv_cache` its cache.
-pub async fn resolve(
+pub(crate) async fn resolve(
     config: &PackagesConfig,
     target: &Target,
     requirements: &[Requirement],

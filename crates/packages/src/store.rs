@@ -157,7 +157,7 @@ impl Store {
     /// The wheel `w` in the cache, downloaded (or copied from `find_links`) and checked if it
     /// is not there yet: its sha256 set (computed for a `find_links` file). `true` when it was
     /// cached already. At most `max` bytes are read.
-    pub async fn fetch(
+    pub(crate) async fn fetch(
         &self,
         client: &reqwest::Client,
         w: &mut Wheel,
