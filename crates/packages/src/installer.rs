@@ -35,6 +35,9 @@ pub struct Packages {
 }
 
 impl Packages {
+    /// The installer of `config`'s `[packages]`, its cache under `<state_dir>/packages/cache`,
+    /// recording every install in `audit`. Touches no file and reaches no network until an
+    /// install.
     pub fn new(config: &Config, audit: Audit) -> Arc<Packages> {
         let p = &config.packages;
         Arc::new(Packages {
@@ -52,10 +55,12 @@ impl Packages {
         })
     }
 
+    /// The host's package cache.
     pub fn store(&self) -> &Store {
         &self.store
     }
 
+    /// The `[packages]` section it was made with.
     pub fn config(&self) -> &PackagesConfig {
         &self.config
     }

@@ -30,10 +30,13 @@ pub struct SkillRpc {
 /// description and the start of its source; every decision is audited.
 #[derive(Clone)]
 pub struct SaveGate {
+    /// `skills.save`: allow, ask or deny every save.
     pub rule: bridge_core::config::policy::Action,
     /// What `ask` means when the client cannot be asked (`policy.ask_fallback`).
     pub fallback: bridge_core::config::policy::Fallback,
+    /// The client of the call to ask; `None` when there is none to ask.
     pub approver: Option<Arc<dyn bridge_core::policy::Approver>>,
+    /// Where each decision is recorded.
     pub audit: bridge_core::audit::Audit,
     /// The session saving it: as logs show it (`identity/session`), it is kept as `saved_by`.
     pub key: bridge_core::identity::SessionKey,

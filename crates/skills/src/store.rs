@@ -27,34 +27,75 @@ const KEYWORDS: &[&str] = &[
     "with", "yield",
 ];
 
-/// Why the store refused or failed. The message says what happened; [`SkillError::hint`] says
-/// what to do next. Both reach the model as the exception `save_skill` raises.
+/// Why the store refused or failed. The message says what happened; its
+/// [`hint`](bridge_core::error::Hinted::hint) says what to do next. Both reach the model as the
+/// exception `save_skill` raises.
 #[derive(Debug, thiserror::Error)]
 pub enum SkillError {
+    /// The name is not an ASCII Python identifier of at most [`MAX_NAME`] characters, or is a
+    /// keyword (or, from an RPC, a parameter is missing or not a string).
     #[error("{name:?} is not a valid skill name")]
-    InvalidName { name: String },
+    InvalidName {
+        /// The name as given, cut at twice [`MAX_NAME`] bytes.
+        name: String,
+    },
+    /// The source and description together are larger than `skills.max_size`.
     #[error(
         "skill {name:?} is {size} bytes (source and description), above skills.max_size ({max} bytes)"
     )]
-    TooLarge { name: String, size: u64, max: u64 },
+    TooLarge {
+        /// The skill's name.
+        name: String,
+        /// Bytes of its source and description together.
+        size: u64,
+        /// `skills.max_size`, in bytes.
+        max: u64,
+    },
+    /// The store already holds `skills.max_count` skills and the name is a new one.
     #[error(
         "{count} skills are saved, the most skills.max_count allows ({max}); {name:?} was not saved"
     )]
     TooMany {
+        /// The skill that was not saved.
         name: String,
+        /// Skills in the store.
         count: usize,
+        /// `skills.max_count`.
         max: u32,
     },
+    /// The source is not exactly one function definition that runs nothing when defined
+    /// ([`check::check`](crate::check::check)).
     #[error("skill {name:?} was not saved: {reason}")]
-    NotOneFunction { name: String, reason: String },
+    NotOneFunction {
+        /// The skill's name.
+        name: String,
+        /// What the check found instead.
+        reason: String,
+    },
+    /// No skill of that name is saved (to remove or read).
     #[error("no skill named {name:?} is saved")]
-    NotFound { name: String },
+    NotFound {
+        /// The name asked for.
+        name: String,
+    },
+    /// The skill's files are there but cannot be loaded: too large, not UTF-8, not a regular
+    /// file, or not one function.
     #[error("skill {name:?} cannot be read: {reason}")]
-    Broken { name: String, reason: String },
+    Broken {
+        /// The skill's name.
+        name: String,
+        /// Why it cannot be loaded.
+        reason: String,
+    },
+    /// A file or directory of the store could not be created, read, written, locked or
+    /// removed.
     #[error("{what} {path}: {source}")]
     Io {
+        /// What was being done (`cannot write`).
         what: &'static str,
+        /// The file or directory.
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
 }
@@ -91,8 +132,11 @@ impl bridge_core::error::Hinted for SkillError {
 /// One saved skill, as the runtime defines it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Skill {
+    /// Its name: the function's, and the stem of its files.
     pub name: String,
+    /// What it does, as the model wrote it when saving; empty when its metadata is missing.
     pub description: String,
+    /// The function's source, as the runtime sent it.
     pub source: String,
     /// When it was saved (RFC 3339), empty when its metadata is missing.
     pub saved_at: String,
@@ -106,14 +150,18 @@ pub struct Skill {
 /// A file of the store that is not loaded, and why.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct BrokenSkill {
+    /// The file's stem (names that are not UTF-8 shown lossily).
     pub name: String,
+    /// Why it is not loaded.
     pub reason: String,
 }
 
 /// Everything the store holds: the skills that can be loaded, by name, and the broken files.
 #[derive(Debug, Default, Clone, Serialize, PartialEq)]
 pub struct Listing {
+    /// The skills that can be loaded, sorted by name.
     pub skills: Vec<Skill>,
+    /// The `.py` files that cannot be loaded, sorted by name.
     pub broken: Vec<BrokenSkill>,
 }
 
@@ -154,6 +202,8 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 impl Store {
+    /// The store in `dir` (created at the first save), holding at most `max_count` skills of
+    /// at most `max_size` bytes each (source and description together).
     pub fn new(dir: PathBuf, max_size: u64, max_count: u32) -> Store {
         Store {
             dir,
@@ -186,6 +236,7 @@ impl Store {
         )
     }
 
+    /// The store's directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -44,9 +44,12 @@ pub const MAX_CODE_KEPT: usize = 64 << 10;
 /// One `run_python` call, as [`Audit::exec`] is given it.
 #[derive(Debug, Clone, Copy)]
 pub struct Exec<'a> {
+    /// The session's name.
     pub session: &'a str,
     /// Who called, when served to authenticated identities; `None` over stdio.
     pub identity: Option<&'a str>,
+    /// The code exactly as received: its digest is always kept, the code itself with
+    /// `audit.code = "full"` only.
     pub code: &'a str,
     /// The servers loaded for the call (names only).
     pub servers: &'a [String],
@@ -54,15 +57,20 @@ pub struct Exec<'a> {
     pub status: &'a str,
     /// The exception type, or why the call could not be set up.
     pub error_type: Option<&'a str>,
+    /// How long the call took; the record's time is its start (now minus this).
     pub duration: Duration,
 }
 
 /// Which session-state record: [`Audit::session_state`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StateEvent {
+    /// A session's state written as a snapshot when its sandbox was closed (`snapshot`).
     Snapshot,
+    /// A snapshot read back into a new sandbox of its session (`restore`).
     Restore,
+    /// A session's state kept as another session's by `runtime.fork()` (`fork`).
     Fork,
+    /// A session's snapshot removed by hand, by a reset or `sessions rm` (`session_end`).
     SessionEnd,
 }
 

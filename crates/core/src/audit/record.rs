@@ -15,8 +15,10 @@ pub const MAX_NAME: usize = 256;
 /// How a proxied call was decided (the policy's answer, and the human's when it asked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum Decision {
+    /// A rule (or the default) allowed it without asking.
     #[serde(rename = "allow")]
     Allow,
+    /// A rule (or the default) refused it without asking.
     #[serde(rename = "deny")]
     Deny,
     /// Asked the user, who allowed it (once or for the session).
@@ -51,18 +53,27 @@ pub enum ToolStatus {
 /// The `exec` record as written.
 #[derive(Debug, Clone, Serialize)]
 pub struct ExecRecord {
+    /// The session's name.
     pub session: String,
+    /// Who called, under `serve` with authenticated identities; `None` over stdio.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
+    /// The SHA-256 (hex) of the whole code, as received.
     pub code_sha256: String,
+    /// The code itself, with `audit.code = "full"` only, cut at [`super::MAX_CODE_KEPT`] bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub code: Option<String>,
+    /// `code` was cut.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub code_truncated: bool,
+    /// The servers loaded for the call (names only).
     pub servers: Vec<String>,
+    /// `ok`, `error`, `timeout`, `cancelled`, `crashed`, or `setup_error` (no code ran).
     pub status: String,
+    /// The exception type, or why the call could not be set up.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_type: Option<String>,
+    /// How long the call took, in milliseconds.
     pub duration_ms: u64,
 }
 
@@ -72,12 +83,19 @@ pub struct ExecRecord {
 /// call ends, then hand it to [`Audit::tool_call`](super::Audit::tool_call).
 #[derive(Debug, Clone, Serialize)]
 pub struct ToolCallRecord {
+    /// The name of the session whose code made the call.
     pub session: String,
+    /// Who called, under `serve` with authenticated identities; `None` over stdio.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
+    /// The upstream server's name.
     pub server: String,
+    /// The tool's name (as the code asked for it: a refused call may name a tool that does
+    /// not exist).
     pub tool: String,
+    /// The SHA-256 (hex) of the arguments ([`arguments_sha256`]); never the arguments.
     pub arguments_sha256: String,
+    /// How the call was decided.
     pub decision: Decision,
     /// The rule that decided, and where it is set (`github.delete_* (deny, config.toml)`);
     /// `None` for the default.
@@ -86,9 +104,12 @@ pub struct ToolCallRecord {
     /// `session_grant`, `fallback`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ask: Option<String>,
+    /// How the call ended.
     pub status: ToolStatus,
+    /// Why it failed: an error kind, never a message.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_type: Option<String>,
+    /// Milliseconds from the decision to the end of the call (waiting for a human included).
     pub duration_ms: u64,
 }
 
@@ -136,11 +157,14 @@ impl ToolCallRecord {
         self
     }
 
+    /// For an `ask` rule: the path that decided (`elicitation`, `input_required`,
+    /// `session_grant`, `fallback`).
     pub fn with_ask(mut self, path: &str) -> ToolCallRecord {
         self.ask = Some(cap(path));
         self
     }
 
+    /// Who called, under `serve` with authenticated identities.
     pub fn with_identity(mut self, identity: &str) -> ToolCallRecord {
         self.identity = Some(cap(identity));
         self
@@ -152,7 +176,9 @@ impl ToolCallRecord {
 /// was decided, and how it ended.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct InstallRecord {
+    /// The name of the session installing (`preinstall` for `packages.preinstall`).
     pub session: String,
+    /// Who installed, under `serve` with authenticated identities; `None` over stdio.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
     /// The requirements as the code (or `preinstall`) wrote them.
@@ -166,32 +192,46 @@ pub struct InstallRecord {
     /// The rule that decided, and where it is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
+    /// When the user was to be asked: the path that decided (the approver's, or `fallback`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ask: Option<String>,
     /// `ok`, `denied` or `failed`.
     pub status: String,
+    /// Why it failed or was refused: the error's kind (`PackageError::kind`), never a message.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_type: Option<String>,
+    /// How long the install took, in milliseconds (waiting for a human included).
     pub duration_ms: u64,
 }
 
 /// One distribution of an install.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ResolvedDist {
+    /// The distribution's normalized name (PEP 503).
     pub name: String,
+    /// The version the resolution chose.
     pub version: String,
+    /// The SHA-256 (hex) of its wheel as the index gave it; empty when the index gave none.
     pub sha256: String,
 }
 
 /// One `runtime.save_skill` the user's `skills.save` setting decided.
 #[derive(Debug, Clone, Serialize)]
 pub struct SkillSaveRecord {
+    /// The session saving it, as logs show it (`identity/session`).
     pub session: String,
+    /// Who saved it, under `serve` with authenticated identities; `None` over stdio.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
+    /// The skill's name.
     pub skill: String,
+    /// The SHA-256 (hex) of its source ([`code_sha256`]).
     pub source_sha256: String,
+    /// How `skills.save` decided: `allow`, `deny`, `ask:allowed`, `ask:denied` or
+    /// `ask:unavailable`; one that let the save through names the path that decided after it, in
+    /// parentheses (`ask:allowed (elicitation)`).
     pub decision: String,
+    /// The path that decided an `ask`; `None` when `decision` names it or nothing was asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ask: Option<String>,
     /// `ok`, `denied` or `failed`.
@@ -202,7 +242,9 @@ pub struct SkillSaveRecord {
 /// `snapshot`, `restore`, `fork` or `session_end`.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct SessionStateRecord {
+    /// The session's name.
     pub session: String,
+    /// Whose session it is, under `serve` with authenticated identities; `None` over stdio.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
     /// `fork`: the session it was forked into.
@@ -217,8 +259,10 @@ pub struct SessionStateRecord {
     pub lost: Vec<String>,
     /// `ok`, `refused` or `failed`.
     pub status: String,
+    /// Why it was refused or failed (at most 1024 bytes kept).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// How long it took, in milliseconds.
     pub duration_ms: u64,
 }
 

@@ -26,33 +26,62 @@ use super::values::{
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// The container engine: `auto`, `podman`, `docker`, or a socket URL ([`Runtime`]).
     pub runtime: Runtime,
+    /// How sandboxes are isolated from the host's kernel: `container` (namespaces, seccomp,
+    /// cgroups) or `gvisor` (gVisor's user-space kernel, through [`Config::gvisor_runtime`]; never
+    /// falls back).
     pub isolation: Isolation,
+    /// The name the engine registers gVisor's OCI runtime under (`runsc`), used with
+    /// `isolation = "gvisor"`.
     pub gvisor_runtime: String,
+    /// The sandbox image's reference; it must contain `python3`.
     pub image: String,
+    /// A docker-archive (tar or tar.gz), or an executable that prints one, loaded when the
+    /// image is missing; `None`: a missing image is an error.
     #[serde(default, deserialize_with = "empty_as_none")]
     pub image_archive: Option<PathBuf>,
+    /// The sha256 (64 hex digits) `image_archive`'s bytes must have, checked while loading.
     #[serde(default, deserialize_with = "empty_as_none")]
     pub image_sha256: Option<String>,
+    /// The time limit of a `run_python` call that gives none.
     pub timeout: Secs,
+    /// The most a call's own `timeout` may ask for; larger ones are clamped to it.
     pub max_timeout: Secs,
+    /// The memory limit of a sandbox container, swap included.
     pub memory: Size,
+    /// Processes and threads a sandbox's code may have at once (under gVisor the host's cgroup
+    /// gets more: [`Config::host_pids_limit`]).
     #[serde(deserialize_with = "flexible_u32")]
     pub pids: u32,
+    /// The CPU limit of a sandbox container, in CPUs (`1.5`); `None`: no limit.
     #[serde(default, deserialize_with = "empty_as_none_f64")]
     pub cpus: Option<f64>,
+    /// The `UID` or `UID:GID` the sandbox's processes run as; never uid 0.
     pub container_user: String,
+    /// Most sessions alive at once; a new one beyond it closes the least recently used idle one.
     #[serde(deserialize_with = "flexible_u32")]
     pub max_sessions: u32,
     /// Host memory (`MemAvailable`) kept free: no new sandbox starts below it; 0 checks none.
     pub memory_reserve: Size,
+    /// A session's container is removed after this long without a call, and so is the pool
+    /// of ready ones.
     pub runtime_idle_timeout: Secs,
+    /// Sandboxes kept started and booted, ready for a new session (within `max_sessions`); 0
+    /// starts each on demand.
     #[serde(deserialize_with = "flexible_u32")]
     pub pool_size: u32,
+    /// At start, connect to the engine, make the image present and fill the pool in the
+    /// background; false waits for the first call.
     #[serde(deserialize_with = "flexible_bool")]
     pub warm_start: bool,
+    /// Modules imported in pooled sandboxes before a session gets one.
     pub preload: ModuleList,
+    /// Where the bridge keeps its state (its podman service's socket, the tool catalog, skills,
+    /// snapshots, the package cache, the audit log); never shared with a sandbox.
     pub state_dir: PathBuf,
+    /// How long the bridge's own podman service outlives its last user, idle, for the next
+    /// one to find; 0 stops it with the bridge.
     pub engine_linger: Secs,
     /// How long a session that ran code stays parked, running, after its bridge exits, for the
     /// next bridge on the same `state_dir` to resume (`sandbox::park`, `sandbox::resume`).
@@ -63,12 +92,16 @@ pub struct Config {
     pub snapshot_ttl: Secs,
     /// Every snapshot of the state dir together; the oldest go first.
     pub snapshot_store_size: Size,
+    /// The format of a result's text: `compact` or `toon`.
     pub output_mode: OutputMode,
+    /// Bytes of stdout and stderr together kept per call; beyond them the head and tail are
+    /// kept with a marker.
     pub output_cap: Size,
     /// cl100k tokens one result may put into the model's context; past them it carries a
     /// preview and the whole output is kept as a file (`server::budget`).
     #[serde(deserialize_with = "flexible_u32")]
     pub output_budget: u32,
+    /// The level of this project's log lines (`RUST_LOG` overrides it).
     pub log_level: LogLevel,
     /// Where traces go (OTLP over HTTP/protobuf), as a collector's base URL; `/v1/traces` is
     /// added. None: the standard `OTEL_EXPORTER_OTLP_*` variables decide, and without them no
@@ -78,23 +111,39 @@ pub struct Config {
     /// Put a call's code and output on its span (bounded by `trace::MAX_CONTENT`).
     #[serde(deserialize_with = "flexible_bool")]
     pub otel_content: bool,
+    /// Keep server entries that would launch this bridge again (dropped by default).
     #[serde(deserialize_with = "flexible_bool")]
     pub allow_self_server: bool,
+    /// Run even when the host cannot enforce a resource limit (`doctor` says which).
     #[serde(deserialize_with = "flexible_bool")]
     pub allow_unenforced_limits: bool,
+    /// The size of the sandbox's `/tmp` tmpfs.
     pub tmp_size: Size,
+    /// The size of the sandbox's `/workspace` tmpfs.
     pub workspace_size: Size,
+    /// The largest file copied out of `/workspace/out`; larger ones are skipped with a notice.
     pub file_cap: Size,
+    /// Most files of `/workspace/out` (new or changed) copied out per call.
     #[serde(deserialize_with = "flexible_u32")]
     pub files_per_call: u32,
+    /// Bytes of `/workspace/out` files kept on the host per session, until it is reset or
+    /// closed.
     pub files_total: Size,
+    /// The size of the sandbox's `/data` tmpfs, where the `[[inputs]]` are copied (mounted only
+    /// when inputs are declared).
     pub inputs_size: Size,
+    /// The open-files ulimit inside the sandbox; it must not exceed the host's.
     #[serde(deserialize_with = "flexible_u32")]
     pub nofile: u32,
+    /// An extra `mcpServers` JSON file, read before the usual places.
     #[serde(default, deserialize_with = "empty_as_none")]
     pub servers_file: Option<PathBuf>,
+    /// The time limit of one proxied tool call.
     pub upstream_call_timeout: Secs,
+    /// An upstream server is stopped after this long unused.
     pub upstream_idle_timeout: Secs,
+    /// The time limit for starting an upstream server and its MCP handshake (`npx` or `uvx`
+    /// may download it first).
     pub upstream_start_timeout: Secs,
     /// `[policy]`: which proxied tool calls run, ask the user, or are refused.
     #[serde(default)]
@@ -122,6 +171,8 @@ pub struct Config {
     /// `[[inputs]]`: host files and directories copied into each sandbox under `/data`.
     #[serde(default)]
     pub inputs: Vec<InputEntry>,
+    /// `[servers.<name>]`: the upstream servers the configuration declares, by name (upstream
+    /// discovery adds those of `mcpServers` files).
     #[serde(default)]
     pub servers: BTreeMap<String, ServerEntry>,
 }

@@ -8,7 +8,9 @@
 /// [`Key::default`] shows [`Config::default`](super::Config::default)'s value, so each default
 /// is written once.
 pub struct Key {
+    /// The key as written in TOML, `section.key` for a section's (`policy.default`).
     pub name: &'static str,
+    /// What the key does, and its unit or bounds where it has them, in a sentence or two.
     pub doc: &'static str,
 }
 
@@ -370,6 +372,7 @@ pub const KEYS: &[Key] = &[
     },
 ];
 
+/// What every configuration variable's name starts with.
 pub const ENV_PREFIX: &str = "MCP_BRIDGE_";
 
 /// The key nearest to `name`: one that contains it (or is contained in it) first, then the

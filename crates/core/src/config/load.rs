@@ -27,6 +27,8 @@ pub enum SystemConfig {
 }
 
 impl SystemConfig {
+    /// Which system file this process reads, from `MCP_BRIDGE_SYSTEM_CONFIG` (unset: the
+    /// default path; empty or `none`: none).
     pub fn from_env() -> SystemConfig {
         match std::env::var_os(SYSTEM_CONFIG_ENV) {
             None => SystemConfig::Default(PathBuf::from(SYSTEM_CONFIG)),
@@ -35,6 +37,7 @@ impl SystemConfig {
         }
     }
 
+    /// The system file to read, whether or not it exists; `None` when disabled.
     pub fn path(&self) -> Option<&Path> {
         match self {
             SystemConfig::Default(p) | SystemConfig::FromEnv(p) => Some(p),
@@ -45,6 +48,7 @@ impl SystemConfig {
 
 /// The loaded configuration with the figment it came from, for provenance.
 pub struct Loaded {
+    /// The configuration, checked.
     pub config: Config,
     figment: Figment,
     /// The config files read, lowest precedence first.

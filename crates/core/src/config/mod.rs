@@ -2,7 +2,8 @@
 //! `MCP_BRIDGE_*` environment < command-line flags, layered with figment.
 //!
 //! - [`keys`]: the one list of keys ([`KEYS`]) with their docs;
-//! - [`load`]: the layering, where each value came from, the system file, unknown variables;
+//! - [`load`](mod@load): the layering, where each value came from, the system file, unknown
+//!   variables;
 //! - [`values`]: value types and their lenient spellings ([`Secs`], [`Size`], [`Runtime`], ...);
 //! - [`servers`]: the `[servers.<name>]` schema ([`ServerEntry`]);
 //! - [`audit`]: the `[audit]` section ([`AuditConfig`]);
