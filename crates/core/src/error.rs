@@ -65,6 +65,7 @@ impl Hint {
         }
     }
 
+    /// The advice alone, without the joint that attaches it to a message.
     pub fn text(&self) -> &str {
         &self.text
     }

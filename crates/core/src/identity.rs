@@ -47,6 +47,7 @@ pub struct SessionKey {
 }
 
 impl SessionKey {
+    /// Session `name` of `owner`. `name` is taken as it is: the caller has checked it.
     pub fn new(owner: Identity, name: impl Into<String>) -> SessionKey {
         SessionKey {
             owner,
@@ -59,6 +60,7 @@ impl SessionKey {
         SessionKey::new(Identity::Local, name)
     }
 
+    /// Whose session it is.
     pub fn owner(&self) -> &Identity {
         &self.owner
     }

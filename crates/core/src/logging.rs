@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, BufReader};
 use tracing_subscriber::EnvFilter;
 
+use crate::boxed::Boxed;
 use crate::config::LogLevel;
 
 /// The library names of this project's crates: the log targets `log_level` applies to (a
@@ -173,7 +174,16 @@ impl LogBudget {
 /// The next line of `reader`, of at most `max` bytes (a longer line comes as pieces of `max`),
 /// lossily UTF-8, without its newline; `None` at the end or on an error. What a child writes
 /// without a newline never makes the bridge hold more than `max` bytes.
-pub async fn next_line<R: AsyncBufRead + Unpin>(reader: &mut R, max: usize) -> Option<String> {
+#[inline(never)]
+pub fn next_line<'a, R: AsyncBufRead + Unpin + Send>(
+    reader: &'a mut R,
+    max: usize,
+) -> Boxed<'a, Option<String>> {
+    Box::pin(read_line(reader, max))
+}
+
+/// [`next_line`]'s body, compiled once here whatever the reader.
+async fn read_line(reader: &mut (dyn AsyncBufRead + Unpin + Send), max: usize) -> Option<String> {
     use tokio::io::AsyncReadExt as _;
     let mut buf = Vec::new();
     match reader.take(max as u64).read_until(b'\n', &mut buf).await {
@@ -189,15 +199,26 @@ pub async fn next_line<R: AsyncBufRead + Unpin>(reader: &mut R, max: usize) -> O
 
 /// Log each line a child writes (its stderr), tagged with `source`, within
 /// [`PROCESS_LINES_PER_MINUTE`]; long lines are cut into pieces. With a [`LineTail`], its last
-/// lines are also kept there, logged or not, for an error message to quote.
-pub async fn forward_lines<R: AsyncRead + Unpin>(
+/// lines are also kept there, logged or not, for an error message to quote. Ends when `reader`
+/// does (or fails).
+#[inline(never)]
+pub fn forward_lines<'a, R: AsyncRead + Unpin + Send + 'a>(
     reader: R,
+    source: String,
+    tail: Option<LineTail>,
+) -> Boxed<'a, ()> {
+    Box::pin(forward(Box::new(reader), source, tail))
+}
+
+/// [`forward_lines`]'s body, compiled once here whatever the reader.
+async fn forward(
+    reader: Box<dyn AsyncRead + Unpin + Send + '_>,
     source: String,
     tail: Option<LineTail>,
 ) {
     let mut reader = BufReader::new(reader);
     let mut budget = LogBudget::new("lines from this process", PROCESS_LINES_PER_MINUTE);
-    while let Some(line) = next_line(&mut reader, MAX_LINE).await {
+    while let Some(line) = read_line(&mut reader, MAX_LINE).await {
         if let Some(tail) = &tail {
             tail.push(&line);
         }

@@ -45,6 +45,9 @@ pub struct Interpreter {
 /// sandbox, pooled ones too. What it returns are notices for the session's first call.
 #[async_trait::async_trait]
 pub trait Provision: Send + Sync {
+    /// Prepare `interpreter` (install `packages.preinstall` into it). Never fails: what went
+    /// wrong comes back as notices, one sentence each, for the session's first call to carry;
+    /// empty when all went well.
     async fn provision(&self, interpreter: &Interpreter) -> Vec<String>;
 }
 
@@ -74,7 +77,10 @@ pub struct Target {
 /// exception class (`"denied"`: `ToolDenied`, a `PermissionError`); none for every other error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RpcFailure {
+    /// What went wrong and what to do, for the model: the exception's message.
     pub message: String,
+    /// The class the runtime raises: [`RPC_DENIED`], or another crate's kind (`"package"`,
+    /// `"package_denied"`); `None` for a plain `McpError`.
     pub kind: Option<&'static str>,
 }
 
@@ -99,8 +105,11 @@ pub const RPC_DENIED: &str = "denied";
 /// What an exec carries from the upstream side: the metadata sent to the runtime, and the handler
 /// of that exec's RPCs.
 pub struct ExecBinding {
+    /// The servers loaded for this exec, with their tools: the exec frame's `servers`.
     pub servers: Vec<LoadedServer>,
+    /// Every server the bridge knows of, loaded or not: the exec frame's `discovered`.
     pub discovered: Vec<DiscoveredServer>,
+    /// Answers the RPCs the exec's code sends.
     pub rpc: Arc<dyn RpcHandler>,
     /// Whether saved skills exist for `rpc` to hand out (`load_skills`): the exec frame says so,
     /// and an interpreter's first exec asks only then, so an empty store costs no round trip.
@@ -169,12 +178,17 @@ fn pairs_as_map<S: serde::Serializer>(pairs: &&[(&str, &str)], s: S) -> Result<S
 /// Metadata of one upstream server loaded for an exec, with host-made aliases.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LoadedServer {
+    /// The server's name as configured (`[servers.<name>]`).
     pub name: String,
+    /// The Python identifier the runtime binds it as (`mcp_<alias>`), made by the host.
     pub alias: String,
+    /// The configured description, for `describe_server()`; `None` when none is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// The directory the server's command runs in (its entry's `cwd`), when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
+    /// The server's tools, in the order it listed them.
     pub tools: Vec<ToolMeta>,
     /// How old the tool list is, for `describe_server()`; a timestamp, not an age, so the
     /// metadata stays the same bytes from one exec to the next.
@@ -195,11 +209,16 @@ pub struct CatalogInfo {
 /// One tool of a loaded server.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ToolMeta {
+    /// The tool's name as the server lists it (what `call_tool` sends).
     pub name: String,
+    /// The Python identifier of its function on the server's proxy, made by the host.
     pub alias: String,
+    /// The server's description of the tool; `None` when it gave none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// The tool's JSON Schema of its arguments, as the server gave it.
     pub input_schema: Value,
+    /// The JSON Schema of its structured result, when the server declares one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<Value>,
     /// `"ask"` or `"deny"` when the user's policy asks before a call or refuses it; left out
@@ -216,22 +235,28 @@ pub struct ToolMeta {
 /// A server the bridge knows of, loaded or not: what discovery shows without any schema.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DiscoveredServer {
+    /// The server's name as configured.
     pub name: String,
+    /// The Python identifier the runtime would bind it as, made by the host.
     pub alias: String,
+    /// The configured description; `None` when none is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
 }
 
-/// Host -> sandbox.
+/// Host -> sandbox: one line of the channel (docs/protocol.md, "Host -> sandbox").
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum HostFrame<'a> {
+    /// The first line a sandbox reads: the runtime's modules, the one to start, and the
+    /// constants it works with. The loader reads it and hands over to the runtime.
     Boot {
         /// The runtime's modules by name (`image/runtime/<name>.py`).
         #[serde(serialize_with = "pairs_as_map")]
         modules: &'a [(&'a str, &'a str)],
         /// The module whose `main` the loader calls.
         entry: &'a str,
+        /// The host's numbers and paths the runtime needs before it starts.
         constants: RuntimeConstants<'a>,
         /// The modules' compiled code a sandbox sent (`code`), when the bridge holds it: the
         /// loader runs it instead of compiling the sources when an interpreter of its kind
@@ -239,8 +264,12 @@ pub enum HostFrame<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
         code: Option<&'a RuntimeCode>,
     },
+    /// Run `code` in the session's namespace; answered by `output`, `display` and `rpc` frames
+    /// of this id and, last, its `result`.
     Exec {
+        /// The exec's id, which every frame answering it carries.
         id: u64,
+        /// The Python source to run.
         code: &'a str,
         /// `None` (left out): the same as the previous exec's of this session.
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -248,23 +277,32 @@ pub enum HostFrame<'a> {
         /// `None` (left out): the same as the previous exec's of this session.
         #[serde(skip_serializing_if = "Option::is_none")]
         discovered: Option<&'a [DiscoveredServer]>,
+        /// Bytes of stdout and stderr together the runtime forwards, at most; the rest is cut
+        /// as docs/protocol.md says and counted in the result's `truncated`.
         output_cap: usize,
         /// Saved skills exist: the interpreter defines them at its first exec that says so.
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         skills: bool,
     },
+    /// The answer to the sandbox's `rpc` frame of the same id.
     RpcResult {
+        /// The id of the `rpc` frame answered.
         id: u64,
+        /// Whether the method succeeded: `result` is set when it did, `error` when not.
         ok: bool,
+        /// The method's result.
         #[serde(skip_serializing_if = "Option::is_none")]
         result: Option<Value>,
+        /// Why the method failed, a message for the model.
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<String>,
         /// With `error`: what kind of failure, when the runtime raises a class of its own.
         #[serde(skip_serializing_if = "Option::is_none")]
         kind: Option<&'static str>,
     },
+    /// Raise `KeyboardInterrupt` in exec `id`'s code (or end it unrun when it is queued).
     Interrupt {
+        /// The exec to interrupt; an id that names no running or queued exec is ignored.
         id: u64,
     },
     /// Write `data` (base64, so that the line is 4/3 of the part whatever its characters; JSON
@@ -273,35 +311,48 @@ pub enum HostFrame<'a> {
     /// call's code to read). Sent after the exec's result, before the next exec; answered by a
     /// `kept` frame.
     Keep {
+        /// The exec whose output the part is.
         id: u64,
+        /// Where to write it, relative to `/workspace/out`: `.outputs/<name>`.
         path: &'a str,
+        /// The part's bytes, in base64.
         data: String,
     },
     /// Send `/workspace/out` as a tar in `tar` frames (under gVisor, where the engine cannot
     /// read the container's tmpfs): at most `limit` bytes of tar, for at most `timeout` seconds.
     /// Sent after exec `id`'s result, before the next exec.
     Files {
+        /// The exec whose files these are; the `tar` frames carry it.
         id: u64,
+        /// Bytes of tar at most.
         limit: u64,
+        /// Seconds the runtime may take at most.
         timeout: u64,
     },
     /// Write the session's state as a snapshot, in `snap` frames of this id, at most `limit`
     /// bytes (docs/protocol.md, "Snapshots"). Sent between execs only.
     Snapshot {
+        /// The snapshot's id; its `snap` frames carry it.
         id: u64,
+        /// Bytes of snapshot at most (`snapshot_max_size`).
         limit: u64,
     },
     /// A snapshot of `size` bytes follows in `restore_data` frames: restore it. Sent to a fresh
     /// sandbox of the snapshot's own session, before its first exec; answered by `restored`.
     Restore {
+        /// The restore's id; its `restore_data` frames and the `restored` answer carry it.
         id: u64,
+        /// Bytes of snapshot that follow, exactly.
         size: u64,
     },
     /// The next bytes (base64) of the snapshot a `restore` frame announced; `end` on the last.
     RestoreData {
+        /// The id of the `restore` frame these bytes belong to.
         id: u64,
+        /// At most 1 MiB of the snapshot, decoded; left out on the last frame.
         #[serde(skip_serializing_if = "Option::is_none")]
         data: Option<String>,
+        /// This is the last frame of the restore.
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         end: bool,
     },
@@ -320,17 +371,22 @@ impl HostFrame<'_> {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Stream {
+    /// What the code wrote to fd 1 (`print`, `sys.stdout`, subprocesses).
     Stdout,
+    /// What the code wrote to fd 2 (`sys.stderr`, warnings, subprocesses).
     Stderr,
 }
 
 /// The error of a failed exec, as the runtime reports it (user frames only).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ExecError {
+    /// The exception's class name (`ValueError`, `KeyboardInterrupt`).
     #[serde(rename = "type", default)]
     pub kind: String,
+    /// The exception's message (`str(e)`).
     #[serde(default)]
     pub message: String,
+    /// The formatted traceback, with the runtime's own frames removed.
     #[serde(default)]
     pub traceback: String,
 }
@@ -339,8 +395,11 @@ pub struct ExecError {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum ExecStatus {
+    /// The code ran to its end.
     Ok,
+    /// The code raised an exception (`SystemExit` included); the result's `error` says which.
     Error,
+    /// An `interrupt` frame stopped it, or ended it before it ran.
     Interrupted,
 }
 
@@ -349,10 +408,13 @@ pub enum ExecStatus {
 /// refuses a sandbox whose kernel is not gVisor's (`sandbox::kernel`).
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 pub struct KernelSeen {
+    /// `uname -r` (`os.uname().release`), e.g. `4.4.0` under gVisor.
     #[serde(default)]
     pub release: String,
+    /// `uname -v` (`os.uname().version`), e.g. `#1 SMP Sun Jan 10 15:06:54 PST 2016`.
     #[serde(default)]
     pub version: String,
+    /// The first line of `/proc/version`.
     #[serde(default)]
     pub proc_version: String,
 }
@@ -374,7 +436,10 @@ pub struct RuntimeCode {
 pub enum SandboxFrame {
     /// The runtime's compiled code: taken only as a fresh sandbox's first frame.
     Code(RuntimeCode),
+    /// The runtime is up and takes frames; sent once, before any code of the user's runs (a
+    /// later one is forged and dropped).
     Ready {
+        /// The interpreter's version (`platform.python_version()`).
         #[serde(default)]
         python: String,
         /// What the interpreter is, for the wheels installed into it (absent from an older
@@ -389,30 +454,51 @@ pub enum SandboxFrame {
         #[serde(default)]
         compiled: bool,
     },
+    /// Output of exec `id`, streamed in order per stream.
     Output {
+        /// The exec that wrote it.
         id: u64,
+        /// Which stream it was written to.
         stream: Stream,
+        /// The text written (at most 256 KiB a frame).
         data: String,
     },
+    /// A rich value the code showed with `display()`.
     Display {
+        /// The exec that showed it.
         id: u64,
+        /// Its media type: `image/png`, `image/jpeg`, `image/gif`, `image/webp` or
+        /// `text/plain`.
         mime: String,
+        /// The image in base64, or the text as it is.
         data: String,
     },
+    /// A request to the host (docs/protocol.md, "RPC methods"), answered by an `rpc_result`.
     Rpc {
+        /// The request's id, unique in the session; the answer carries it.
         id: u64,
+        /// The exec it is sent under (a thread of an earlier exec sends the current one's).
         exec: u64,
+        /// The method asked for: `call_tool`, `list_servers`, `install`, ...
         method: String,
+        /// The method's parameters, an object; `null` when left out.
         #[serde(default)]
         params: Value,
     },
+    /// Exec `id` ended: always its last frame.
     Result {
+        /// The exec that ended.
         id: u64,
+        /// How it ended.
         status: ExecStatus,
+        /// The repr of the code's last expression (at most ~10 KB); `None` when the last
+        /// statement is not an expression or is `None`.
         #[serde(default)]
         value: Option<String>,
+        /// The exception, when the status is `error` or `interrupted`.
         #[serde(default)]
         error: Option<ExecError>,
+        /// Bytes of output the output cap dropped; `None` when none were.
         #[serde(default)]
         truncated: Option<u64>,
         /// A digest of what `/workspace/out` holds when the exec ended (names, types, sizes,
@@ -424,9 +510,12 @@ pub enum SandboxFrame {
     /// The answer to a `keep` frame: `error` says why the file could not be written, and `out`
     /// is the digest of `/workspace/out` after it (as in `result`).
     Kept {
+        /// The exec whose `keep` frame this answers.
         id: u64,
+        /// Why the file could not be written; `None` when it was.
         #[serde(default)]
         error: Option<String>,
+        /// The digest of `/workspace/out` after the write.
         #[serde(default)]
         out: Option<String>,
     },
@@ -434,11 +523,15 @@ pub enum SandboxFrame {
     /// next bytes (base64), `end` marks the last frame, `error` why the runtime stopped early.
     /// The host judges the tar exactly as the engine's archive (`sandbox::files::extract`).
     Tar {
+        /// The exec whose `files` frame this answers.
         id: u64,
+        /// The next bytes of the tar (at most 1 MiB), in base64; `None` on the last frame.
         #[serde(default)]
         data: Option<String>,
+        /// This is the last frame of the tar.
         #[serde(default)]
         end: bool,
+        /// With `end`: why the runtime stopped before the whole directory was sent.
         #[serde(default)]
         error: Option<String>,
     },
@@ -446,28 +539,40 @@ pub enum SandboxFrame {
     /// is the next bytes (base64); the last frame has `end`, what the runtime says of the
     /// snapshot (`info`: names kept and lost, sizes) and, when it wrote none, `error`.
     Snap {
+        /// The `snapshot` frame's id, or the exec's for `runtime.fork()`.
         id: u64,
+        /// The next bytes of the snapshot (at most 1 MiB), in base64; `None` on the last
+        /// frame.
         #[serde(default)]
         data: Option<String>,
+        /// This is the last frame of the snapshot.
         #[serde(default)]
         end: bool,
+        /// With `end`: why no snapshot was written (the state is over the limit).
         #[serde(default)]
         error: Option<String>,
+        /// With `end`: what the snapshot holds and left out (docs/protocol.md, "Snapshots":
+        /// `names`, `modules`, `lost`, `cells`, `size`, `largest`, `pickler`).
         #[serde(default)]
         info: Option<Value>,
     },
     /// The answer to a restore: the names restored and those lost, or why none were.
     Restored {
+        /// The `restore` frame's id.
         id: u64,
+        /// The names bound again (at most 200).
         #[serde(default)]
         names: Vec<Value>,
         /// Names restored past the ones listed.
         #[serde(default)]
         more_names: u64,
+        /// The names that could not be restored, each `{name, type, why}`.
         #[serde(default)]
         lost: Vec<Value>,
+        /// The modules that did not import again.
         #[serde(default)]
         modules: Vec<Value>,
+        /// Why the snapshot could not be read at all; the namespace is then a fresh one.
         #[serde(default)]
         error: Option<String>,
     },
@@ -475,11 +580,14 @@ pub enum SandboxFrame {
     /// The sandbox can send any number of these: the host logs them at debug level only,
     /// shortened, so they cost nothing at the default level.
     Log {
+        /// The runtime's level for it (`warning`, ...); logged at debug whatever it says.
         #[serde(default)]
         level: String,
+        /// What the runtime says.
         #[serde(default)]
         message: String,
     },
+    /// A frame of a type this host does not know: logged and dropped by the caller.
     #[serde(other)]
     Unknown,
 }
@@ -487,8 +595,11 @@ pub enum SandboxFrame {
 /// Why a line from the sandbox was not a frame.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum FrameError {
+    /// The line is longer than [`MAX_FRAME_BYTES`] (its length in bytes); it was not parsed.
     #[error("frame of {0} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")]
     TooLarge(usize),
+    /// The line is not a JSON object of a frame's shape (not JSON, not an object, a known
+    /// type with a field missing or of the wrong type); the parser's message.
     #[error("not a frame: {0}")]
     Malformed(String),
 }
@@ -527,6 +638,8 @@ pub enum Split<'a> {
 }
 
 impl LineSplitter {
+    /// A splitter that keeps lines of at most `max` bytes (without the newline) and discards
+    /// longer ones whole.
     pub fn new(max: usize) -> Self {
         LineSplitter {
             max,

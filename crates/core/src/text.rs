@@ -69,7 +69,7 @@ fn push_escape(out: &mut String, c: char) {
 }
 
 /// `s` as one line of text a person can read safely in a terminal: every character that is
-/// not printable (see [`shown`]) as an escape (`\x1b`, `\r`, `\n`, `\u{202e}`), and a
+/// not printable (see `shown`) as an escape (`\x1b`, `\r`, `\n`, `\u{202e}`), and a
 /// backslash doubled, so an escape in the output always means a character in the data.
 /// Plain text comes back unchanged (and unallocated).
 pub fn visible(s: &str) -> Cow<'_, str> {

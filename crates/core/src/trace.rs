@@ -181,14 +181,17 @@ pub struct Guard {
 }
 
 impl Guard {
+    /// Guard `cx`'s span, started by the caller ([`internal`] and the like).
     pub fn new(cx: Context) -> Self {
         Self { cx: Some(cx) }
     }
 
+    /// The span's context: to set attributes on it, or to run work within it.
     pub fn context(&self) -> &Context {
         self.cx.as_ref().expect("set until ended")
     }
 
+    /// End the span now, failed with `error` (its type) when there is one, as [`end`] does.
     pub fn end(mut self, error: Option<&str>) {
         if let Some(cx) = self.cx.take() {
             end(&cx, error);

@@ -1,16 +1,85 @@
-//! Deciding an install: deny > allow > ask over every distribution that would come, the
-//! question put in the bridge's words, and the bound on how often one session asks.
+//! Deciding an install: who asks ([`Asker`]), `[packages]`' rules (`Rules`), deny > allow > ask
+//! over every distribution that would come, the question put in the bridge's words, and the
+//! bound on how often one session asks.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
+use globset::GlobSet;
+
+use super::error::PackageError;
 use super::resolve::Wheel;
-use super::{Asker, PackageError, Packages};
-use bridge_core::config::policy::Fallback;
-use bridge_core::policy::{Approval, ApprovalRequest};
+use bridge_core::config::PackagesConfig;
+use bridge_core::config::packages::NameGlobs;
+use bridge_core::config::policy::{Action, Fallback};
+use bridge_core::identity::SessionKey;
+use bridge_core::policy::{Approval, ApprovalRequest, Approver};
 
 /// Questions about installs one session may put to the user; past it an install that would
 /// ask is refused unasked.
 pub const MAX_QUESTIONS: u32 = 8;
+
+/// Who asks for an install, for the audit and the question.
+pub struct Asker<'a> {
+    /// The session the install is for (its owner is the audit's identity).
+    pub key: &'a SessionKey,
+    /// The client to ask; `None` for `preinstall` (the user's own list: never asked).
+    pub approver: Option<&'a Arc<dyn Approver>>,
+    /// Whether the install is the user's own `preinstall`.
+    pub preinstall: bool,
+}
+
+/// What `[packages]` says of a distribution: its `allow` and `deny` globs, compiled once, and
+/// what `ask` becomes when the client cannot be asked.
+pub(super) struct Rules {
+    allow: GlobSet,
+    deny: GlobSet,
+    /// `packages.ask_fallback`, or `policy.ask_fallback` when that is unset.
+    fallback: Fallback,
+}
+
+fn globset(list: &NameGlobs) -> GlobSet {
+    let mut b = globset::GlobSetBuilder::new();
+    for p in &list.0 {
+        if let Ok(g) = NameGlobs::compile(p) {
+            b.add(g);
+        }
+    }
+    b.build().unwrap_or_else(|_| GlobSet::empty())
+}
+
+impl Rules {
+    /// The rules of `config`; `policy_fallback` is `policy.ask_fallback`, what
+    /// `packages.ask_fallback` follows when unset.
+    pub(super) fn new(config: &PackagesConfig, policy_fallback: Fallback) -> Rules {
+        Rules {
+            allow: globset(&config.allow),
+            deny: globset(&config.deny),
+            fallback: config.ask_fallback.unwrap_or(policy_fallback),
+        }
+    }
+
+    /// Whether a `packages.deny` glob matches `name` (normalized).
+    pub(super) fn denies(&self, name: &str) -> bool {
+        self.deny.is_match(name)
+    }
+
+    /// What `[packages]` says of `name` (normalized): `deny`, `allow` or `ask`.
+    pub(super) fn rule_for(&self, name: &str) -> Action {
+        if self.deny.is_match(name) {
+            Action::Deny
+        } else if self.allow.is_match(name) {
+            Action::Allow
+        } else {
+            Action::Ask
+        }
+    }
+
+    /// What `ask` becomes when the client cannot be asked.
+    pub(super) fn fallback(&self) -> Fallback {
+        self.fallback
+    }
+}
 
 /// How the decision went, for the audit.
 pub(super) struct Ruling {
@@ -19,7 +88,7 @@ pub(super) struct Ruling {
     pub(super) ask: Option<String>,
 }
 
-impl Packages {
+impl Rules {
     /// deny > allow > ask over every distribution that would come. The refusal carries the
     /// ruling for the audit beside the error (once per install: its size is no cost).
     #[allow(clippy::result_large_err)]
@@ -30,8 +99,7 @@ impl Packages {
         who: &Asker<'_>,
         asked: &mut u32,
     ) -> Result<Ruling, (Ruling, PackageError)> {
-        use bridge_core::config::policy::Action;
-        if let Some(w) = new.iter().find(|w| self.deny.is_match(&w.name)) {
+        if let Some(w) = new.iter().find(|w| self.denies(&w.name)) {
             let rule = format!(
                 "packages.deny (matches {})",
                 bridge_core::policy::shown_name(&w.name)

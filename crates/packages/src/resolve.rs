@@ -22,15 +22,19 @@ use bridge_core::protocol::Target;
 pub struct Wheel {
     /// Normalized distribution name.
     pub name: String,
+    /// The version the resolution chose.
     pub version: String,
     /// The wheel's file name (`tabulate-0.9.0-py3-none-any.whl`).
     pub filename: String,
     /// Where it is: a URL of the index, or a file of `find_links`.
     pub url: Option<String>,
+    /// The `find_links` file it is, when it is not at a URL.
     pub path: Option<PathBuf>,
     /// As the index says (checked on download); `None` only for a `find_links` file, whose
     /// digest is computed from the file.
     pub size: Option<u64>,
+    /// The wheel's SHA-256 (hex) as the index says it (checked on download); `None` for a
+    /// `find_links` file until its download computes it.
     pub sha256: Option<String>,
 }
 
@@ -93,7 +97,7 @@ pub fn constraints(target: &Target) -> String {
 /// Resolve `requirements` for `target`: every wheel the install needs, the image's own
 /// distributions included (the caller drops them). `work` is an empty directory for uv's
 /// input and output; `uv_cache` its cache.
-pub async fn resolve(
+pub(crate) async fn resolve(
     config: &PackagesConfig,
     target: &Target,
     requirements: &[Requirement],

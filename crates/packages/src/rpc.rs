@@ -5,15 +5,17 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use super::{Asker, PackageError, Packages};
+use super::decide::Asker;
+use super::error::PackageError;
+use super::installer::Packages;
 use bridge_core::error::Hinted;
 use bridge_core::identity::SessionKey;
 use bridge_core::policy::Approver;
 use bridge_core::protocol::{Interpreter, RpcFailure, RpcHandler};
 
-/// The `kind` of a failed install (`PackageError` in Python) and of a refused one
-/// (`PackageDenied`, a `PermissionError`).
+/// The `kind` of a failed install: the runtime raises `PackageError`, an `McpError`.
 pub const RPC_PACKAGE: &str = "package";
+/// The `kind` of a refused install: the runtime raises `PackageDenied`, a `PermissionError`.
 pub const RPC_PACKAGE_DENIED: &str = "package_denied";
 
 /// An exec's RPC handler with the packages' methods in front of `inner`.
@@ -26,6 +28,9 @@ pub struct PackagesRpc {
 }
 
 impl PackagesRpc {
+    /// `inner` with `install` and `installed` answered in front of it, for the session `key`
+    /// (its installs go into the interpreter the exec runs in), asking `approver` when
+    /// `[packages]` says to ask; `None`: no one can be asked.
     pub fn wrap(
         packages: Arc<Packages>,
         key: SessionKey,

@@ -22,8 +22,11 @@ const MAX_REMEMBERED_REFUSALS: usize = 256;
 /// One installed distribution, as `runtime.install` returns it and the session's state keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Installed {
+    /// The distribution's normalized name (PEP 503).
     pub name: String,
+    /// Its version.
     pub version: String,
+    /// The SHA-256 (hex) of the wheel it came from.
     pub sha256: String,
     /// Unpacked bytes.
     pub size: u64,

@@ -29,6 +29,8 @@ pub use super::unpack::{Cost, ENTRY_COST, MAX_ENTRIES};
 /// Largest manifest read back (50,000 entries of a long path and a digest fit).
 const MAX_MANIFEST: u64 = 32 << 20;
 
+/// The host's package cache, `<state_dir>/packages/cache` (see the module's documentation):
+/// cheap to clone, one directory whatever the clone.
 #[derive(Clone)]
 pub struct Store {
     root: PathBuf,
@@ -38,14 +40,17 @@ pub struct Store {
 pub struct CacheLock(#[allow(dead_code)] File);
 
 impl Store {
+    /// The cache in `root`; nothing is created until it is used.
     pub fn new(root: PathBuf) -> Store {
         Store { root }
     }
 
+    /// The cache's directory.
     pub fn root(&self) -> &Path {
         &self.root
     }
 
+    /// uv's own cache, inside this one (`uv/`).
     pub fn uv_cache(&self) -> PathBuf {
         self.root.join("uv")
     }
@@ -120,6 +125,8 @@ impl Store {
             .then_some(wheels)
     }
 
+    /// Keep `wheels` as the resolution of `key` (the requirement set and interpreter), for
+    /// [`Store::plan`]. Best effort: a plan that cannot be written is only not reused.
     pub fn save_plan(&self, key: &str, wheels: &[Wheel]) {
         let Ok(text) = serde_json::to_string(wheels) else {
             return;
@@ -157,7 +164,7 @@ impl Store {
     /// The wheel `w` in the cache, downloaded (or copied from `find_links`) and checked if it
     /// is not there yet: its sha256 set (computed for a `find_links` file). `true` when it was
     /// cached already. At most `max` bytes are read.
-    pub async fn fetch(
+    pub(crate) async fn fetch(
         &self,
         client: &reqwest::Client,
         w: &mut Wheel,
@@ -482,6 +489,7 @@ fn copy_hashing(
 /// One wheel of the cache.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Cached {
+    /// The wheel's SHA-256 (hex): its name in the cache.
     pub sha256: String,
     /// `name-version`, from the unpacked tree's `.dist-info` (empty when not unpacked).
     pub dist: String,
@@ -489,6 +497,8 @@ pub struct Cached {
     pub size: u64,
     /// Files and directories of its tree.
     pub entries: u64,
+    /// When an install last took it, downloaded or found cached (its file's modification
+    /// time): pruning removes the least recently used first. `None` when it cannot be read.
     #[serde(skip)]
     pub used: Option<std::time::SystemTime>,
 }

@@ -24,7 +24,9 @@ pub const ENTRY_COST: u64 = 4096;
 /// What an unpacked tree costs the host: its file bytes and its entries.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Cost {
+    /// Bytes of the tree's files.
     pub bytes: u64,
+    /// Files and directories of the tree, each charged [`ENTRY_COST`] bytes more.
     pub entries: u64,
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::{SkillError, Store};
+use super::store::{BrokenSkill, SkillError, Store};
 use bridge_core::protocol::{ExecBinding, RpcFailure, RpcHandler};
 
 /// The RPC methods of skills; [`SkillRpc`] answers these and passes on the rest.
@@ -30,10 +30,13 @@ pub struct SkillRpc {
 /// description and the start of its source; every decision is audited.
 #[derive(Clone)]
 pub struct SaveGate {
+    /// `skills.save`: allow, ask or deny every save.
     pub rule: bridge_core::config::policy::Action,
     /// What `ask` means when the client cannot be asked (`policy.ask_fallback`).
     pub fallback: bridge_core::config::policy::Fallback,
+    /// The client of the call to ask; `None` when there is none to ask.
     pub approver: Option<Arc<dyn bridge_core::policy::Approver>>,
+    /// Where each decision is recorded.
     pub audit: bridge_core::audit::Audit,
     /// The session saving it: as logs show it (`identity/session`), it is kept as `saved_by`.
     pub key: bridge_core::identity::SessionKey,
@@ -283,7 +286,7 @@ fn answer(store: &Store, method: &str, params: &Value, by: &str) -> Result<Value
             for s in listing.skills {
                 sent += s.source.len() + s.description.len();
                 if sent > LOAD_BUDGET {
-                    listing.broken.push(super::BrokenSkill {
+                    listing.broken.push(BrokenSkill {
                         reason: format!(
                             "the skills a session defines are at most {} MiB together; remove some (`mcp-code-bridge skills rm NAME`)",
                             LOAD_BUDGET >> 20

@@ -1,3 +1,7 @@
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
 use super::*;
 use bridge_core::error::Hinted as _;
 

@@ -4,12 +4,18 @@
 use crate::error::{Hint, Hinted};
 use std::path::PathBuf;
 
+/// Why the audit log's file could not be opened, written or rotated.
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
+    /// A file operation on the log, its directory or its lock failed: at start (the file is
+    /// opened then) or when the writer thread writes or rotates.
     #[error("could not {what} the audit log {}: {source}", .path.display())]
     Io {
+        /// What was being done, as a verb (`open`, `write`, `rotate`, `lock`).
         what: &'static str,
+        /// The log file (or its directory or lock).
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
 }

@@ -14,17 +14,22 @@
 //! burst, and the next record written carries `dropped_before`, the number lost before it.
 
 mod error;
+mod record;
 mod writer;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use serde::Serialize;
-use sha2::{Digest, Sha256};
-
 pub use error::AuditError;
+pub use record::{
+    Decision, ExecRecord, InstallRecord, MAX_NAME, ResolvedDist, SessionStateRecord,
+    SkillSaveRecord, ToolCallRecord, ToolStatus, arguments_sha256, code_sha256,
+};
 pub use writer::rotated_files;
+
+use record::{Record, cap, millis};
+use writer::Shared;
 
 use crate::config::{CodeKept, Config};
 
@@ -35,52 +40,16 @@ pub const QUEUE_BYTES: usize = 8 << 20;
 /// Longest `code` kept by `code = "full"`; longer code is cut there and `code_truncated` set
 /// (the digest is always of the whole code).
 pub const MAX_CODE_KEPT: usize = 64 << 10;
-/// Longest name (session, server, tool, rule, error type) kept: names can come from the model's
-/// code (a tool it made up), so they are bounded like everything else it controls.
-pub const MAX_NAME: usize = 256;
-
-/// How a proxied call was decided (the policy's answer, and the human's when it asked).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub enum Decision {
-    #[serde(rename = "allow")]
-    Allow,
-    #[serde(rename = "deny")]
-    Deny,
-    /// Asked the user, who allowed it (once or for the session).
-    #[serde(rename = "ask:allowed")]
-    AskAllowed,
-    /// Asked the user, who refused.
-    #[serde(rename = "ask:denied")]
-    AskDenied,
-    /// The rule said ask but the client cannot be asked; `ask_fallback` decided.
-    #[serde(rename = "ask:unavailable")]
-    AskUnavailable,
-    /// Refused before any rule was asked: the server does not list the tool (not even when
-    /// listed afresh), or could not be listed.
-    #[serde(rename = "unlisted")]
-    Unlisted,
-}
-
-/// How a proxied call ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ToolStatus {
-    /// The server answered.
-    Ok,
-    /// The server answered with `isError`.
-    Error,
-    /// No answer: the server could not be started, died, or the call timed out.
-    Failed,
-    /// Never sent: the policy (or the user) refused it.
-    Denied,
-}
 
 /// One `run_python` call, as [`Audit::exec`] is given it.
 #[derive(Debug, Clone, Copy)]
 pub struct Exec<'a> {
+    /// The session's name.
     pub session: &'a str,
     /// Who called, when served to authenticated identities; `None` over stdio.
     pub identity: Option<&'a str>,
+    /// The code exactly as received: its digest is always kept, the code itself with
+    /// `audit.code = "full"` only.
     pub code: &'a str,
     /// The servers loaded for the call (names only).
     pub servers: &'a [String],
@@ -88,218 +57,21 @@ pub struct Exec<'a> {
     pub status: &'a str,
     /// The exception type, or why the call could not be set up.
     pub error_type: Option<&'a str>,
+    /// How long the call took; the record's time is its start (now minus this).
     pub duration: Duration,
-}
-
-/// The `exec` record as written.
-#[derive(Debug, Clone, Serialize)]
-pub struct ExecRecord {
-    pub session: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub identity: Option<String>,
-    pub code_sha256: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub code: Option<String>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub code_truncated: bool,
-    pub servers: Vec<String>,
-    pub status: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error_type: Option<String>,
-    pub duration_ms: u64,
-}
-
-/// One proxied tool call: what was called (names and a digest of the arguments, never the
-/// arguments), how it was decided and by which rule, and how it ended. Build it with
-/// [`ToolCallRecord::new`] when the decision is made and [`ToolCallRecord::finished`] when the
-/// call ends, then hand it to [`Audit::tool_call`].
-#[derive(Debug, Clone, Serialize)]
-pub struct ToolCallRecord {
-    pub session: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub identity: Option<String>,
-    pub server: String,
-    pub tool: String,
-    pub arguments_sha256: String,
-    pub decision: Decision,
-    /// The rule that decided, and where it is set (`github.delete_* (deny, config.toml)`);
-    /// `None` for the default.
-    pub rule: Option<String>,
-    /// For an `ask` rule, the path that decided (`elicitation`, `input_required`,
-    /// `session_grant`, `fallback`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ask: Option<String>,
-    pub status: ToolStatus,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error_type: Option<String>,
-    pub duration_ms: u64,
-}
-
-impl ToolCallRecord {
-    /// A call to `server.tool` with `arguments`, decided so; its status is `denied` for a
-    /// refused decision and `ok` otherwise until [`ToolCallRecord::finished`] says better.
-    pub fn new(
-        session: &str,
-        server: &str,
-        tool: &str,
-        arguments: Option<&serde_json::Map<String, serde_json::Value>>,
-        decision: Decision,
-        rule: Option<&str>,
-    ) -> ToolCallRecord {
-        let status = match decision {
-            Decision::Deny | Decision::AskDenied => ToolStatus::Denied,
-            _ => ToolStatus::Ok,
-        };
-        ToolCallRecord {
-            session: cap(session),
-            identity: None,
-            server: cap(server),
-            tool: cap(tool),
-            arguments_sha256: arguments_sha256(arguments),
-            decision,
-            rule: rule.map(cap),
-            ask: None,
-            status,
-            error_type: None,
-            duration_ms: 0,
-        }
-    }
-
-    /// How the call ended and how long it took from the decision on (waiting for a human
-    /// included).
-    pub fn finished(mut self, status: ToolStatus, duration: Duration) -> ToolCallRecord {
-        self.status = status;
-        self.duration_ms = millis(duration);
-        self
-    }
-
-    /// Why it failed (an error kind, not a message: messages can quote arguments).
-    pub fn with_error_type(mut self, kind: &str) -> ToolCallRecord {
-        self.error_type = Some(cap(kind));
-        self
-    }
-
-    pub fn with_ask(mut self, path: &str) -> ToolCallRecord {
-        self.ask = Some(cap(path));
-        self
-    }
-
-    pub fn with_identity(mut self, identity: &str) -> ToolCallRecord {
-        self.identity = Some(cap(identity));
-        self
-    }
-}
-
-/// One install (`runtime.install`, `packages.preinstall`) or one skill's save asked about:
-/// what was asked for, what it resolved to (each distribution with its wheel's sha256), how it
-/// was decided, and how it ended.
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct InstallRecord {
-    pub session: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub identity: Option<String>,
-    /// The requirements as the code (or `preinstall`) wrote them.
-    pub requested: Vec<String>,
-    /// What they resolved to, dependencies included (without what the image or the session
-    /// already has).
-    pub resolved: Vec<ResolvedDist>,
-    /// `allow`, `deny`, `ask:allowed`, `ask:denied`, `ask:unavailable`, `preinstall`, or
-    /// `none` when it failed before a decision.
-    pub decision: String,
-    /// The rule that decided, and where it is set.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rule: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ask: Option<String>,
-    /// `ok`, `denied` or `failed`.
-    pub status: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error_type: Option<String>,
-    pub duration_ms: u64,
-}
-
-/// One distribution of an install.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ResolvedDist {
-    pub name: String,
-    pub version: String,
-    pub sha256: String,
-}
-
-/// One `runtime.save_skill` the user's `skills.save` setting decided.
-#[derive(Debug, Clone, Serialize)]
-pub struct SkillSaveRecord {
-    pub session: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub identity: Option<String>,
-    pub skill: String,
-    pub source_sha256: String,
-    pub decision: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ask: Option<String>,
-    /// `ok`, `denied` or `failed`.
-    pub status: String,
-}
-
-/// A session's state written, restored, forked or ended by hand (`sandbox::snapshots`): kind
-/// `snapshot`, `restore`, `fork` or `session_end`.
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct SessionStateRecord {
-    pub session: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub identity: Option<String>,
-    /// `fork`: the session it was forked into.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub to: Option<String>,
-    /// What led to it: `idle`, `max_sessions`, `exit`, `reset`, `sessions rm`, ...
-    pub why: String,
-    /// Bytes of the snapshot.
-    pub size: u64,
-    /// Names the snapshot could not keep or bring back, as `name (type)`.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub lost: Vec<String>,
-    /// `ok`, `refused` or `failed`.
-    pub status: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    pub duration_ms: u64,
-}
-
-/// What is queued: a record with its time.
-#[derive(Debug, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-enum Record {
-    Exec(ExecRecord),
-    ToolCall(ToolCallRecord),
-    Install(InstallRecord),
-    SkillSave(SkillSaveRecord),
-    Snapshot(SessionStateRecord),
-    Restore(SessionStateRecord),
-    Fork(SessionStateRecord),
-    SessionEnd(SessionStateRecord),
 }
 
 /// Which session-state record: [`Audit::session_state`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StateEvent {
+    /// A session's state written as a snapshot when its sandbox was closed (`snapshot`).
     Snapshot,
+    /// A snapshot read back into a new sandbox of its session (`restore`).
     Restore,
+    /// A session's state kept as another session's by `runtime.fork()` (`fork`).
     Fork,
+    /// A session's snapshot removed by hand, by a reset or `sessions rm` (`session_end`).
     SessionEnd,
-}
-
-/// The SHA-256 (hex) of a tool call's arguments as the bridge forwards them (`{}` when none).
-pub fn arguments_sha256(arguments: Option<&serde_json::Map<String, serde_json::Value>>) -> String {
-    let bytes = match arguments {
-        Some(m) => serde_json::to_vec(m).unwrap_or_default(),
-        None => b"{}".to_vec(),
-    };
-    hex::encode(Sha256::digest(bytes))
-}
-
-/// The SHA-256 (hex) of the code exactly as received (UTF-8 bytes).
-pub fn code_sha256(code: &str) -> String {
-    hex::encode(Sha256::digest(code.as_bytes()))
 }
 
 /// The audit log of this bridge: cheap to clone, shared by every call. With `audit.path = off`
@@ -313,18 +85,6 @@ struct Inner {
     tx: std::sync::mpsc::SyncSender<writer::Msg>,
     code: CodeKept,
     shared: Arc<Shared>,
-}
-
-/// What the callers and the writer thread both see.
-#[derive(Default)]
-struct Shared {
-    /// Records lost since the last one written (queue full, file unwritable).
-    dropped: AtomicU64,
-    /// Records lost in all.
-    dropped_total: AtomicU64,
-    /// A drop was logged and no record was written since: one warning per burst.
-    warned: AtomicBool,
-    queued_bytes: AtomicUsize,
 }
 
 impl Audit {
@@ -506,19 +266,6 @@ impl Audit {
     }
 }
 
-impl Shared {
-    /// Count lost records and warn once per burst; the next record written says how many.
-    fn drop_records(&self, n: u64, why: &str) {
-        self.dropped.fetch_add(n, Ordering::AcqRel);
-        self.dropped_total.fetch_add(n, Ordering::Relaxed);
-        if !self.warned.swap(true, Ordering::AcqRel) {
-            tracing::warn!(
-                "audit record dropped: {why}; the next record written carries dropped_before with the count"
-            );
-        }
-    }
-}
-
 /// Bytes a queued record holds, roughly: what the queue's byte bound counts.
 fn record_size(r: &Record) -> usize {
     512 + match r {
@@ -531,18 +278,6 @@ fn record_size(r: &Record) -> usize {
             i.requested.iter().map(String::len).sum::<usize>() + i.resolved.len() * 128
         }
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// `s` cut to [`MAX_NAME`] bytes (at a character boundary, marked with `…`).
-fn cap(s: &str) -> String {
-    if s.len() <= MAX_NAME {
-        return s.to_string();
-    }
-    format!("{}…", &s[..crate::text::floor_char_boundary(s, MAX_NAME)])
 }
 
 #[cfg(test)]

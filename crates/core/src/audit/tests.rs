@@ -1,6 +1,8 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use sha2::{Digest, Sha256};
+
 use super::*;
 use crate::config::Size;
 

@@ -9,12 +9,13 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 
 use serde::Serialize;
 
-use super::{AuditError, Record, Shared};
+use super::error::AuditError;
+use super::record::Record;
 use crate::config::audit::MAX_KEEP;
 
 /// Records taken from the queue per batch at most (one `write` per batch).
@@ -33,6 +34,32 @@ pub(super) enum Msg {
     },
     /// Answer once everything before this is written.
     Flush(SyncSender<()>),
+}
+
+/// What the callers and the writer thread both see.
+#[derive(Default)]
+pub(super) struct Shared {
+    /// Records lost since the last one written (queue full, file unwritable).
+    pub(super) dropped: AtomicU64,
+    /// Records lost in all.
+    pub(super) dropped_total: AtomicU64,
+    /// A drop was logged and no record was written since: one warning per burst.
+    pub(super) warned: AtomicBool,
+    /// Bytes of the records in the queue (what [`super::QUEUE_BYTES`] bounds).
+    pub(super) queued_bytes: AtomicUsize,
+}
+
+impl Shared {
+    /// Count lost records and warn once per burst; the next record written says how many.
+    pub(super) fn drop_records(&self, n: u64, why: &str) {
+        self.dropped.fetch_add(n, Ordering::AcqRel);
+        self.dropped_total.fetch_add(n, Ordering::Relaxed);
+        if !self.warned.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                "audit record dropped: {why}; the next record written carries dropped_before with the count"
+            );
+        }
+    }
 }
 
 /// One line as written: `ts`, the trace of the call it belongs to when there is one, `kind`,

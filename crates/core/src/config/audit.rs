@@ -41,7 +41,9 @@ impl Default for AuditConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CodeKept {
+    /// Only the code's SHA-256 (`sha256`, the default).
     Sha256,
+    /// The SHA-256 and the code itself, cut at `audit::MAX_CODE_KEPT` bytes (`full`).
     Full,
 }
 
@@ -53,7 +55,8 @@ pub const MAX_KEEP: u32 = 100;
 
 impl AuditConfig {
     /// The log file in force, or `None` when `path = "off"`. A relative path is refused by
-    /// [`AuditConfig::check`], so the file does not depend on where a client started the bridge.
+    /// `AuditConfig::check` at load, so the file does not depend on where a client started the
+    /// bridge.
     pub fn file(&self, state_dir: &Path) -> Option<PathBuf> {
         match self.path.as_deref().map(str::trim) {
             None | Some("") => Some(state_dir.join(DEFAULT_FILE)),

@@ -169,6 +169,9 @@ impl std::fmt::Display for RequirementFault {
     }
 }
 
+/// Why the configuration could not be loaded: a file named but missing, values figment could
+/// not read, or a value `Config::validate` refused. The message names the key and where its
+/// value came from.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// `--config` names no file.
@@ -187,8 +190,11 @@ pub enum ConfigError {
     /// A value of the right type out of its range, or at odds with another key.
     #[error("invalid value for `{key}` from {origin}: {why}")]
     Invalid {
+        /// The key at fault (`section.key` for a section's).
         key: &'static str,
+        /// Where its value came from (a file, a variable, a flag, the default).
         origin: Source,
+        /// What is wrong and what to do, as `Config::validate` says it.
         why: String,
     },
 }
@@ -199,21 +205,33 @@ pub enum Problem {
     /// A key no table has; its hint suggests the closest known one.
     #[error("unknown key `{key}` in {origin}")]
     UnknownKey {
+        /// The key as written.
         key: String,
+        /// Where it was written.
         origin: Source,
+        /// The known key nearest to it by edit distance.
         closest: Option<String>,
+        /// Every key its table knows, for the hint.
         known: Vec<String>,
     },
     /// A value that does not parse; `what` says why (and, for a closed set, what would).
     #[error("invalid value for `{key}` from {origin}: {what}")]
     Value {
+        /// The key, `section.key` for a section's.
         key: String,
+        /// Where the value came from.
         origin: Source,
+        /// Why it does not parse.
         what: String,
     },
     /// A file that is not a TOML table at all.
     #[error("invalid configuration in {origin}: {what}")]
-    File { origin: Source, what: String },
+    File {
+        /// The file (or other source) at fault.
+        origin: Source,
+        /// What the TOML parser or figment said.
+        what: String,
+    },
 }
 
 impl Hinted for ConfigError {

@@ -1,46 +1,20 @@
 //! The one list of configuration keys: the env filter, `config` output, unknown-key hints and the
 //! key table of docs/configuration.md all come from [`KEYS`]; a unit test keeps it equal to
-//! [`Config`]'s fields, and tests/e2e/docs.rs the key table to it, both ways.
-
-use super::Config;
+//! [`Config`](super::Config)'s fields, and tests/e2e/docs.rs the key table to it, both ways.
 
 /// One configuration key: its name and what it means. A name with a dot is a key of a TOML
 /// section (`policy.default` is `default` in `[policy]`); its variable replaces the dot with `_`
-/// (`MCP_BRIDGE_POLICY_DEFAULT`), see [`Key::env`]. Its default is not written here: [`Key::default`] shows [`Config::default`]'s value, so
-/// each default is written once.
+/// (`MCP_BRIDGE_POLICY_DEFAULT`), see [`Key::env`]. Its default is not written here:
+/// [`Key::default`] shows [`Config::default`](super::Config::default)'s value, so each default
+/// is written once.
 pub struct Key {
+    /// The key as written in TOML, `section.key` for a section's (`policy.default`).
     pub name: &'static str,
+    /// What the key does, and its unit or bounds where it has them, in a sentence or two.
     pub doc: &'static str,
 }
 
 impl Key {
-    /// The default as shown to people (`config`, docs/configuration.md): [`Config::default`]'s value,
-    /// except `state_dir`, whose default depends on the machine and is shown as its rule.
-    pub fn default(&self) -> String {
-        if self.name == "state_dir" {
-            return "$XDG_STATE_HOME/mcp-code-bridge".to_string();
-        }
-        if self.name == "audit.path" {
-            return "<state_dir>/audit.jsonl".to_string();
-        }
-        let defaults = serde_json::to_value(Config::default()).unwrap_or_default();
-        match self
-            .name
-            .split('.')
-            .try_fold(&defaults, |v, part| v.get(part))
-            .cloned()
-        {
-            Some(serde_json::Value::String(s)) => s,
-            Some(serde_json::Value::Null) | None => String::new(),
-            Some(serde_json::Value::Array(items)) => items
-                .iter()
-                .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_string))
-                .collect::<Vec<_>>()
-                .join(","),
-            Some(other) => other.to_string(),
-        }
-    }
-
     /// The environment variable that sets this key: `MCP_BRIDGE_` and the name in upper case,
     /// a section's dot written as `_`.
     pub fn env(&self) -> String {
@@ -398,7 +372,7 @@ pub const KEYS: &[Key] = &[
     },
 ];
 
-pub const DEFAULT_IMAGE: &str = "mcp-code-bridge-sandbox:latest";
+/// What every configuration variable's name starts with.
 pub const ENV_PREFIX: &str = "MCP_BRIDGE_";
 
 /// The key nearest to `name`: one that contains it (or is contained in it) first, then the
@@ -422,6 +396,7 @@ pub(super) fn edit_distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     #[test]
     fn keys_table_matches_config_fields() {

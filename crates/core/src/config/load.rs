@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::{Figment, Metadata};
 
+use super::effective::{Config, Overrides};
 use super::error::ConfigError;
 use super::keys::{ENV_PREFIX, closest_key, env_name, key_of_env};
 use super::source::source_from;
 pub use super::source::{SETUP_MARKER, SYSTEM_CONFIG_ENV, Source};
-use super::{Config, Overrides};
 
 /// The system configuration file, the lowest file layer.
 pub const SYSTEM_CONFIG: &str = "/etc/mcp-code-bridge/config.toml";
@@ -27,6 +27,8 @@ pub enum SystemConfig {
 }
 
 impl SystemConfig {
+    /// Which system file this process reads, from `MCP_BRIDGE_SYSTEM_CONFIG` (unset: the
+    /// default path; empty or `none`: none).
     pub fn from_env() -> SystemConfig {
         match std::env::var_os(SYSTEM_CONFIG_ENV) {
             None => SystemConfig::Default(PathBuf::from(SYSTEM_CONFIG)),
@@ -35,6 +37,7 @@ impl SystemConfig {
         }
     }
 
+    /// The system file to read, whether or not it exists; `None` when disabled.
     pub fn path(&self) -> Option<&Path> {
         match self {
             SystemConfig::Default(p) | SystemConfig::FromEnv(p) => Some(p),
@@ -45,6 +48,7 @@ impl SystemConfig {
 
 /// The loaded configuration with the figment it came from, for provenance.
 pub struct Loaded {
+    /// The configuration, checked.
     pub config: Config,
     figment: Figment,
     /// The config files read, lowest precedence first.
@@ -244,8 +248,8 @@ pub(super) fn unknown_variables(names: impl Iterator<Item = std::ffi::OsString>)
     out
 }
 
-#[cfg(test)]
 // figment::Jail fixes the closure's error type (a large figment::Error).
+#[cfg(test)]
 #[allow(clippy::result_large_err)]
 mod tests {
     use std::time::Duration;

@@ -217,6 +217,9 @@ pub struct Requirement {
 }
 
 impl Requirement {
+    /// Read one requirement as the code wrote it. Fails, saying which rule it broke, on an
+    /// empty one, one longer than [`MAX_REQUIREMENT_LEN`] bytes, an option, a URL or path, a
+    /// marker, a bad name, extra or version clause.
     pub fn parse(text: &str) -> Result<Requirement, InvalidValue> {
         let t = text.trim();
         let shown = crate::text::visible(&t.chars().take(80).collect::<String>()).into_owned();

@@ -11,17 +11,22 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// What a rule, the default or the destructive-tools setting does to a call.
+/// What a rule, the default or the destructive-tools setting does to a call. Ordered least to
+/// most restrictive: the most restrictive matching rule wins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Action {
-    /// Ordered least to most restrictive: the most restrictive matching rule wins.
+    /// The call runs.
     Allow,
+    /// The user is asked first; the call runs only if they allow it (or, when they cannot be
+    /// asked, as `ask_fallback` says).
     Ask,
+    /// The call is refused, never sent.
     Deny,
 }
 
 impl Action {
+    /// The action as the configuration spells it: `allow`, `ask` or `deny`.
     pub fn as_str(self) -> &'static str {
         match self {
             Action::Allow => "allow",
@@ -43,13 +48,18 @@ impl fmt::Display for Action {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Destructive {
+    /// Destructive tools no rule matches are allowed.
     Allow,
+    /// The user is asked before a destructive tool no rule matches runs.
     Ask,
+    /// Destructive tools no rule matches are refused.
     Deny,
+    /// Annotations are not looked at: such tools follow `default` (the default).
     Unset,
 }
 
 impl Destructive {
+    /// The action for a destructive tool no rule matches; `None` for `unset`.
     pub fn action(self) -> Option<Action> {
         match self {
             Destructive::Allow => Some(Action::Allow),
@@ -65,11 +75,14 @@ impl Destructive {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Fallback {
+    /// The call (or install, or save) goes ahead unasked.
     Allow,
+    /// It is refused, saying that the client cannot be asked.
     Deny,
 }
 
 impl Fallback {
+    /// The same choice as an [`Action`].
     pub fn action(self) -> Action {
         match self {
             Fallback::Allow => Action::Allow,
@@ -135,13 +148,18 @@ impl<'de> Deserialize<'de> for Patterns {
 pub struct PolicyConfig {
     /// For a tool no rule matches (and, with `destructive` set, that is not destructive).
     pub default: Action,
+    /// `server.tool` globs of calls that run unasked (unless a `deny` or `ask` rule matches
+    /// too).
     pub allow: Patterns,
+    /// Globs of calls the user is asked about first (unless a `deny` rule matches too).
     pub ask: Patterns,
+    /// Globs of calls that are refused; they win over every other rule.
     pub deny: Patterns,
     /// `unset` by default: annotations are the server's own claims, and a default of `ask`
     /// would turn every destructive-annotated tool of a client without elicitation into a
     /// refusal (`ask_fallback`), changing what runs for users who wrote no `[policy]`.
     pub destructive: Destructive,
+    /// What `ask` means when the client cannot be asked (no elicitation, no `input_required`).
     pub ask_fallback: Fallback,
 }
 

@@ -14,20 +14,31 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ServerEntry {
+    /// The program a stdio server is started as; `None` for an HTTP server. Like every field
+    /// but `description`, it may hold references (`${VAR}`) resolved when the server starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
+    /// The program's arguments.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
+    /// Variables set for a stdio server, on top of the documented base environment; they win
+    /// over `env_file`'s.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// A file of `KEY=VALUE` lines read when the server starts, merged under `env`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_file: Option<PathBuf>,
+    /// The directory a stdio server runs in; `None`: the bridge's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<PathBuf>,
+    /// The URL of an HTTP (streamable HTTP) server; set, the entry is an HTTP one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// Headers sent with every request to an HTTP server (`Authorization = "Bearer ${TOKEN}"`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
+    /// What the server is for, shown to the model (discovery, `describe_server()`); never
+    /// resolved, so it holds no secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// Start a stdio server with the bridge's whole environment instead of the documented base

@@ -20,7 +20,9 @@ pub const SETUP_MARKER: &str =
 /// Where a value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
+    /// The built-in default (`Config::default`).
     Default,
+    /// A configuration file, by its path.
     File(PathBuf),
     /// The environment variable's name.
     Env(String),

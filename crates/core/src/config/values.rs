@@ -13,6 +13,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub struct Secs(pub Duration);
 
 impl Secs {
+    /// Read a duration as written (see [`Secs`]): a number of seconds, or a number followed by
+    /// `ms`, `s`, `m`, `h` or `d`. Fails on a number that does not parse, an unknown unit, or a
+    /// value below 0 or above 10⁹ seconds.
     pub fn parse(s: &str) -> Result<Self, InvalidValue> {
         let s = s.trim();
         let split = s
@@ -81,6 +84,9 @@ impl<'de> Deserialize<'de> for Secs {
 pub struct Size(pub u64);
 
 impl Size {
+    /// Read a byte size as written (see [`Size`]): bytes, or a number followed by `k`, `m` or
+    /// `g` (powers of 1024). Fails on a number that does not parse, an unknown unit, or a value
+    /// below 0 or above 10¹⁵ bytes.
     pub fn parse(s: &str) -> Result<Self, InvalidValue> {
         let t = s.trim();
         let split = t
@@ -159,7 +165,9 @@ enum NumOrStr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Isolation {
+    /// The host's kernel, behind namespaces, seccomp and cgroups (`container`, the default).
     Container,
+    /// gVisor's user-space kernel, through the engine's runtime `gvisor_runtime` (`gvisor`).
     Gvisor,
 }
 
@@ -167,7 +175,10 @@ pub enum Isolation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputMode {
+    /// One text block per part of the result (`stdout`, `stderr`, `value`, ...), each as a
+    /// terminal would show it (`compact`, the default).
     Compact,
+    /// One TOON block carrying every field of the result (`toon`).
     Toon,
 }
 
@@ -178,7 +189,9 @@ pub enum OutputMode {
 pub enum Runtime {
     /// Podman's sockets, then Docker's, then a podman service of our own.
     Auto,
+    /// Podman's sockets, then a podman service of our own.
     Podman,
+    /// Docker's socket.
     Docker,
     /// `unix:///path`, `tcp://host:port`, `http://host:port`, or a bare absolute socket path.
     Socket(String),
@@ -188,6 +201,9 @@ impl Runtime {
     /// The engine names accepted besides a socket URL.
     pub const NAMES: [&'static str; 3] = ["auto", "podman", "docker"];
 
+    /// Read the engine as written: one of [`Runtime::NAMES`], or a socket URL (`unix://`,
+    /// `tcp://`, `http://`) or absolute path. Anything else fails, naming the closest engine
+    /// name when the text is not a URL.
     pub fn parse(s: &str) -> Result<Runtime, InvalidValue> {
         let t = s.trim();
         Ok(match t {
@@ -256,14 +272,20 @@ impl<'de> Deserialize<'de> for Runtime {
 /// Log verbosity. Accepts the seed's spellings (`INFO`, `warning`, `critical`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogLevel {
+    /// Errors only (`error`, also `critical` and `fatal`).
     Error,
+    /// Errors and warnings (`warn`, `warning`).
     Warn,
+    /// What the bridge does, a line per event worth knowing (`info`, the default).
     Info,
+    /// Details for finding a fault (`debug`), the sandbox's own diagnostics among them.
     Debug,
+    /// Everything this project logs, the finest details included (`trace`).
     Trace,
 }
 
 impl LogLevel {
+    /// The level as a `tracing` filter directive names it (`warn`, not `warning`).
     pub fn as_filter(self) -> &'static str {
         match self {
             LogLevel::Error => "error",

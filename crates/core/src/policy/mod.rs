@@ -34,6 +34,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The verdict as the audit log's `decision` spells it (`ask:allowed`).
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Allow => "allow",
@@ -51,9 +52,16 @@ impl Verdict {
 /// file path, `environment variable MCP_BRIDGE_POLICY_DENY`, `default`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
+    /// What happened to the call.
     pub verdict: Verdict,
+    /// Whether the call goes ahead (`allow`, `ask:allowed`, or `ask:unavailable` with
+    /// `ask_fallback = "allow"`).
     pub allowed: bool,
+    /// The rule that decided (`policy.deny "github.delete_*"`); `None` when no rule did (a
+    /// question left unanswered when its exec ended).
     pub rule: Option<String>,
+    /// Where that rule is set (a file's path, `environment variable MCP_BRIDGE_POLICY_DENY`,
+    /// `default`); `None` with `rule`.
     pub origin: Option<String>,
     /// For an `ask` rule, which path decided: the human, asked by `elicitation` or
     /// `input_required`; `session_grant` (allowed for the session before); `fallback` (the
@@ -64,14 +72,18 @@ pub struct Decision {
 /// What the rules say of a call before anyone is asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ruling {
+    /// What the rule does to the call.
     pub action: Action,
+    /// The rule that matched, as people read it: its list and pattern
+    /// (`policy.deny "github.delete_*"`), `policy.destructive = ...` or `policy.default = ...`.
     pub rule: String,
+    /// Where that rule is set: a file's path, an environment variable, a flag, or `default`.
     pub origin: String,
 }
 
 impl Ruling {
     /// The decision when no one is asked: `allow` and `deny` as they are; `ask` only through
-    /// [`Ruling::decided`].
+    /// [`Ruling::asked`].
     pub fn decided(&self, verdict: Verdict, allowed: bool) -> Decision {
         Decision {
             verdict,
@@ -275,11 +287,15 @@ pub fn is_destructive(tool: &rmcp::model::Tool) -> bool {
 /// What the human is asked about.
 #[derive(Debug, Clone)]
 pub struct ApprovalRequest {
+    /// The upstream server of the call (empty for [`Asked::Other`]).
     pub server: String,
+    /// The tool called (empty for [`Asked::Other`]).
     pub tool: String,
     /// [`summarize_arguments`]' text: readable and bounded.
     pub arguments: String,
+    /// The rule that says to ask, as people read it ([`Ruling::rule`]).
     pub rule: String,
+    /// Where that rule is set ([`Ruling::origin`]).
     pub origin: String,
     /// What is asked about: a proxied call (the fields above), or something else the bridge
     /// words itself (an install, a skill's save).
@@ -294,7 +310,12 @@ pub enum Asked {
     ToolCall,
     /// Another action: the form's title, and the bridge's text of the question (every name in
     /// it the code chose quoted by [`shown_name`] or a counted block of its own).
-    Other { title: &'static str, text: String },
+    Other {
+        /// The form's title (`Allow this install?`).
+        title: &'static str,
+        /// The question's text, every name the code chose quoted or in a counted block.
+        text: String,
+    },
 }
 
 impl ApprovalRequest {
@@ -370,6 +391,7 @@ fn shown_string(s: &str, max: usize) -> String {
 /// The human's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Approval {
+    /// Allowed, this call only.
     Once,
     /// Allowed for the rest of this session (until reset or a new interpreter).
     Session,
@@ -398,6 +420,8 @@ pub trait Approver: Send + Sync {
 
 /// At most this many arguments are shown, each value cut to [`MAX_ARGUMENT_CHARS`].
 pub const MAX_SHOWN_ARGUMENTS: usize = 12;
+/// Characters of one argument's value the question shows at most; a longer value is cut, with
+/// its length said.
 pub const MAX_ARGUMENT_CHARS: usize = 200;
 
 /// The closing line of the arguments' block in the question.
@@ -477,6 +501,10 @@ impl Grants {
         }
     }
 
+    /// Allow `key` (`server.tool`) for the rest of `session`, as long as it runs in
+    /// `interpreter`: a grant for another interpreter of the session is dropped first. Past
+    /// the bounds (sessions remembered, tools per session) the oldest session is forgotten,
+    /// or the grant is not kept, and the human is asked again.
     pub fn grant(&self, session: &SessionKey, interpreter: &str, key: &str) {
         let mut m = self.by_session.lock().unwrap();
         if !m.contains_key(session) && m.len() >= MAX_GRANT_SESSIONS {
