@@ -75,10 +75,15 @@ pub fn assign_aliases<'a>(names: impl IntoIterator<Item = &'a str>, default: &st
 /// One tool of one server, with its alias.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolEntry {
+    /// The tool's name as the server lists it (what a call sends).
     pub name: String,
+    /// The name as a Python identifier, unique among the server's tools (see the module docs).
     pub alias: String,
+    /// The tool's description, else its title, else its annotations' title; `None` without any.
     pub description: Option<String>,
+    /// The tool's JSON Schema for its arguments, as the server gave it.
     pub input_schema: Value,
+    /// The tool's JSON Schema for its structured result, when the server gives one.
     pub output_schema: Option<Value>,
     /// The input schema as the model reads it ([`crate::schema::render`]).
     pub rendering: Arc<Rendering>,
@@ -95,16 +100,22 @@ impl ToolEntry {
 /// The tools of one server (hydrated), with the server's identity.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerTools {
+    /// The server's name.
     pub server: String,
+    /// The server's alias (`mcp_<alias>` in the sandbox).
     pub server_alias: String,
+    /// The description from the server's definition, if any.
     pub server_description: Option<String>,
+    /// Its tools, in the order the server lists them.
     pub tools: Vec<ToolEntry>,
 }
 
 /// How much of a tool's docs to return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Detail {
+    /// Name, alias, description and the parameters as `help()` shows them.
     Summary,
+    /// The summary and the tool's input and output JSON Schemas as the server gave them.
     Full,
 }
 
@@ -282,7 +293,9 @@ impl ServerTools {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("Tool '{tool}' not found on server '{server}'")]
 pub struct UnknownTool {
+    /// The name asked for.
     pub tool: String,
+    /// The server it was asked of.
     pub server: String,
     /// The server's tools, by name.
     pub known: Vec<String>,
@@ -297,14 +310,87 @@ impl Hinted for UnknownTool {
     }
 }
 
+/// A proxied call of a name the server's current tool list does not have (nor as an alias, in
+/// another case, or spelled as a Python identifier). It is refused rather than passed on: a
+/// server that matches names leniently (Unicode normalization, invisible characters, case,
+/// `-`/`_`) could run a tool the policy never judged.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "Tool {tool:?} is not in the tool list of server '{server}' (listed just now); only the tools it lists are called, by their listed names"
+)]
+pub struct Unlisted {
+    /// The server's name.
+    pub server: String,
+    /// The name as the code gave it, cut at [`MAX_ECHOED_NAME`] characters.
+    pub tool: String,
+    /// The listed names nearest to it, nearest first.
+    pub closest: Vec<String>,
+    /// How many tools the server lists.
+    pub listed: usize,
+}
+
+/// The most characters of a made-up tool name echoed back in an error.
+const MAX_ECHOED_NAME: usize = 200;
+/// Listed names suggested for an unlisted one.
+const CLOSEST: usize = 3;
+/// Characters of each name compared for the suggestion: it costs names × this², whatever
+/// length of name the code sends.
+const COMPARED_CHARS: usize = 32;
+
+impl Unlisted {
+    /// The refusal of `tool`, a name not among `tools`, the list of `server`.
+    pub(crate) fn new(server: &str, tool: &str, tools: &[rmcp::model::Tool]) -> Unlisted {
+        Unlisted {
+            server: server.to_string(),
+            tool: tool.chars().take(MAX_ECHOED_NAME).collect(),
+            closest: closest_names(tool, tools.iter().map(|t| t.name.as_ref())),
+            listed: tools.len(),
+        }
+    }
+}
+
+/// The listed names most like `wanted` (at most [`CLOSEST`]), for the hint only: names are
+/// compared folded (fullwidth forms as ASCII, lower case, letters and digits only); the call
+/// itself never goes by this.
+fn closest_names<'a>(wanted: &str, names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    fn fold(s: &str) -> String {
+        s.chars()
+            .map(|c| match c {
+                // The fullwidth forms of ASCII '!'..'~'.
+                '\u{FF01}'..='\u{FF5E}' => char::from_u32(c as u32 - 0xFEE0).unwrap_or(c),
+                c => c,
+            })
+            .filter(|c| c.is_alphanumeric())
+            .flat_map(char::to_lowercase)
+            .take(COMPARED_CHARS)
+            .collect()
+    }
+    let wanted = fold(wanted);
+    let mut scored: Vec<(f64, &str)> = names
+        .map(|n| (strsim::normalized_levenshtein(&wanted, &fold(n)), n))
+        .filter(|(score, _)| *score > 0.0)
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    scored
+        .into_iter()
+        .take(CLOSEST)
+        .map(|(_, n)| n.to_string())
+        .collect()
+}
+
 /// One search result.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SearchHit {
+    /// The server's name.
     pub server: String,
+    /// The server's alias (`mcp_<alias>` in the sandbox).
     pub server_alias: String,
+    /// The tool's name as the server lists it.
     pub tool: String,
+    /// The tool's alias, its function's name under the server's module.
     pub tool_alias: String,
+    /// The tool's description, if it has one (left out of the JSON otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// Relevance, higher is better (about 0..1: the weighted share of the query's words matched).

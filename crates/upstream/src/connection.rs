@@ -40,42 +40,85 @@ const STOP_GRACE: Duration = Duration::from_secs(3);
 /// Why a server could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// A secret its definition references (`${VAR}`, `{file:/path}`, `env_file`) could not be
+    /// resolved; nothing was started.
     #[error("Server '{server}' cannot be started: {source}")]
     Unresolved {
+        /// The server's name.
         server: String,
+        /// Which reference failed, and why.
         source: ResolveError,
     },
+    /// The stdio server's command is not on `PATH` (nor at the path given).
     #[error("Server '{server}' failed to start: command '{command}' not found")]
-    CommandNotFound { server: String, command: String },
+    CommandNotFound {
+        /// The server's name.
+        server: String,
+        /// The command as its definition gives it.
+        command: String,
+    },
+    /// The stdio server's command exists but could not be run (permissions, not executable,
+    /// too many processes).
     #[error("Server '{server}' failed to start: cannot run '{command}': {source}")]
     Spawn {
+        /// The server's name.
         server: String,
+        /// The command as its definition gives it.
         command: String,
+        /// The operating system's error.
         source: std::io::Error,
     },
-    /// The child ran but the MCP handshake failed; `stderr` is its last lines.
+    /// The child ran but the MCP handshake failed (it exited, or answered something that is
+    /// not MCP); its process group is killed.
     #[error("Server '{server}' failed to start: {reason}{}", stderr_suffix(stderr))]
     Handshake {
+        /// The server's name.
         server: String,
+        /// What the MCP client reported.
         reason: String,
+        /// The last lines the child wrote to stderr (at most `STDERR_TAIL_LINES`, each cut at
+        /// `STDERR_LINE_MAX` characters).
         stderr: Vec<String>,
     },
-    /// `url` and `reason` are redacted (no query, no user info).
+    /// The HTTP server could not be reached or did not complete the MCP handshake.
     #[error("Server '{server}' failed to start: cannot connect to {url}: {reason}")]
     Connect {
+        /// The server's name.
         server: String,
+        /// Its URL, redacted (no query, no user info).
         url: String,
+        /// What the MCP client reported, with the URL in it redacted the same way.
         reason: String,
     },
+    /// A name in the HTTP server's `headers` is not a valid HTTP header name.
     #[error("Server '{server}': header name {header:?} is not valid")]
-    HeaderName { server: String, header: String },
+    HeaderName {
+        /// The server's name.
+        server: String,
+        /// The header's name as the definition gives it.
+        header: String,
+    },
+    /// A value in the HTTP server's `headers` (after its secrets are resolved) is not a valid
+    /// HTTP header value (a control character, a newline). The value itself is never shown.
     #[error("Server '{server}': the value of header {header:?} is not valid")]
-    HeaderValue { server: String, header: String },
+    HeaderValue {
+        /// The server's name.
+        server: String,
+        /// The name of the header whose value is wrong.
+        header: String,
+    },
+    /// Starting and the handshake together took longer than the start timeout
+    /// (`upstream_start_timeout`).
     #[error(
         "Server '{server}' did not complete the MCP handshake within {:.1}s",
         after.as_secs_f64()
     )]
-    Timeout { server: String, after: Duration },
+    Timeout {
+        /// The server's name.
+        server: String,
+        /// The start timeout that ran out.
+        after: Duration,
+    },
 }
 
 impl Hinted for StartError {

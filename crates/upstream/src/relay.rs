@@ -20,10 +20,15 @@ use tokio_util::sync::CancellationToken;
 /// What a proxied call reports while it runs: the server's progress notifications for it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamProgress {
+    /// The server that sent it.
     pub server: String,
+    /// The tool whose call it is about, as the server lists it.
     pub tool: String,
+    /// How far the call is, in the server's own unit; it only grows.
     pub progress: f64,
+    /// What `progress` reaches when the call is done, when the server says.
     pub total: Option<f64>,
+    /// The server's words on what it is doing, if any.
     pub message: Option<String>,
 }
 
@@ -45,7 +50,9 @@ pub trait ClientLink: Send + Sync {
 /// What one exec's proxied calls relay to its `run_python` call; empty when nobody listens.
 #[derive(Clone, Default)]
 pub struct CallRelay {
+    /// Where the servers' progress for the calls goes; `None` drops it.
     pub progress: Option<ProgressSink>,
+    /// The client the servers' questions go to; `None` declines them.
     pub client: Option<Arc<dyn ClientLink>>,
 }
 

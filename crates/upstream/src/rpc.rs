@@ -12,11 +12,11 @@ use std::time::Instant;
 
 use serde_json::{Map, Value, json};
 
-use super::catalog::{self, Detail, ServerTools, UnknownTool};
+use super::catalog::{self, Detail, ServerTools, UnknownTool, Unlisted};
 use super::pool::{CallError, Slot};
 use super::record::{RecordOnDrop, audit_decision, rule_text};
 use super::report::known_servers;
-use super::{CallContext, Upstreams};
+use super::upstreams::{CallContext, Upstreams};
 use bridge_core::audit::{Decision as AuditDecision, ToolCallRecord, ToolStatus};
 use bridge_core::config::policy::Action;
 use bridge_core::error::{Hint, Hinted};
@@ -34,25 +34,43 @@ const MAX_QUERY_CHARS: usize = 1000;
 /// Why an RPC from the sandbox was refused or failed. The handler sends [`Hinted::message`].
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {
+    /// A parameter the method needs (`server`, `tool`, `query`) is absent or not a string.
     #[error("{method} needs a string parameter '{key}'")]
-    MissingParam { method: String, key: &'static str },
+    MissingParam {
+        /// The RPC method called.
+        method: String,
+        /// The parameter's name.
+        key: &'static str,
+    },
     /// A parameter of the wrong type: `expected` is "a string", "a number", ...
     #[error("{method}: '{key}' must be {expected}")]
     BadParam {
+        /// The RPC method called.
         method: &'static str,
+        /// The parameter's name.
         key: &'static str,
+        /// What it must be, as the message says it.
         expected: &'static str,
     },
+    /// The server named is none of the discovered ones (by name, alias, or as an identifier).
     #[error("Unknown MCP server '{name}'")]
     UnknownServer {
+        /// The name as the code gave it.
         name: String,
         /// Every discovered server, by name.
         known: Vec<String>,
     },
+    /// A `call_tool` of a server that exists but was not loaded for this exec (only the
+    /// loaded servers' tools may be called; docs and search cover every server).
     #[error("Server '{server}' is not loaded for this call")]
-    NotLoaded { server: String },
+    NotLoaded {
+        /// The server's name.
+        server: String,
+    },
+    /// A method the host does not answer; holds the method as sent.
     #[error("Unknown RPC method '{0}'")]
     UnknownMethod(String),
+    /// `query_tool_docs` for a tool the server's catalog does not have (by any spelling).
     #[error(transparent)]
     UnknownTool(#[from] UnknownTool),
     /// A call of a tool the server does not list, even when listed afresh: never sent.
@@ -61,6 +79,8 @@ pub enum RpcError {
     /// Arguments the tool's input schema forbids: never sent.
     #[error(transparent)]
     InvalidArguments(#[from] crate::schema::InvalidArguments),
+    /// Listing the server's tools or calling the tool failed (starting it, its connection, a
+    /// timeout, its refusal).
     #[error(transparent)]
     Call(#[from] CallError),
     /// The policy, or the user when asked, refused the call. The runtime raises `ToolDenied`.
@@ -68,79 +88,16 @@ pub enum RpcError {
     Denied(Box<Denied>),
 }
 
-/// A proxied call of a name the server's current tool list does not have (nor as an alias, in
-/// another case, or spelled as a Python identifier). It is refused rather than passed on: a
-/// server that matches names leniently (Unicode normalization, invisible characters, case,
-/// `-`/`_`) could run a tool the policy never judged.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "Tool {tool:?} is not in the tool list of server '{server}' (listed just now); only the tools it lists are called, by their listed names"
-)]
-pub struct Unlisted {
-    pub server: String,
-    /// The name as the code gave it, cut at [`MAX_ECHOED_NAME`] characters.
-    pub tool: String,
-    /// The listed names nearest to it, nearest first.
-    pub closest: Vec<String>,
-    /// How many tools the server lists.
-    pub listed: usize,
-}
-
-/// The most characters of a made-up tool name echoed back in an error.
-const MAX_ECHOED_NAME: usize = 200;
-/// Listed names suggested for an unlisted one.
-const CLOSEST: usize = 3;
-/// Characters of each name compared for the suggestion: it costs names × this², whatever
-/// length of name the code sends.
-const COMPARED_CHARS: usize = 32;
-
-impl Unlisted {
-    fn new(server: &str, tool: &str, tools: &[rmcp::model::Tool]) -> Unlisted {
-        Unlisted {
-            server: server.to_string(),
-            tool: tool.chars().take(MAX_ECHOED_NAME).collect(),
-            closest: closest_names(tool, tools.iter().map(|t| t.name.as_ref())),
-            listed: tools.len(),
-        }
-    }
-}
-
-/// The listed names most like `wanted` (at most [`CLOSEST`]), for the hint only: names are
-/// compared folded (fullwidth forms as ASCII, lower case, letters and digits only); the call
-/// itself never goes by this.
-fn closest_names<'a>(wanted: &str, names: impl Iterator<Item = &'a str>) -> Vec<String> {
-    fn fold(s: &str) -> String {
-        s.chars()
-            .map(|c| match c {
-                // The fullwidth forms of ASCII '!'..'~'.
-                '\u{FF01}'..='\u{FF5E}' => char::from_u32(c as u32 - 0xFEE0).unwrap_or(c),
-                c => c,
-            })
-            .filter(|c| c.is_alphanumeric())
-            .flat_map(char::to_lowercase)
-            .take(COMPARED_CHARS)
-            .collect()
-    }
-    let wanted = fold(wanted);
-    let mut scored: Vec<(f64, &str)> = names
-        .map(|n| (strsim::normalized_levenshtein(&wanted, &fold(n)), n))
-        .filter(|(score, _)| *score > 0.0)
-        .collect();
-    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-    scored
-        .into_iter()
-        .take(CLOSEST)
-        .map(|(_, n)| n.to_string())
-        .collect()
-}
-
 /// A proxied call refused by the policy or by the user (boxed in [`RpcError`]: it is the
 /// largest error and the rarest).
 #[derive(Debug, thiserror::Error)]
 #[error("{}", denied_text(.server, .tool, .decision, .fallback_origin))]
 pub struct Denied {
+    /// The server's name.
     pub server: String,
+    /// The tool's name as the server lists it.
     pub tool: String,
+    /// The verdict, and the rule and file that made it.
     pub decision: Decision,
     /// Where `ask_fallback` is set, for a call that could not be asked about.
     pub fallback_origin: String,
@@ -441,8 +398,7 @@ impl ExecRpc {
             ))
         } else if decision.allowed {
             self.up
-                .inner
-                .pool
+                .pool()
                 .call_tool(slot, &tool_name, arguments.clone(), &self.call.relay)
                 .await
                 .map(|r| call_result_json(&r))
@@ -524,7 +480,7 @@ impl ExecRpc {
             Some((tools, name))
         });
         if found.is_none() {
-            let tools = self.up.inner.pool.fresh_tools(slot, asked).await?;
+            let tools = self.up.pool().fresh_tools(slot, asked).await?;
             found = match listed_name(slot, &tools, tool) {
                 Some(name) => Some((tools, name)),
                 None => return Err(Unlisted::new(slot.name(), tool, &tools).into()),
@@ -592,7 +548,7 @@ impl ExecRpc {
         let key = format!("{server}.{tool}");
         let session = &self.call.session;
         let interpreter = self.interpreter.get().map_or("", String::as_str);
-        let granted = || self.up.inner.grants.has(session, interpreter, &key);
+        let granted = || self.up.grants().has(session, interpreter, &key);
         let fallback = || {
             ruling.asked(
                 Verdict::AskUnavailable,
@@ -622,7 +578,7 @@ impl ExecRpc {
         match approver.ask(&request).await {
             Approval::Once => ruling.asked(Verdict::AskAllowed, true, path),
             Approval::Session => {
-                self.up.inner.grants.grant(session, interpreter, &key);
+                self.up.grants().grant(session, interpreter, &key);
                 ruling.asked(Verdict::AskAllowed, true, path)
             }
             Approval::Denied => ruling.asked(Verdict::AskDenied, false, path),
@@ -684,9 +640,9 @@ impl RpcHandler for ExecRpc {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::ups;
     use super::*;
     use crate::connection;
+    use crate::upstreams::tests::ups;
 
     #[tokio::test]
     async fn rpc_enforces_loaded_servers_and_validates_params() {

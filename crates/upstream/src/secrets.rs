@@ -15,27 +15,53 @@ use bridge_core::error::{Hint, Hinted};
 /// Why a server's definition could not be resolved.
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
+    /// A `${input:NAME}` reference: VS Code prompts for those, the bridge has no one to ask.
     #[error(
         "{what} uses the VS Code input variable ${{input:{input}}}, which the bridge cannot prompt for"
     )]
-    InputVariable { what: String, input: String },
+    InputVariable {
+        /// The field, as `command`, `args[1]`, `env.TOKEN`, `headers.Authorization`, `url`.
+        what: String,
+        /// The input's name.
+        input: String,
+    },
+    /// A `${VAR}`, `${env:VAR}` or `{env:VAR}` reference to a variable this process does not
+    /// have (`${VAR:-default}` takes its default instead).
     #[error("{what} references the environment variable {var}, which is not set")]
-    UnsetVariable { what: String, var: String },
+    UnsetVariable {
+        /// The field, as `command`, `args[1]`, `env.TOKEN`, `headers.Authorization`, `url`.
+        what: String,
+        /// The variable's name.
+        var: String,
+    },
+    /// A `{file:/path}` reference to a file that cannot be read.
     #[error("{what} references the file {path}, which cannot be read: {source}")]
     UnreadableFile {
+        /// The field, as `command`, `args[1]`, `env.TOKEN`, `headers.Authorization`, `url`.
         what: String,
+        /// The path as the reference gives it.
         path: String,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// A definition with neither `url` nor `command` (discovery skips those; one built in code
+    /// may still have none).
     #[error("it has no command")]
     NoCommand,
+    /// The `env_file` (its path resolved) cannot be read.
     #[error("cannot read env_file {}: {source}", path.display())]
     EnvFile {
+        /// The path, its references resolved.
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// The `cwd` (its references resolved) does not exist or is not a directory.
     #[error("its cwd {} is not a directory", path.display())]
-    CwdNotADirectory { path: PathBuf },
+    CwdNotADirectory {
+        /// The path, its references resolved.
+        path: PathBuf,
+    },
 }
 
 impl Hinted for ResolveError {

@@ -37,9 +37,14 @@ pub struct ChildTransport {
 /// What [`spawn`] gives: the transport, the child's stderr, its pid, and a counter of messages
 /// dropped for their size (it changes once per such message).
 pub struct Spawned {
+    /// The MCP transport over the child's stdin and stdout; it owns the child.
     pub transport: ChildTransport,
+    /// The child's stderr, for the caller to forward (`None` if it could not be taken).
     pub stderr: Option<ChildStderr>,
+    /// The child's pid, which is also its process group's id (`None` once it was reaped).
     pub pid: Option<u32>,
+    /// Changes once for each message from the child over [`MAX_MESSAGE_BYTES`], which the
+    /// transport drops: a call waiting for an answer watches it.
     pub oversize: watch::Receiver<u64>,
 }
 
@@ -180,6 +185,7 @@ pub struct LineWatch<R> {
 }
 
 impl<R> LineWatch<R> {
+    /// Watch `inner`'s lines for ones over `limit` bytes, bumping `oversize` once for each.
     pub fn new(inner: R, limit: usize, oversize: watch::Sender<u64>) -> Self {
         LineWatch {
             inner,

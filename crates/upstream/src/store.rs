@@ -48,7 +48,9 @@ const VERSION: u32 = 1;
 /// What a server said it was in its `initialize` answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerIdentity {
+    /// The implementation's name (`serverInfo.name`), which need not be its configured name.
     pub name: String,
+    /// Its version (`serverInfo.version`).
     pub version: String,
 }
 
@@ -62,6 +64,7 @@ pub struct StoredEntry {
     pub reported: Option<ServerIdentity>,
     /// When the list was taken from the server, seconds since the epoch.
     pub updated_at: u64,
+    /// The tool list, as the server gave it.
     pub tools: Vec<Tool>,
 }
 
@@ -72,23 +75,47 @@ struct CatalogFile {
     entries: BTreeMap<String, StoredEntry>,
 }
 
-/// Why the catalog file could not be read (a warning: the catalog is rebuilt).
+/// Why the catalog file could not be read (a warning: the catalog is rebuilt) or written.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The file exists but could not be opened or read, or is not a regular file (a FIFO,
+    /// device, socket or symbolic link in its place).
     #[error("cannot read the tool catalog {path}: {source}")]
     Read {
+        /// The catalog file.
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// The file is over [`MAX_FILE_BYTES`]; it is not read.
     #[error("the tool catalog {path} is larger than {} MiB", MAX_FILE_BYTES >> 20)]
-    TooLarge { path: PathBuf },
+    TooLarge {
+        /// The catalog file.
+        path: PathBuf,
+    },
+    /// The file is not JSON, or not a catalog's shape.
     #[error("the tool catalog {path} is not valid: {reason}")]
-    Corrupt { path: PathBuf, reason: String },
+    Corrupt {
+        /// The catalog file.
+        path: PathBuf,
+        /// The JSON parser's error.
+        reason: String,
+    },
+    /// The file is JSON of another format, or a catalog of another version.
     #[error("{path} is not a tool catalog of this bridge (format {found:?})")]
-    Foreign { path: PathBuf, found: String },
+    Foreign {
+        /// The catalog file.
+        path: PathBuf,
+        /// The format it names ("none" without one), or this format with its other version.
+        found: String,
+    },
+    /// The state directory, the lock file or the catalog could not be created, locked or
+    /// written; what the bridge holds in memory is unchanged.
     #[error("cannot write the tool catalog {path}: {source}")]
     Write {
+        /// The catalog file.
         path: PathBuf,
+        /// The operating system's error (for the lock, its message names the lock file).
         source: std::io::Error,
     },
 }
@@ -182,6 +209,7 @@ impl Store {
         self.entries.lock().unwrap().len()
     }
 
+    /// Whether no entry is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -13,30 +13,49 @@ use bridge_core::error::{Hint, Hinted};
 /// Why an entry is not offered. The text is the skip reason `servers` shows.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EntryError {
+    /// The entry under the server's name is not a JSON object.
     #[error("the entry is not a JSON object")]
     NotAnObject,
+    /// The entry turns itself off: `"disabled": true` or `"enabled": false`.
     #[error("disabled in its file (\"{key}\": {value})")]
-    Disabled { key: &'static str, value: bool },
+    Disabled {
+        /// `disabled` or `enabled`.
+        key: &'static str,
+        /// The value that turned it off.
+        value: bool,
+    },
+    /// A field that must be text is something else: the field's name (`command`, `cwd`, ...),
+    /// or `env.<NAME>` / `headers.<NAME>` for a value of those maps that is an array or object.
     #[error("`{0}` is not a string")]
     NotAString(String),
+    /// `env` or `headers` (the field named) is not an object.
     #[error("`{0}` is not an object")]
     NotAnObjectField(&'static str),
+    /// An `env` value is an object but has no `"file"` path (the only object form allowed);
+    /// holds `env.<NAME>`.
     #[error("`{0}` is an object without \"file\"")]
     FileWithoutPath(String),
+    /// The field named (`inherit_env`) is not a boolean.
     #[error("`{0}` is not true or false")]
     NotABool(&'static str),
+    /// `args` is a list with an item that is not a string, number or boolean.
     #[error("`args` must be a list of strings")]
     ArgsNotStrings,
+    /// `args` is neither a list nor a single string.
     #[error("`args` is not a list")]
     ArgsNotAList,
+    /// The entry names both a `command` and a `url`: it is unclear which server is meant.
     #[error("it has both `command` and `url`")]
     Both,
+    /// The entry names neither a `command` nor a `url` (both absent or blank).
     #[error("it has neither `command` (a stdio server) nor `url` (an HTTP server)")]
     Neither,
-    /// The URL, redacted.
+    /// The `url` is neither `http://` nor `https://` (nor a `${VAR}` / `{env:VAR}` reference
+    /// resolved at start); holds the URL, redacted.
     #[error("its url {0:?} is not an http:// or https:// URL")]
     NotHttp(String),
-    /// Why, as [`launches_self`] says it.
+    /// Starting it would start this bridge itself (a loop of bridges), and
+    /// `allow_self_server` is off; holds why, as [`launches_self`] says it.
     #[error("it would start this bridge itself ({0})")]
     LaunchesSelf(String),
 }

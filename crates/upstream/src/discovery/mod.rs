@@ -50,83 +50,38 @@ pub use bridge_core::config::servers::{ServerEntry, redact_url};
 pub use entry::{EntryError, launches_self};
 pub use jsonc::parse_jsonc;
 use sources::Place;
-pub use sources::{Origin, SOURCES, SourceKind, SourceSpec};
-
-/// What discovery needs to know about the machine.
-#[derive(Debug, Clone, Default)]
-pub struct DiscoveryContext {
-    /// The home directory (`$HOME`); sources under it are not read without one.
-    pub home: Option<PathBuf>,
-    /// `$XDG_CONFIG_HOME`, or `None` for `~/.config`.
-    pub xdg_config_home: Option<PathBuf>,
-    /// The project directory (normally the current directory).
-    pub cwd: PathBuf,
-    /// `servers_file` / `MCP_BRIDGE_SERVERS_FILE`.
-    pub servers_file: Option<PathBuf>,
-    /// `[servers.<name>]` from the TOML config.
-    pub config_servers: BTreeMap<String, ServerEntry>,
-    /// The TOML file that defined each of `config_servers`, when known (the config is layered
-    /// from several files), so `servers` can name it.
-    pub config_files: BTreeMap<String, PathBuf>,
-    /// Keep entries that would launch this bridge.
-    pub allow_self_server: bool,
-    /// Our own executable, for self-detection.
-    pub self_exe: Option<PathBuf>,
-}
-
-impl DiscoveryContext {
-    /// A context from this process's environment (`HOME`, `XDG_CONFIG_HOME`, the current
-    /// directory, the current executable) and the given config values.
-    pub fn from_env(
-        config_servers: BTreeMap<String, ServerEntry>,
-        servers_file: Option<PathBuf>,
-        allow_self_server: bool,
-    ) -> Self {
-        let nonempty = |k: &str| {
-            std::env::var_os(k)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        };
-        DiscoveryContext {
-            home: nonempty("HOME"),
-            xdg_config_home: nonempty("XDG_CONFIG_HOME").filter(|p| p.is_absolute()),
-            cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
-            servers_file,
-            config_servers,
-            config_files: BTreeMap::new(),
-            allow_self_server,
-            self_exe: std::env::current_exe().ok(),
-        }
-    }
-
-    fn config_dir(&self) -> Option<PathBuf> {
-        self.xdg_config_home
-            .clone()
-            .or_else(|| self.home.as_ref().map(|h| h.join(".config")))
-    }
-}
+pub use sources::{DiscoveryContext, Origin, SOURCES, SourceKind, SourceSpec};
 
 /// A server that will be offered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DiscoveredEntry {
+    /// The server's name: its key in the `mcpServers` (or `servers`) object or TOML table.
     pub name: String,
     /// The definition, secrets included: never send it to the sandbox.
     pub entry: ServerEntry,
+    /// The source and file that defined it.
     pub origin: Origin,
 }
 
 /// A definition that is not offered, and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SkippedEntry {
+    /// The name the definition is under.
     pub name: String,
+    /// The source and file of the skipped definition.
     pub origin: Origin,
+    /// Why it is not offered, as `servers` shows it: an [`EntryError`]'s message with its
+    /// advice, "the server name is empty", or "already defined by <origin>" for a later
+    /// definition of a name.
     pub reason: String,
 }
 
 /// A place that was looked at.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SearchedLocation {
+    /// The source it belongs to.
     pub kind: SourceKind,
+    /// The file, the missing directory, or `<dir>/*.json` for a directory without JSON files.
     pub path: PathBuf,
     /// Whether a file was there (and read, successfully or not).
     pub found: bool,
@@ -137,9 +92,11 @@ pub struct SearchedLocation {
 pub struct Discovery {
     /// Offered servers, sorted by name.
     pub servers: Vec<DiscoveredEntry>,
+    /// Definitions not offered, with why, in the order they were read.
     pub skipped: Vec<SkippedEntry>,
     /// Files that could not be read or parsed, and other problems worth a line in the log.
     pub warnings: Vec<String>,
+    /// Every place looked at, in precedence order, found or not.
     pub searched: Vec<SearchedLocation>,
 }
 

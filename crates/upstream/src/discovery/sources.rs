@@ -1,14 +1,72 @@
 //! The sources of server definitions: the [`SOURCES`] table (what `servers` and the docs show),
-//! and [`places`], where on this machine each source's files are looked for. Both are in
-//! precedence order; the rest of discovery reads what they name.
+//! what discovery knows of the machine ([`DiscoveryContext`]), and [`places`], where on this
+//! machine each source's files are looked for. Both are in precedence order; the rest of
+//! discovery reads what they name.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::DiscoveryContext;
 use super::entry::expand_tilde;
+use bridge_core::config::servers::ServerEntry;
+
+/// What discovery needs to know about the machine.
+#[derive(Debug, Clone, Default)]
+pub struct DiscoveryContext {
+    /// The home directory (`$HOME`); sources under it are not read without one.
+    pub home: Option<PathBuf>,
+    /// `$XDG_CONFIG_HOME`, or `None` for `~/.config`.
+    pub xdg_config_home: Option<PathBuf>,
+    /// The project directory (normally the current directory).
+    pub cwd: PathBuf,
+    /// `servers_file` / `MCP_BRIDGE_SERVERS_FILE`.
+    pub servers_file: Option<PathBuf>,
+    /// `[servers.<name>]` from the TOML config.
+    pub config_servers: BTreeMap<String, ServerEntry>,
+    /// The TOML file that defined each of `config_servers`, when known (the config is layered
+    /// from several files), so `servers` can name it.
+    pub config_files: BTreeMap<String, PathBuf>,
+    /// Keep entries that would launch this bridge.
+    pub allow_self_server: bool,
+    /// Our own executable, for self-detection.
+    pub self_exe: Option<PathBuf>,
+}
+
+impl DiscoveryContext {
+    /// A context from this process's environment (`HOME`, `XDG_CONFIG_HOME`, the current
+    /// directory, the current executable) and the given config values.
+    pub fn from_env(
+        config_servers: BTreeMap<String, ServerEntry>,
+        servers_file: Option<PathBuf>,
+        allow_self_server: bool,
+    ) -> Self {
+        let nonempty = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        DiscoveryContext {
+            home: nonempty("HOME"),
+            xdg_config_home: nonempty("XDG_CONFIG_HOME").filter(|p| p.is_absolute()),
+            cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+            servers_file,
+            config_servers,
+            config_files: BTreeMap::new(),
+            allow_self_server,
+            self_exe: std::env::current_exe().ok(),
+        }
+    }
+
+    /// The user's configuration directory: `$XDG_CONFIG_HOME`, else `~/.config`; `None`
+    /// without either.
+    fn config_dir(&self) -> Option<PathBuf> {
+        self.xdg_config_home
+            .clone()
+            .or_else(|| self.home.as_ref().map(|h| h.join(".config")))
+    }
+}
 
 /// Which kind of place a server definition came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -39,6 +97,7 @@ pub enum SourceKind {
 /// A source of server definitions, for docs and the `servers` subcommand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct SourceSpec {
+    /// Which source this is.
     pub kind: SourceKind,
     /// Where it is, as users write it.
     pub location: &'static str,
@@ -101,6 +160,7 @@ pub const SOURCES: &[SourceSpec] = &[
 ];
 
 impl SourceKind {
+    /// This kind's entry in [`SOURCES`].
     pub fn spec(self) -> &'static SourceSpec {
         SOURCES
             .iter()
@@ -120,6 +180,7 @@ impl SourceKind {
 /// Where one definition came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Origin {
+    /// The source it was read from.
     pub kind: SourceKind,
     /// The file, when known (a `[servers.<name>]` table whose config file was not passed in
     /// [`DiscoveryContext::config_files`] has `None`).

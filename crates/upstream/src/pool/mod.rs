@@ -36,13 +36,18 @@ mod error;
 
 pub use error::CallError;
 
-use super::ServerInfo;
 use super::connection::stderr_suffix;
 use super::connection::{CancelOnDrop, Conn, StartError, ToolCache, connect};
 use super::discovery::ServerEntry;
+use super::info::ServerInfo;
 use super::relay::CallRelay;
 use super::store::{ServerIdentity, Store, StoredEntry, definition_digest, now_secs};
+use bridge_core::boxed::Boxed;
 use bridge_core::config::Config;
+
+/// The longest a search waits for servers that have no catalog entry, by default; the ones
+/// still starting are named as skipped and keep starting in the background, for the next search.
+pub const SEARCH_WAIT: Duration = Duration::from_secs(10);
 
 /// A list the server gave this recently counts as fresh for [`Pool::fresh_tools`].
 pub(crate) const RELIST_WITHIN: Duration = Duration::from_secs(1);
@@ -69,7 +74,7 @@ impl From<&Config> for UpstreamSettings {
             call_timeout: config.upstream_call_timeout.0,
             idle_timeout: config.upstream_idle_timeout.0,
             start_timeout: config.upstream_start_timeout.0,
-            search_wait: super::SEARCH_WAIT,
+            search_wait: SEARCH_WAIT,
         }
     }
 }
@@ -281,6 +286,7 @@ impl Pool {
         }
     }
 
+    /// The limits the pool was made with.
     pub fn settings(&self) -> &UpstreamSettings {
         &self.inner.settings
     }
@@ -397,8 +403,14 @@ impl Pool {
         result
     }
 
-    /// The pid of a running stdio server (its process group), for diagnostics and tests.
-    pub async fn pid(&self, server: &str) -> Option<u32> {
+    /// The pid of a running stdio server (its process group), for diagnostics and tests; `None`
+    /// for an unknown name, a server not running, and an HTTP server.
+    #[inline(never)]
+    pub fn pid<'a>(&'a self, server: &'a str) -> Boxed<'a, Option<u32>> {
+        Box::pin(self.pid_here(server))
+    }
+
+    async fn pid_here(&self, server: &str) -> Option<u32> {
         let slot = self.find(server)?;
         let conn = slot.conn.lock().await;
         conn.as_ref().filter(|c| c.alive()).and_then(|c| c.pid)
@@ -419,8 +431,13 @@ impl Pool {
             .unwrap_or(0)
     }
 
-    /// Whether a server has a live client.
-    pub async fn is_running(&self, server: &str) -> bool {
+    /// Whether a server has a live client (`false` for an unknown name).
+    #[inline(never)]
+    pub fn is_running<'a>(&'a self, server: &'a str) -> Boxed<'a, bool> {
+        Box::pin(self.is_running_here(server))
+    }
+
+    async fn is_running_here(&self, server: &str) -> bool {
         let Some(slot) = self.find(server) else {
             return false;
         };
@@ -647,7 +664,7 @@ impl Pool {
     }
 
     /// Stop every server (also the ones starting); later calls fail.
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         self.inner.shut_down.store(true, Ordering::SeqCst);
         let mut stops = Vec::new();
         for slot in self.inner.slots.iter() {
@@ -657,16 +674,6 @@ impl Pool {
             }
         }
         futures::future::join_all(stops).await;
-    }
-
-    /// Stop one server now (it starts again when next needed). For tests and diagnostics.
-    pub async fn stop(&self, server: &str) {
-        if let Some(slot) = self.find(server) {
-            let conn = slot.conn.lock().await.take();
-            if let Some(conn) = conn {
-                conn.stop().await;
-            }
-        }
     }
 }
 

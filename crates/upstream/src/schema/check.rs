@@ -27,7 +27,7 @@ const MAX_ECHOED: usize = 80;
 pub struct Check(Option<Validator>);
 
 impl Check {
-    /// Compile `schema` (once per tool list; see [`super::Schemas`]).
+    /// Compile `schema` (once per tool list, by the list's `Schemas`, on the tool's first call).
     pub fn compile(server: &str, tool: &str, schema: &Value) -> Check {
         match jsonschema::options().build(schema) {
             Ok(v) => Check(Some(v)),
@@ -88,11 +88,16 @@ impl Check {
     problems.join("; ")
 )]
 pub struct InvalidArguments {
+    /// The server's name.
     pub server: String,
+    /// The tool's name as the server lists it.
     pub tool: String,
+    /// What is wrong, one line per argument, each naming where in the arguments and what the
+    /// schema allows (at most `MAX_PROBLEMS`, no repeats).
     pub problems: Vec<String>,
-    /// The tool's alias (for the hint's `help(mcp_<server>.<alias>)`).
+    /// The server's alias (for the hint's `help(mcp_<server>.<tool>)`).
     pub server_alias: String,
+    /// The tool's alias (the hint's `<tool>`).
     pub tool_alias: String,
 }
 

@@ -48,6 +48,7 @@ pub struct Param {
     pub name: String,
     /// Its Python type as text: `str`, `Literal['r', 'rw']`, `list[Email] | None`, ...
     pub annotation: String,
+    /// Whether the schema lists it in `required` (the function takes it without a default).
     pub required: bool,
     /// Everything after the name on its line: `(type, required, default 5, >= 1): description`.
     pub line: String,
