@@ -6,13 +6,21 @@
 //!   [`LAYERS`] allows it (Cargo refuses a cycle between crates; this keeps siblings apart, so
 //!   they build side by side and a change to one rebuilds neither);
 //! - no import cycle among the modules of one crate, at its top level nor among the files of
-//!   one module directory (read from `use crate::…`, `super::…` and `crate::…` paths outside
-//!   tests);
+//!   one module directory, the parent's own file (`lib.rs`, `mod.rs`) a node among them: a
+//!   child that names an item defined there (`crate::Thing`, `super::shown`, `use super::*`)
+//!   depends on it, and it on the children whose items it names (`use table::Busy`, `pub use
+//!   error::X`, `table::Start`); a name it only re-exports leads to the child it comes from
+//!   (read from the tokens of the code outside its `#[cfg(test)]` modules);
 //! - no source file longer than [`MAX_LINES`] lines before its tests;
 //! - every file path ARCHITECTURE.md names exists;
-//! - no `Result<_, String>` in a `pub` signature, and no error type that is a `String` in a
-//!   wrapper (`struct X(pub String)` deriving or implementing `Error`): errors that cross a
-//!   module are types whose variants say the cause;
+//! - no `pub async fn` in a library crate of `crates/`, and every `pub fn` returning `Boxed`
+//!   `#[inline(never)]`: an async entry point another crate awaits is compiled once, in its own
+//!   crate (core/boxed.rs);
+//! - no string (`String`, `&str`, `Box<str>`) as the error of a `Result` in the signature of a
+//!   fn that is not private or of a trait's method, in a field, or in a type alias, and no
+//!   error type that is a string in a wrapper (`struct X(pub String)` deriving or implementing
+//!   `Error` in its crate): errors that cross a module are types whose variants say the cause
+//!   (read as Rust, by `syn`);
 //! - every advisory file lock through `core::flock` (std's `File::lock`), none by `libc::flock`;
 //! - no crate both a dependency and a dev-dependency in any `Cargo.toml` of the workspace: a
 //!   feature only the tests turn on builds that crate, and the ones above it, twice
@@ -20,6 +28,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+
+use proc_macro2::{Delimiter, Spacing, TokenTree};
+use syn::visit::Visit;
 
 /// Longest a source file may be before its test module.
 const MAX_LINES: usize = 700;
@@ -122,70 +133,6 @@ fn module_of(file: &str) -> Vec<String> {
     parts
 }
 
-/// The module paths a file's code names (`crate::a::b`, `super::c`, and `{…}` lists after
-/// them), resolved to absolute paths, comments left out.
-fn references(module: &[String], code: &str) -> Vec<Vec<String>> {
-    let mut out = Vec::new();
-    for line in code.lines() {
-        let t = line.trim_start();
-        if t.starts_with("//") {
-            continue;
-        }
-        let mut rest = t;
-        while let Some(i) = find_path_start(rest) {
-            let tail = &rest[i..];
-            let (path, used) = read_path(tail);
-            rest = &tail[used.max(1)..];
-            for p in expand(&path) {
-                if let Some(abs) = resolve(module, &p) {
-                    out.push(abs);
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Where the next `crate::` or `super::` path starts (not inside an identifier).
-fn find_path_start(s: &str) -> Option<usize> {
-    let mut best: Option<usize> = None;
-    for key in ["crate::", "super::"] {
-        let mut from = 0;
-        while let Some(j) = s[from..].find(key) {
-            let at = from + j;
-            let prev = s[..at].chars().next_back();
-            if prev.is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':')) {
-                best = Some(best.map_or(at, |b: usize| b.min(at)));
-                break;
-            }
-            from = at + key.len();
-        }
-    }
-    best
-}
-
-/// A path as written, braces included (`super::{a, b::c}`), and the bytes it took.
-fn read_path(s: &str) -> (String, usize) {
-    let mut depth = 0usize;
-    let mut end = s.len();
-    for (i, c) in s.char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' if depth == 0 => {
-                end = i;
-                break;
-            }
-            '}' => depth -= 1,
-            c if depth == 0 && !(c.is_alphanumeric() || c == '_' || c == ':') => {
-                end = i;
-                break;
-            }
-            _ => {}
-        }
-    }
-    (s[..end].to_string(), end)
-}
-
 /// `a::{b, c::{d, e}}` as `a::b`, `a::c::d`, `a::c::e`.
 fn expand(path: &str) -> Vec<String> {
     let Some(open) = path.find('{') else {
@@ -215,27 +162,165 @@ fn expand(path: &str) -> Vec<String> {
         .collect()
 }
 
-/// An absolute module path (without `crate`) from a path written in `module`.
-fn resolve(module: &[String], path: &str) -> Option<Vec<String>> {
-    let mut segs = path.split("::").filter(|s| !s.is_empty());
-    let first = segs.next()?;
-    let mut base: Vec<String> = match first {
-        "crate" => module[..1].to_vec(),
-        "super" => {
-            // In `a/b.rs` and in `a/b/mod.rs` (both module a::b), `super` is `a`.
-            let mut m = module.to_vec();
-            m.pop()?;
-            if m.is_empty() {
-                return None;
+/// What a file's code names, read from its tokens (comments and string literals are not
+/// code; macro bodies are): the paths that start `crate::`, `super::`, `self::` or with the
+/// name of one of the module's own child modules (`table::Start`), `{…}` lists expanded, each
+/// resolved to an absolute path and marked when it is a glob (`::*`). Modules under
+/// `#[cfg(test)]` are left out: an inline one is skipped, one with a file of its own is listed
+/// in `test_modules`. A bare `mod x;` is structure, not a path.
+#[derive(Default)]
+struct Named {
+    paths: Vec<(Vec<String>, bool)>,
+    test_modules: Vec<Vec<String>>,
+}
+
+fn punct(t: &TokenTree, c: char) -> bool {
+    matches!(t, TokenTree::Punct(p) if p.as_char() == c)
+}
+
+fn keyword(t: Option<&TokenTree>, word: &str) -> bool {
+    matches!(t, Some(TokenTree::Ident(i)) if *i == word)
+}
+
+/// `::` at `at`.
+fn path_sep(tts: &[TokenTree], at: usize) -> bool {
+    matches!(tts.get(at), Some(TokenTree::Punct(p)) if p.as_char() == ':' && p.spacing() == Spacing::Joint)
+        && tts.get(at + 1).is_some_and(|t| punct(t, ':'))
+}
+
+fn group(tts: &[TokenTree], at: usize, d: Delimiter) -> Option<Vec<TokenTree>> {
+    match tts.get(at) {
+        Some(TokenTree::Group(g)) if g.delimiter() == d => Some(g.stream().into_iter().collect()),
+        _ => None,
+    }
+}
+
+fn is_cfg_test(attr: &[TokenTree]) -> bool {
+    let s: String = attr.iter().map(ToString::to_string).collect();
+    s.split_whitespace().collect::<String>() == "cfg(test)"
+}
+
+/// Fills `out` with what `tts`, code of `module`, names.
+fn scan(tts: &[TokenTree], module: &[String], modules: &BTreeSet<Vec<String>>, out: &mut Named) {
+    let mut i = 0;
+    // The attributes just read hold `#[cfg(test)]`.
+    let mut test = false;
+    while i < tts.len() {
+        if punct(&tts[i], '#') {
+            let at = i + 1 + usize::from(tts.get(i + 1).is_some_and(|t| punct(t, '!')));
+            if let Some(attr) = group(tts, at, Delimiter::Bracket) {
+                test |= is_cfg_test(&attr);
+                scan(&attr, module, modules, out);
+                i = at + 1;
+                continue;
             }
-            m
         }
-        _ => return None,
+        // `[pub[(…)]] mod name { … }` or `… mod name;`
+        let mut k = i;
+        if keyword(tts.get(k), "pub") {
+            k += 1;
+            if group(tts, k, Delimiter::Parenthesis).is_some() {
+                k += 1;
+            }
+        }
+        if keyword(tts.get(k), "mod")
+            && let Some(TokenTree::Ident(name)) = tts.get(k + 1)
+        {
+            let child = [module, &[name.to_string()]].concat();
+            if let Some(body) = group(tts, k + 2, Delimiter::Brace) {
+                if !test {
+                    scan(&body, &child, modules, out);
+                }
+                (i, test) = (k + 3, false);
+                continue;
+            }
+            if tts.get(k + 2).is_some_and(|t| punct(t, ';')) {
+                if test {
+                    out.test_modules.push(child);
+                }
+                (i, test) = (k + 3, false);
+                continue;
+            }
+        }
+        test = false;
+        match &tts[i] {
+            TokenTree::Group(g) => {
+                let inner: Vec<TokenTree> = g.stream().into_iter().collect();
+                scan(&inner, module, modules, out);
+            }
+            TokenTree::Ident(id) if path_sep(tts, i + 1) => {
+                // Not the tail of a longer path (`bridge_core::table::x`) nor a method
+                // (`x.table::<T>()`).
+                let inside = i >= 2 && path_sep(tts, i - 2) || i >= 1 && punct(&tts[i - 1], '.');
+                let first = id.to_string();
+                let ours = matches!(first.as_str(), "crate" | "super" | "self")
+                    || modules.contains(&[module, &[first]].concat());
+                if !inside && ours {
+                    let (paths, next) = read_path(tts, i);
+                    for (segs, glob) in paths {
+                        if let Some(abs) = resolve(module, &segs) {
+                            out.paths.push((abs, glob));
+                        }
+                    }
+                    i = next;
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+}
+
+/// The path starting at `start` (`a::b`, `a::{b, c::*}`) as its segments, each marked when it
+/// is a glob, and where it ends.
+fn read_path(tts: &[TokenTree], start: usize) -> (Vec<(Vec<String>, bool)>, usize) {
+    let mut segs = vec![tts[start].to_string()];
+    let mut k = start + 1;
+    while path_sep(tts, k) {
+        match tts.get(k + 2) {
+            Some(TokenTree::Ident(id)) => {
+                segs.push(id.to_string());
+                k += 3;
+            }
+            Some(t) if punct(t, '*') => return (vec![(segs, true)], k + 3),
+            Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Brace => {
+                let inner: Vec<TokenTree> = g.stream().into_iter().collect();
+                let mut out = Vec::new();
+                for part in inner.split(|t| punct(t, ',')) {
+                    match part.first() {
+                        Some(t) if punct(t, '*') => out.push((segs.clone(), true)),
+                        Some(TokenTree::Ident(_)) => {
+                            for (sub, glob) in read_path(part, 0).0 {
+                                out.push(([segs.clone(), sub].concat(), glob));
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                return (out, k + 3);
+            }
+            _ => break,
+        }
+    }
+    (vec![(segs, false)], k)
+}
+
+/// An absolute path (source root first) from `segs` written in `module`: `crate::…`,
+/// `super::…`, `self::…`, or a child module's name first.
+fn resolve(module: &[String], segs: &[String]) -> Option<Vec<String>> {
+    let (first, rest) = segs.split_first()?;
+    let mut base: Vec<String> = match first.as_str() {
+        "crate" => module[..1].to_vec(),
+        "self" => module.to_vec(),
+        // In `a/b.rs` and in `a/b/mod.rs` (both module a::b), `super` is `a`.
+        "super" => module[..module.len().checked_sub(1).filter(|n| *n > 0)?].to_vec(),
+        child => [module, &[child.to_string()]].concat(),
     };
-    for s in segs {
-        match s {
+    for s in rest {
+        match s.as_str() {
             "super" => {
-                base.pop()?;
+                base.pop();
                 if base.is_empty() {
                     return None;
                 }
@@ -247,32 +332,262 @@ fn resolve(module: &[String], path: &str) -> Option<Vec<String>> {
     Some(base)
 }
 
-/// The module graph of `files` at one level: for every file under `parent`, the child of
-/// `parent` it belongs to, and the children of `parent` its code names; the parent's own file
-/// is left out. Edges carry the file that makes them.
-fn edges_under(
-    files: &[(String, String)],
+/// Whether an item's attributes hold `#[cfg(test)]`.
+fn is_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("cfg") && a.parse_args::<syn::Ident>().is_ok_and(|i| i == "test")
+    })
+}
+
+/// The names a module's own file binds at its top level: those it defines (items, inline
+/// modules, macros), those it imports with the path each resolves to (`None`: another crate),
+/// and its glob imports. A bare `mod x;` binds a child module, a node of its own.
+#[derive(Default)]
+struct Binds {
+    defined: BTreeSet<String>,
+    imported: BTreeMap<String, Option<Vec<String>>>,
+    globs: Vec<Vec<String>>,
+}
+
+fn binds_of(module: &[String], modules: &BTreeSet<Vec<String>>, file: &syn::File) -> Binds {
+    let mut b = Binds::default();
+    for item in &file.items {
+        let name = match item {
+            syn::Item::Use(u) => {
+                let external = u.leading_colon.is_some();
+                use_binds(module, modules, &u.tree, external, &mut Vec::new(), &mut b);
+                continue;
+            }
+            syn::Item::Mod(m) if m.content.is_none() || is_test(&m.attrs) => continue,
+            syn::Item::Mod(m) => &m.ident,
+            syn::Item::Fn(f) => &f.sig.ident,
+            syn::Item::Struct(s) => &s.ident,
+            syn::Item::Enum(e) => &e.ident,
+            syn::Item::Union(u) => &u.ident,
+            syn::Item::Type(t) => &t.ident,
+            syn::Item::Const(c) => &c.ident,
+            syn::Item::Static(s) => &s.ident,
+            syn::Item::Trait(t) => &t.ident,
+            syn::Item::TraitAlias(t) => &t.ident,
+            syn::Item::Macro(m) => match &m.ident {
+                Some(i) => i,
+                None => continue,
+            },
+            syn::Item::ExternCrate(e) => {
+                let bound = e.rename.as_ref().map_or(&e.ident, |(_, r)| r);
+                b.imported.insert(bound.to_string(), None);
+                continue;
+            }
+            _ => continue,
+        };
+        b.defined.insert(name.to_string());
+    }
+    b
+}
+
+fn use_binds(
+    module: &[String],
     modules: &BTreeSet<Vec<String>>,
-    parent: &[String],
-) -> BTreeMap<(String, String), String> {
-    let mut edges = BTreeMap::new();
-    for (file, text) in files {
-        let m = module_of(file);
-        if m.len() <= parent.len() || m[..parent.len()] != *parent {
+    tree: &syn::UseTree,
+    external: bool,
+    prefix: &mut Vec<String>,
+    b: &mut Binds,
+) {
+    let target = |path: Vec<String>| -> Option<Vec<String>> {
+        let first = path.first()?.as_str();
+        let ours = matches!(first, "crate" | "super" | "self")
+            || modules.contains(&[module, &[first.to_string()]].concat());
+        if external || !ours {
+            return None;
+        }
+        resolve(module, &path)
+    };
+    let leaf = |name: &syn::Ident| -> Vec<String> {
+        if name == "self" {
+            prefix.clone()
+        } else {
+            [prefix.as_slice(), &[name.to_string()]].concat()
+        }
+    };
+    match tree {
+        syn::UseTree::Path(p) => {
+            prefix.push(p.ident.to_string());
+            use_binds(module, modules, &p.tree, external, prefix, b);
+            prefix.pop();
+        }
+        syn::UseTree::Name(n) => {
+            let path = leaf(&n.ident);
+            if let Some(bound) = path.last().cloned() {
+                b.imported.insert(bound, target(path));
+            }
+        }
+        syn::UseTree::Rename(r) => {
+            if r.rename != "_" {
+                b.imported
+                    .insert(r.rename.to_string(), target(leaf(&r.ident)));
+            }
+        }
+        syn::UseTree::Glob(_) => {
+            if let Some(t) = target(prefix.clone()) {
+                b.globs.push(t);
+            }
+        }
+        syn::UseTree::Group(g) => {
+            for t in &g.items {
+                use_binds(module, modules, t, external, prefix, b);
+            }
+        }
+    }
+}
+
+/// The modules of a crate's files, what each file names, and what each module's own file
+/// binds: read once, asked at every level.
+struct Graph {
+    /// Each file, its module and what its code names.
+    files: Vec<(String, Vec<String>, Named)>,
+    /// Every module: those with a file and the directories above them.
+    modules: BTreeSet<Vec<String>>,
+    /// Each module's own file (`lib.rs`, `mod.rs`, `a.rs` beside `a/`) and what it binds.
+    own: BTreeMap<Vec<String>, (String, Binds)>,
+}
+
+/// The graph of `files`, and the files that do not read as Rust. A `main.rs` beside a `lib.rs`
+/// is a crate of its own. Files of modules declared `#[cfg(test)]` are left out.
+fn graph(files: &[(String, String)]) -> (Graph, Vec<String>) {
+    let mut broken = Vec::new();
+    let module = |f: &str| -> Vec<String> {
+        let beside_lib = f
+            .strip_suffix("main.rs")
+            .is_some_and(|dir| files.iter().any(|(g, _)| *g == format!("{dir}lib.rs")));
+        if beside_lib {
+            vec![f.to_string()]
+        } else {
+            module_of(f)
+        }
+    };
+    let mut modules: BTreeSet<Vec<String>> = BTreeSet::new();
+    for (f, _) in files {
+        let m = module(f);
+        for i in 1..=m.len() {
+            modules.insert(m[..i].to_vec());
+        }
+    }
+    let mut read = Vec::new();
+    for (f, text) in files {
+        let m = module(f);
+        let tokens = match text.parse::<proc_macro2::TokenStream>() {
+            Ok(t) => t,
+            Err(e) => {
+                broken.push(format!("{f}: does not read as Rust: {e}"));
+                continue;
+            }
+        };
+        let tts: Vec<TokenTree> = tokens.into_iter().collect();
+        let mut named = Named::default();
+        scan(&tts, &m, &modules, &mut named);
+        read.push((f.clone(), m, named));
+    }
+    let tests: Vec<Vec<String>> = read
+        .iter()
+        .flat_map(|(_, _, n)| n.test_modules.clone())
+        .collect();
+    let is_test_module = |m: &[String]| tests.iter().any(|t| m.starts_with(t));
+    read.retain(|(_, m, _)| !is_test_module(m));
+    modules.retain(|m| !is_test_module(m));
+    let mut own = BTreeMap::new();
+    for (f, text) in files {
+        let m = module(f);
+        if is_test_module(&m) || !read.iter().any(|(g, _, _)| g == f) {
             continue;
         }
-        let from = m[parent.len()].clone();
-        for r in references(&m, before_tests(text)) {
-            if r.len() <= parent.len() || r[..parent.len()] != *parent {
+        match syn::parse_file(text) {
+            Ok(parsed) => {
+                let name = f.rsplit('/').next().unwrap_or(f).to_string();
+                own.insert(m.clone(), (name, binds_of(&m, &modules, &parsed)));
+            }
+            Err(e) => broken.push(format!(
+                "{f}:{}: does not parse as Rust: {e}",
+                e.span().start().line
+            )),
+        }
+    }
+    let graph = Graph {
+        files: read,
+        modules,
+        own,
+    };
+    (graph, broken)
+}
+
+/// The module graph at one level: its nodes are the children of `parent` and the parent's own
+/// file (named as its file is, `lib.rs`, `mod.rs`). A child's edges go to the children its
+/// code names, and to the parent's file when it names an item defined there (`crate::Thing`,
+/// `super::shown`, a glob `use super::*`) — to the child a name comes from when the parent's
+/// file only imports or re-exports it (`pub use error::SandboxError;`). The parent's file's
+/// edges go to the children whose items it names (`use table::Busy;`, `table::Start`, `pub use
+/// error::X;`), not to those it only declares (`mod table;`). Edges carry the file that makes
+/// them.
+fn edges_under(g: &Graph, parent: &[String]) -> BTreeMap<(String, String), String> {
+    let (home, binds) = match g.own.get(parent) {
+        Some((name, binds)) => (name.clone(), Some(binds)),
+        None => ("(parent)".to_string(), None),
+    };
+    let depth = parent.len();
+    // The child of `parent` a path under it lands in, or the parent's own file.
+    let node_of = |p: &[String]| -> String {
+        if p.len() > depth && g.modules.contains(&p[..=depth]) {
+            p[depth].clone()
+        } else {
+            home.clone()
+        }
+    };
+    let mut edges = BTreeMap::new();
+    for (file, m, named) in &g.files {
+        if !m.starts_with(parent) {
+            continue;
+        }
+        let from = if m.len() == depth {
+            home.clone()
+        } else {
+            m[depth].clone()
+        };
+        for (r, glob) in &named.paths {
+            if !r.starts_with(parent) {
                 continue;
             }
-            let to = r[parent.len()].clone();
-            if to == from || !modules.contains(&r[..=parent.len()].to_vec()) {
-                continue;
+            let to: Vec<String> = if r.len() == depth {
+                // `use super::*` from a child.
+                if *glob { vec![home.clone()] } else { vec![] }
+            } else if g.modules.contains(&r[..=depth]) {
+                vec![r[depth].clone()]
+            } else if from == home {
+                // The parent's file naming its own items.
+                vec![]
+            } else {
+                // An item of the parent's file, or a name it imports.
+                let name = &r[depth];
+                match binds {
+                    None => vec![],
+                    Some(b) if b.defined.contains(name) => vec![home.clone()],
+                    Some(b) => match b.imported.get(name) {
+                        Some(Some(t)) if t.starts_with(parent) => vec![node_of(t)],
+                        Some(_) => vec![],
+                        None => b
+                            .globs
+                            .iter()
+                            .filter(|t| t.starts_with(parent) && t.len() > depth)
+                            .map(|t| node_of(t))
+                            .collect(),
+                    },
+                }
+            };
+            for to in to {
+                if to != from {
+                    edges
+                        .entry((from.clone(), to))
+                        .or_insert_with(|| file.clone());
+                }
             }
-            edges
-                .entry((from.clone(), to))
-                .or_insert_with(|| file.clone());
         }
     }
     edges
@@ -310,19 +625,23 @@ fn cycles(edges: &BTreeMap<(String, String), String>) -> Vec<Vec<String>> {
     out
 }
 
-/// Every import cycle, as `parent: a -> b (file) -> … `, at the top level of each crate and in
-/// every module directory. (Between crates Cargo refuses a cycle itself.)
+/// Every import cycle, as `parent: a -> b (file), …`, at the top level of each crate and in
+/// every module directory, the parent's own file a node among its children. (Between crates
+/// Cargo refuses a cycle itself.) A file that does not read as Rust is reported too.
 fn import_cycles(files: &[(String, String)]) -> Vec<String> {
-    let modules: BTreeSet<Vec<String>> = files.iter().map(|(f, _)| module_of(f)).collect();
-    let mut parents: BTreeSet<Vec<String>> = BTreeSet::new();
-    for m in &modules {
-        for i in 1..m.len() {
-            parents.insert(m[..i].to_vec());
-        }
-    }
-    let mut out = Vec::new();
+    let (g, mut out) = graph(files);
+    let parents: BTreeSet<Vec<String>> = g
+        .modules
+        .iter()
+        .filter(|m| {
+            g.modules
+                .iter()
+                .any(|c| c.len() > m.len() && c.starts_with(m))
+        })
+        .cloned()
+        .collect();
     for parent in &parents {
-        let edges = edges_under(files, &modules, parent);
+        let edges = edges_under(&g, parent);
         for scc in cycles(&edges) {
             let shown: Vec<String> = edges
                 .iter()
@@ -346,74 +665,383 @@ fn long_files(files: &[(String, String)]) -> Vec<String> {
         .collect()
 }
 
-/// `pub` signatures (`pub fn`, `pub async fn`, `pub(crate) …`) whose return type is a
-/// `Result<_, String>`.
-fn string_errors(files: &[(String, String)]) -> Vec<String> {
+/// A file's items as Rust, or why not (an offender of the guard that reads it).
+fn parsed(f: &str, text: &str) -> Result<syn::File, String> {
+    syn::parse_file(text)
+        .map_err(|e| format!("{f}:{}: does not parse as Rust: {e}", e.span().start().line))
+}
+
+/// The source text a node spans (from `from`'s start to `to`'s end), on one line.
+fn source_of(text: &str, from: proc_macro2::Span, to: proc_macro2::Span) -> String {
+    let (a, b) = (from.start(), to.end());
+    let mut out = String::new();
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .skip(a.line - 1)
+        .take(b.line + 1 - a.line)
+    {
+        let chars: Vec<char> = line.chars().collect();
+        let lo = if n + 1 == a.line { a.column } else { 0 };
+        let hi = if n + 1 == b.line {
+            b.column
+        } else {
+            chars.len()
+        };
+        out.extend(&chars[lo.min(chars.len())..hi.min(chars.len())]);
+        out.push(' ');
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Where an item with `vis` and `sig` starts (its visibility, else its signature).
+fn fn_start(vis: &syn::Visibility, sig: &syn::Signature) -> proc_macro2::Span {
+    use syn::spanned::Spanned;
+    match vis {
+        syn::Visibility::Inherited => sig.span(),
+        v => v.span(),
+    }
+}
+
+/// The crate a source file belongs to: its source root.
+fn crate_of(f: &str) -> String {
+    module_of(f).swap_remove(0)
+}
+
+/// The library crates' `pub async fn`s (fully `pub`: `unreachable_pub` makes that an item
+/// another crate reaches), and their `pub fn`s returning `Boxed` that are not
+/// `#[inline(never)]`: an async entry point another crate awaits returns
+/// `bridge_core::boxed::Boxed` from a plain, never-inlined fn, so that its body is compiled
+/// once, in its own crate (core/boxed.rs). The top crate (`src/`) has nobody above it.
+fn unboxed_entry_points(files: &[(String, String)]) -> Vec<String> {
+    struct Sites<'a> {
+        file: &'a str,
+        text: &'a str,
+        out: Vec<String>,
+    }
+    impl Sites<'_> {
+        fn check(&mut self, attrs: &[syn::Attribute], vis: &syn::Visibility, sig: &syn::Signature) {
+            use syn::spanned::Spanned;
+            if !matches!(vis, syn::Visibility::Public(_)) {
+                return;
+            }
+            let start = fn_start(vis, sig);
+            let shown = source_of(self.text, start, sig.span());
+            let line = start.start().line;
+            let boxed = matches!(&sig.output, syn::ReturnType::Type(_, ty)
+                if matches!(&**ty, syn::Type::Path(p)
+                    if p.path.segments.last().is_some_and(|s| s.ident == "Boxed")));
+            let never = attrs.iter().any(|a| {
+                a.path().is_ident("inline")
+                    && a.parse_args::<syn::Ident>().is_ok_and(|i| i == "never")
+            });
+            if sig.asyncness.is_some() {
+                self.out.push(format!(
+                    "{}:{line}: {shown}: a pub async fn (return Boxed from a plain #[inline(never)] fn)",
+                    self.file
+                ));
+            } else if boxed && !never {
+                self.out.push(format!(
+                    "{}:{line}: {shown}: returns Boxed but is not #[inline(never)]",
+                    self.file
+                ));
+            }
+        }
+    }
+    impl<'ast> Visit<'ast> for Sites<'_> {
+        fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+            if !is_test(&m.attrs) {
+                syn::visit::visit_item_mod(self, m);
+            }
+        }
+        fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+            self.check(&f.attrs, &f.vis, &f.sig);
+            syn::visit::visit_item_fn(self, f);
+        }
+        fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+            self.check(&f.attrs, &f.vis, &f.sig);
+            syn::visit::visit_impl_item_fn(self, f);
+        }
+    }
     let mut out = Vec::new();
     for (f, text) in files {
-        let code = before_tests(text);
-        for (i, line) in code.lines().enumerate() {
-            let t = line.trim_start();
-            let public = [
-                "pub fn ",
-                "pub async fn ",
-                "pub(crate) fn ",
-                "pub(crate) async fn ",
-            ]
-            .iter()
-            .any(|p| t.starts_with(p));
-            if !public {
-                continue;
+        if !f.starts_with("crates/") {
+            continue;
+        }
+        match parsed(f, text) {
+            Ok(file) => {
+                let mut sites = Sites {
+                    file: f,
+                    text,
+                    out: Vec::new(),
+                };
+                sites.visit_file(&file);
+                out.extend(sites.out);
             }
-            // The signature, up to its body or its end.
-            let rest: String = code.lines().skip(i).take(12).collect::<Vec<_>>().join(" ");
-            let sig = rest.split(['{', ';']).next().unwrap_or("");
-            let sig: String = sig.split_whitespace().collect::<Vec<_>>().join(" ");
-            if let Some(ret) = sig.split(") -> ").nth(1)
-                && ret.trim_start().starts_with("Result<")
-                && ret.trim_end().ends_with(", String>")
-            {
-                out.push(format!("{f}:{}: {sig}", i + 1));
-            }
+            Err(e) => out.push(e),
         }
     }
     out
 }
 
-/// Error types that are a `String` in a wrapper: a tuple struct whose one field is a `String`
-/// and that derives `Error` (in the attributes above it) or implements it anywhere in the file.
-fn string_newtype_errors(files: &[(String, String)]) -> Vec<String> {
+/// Whether a type is a string: `String` (by any path), `&str`, `Box<str>` and the like.
+fn is_string(ty: &syn::Type) -> bool {
+    let is_str = |t: &syn::Type| matches!(t, syn::Type::Path(p) if p.qself.is_none() && p.path.is_ident("str"));
+    match ty {
+        syn::Type::Paren(p) => is_string(&p.elem),
+        syn::Type::Group(g) => is_string(&g.elem),
+        syn::Type::Reference(r) => is_str(&r.elem),
+        syn::Type::Path(p) if p.qself.is_none() => {
+            let Some(last) = p.path.segments.last() else {
+                return false;
+            };
+            match &last.arguments {
+                syn::PathArguments::None => last.ident == "String",
+                syn::PathArguments::AngleBracketed(a)
+                    if ["Box", "Arc", "Rc", "Cow"].iter().any(|w| last.ident == w) =>
+                {
+                    let tys: Vec<&syn::Type> = a
+                        .args
+                        .iter()
+                        .filter_map(|g| match g {
+                            syn::GenericArgument::Type(t) => Some(t),
+                            _ => None,
+                        })
+                        .collect();
+                    tys.len() == 1 && is_str(tys[0])
+                }
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Whether a `Result<_, E>` whose `E` is a string appears anywhere in a node (nested in
+/// `Option`, a `Box<dyn Future<Output = …>>`, `Boxed<'_, …>`, a closure's bound).
+#[derive(Default)]
+struct StringResult(bool);
+
+impl<'ast> Visit<'ast> for StringResult {
+    fn visit_path_segment(&mut self, s: &'ast syn::PathSegment) {
+        if s.ident == "Result"
+            && let syn::PathArguments::AngleBracketed(a) = &s.arguments
+        {
+            let tys: Vec<&syn::Type> = a
+                .args
+                .iter()
+                .filter_map(|g| match g {
+                    syn::GenericArgument::Type(t) => Some(t),
+                    _ => None,
+                })
+                .collect();
+            self.0 |= tys.len() == 2 && is_string(tys[1]);
+        }
+        syn::visit::visit_path_segment(self, s);
+    }
+}
+
+/// Where a string is the error of a `Result`: in the signature (inputs and output) of a fn or
+/// method that is not private, of a trait's method whatever its visibility, in a field of any
+/// struct, union or enum variant, and in a type alias. Code under `#[cfg(test)]` modules is
+/// left out.
+fn string_errors(files: &[(String, String)]) -> Vec<String> {
+    struct Sites<'a> {
+        file: &'a str,
+        text: &'a str,
+        owner: String,
+        out: Vec<String>,
+    }
+    impl Sites<'_> {
+        fn sig(&mut self, vis: &syn::Visibility, sig: &syn::Signature) {
+            use syn::spanned::Spanned;
+            let mut found = StringResult::default();
+            found.visit_signature(sig);
+            if found.0 {
+                let start = fn_start(vis, sig);
+                let shown = source_of(self.text, start, sig.span());
+                self.out
+                    .push(format!("{}:{}: {shown}", self.file, start.start().line));
+            }
+        }
+    }
+    impl<'ast> Visit<'ast> for Sites<'_> {
+        fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+            if !is_test(&m.attrs) {
+                syn::visit::visit_item_mod(self, m);
+            }
+        }
+        fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+            if !matches!(f.vis, syn::Visibility::Inherited) {
+                self.sig(&f.vis, &f.sig);
+            }
+            syn::visit::visit_item_fn(self, f);
+        }
+        fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+            if !matches!(f.vis, syn::Visibility::Inherited) {
+                self.sig(&f.vis, &f.sig);
+            }
+            syn::visit::visit_impl_item_fn(self, f);
+        }
+        fn visit_trait_item_fn(&mut self, f: &'ast syn::TraitItemFn) {
+            self.sig(&syn::Visibility::Inherited, &f.sig);
+            syn::visit::visit_trait_item_fn(self, f);
+        }
+        fn visit_item_type(&mut self, t: &'ast syn::ItemType) {
+            use syn::spanned::Spanned;
+            let mut found = StringResult::default();
+            found.visit_type(&t.ty);
+            if found.0 {
+                let start = match &t.vis {
+                    syn::Visibility::Inherited => t.type_token.span,
+                    v => v.span(),
+                };
+                let shown = source_of(self.text, start, t.semi_token.span);
+                self.out
+                    .push(format!("{}:{}: {shown}", self.file, start.start().line));
+            }
+            syn::visit::visit_item_type(self, t);
+        }
+        fn visit_item_struct(&mut self, s: &'ast syn::ItemStruct) {
+            let outer = std::mem::replace(&mut self.owner, s.ident.to_string());
+            syn::visit::visit_item_struct(self, s);
+            self.owner = outer;
+        }
+        fn visit_item_union(&mut self, u: &'ast syn::ItemUnion) {
+            let outer = std::mem::replace(&mut self.owner, u.ident.to_string());
+            syn::visit::visit_item_union(self, u);
+            self.owner = outer;
+        }
+        fn visit_item_enum(&mut self, e: &'ast syn::ItemEnum) {
+            let outer = std::mem::replace(&mut self.owner, e.ident.to_string());
+            syn::visit::visit_item_enum(self, e);
+            self.owner = outer;
+        }
+        fn visit_variant(&mut self, v: &'ast syn::Variant) {
+            let outer = self.owner.clone();
+            self.owner = format!("{outer}::{}", v.ident);
+            syn::visit::visit_variant(self, v);
+            self.owner = outer;
+        }
+        fn visit_field(&mut self, f: &'ast syn::Field) {
+            use syn::spanned::Spanned;
+            let mut found = StringResult::default();
+            found.visit_type(&f.ty);
+            if found.0 {
+                let start = match (&f.vis, &f.ident) {
+                    (syn::Visibility::Inherited, Some(i)) => i.span(),
+                    (syn::Visibility::Inherited, None) => f.ty.span(),
+                    (v, _) => v.span(),
+                };
+                let shown = source_of(self.text, start, f.ty.span());
+                self.out.push(format!(
+                    "{}:{}: field of {}: {shown}",
+                    self.file,
+                    start.start().line,
+                    self.owner
+                ));
+            }
+            syn::visit::visit_field(self, f);
+        }
+    }
     let mut out = Vec::new();
     for (f, text) in files {
-        let code = before_tests(text);
-        let lines: Vec<&str> = code.lines().collect();
-        for (i, line) in lines.iter().enumerate() {
-            let Some((_, rest)) = line.split_once("struct ") else {
-                continue;
-            };
-            let Some((name, field)) = rest.split_once('(') else {
-                continue;
-            };
-            let field = field.trim_end().trim_end_matches(';').trim_end_matches(')');
-            let field = field
-                .trim()
-                .trim_start_matches("pub(crate) ")
-                .trim_start_matches("pub ");
-            if field.trim() != "String" || !name.chars().all(|c| c.is_alphanumeric() || c == '_') {
-                continue;
+        match parsed(f, text) {
+            Ok(file) => {
+                let mut sites = Sites {
+                    file: f,
+                    text,
+                    owner: String::new(),
+                    out: Vec::new(),
+                };
+                sites.visit_file(&file);
+                out.extend(sites.out);
             }
-            let derives = lines[..i]
-                .iter()
-                .rev()
-                .take_while(|l| {
-                    l.trim_start().starts_with("#[") || l.trim_start().starts_with("///")
-                })
-                .any(|l| l.contains("derive(") && l.contains("Error"));
-            let implements = [format!("Error for {name} "), format!("Error for {name}{{")]
-                .iter()
-                .any(|p| code.contains(p.as_str()));
-            if derives || implements {
-                out.push(format!("{f}:{}: {}", i + 1, line.trim()));
+            Err(e) => out.push(e),
+        }
+    }
+    out
+}
+
+/// Error types that are a string in a wrapper: a struct whose one field is a string and that
+/// derives `Error` or implements it (`impl Error for X`, `impl std::error::Error for X`)
+/// anywhere in its crate. Code under `#[cfg(test)]` modules is left out.
+fn string_newtype_errors(files: &[(String, String)]) -> Vec<String> {
+    #[derive(Default)]
+    struct Items<'ast> {
+        structs: Vec<&'ast syn::ItemStruct>,
+        errors: BTreeSet<String>,
+    }
+    impl<'ast> Visit<'ast> for Items<'ast> {
+        fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+            if !is_test(&m.attrs) {
+                syn::visit::visit_item_mod(self, m);
+            }
+        }
+        fn visit_item_struct(&mut self, s: &'ast syn::ItemStruct) {
+            self.structs.push(s);
+            syn::visit::visit_item_struct(self, s);
+        }
+        fn visit_item_impl(&mut self, i: &'ast syn::ItemImpl) {
+            let error_trait = i.trait_.as_ref().is_some_and(|(_, path, _)| {
+                let names: Vec<String> =
+                    path.segments.iter().map(|s| s.ident.to_string()).collect();
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                matches!(
+                    names.as_slice(),
+                    ["Error"] | ["error", "Error"] | ["std" | "core", "error", "Error"]
+                )
+            });
+            if error_trait
+                && let syn::Type::Path(p) = &*i.self_ty
+                && let Some(last) = p.path.segments.last()
+            {
+                self.errors.insert(last.ident.to_string());
+            }
+            syn::visit::visit_item_impl(self, i);
+        }
+    }
+    let mut out = Vec::new();
+    let mut read: Vec<(&str, &str, syn::File)> = Vec::new();
+    for (f, text) in files {
+        match parsed(f, text) {
+            Ok(file) => read.push((f, text, file)),
+            Err(e) => out.push(e),
+        }
+    }
+    let items: Vec<(&str, &str, Items)> = read
+        .iter()
+        .map(|(f, text, file)| {
+            let mut items = Items::default();
+            items.visit_file(file);
+            (*f, *text, items)
+        })
+        .collect();
+    for (f, text, found) in &items {
+        let implemented: BTreeSet<&String> = items
+            .iter()
+            .filter(|(g, _, _)| crate_of(g) == crate_of(f))
+            .flat_map(|(_, _, i)| &i.errors)
+            .collect();
+        for s in &found.structs {
+            let mut fields = s.fields.iter();
+            let one_string =
+                fields.next().is_some_and(|field| is_string(&field.ty)) && fields.next().is_none();
+            let derives = s.attrs.iter().any(|a| {
+                a.path().is_ident("derive")
+                    && a.parse_args_with(
+                        syn::punctuated::Punctuated::<syn::Path, syn::Token![,]>::parse_terminated,
+                    )
+                    .is_ok_and(|paths| {
+                        paths
+                            .iter()
+                            .any(|p| p.segments.last().is_some_and(|l| l.ident == "Error"))
+                    })
+            });
+            if one_string && (derives || implemented.contains(&s.ident.to_string())) {
+                let line = s.struct_token.span.start().line;
+                let shown = text.lines().nth(line - 1).unwrap_or("").trim();
+                out.push(format!("{f}:{line}: {shown}"));
             }
         }
     }
@@ -759,8 +1387,16 @@ fn every_test_security_md_names_exists() {
 #[test]
 fn no_pub_signature_returns_a_string_error() {
     report(
-        "rule: no Result<_, String> in a pub signature (an error that crosses a module is a type)",
+        "rule: no string as a Result's error in a signature that is not private, a trait's method, a field or a type alias (an error that crosses a module is a type)",
         &string_errors(&sources()),
+    );
+}
+
+#[test]
+fn every_async_entry_point_of_a_lower_crate_is_boxed() {
+    report(
+        "rule: a library crate's async entry point returns bridge_core::boxed::Boxed from a plain #[inline(never)] fn, not as a pub async fn (whose body every crate that awaits it compiles again)",
+        &unboxed_entry_points(&sources()),
     );
 }
 
@@ -914,20 +1550,150 @@ fn each_guard_fails_on_a_planted_violation() {
         long_files(&hiding),
         ["src/hides.rs: 702 lines before its tests"]
     );
+    // Through a crate's root or a module's own file: its items, not its re-exports.
+    let planted = [
+        // `crate::Thing` is lib.rs's own; lib.rs names `child::X`.
+        (
+            "crates/skills/src/lib.rs",
+            "mod child;\nmod table;\nuse child::X;\npub struct Thing;\npub(crate) fn helper() {}\n",
+        ),
+        (
+            "crates/skills/src/child.rs",
+            "pub struct X;\nfn f() -> crate::Thing {\n    crate::Thing\n}\n",
+        ),
+        // lib.rs only declares `mod table;`: no edge back.
+        ("crates/skills/src/table.rs", "fn f() {\n    crate::helper()\n}\n"),
+        // `crate::PackageError` is error's, re-exported: session -> error, not -> lib.rs.
+        (
+            "crates/packages/src/lib.rs",
+            "mod error;\nmod session;\npub use error::PackageError;\npub use self::session::Installed;\n",
+        ),
+        (
+            "crates/packages/src/session.rs",
+            "pub struct Installed;\nfn f() -> crate::PackageError {\n    todo!()\n}\n",
+        ),
+        ("crates/packages/src/error.rs", "pub struct PackageError;\n"),
+        // A glob `use super::*` outside the tests; the ones in tests, and a test module's
+        // file, are not edges.
+        (
+            "crates/upstream/src/pool/mod.rs",
+            "mod quiet;\nmod slot;\n#[cfg(test)]\nmod tests;\n#[cfg(test)]\nuse tests::Fixture;\nuse quiet::Q;\nuse slot::Slot;\npub struct Pool;\n",
+        ),
+        ("crates/upstream/src/pool/slot.rs", "use super::*;\npub struct Slot;\n"),
+        (
+            "crates/upstream/src/pool/quiet.rs",
+            "pub struct Q;\n#[cfg(test)]\nmod tests {\n    use super::super::*;\n}\n",
+        ),
+        ("crates/upstream/src/pool/tests.rs", "use super::*;\npub struct Fixture;\n"),
+        // `super::shown` from a child whose item mod.rs re-exports.
+        (
+            "crates/upstream/src/schema/mod.rs",
+            "mod render;\npub use render::Rendered;\npub(crate) fn shown() {}\n",
+        ),
+        (
+            "crates/upstream/src/schema/render.rs",
+            "pub struct Rendered;\nfn f() {\n    super::shown()\n}\n",
+        ),
+        // `self::table::Start` in a macro's arguments; `crate::{Engine, …}` in a list; a
+        // comment and a string are not code.
+        (
+            "crates/sandbox/src/lib.rs",
+            "mod table;\npub(crate) struct Engine;\nfn f() {\n    // table::Gone\n    let _ = format!(\"{:?} table::Said\", self::table::Start);\n}\n",
+        ),
+        (
+            "crates/sandbox/src/table.rs",
+            "use crate::{Engine, other::Y};\npub struct Start;\n",
+        ),
+    ]
+    .map(|(f, t)| (f.to_string(), t.to_string()));
+    assert_eq!(
+        import_cycles(&planted),
+        [
+            "crates/sandbox/src: lib.rs -> table (crates/sandbox/src/lib.rs), table -> lib.rs (crates/sandbox/src/table.rs)",
+            "crates/skills/src: child -> lib.rs (crates/skills/src/child.rs), lib.rs -> child (crates/skills/src/lib.rs)",
+            "crates/upstream/src/pool: mod.rs -> slot (crates/upstream/src/pool/mod.rs), slot -> mod.rs (crates/upstream/src/pool/slot.rs)",
+            "crates/upstream/src/schema: mod.rs -> render (crates/upstream/src/schema/mod.rs), render -> mod.rs (crates/upstream/src/schema/render.rs)",
+        ]
+    );
     let sigs = vec![(
         "src/a.rs".to_string(),
-        "pub async fn rename(\n    docker: &Docker,\n    id: &str,\n) -> Result<(), String> {\n}\nfn private() -> Result<(), String> {}\npub fn typed() -> Result<(), Error> {}\n".to_string(),
+        r#"pub async fn rename(
+    docker: &Docker,
+    id: &str,
+) -> Result<(), String> {
+}
+fn private() -> Result<(), String> {}
+pub fn typed() -> Result<(), Error> {}
+pub(crate) fn nested(f: impl Fn() -> Option<Result<u8, std::string::String>>) {}
+pub struct S;
+impl S {
+    pub(crate) fn boxed(&self) -> Boxed<'_, Result<(), Box<str>>> { todo!() }
+    fn private(&self) -> Result<(), String> { todo!() }
+}
+pub fn future() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> { todo!() }
+pub struct Reply {
+    pub done: Result<(), String>,
+}
+enum Event {
+    Ended(oneshot::Sender<Result<u32, String>>),
+}
+trait Elicit {
+    fn ask(&self) -> Result<Answer, String>;
+}
+/// Documented.
+pub(crate) type R = Result<u8, &'static str>;
+impl Elicit for S {
+    fn ask(&self) -> Result<Answer, String> { todo!() }
+}
+#[cfg(test)]
+mod tests {
+    pub fn helper() -> Result<(), String> { Ok(()) }
+}
+"#
+        .to_string(),
     )];
-    let found = string_errors(&sigs);
-    assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(
-        string_newtype_errors(&[(
-            "src/e.rs".to_string(),
-            "/// Why.\n#[derive(Debug, thiserror::Error)]\n#[error(\"{0}\")]\npub struct Refused(pub String);\npub struct Name(String);\nstruct ByHand(String);\nimpl std::error::Error for ByHand {}\npub struct Typed(pub Kind);\n".to_string(),
-        )]),
+        string_errors(&sigs),
+        [
+            "src/a.rs:1: pub async fn rename( docker: &Docker, id: &str, ) -> Result<(), String>",
+            "src/a.rs:8: pub(crate) fn nested(f: impl Fn() -> Option<Result<u8, std::string::String>>)",
+            "src/a.rs:11: pub(crate) fn boxed(&self) -> Boxed<'_, Result<(), Box<str>>>",
+            "src/a.rs:14: pub fn future() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>",
+            "src/a.rs:16: field of Reply: pub done: Result<(), String>",
+            "src/a.rs:19: field of Event::Ended: oneshot::Sender<Result<u32, String>>",
+            "src/a.rs:22: fn ask(&self) -> Result<Answer, String>",
+            "src/a.rs:25: pub(crate) type R = Result<u8, &'static str>;",
+        ]
+    );
+    assert_eq!(
+        string_newtype_errors(&[
+            (
+                "src/e.rs".to_string(),
+                "/// Why.\n#[derive(Debug, thiserror::Error)]\n#[error(\"{0}\")]\npub struct Refused(pub String);\npub struct Name(String);\nstruct ByHand(String);\nimpl std::error::Error for ByHand {}\npub struct Typed(pub Kind);\npub struct Elsewhere {\n    reason: Box<str>,\n}\n".to_string(),
+            ),
+            // Implemented in another file of the crate; `Name` in another crate is another type.
+            ("src/f.rs".to_string(), "impl Error for Elsewhere {}\n".to_string()),
+            ("crates/core/src/g.rs".to_string(), "impl Error for Name {}\n".to_string()),
+        ]),
         [
             "src/e.rs:4: pub struct Refused(pub String);",
-            "src/e.rs:6: struct ByHand(String);"
+            "src/e.rs:6: struct ByHand(String);",
+            "src/e.rs:9: pub struct Elsewhere {",
+        ]
+    );
+    assert_eq!(
+        unboxed_entry_points(&[
+            (
+                "crates/sandbox/src/lib.rs".to_string(),
+                "pub async fn run() {}\npub(crate) async fn inner() {}\npub struct S;\nimpl S {\n    pub async fn method(&self) {}\n    /// Boxed.\n    #[inline(never)]\n    pub fn boxed(&self) -> Boxed<'_, ()> {\n        todo!()\n    }\n    pub fn unmarked(&self) -> bridge_core::boxed::Boxed<'_, ()> {\n        todo!()\n    }\n    async fn private(&self) {}\n}\n#[cfg(test)]\nmod tests {\n    pub async fn helper() {}\n}\n".to_string(),
+            ),
+            // Nothing is above the top crate.
+            ("src/lib.rs".to_string(), "pub async fn top() {}\n".to_string()),
+        ]),
+        [
+            "crates/sandbox/src/lib.rs:1: pub async fn run(): a pub async fn (return Boxed from a plain #[inline(never)] fn)",
+            "crates/sandbox/src/lib.rs:5: pub async fn method(&self): a pub async fn (return Boxed from a plain #[inline(never)] fn)",
+            "crates/sandbox/src/lib.rs:11: pub fn unmarked(&self) -> bridge_core::boxed::Boxed<'_, ()>: returns Boxed but is not #[inline(never)]",
         ]
     );
     assert_eq!(
@@ -958,10 +1724,6 @@ fn each_guard_fails_on_a_planted_violation() {
             ),
         ]),
         ["crates/sandbox/src/park.rs: calls libc::flock (use bridge_core::flock)"]
-    );
-    assert!(
-        found[0].starts_with("src/a.rs:1: pub async fn rename("),
-        "{found:?}"
     );
     assert_eq!(
         missing_tests(
