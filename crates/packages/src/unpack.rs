@@ -100,8 +100,8 @@ pub(super) fn unpack(
 /// Checked on the name as written and again on the final path, after the `.data` prefix is
 /// mapped away: every component a plain name (no `..`, `.`, root or empty one anywhere), so no
 /// entry can name a path outside the tree however its prefix is mapped.
-pub(super) fn install_path(raw: &str) -> Result<Option<PathBuf>, &'static str> {
-    const LEAVES: &str = "leaves the install directory";
+pub(super) fn install_path(raw: &str) -> Result<Option<PathBuf>, LeavesTree> {
+    const LEAVES: LeavesTree = LeavesTree;
     if raw.starts_with('/') || raw.contains('\\') || raw.contains('\0') {
         return Err(LEAVES);
     }
@@ -135,6 +135,11 @@ pub(super) fn install_path(raw: &str) -> Result<Option<PathBuf>, &'static str> {
     }
     Ok(Some(path))
 }
+
+/// An archive entry's name that would leave the install directory ([`install_path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("leaves the install directory")]
+pub(super) struct LeavesTree;
 
 /// A tree being unpacked into `root`: every directory and file it makes, counted and bounded
 /// as it goes (bytes charged against `max`, entries against [`MAX_ENTRIES`]).

@@ -5,7 +5,6 @@ use crate::error::{Hint, Hinted};
 use std::path::PathBuf;
 
 use super::keys::{KEYS, edit_distance};
-use super::packages::{MAX_REQUIREMENT_LEN, MAX_REQUIREMENTS};
 use super::source::{SYSTEM_CONFIG_ENV, Source, source_from};
 
 /// A value that is not what its key, flag or field takes: the message says what was wrong and
@@ -114,6 +113,11 @@ pub enum InvalidValue {
         count: usize,
     },
 }
+
+/// Most requirements one install names (and `preinstall` lists).
+pub const MAX_REQUIREMENTS: usize = 32;
+/// Longest requirement accepted, in bytes.
+pub const MAX_REQUIREMENT_LEN: usize = 200;
 
 /// What is wrong with a requirement ([`InvalidValue::Requirement`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

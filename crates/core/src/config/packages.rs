@@ -199,10 +199,8 @@ impl PackagesConfig {
     }
 }
 
-/// Most requirements one install names (and `preinstall` lists).
-pub const MAX_REQUIREMENTS: usize = 32;
-/// Longest requirement accepted, in bytes.
-pub const MAX_REQUIREMENT_LEN: usize = 200;
+// The bounds of a requirement live beside the faults that name them (`error.rs`).
+pub use super::error::{MAX_REQUIREMENT_LEN, MAX_REQUIREMENTS};
 
 /// One requirement as the bridge accepts it: a distribution name, optional extras, and
 /// optional version clauses (`pandas-stubs[x]>=2,<3`). Only this subset of PEP 508: no URL,
