@@ -55,20 +55,43 @@ const LEEWAY_SECS: u64 = 30;
 /// Why an issuer could not be used (at start, or when its keys are refetched).
 #[derive(Debug, thiserror::Error)]
 pub enum OAuthError {
+    /// None of the issuer's well-known metadata URLs (RFC 8414, then OpenID Connect Discovery)
+    /// answered with metadata.
     #[error("no authorization server metadata found for issuer {issuer} (tried {tried})")]
-    NoMetadata { issuer: String, tried: String },
+    NoMetadata {
+        /// The issuer, as configured.
+        issuer: String,
+        /// The URLs tried, comma-separated.
+        tried: String,
+    },
+    /// The metadata found names another issuer than the configured one (they must be
+    /// identical, to the character).
     #[error(
         "the metadata at {url} names issuer {found:?}, not the configured {issuer:?} (they must be identical)"
     )]
     IssuerMismatch {
+        /// The issuer, as configured.
         issuer: String,
+        /// Where the metadata was found.
         url: String,
+        /// The issuer the metadata names.
         found: String,
     },
+    /// The metadata has no `jwks_uri`, so tokens' signatures cannot be checked.
     #[error("the metadata at {url} has no jwks_uri")]
-    NoJwksUri { url: String },
+    NoJwksUri {
+        /// Where the metadata was found.
+        url: String,
+    },
+    /// The issuer's key set (`jwks_uri`) could not be fetched or parsed (or no HTTP client
+    /// could be made, then `url` is the issuer).
     #[error("cannot read {url}: {reason}")]
-    Fetch { url: String, reason: String },
+    Fetch {
+        /// The key set's URL.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 impl Hinted for OAuthError {
@@ -93,46 +116,83 @@ impl Hinted for OAuthError {
 /// token.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum TokenError {
+    /// The token does not decode as a JWT (header, payload, an `iss` that is not a string);
+    /// the field says what did not.
     #[error("the access token is not a signed JWT: {0}")]
     Malformed(String),
+    /// The token is longer than [`MAX_TOKEN`] bytes; it is not read further.
     #[error("the access token is longer than {MAX_TOKEN} bytes")]
     TooLong,
+    /// The token is signed with a symmetric or unknown algorithm, or one its key is not for;
+    /// the field names it.
     #[error("the access token's algorithm {0} is not accepted (asymmetric signatures only)")]
     Algorithm(String),
     /// The header's `typ` names another kind of JWT than an access token.
     #[error("the JWT is typed {0:?}, not as an access token (at+jwt)")]
     NotAnAccessToken(String),
+    /// A claim the checks need (`iss`, `exp`, `aud`, `sub`) is absent or empty; the field
+    /// names it.
     #[error("the access token lacks the {0} claim")]
     MissingClaim(String),
     /// The `iss` claim is none of the configured issuers (compared as strings, unnormalised).
     #[error("the access token's issuer {found:?} is not one this server trusts ({trusted})")]
-    UntrustedIssuer { found: String, trusted: String },
+    UntrustedIssuer {
+        /// The token's `iss`.
+        found: String,
+        /// The configured issuers, comma-separated.
+        trusted: String,
+    },
     /// Signed with a key another configured issuer publishes, not the one `iss` names.
     #[error(
         "the access token claims issuer {claimed} but is signed with key {kid:?} of issuer {signer}"
     )]
     KeyOfAnotherIssuer {
+        /// The issuer the token's `iss` names.
         claimed: String,
+        /// The issuer whose key it is.
         signer: String,
+        /// The key's id.
         kid: String,
     },
+    /// The key the token names is not among its issuer's keys, even after they were fetched
+    /// again, or cannot be used.
     #[error("the access token is signed with a key issuer {issuer} does not publish ({kid})")]
-    UnknownKey { issuer: String, kid: String },
+    UnknownKey {
+        /// The issuer the token's `iss` names.
+        issuer: String,
+        /// The key's id (`no kid` when the token names none), or why the key cannot be used.
+        kid: String,
+    },
+    /// The signature does not verify with the key; the field is the issuer.
     #[error("the access token's signature does not verify with the keys of issuer {0}")]
     BadSignature(String),
+    /// `exp` has passed (beyond the clock skew allowed).
     #[error("the access token has expired")]
     Expired,
+    /// `nbf` is still to come (beyond the clock skew allowed).
     #[error("the access token is not valid yet (nbf)")]
     NotYetValid,
+    /// `aud` does not name this server; the field is the audience it expects.
     #[error("the access token was issued for another audience, not {0}")]
     WrongAudience(String),
+    /// The `iss` of the verified claims is not the issuer whose key signed them; the field is
+    /// that issuer.
     #[error("the access token was issued by another issuer, not {0}")]
     WrongIssuer(String),
     /// A `sub` of `oauth.issuer` shaped like the identity of another issuer's user.
     #[error("the access token's sub ends in @{other}, the form of identities of issuer {other}")]
-    SubjectOfAnotherIssuer { other: String },
+    SubjectOfAnotherIssuer {
+        /// The other issuer.
+        other: String,
+    },
+    /// The issuer's keys could not be read when the token needed them.
     #[error("the keys of issuer {issuer} cannot be read now: {reason}")]
-    KeysUnavailable { issuer: String, reason: String },
+    KeysUnavailable {
+        /// The issuer.
+        issuer: String,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 impl Hinted for TokenError {
@@ -290,6 +350,7 @@ impl Verifier {
         self.issuers.iter().map(|i| i.issuer.as_str()).collect()
     }
 
+    /// The audience a token must name (`aud`): `oauth.audience`.
     pub fn audience(&self) -> &str {
         &self.audience
     }

@@ -35,10 +35,24 @@ static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 /// Why traces cannot be sent as configured.
 #[derive(Debug, thiserror::Error)]
 pub enum OtelError {
+    /// The OTLP/HTTP exporter could not be built for the collector named (not a URL it
+    /// takes).
     #[error("cannot send traces to {endpoint}: {why}")]
-    Exporter { endpoint: String, why: String },
+    Exporter {
+        /// The collector, as configured.
+        endpoint: String,
+        /// What the exporter said.
+        why: String,
+    },
+    /// An `OTEL_EXPORTER_OTLP_*PROTOCOL` variable asks for another protocol than
+    /// `http/protobuf`, the one this build sends.
     #[error("{var}={value:?} asks for OTLP over {value}, which this build does not send")]
-    Protocol { var: &'static str, value: String },
+    Protocol {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+    },
 }
 
 impl Hinted for OtelError {

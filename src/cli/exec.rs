@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use super::{Paint, load_bar};
+use super::term::{Paint, fail, load_bar};
 use bridge_core::config::Config;
 use bridge_core::identity::SessionKey;
 use bridge_core::protocol::Stream;
@@ -69,7 +69,7 @@ pub(super) async fn exec(
 ) -> ExitCode {
     let code = match read_code(code) {
         Ok(c) => c,
-        Err(e) => return super::fail(&e, 2),
+        Err(e) => return fail(&e, 2),
     };
     let session = format!("exec-{}", std::process::id());
     let sandbox = Sandbox::new(config.clone());

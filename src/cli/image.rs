@@ -4,15 +4,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use super::load_bar;
+use super::term::{Usage, fail, load_bar};
 use bridge_core::config::Config;
 use bridge_sandbox::engine::Engine;
 use bridge_sandbox::image;
 
 pub(super) async fn image_load(config: Arc<Config>, archive: Option<PathBuf>) -> ExitCode {
     let Some(archive) = archive.or(config.image_archive.clone()) else {
-        return super::fail(
-            &super::Usage::new("no image archive to load").hint(
+        return fail(
+            &Usage::new("no image archive to load").hint(
                 "pass --archive FILE, or set image_archive (MCP_BRIDGE_IMAGE_ARCHIVE); \
                  `scripts/setup-debian.sh --configure` builds and configures one",
             ),
@@ -21,7 +21,7 @@ pub(super) async fn image_load(config: Arc<Config>, archive: Option<PathBuf>) ->
     };
     let engine = match Engine::connect(&config).await {
         Ok(e) => e,
-        Err(e) => return super::fail(&e, 2),
+        Err(e) => return fail(&e, 2),
     };
     // The configured digest is of the configured archive: another one is loaded unchecked.
     let image_sha256 = if config.image_archive.as_ref() == Some(&archive) {
@@ -61,6 +61,6 @@ pub(super) async fn image_load(config: Arc<Config>, archive: Option<PathBuf>) ->
             ExitCode::SUCCESS
         }
         Ok(_) => ExitCode::SUCCESS,
-        Err(e) => super::fail(&e, 1),
+        Err(e) => fail(&e, 1),
     }
 }

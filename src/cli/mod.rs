@@ -30,20 +30,21 @@ mod sessions;
 mod show;
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 mod skills;
+mod term;
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use bridge_core::config::{self, Config, Overrides};
-use bridge_core::error::Hinted;
+use bridge_core::config::{self, Overrides};
 use bridge_sandbox::Sandbox;
 use bridge_server::Bridge;
 use bridge_upstream::Upstreams;
+use term::{Usage, fail};
 
+/// The command line as parsed: the global flags and the command.
 #[derive(Debug, Parser)]
 #[command(
     name = "mcp-code-bridge",
@@ -57,10 +58,12 @@ pub struct Cli {
     /// Command-line values: the last layer, above environment and files.
     #[command(flatten)]
     pub overrides: Overrides,
+    /// The command; none is `run`.
     #[command(subcommand)]
     pub command: Option<Command>,
 }
 
+/// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve MCP over stdio (the default).
@@ -115,6 +118,7 @@ pub enum Command {
     },
     /// Manage the sandbox image.
     Image {
+        /// What to do with it.
         #[command(subcommand)]
         command: ImageCommand,
     },
@@ -131,6 +135,7 @@ pub enum Command {
         /// <state_dir>/skills/users/; without it, the stdio user's.
         #[arg(long, global = true, value_name = "IDENTITY")]
         identity: Option<String>,
+        /// What to do with them.
         #[command(subcommand)]
         command: SkillsCommand,
     },
@@ -138,16 +143,19 @@ pub enum Command {
     /// (session_linger, <state_dir>/engine/sessions) and their snapshots on disk
     /// (snapshot_max_size, <state_dir>/sessions).
     Sessions {
+        /// What to do with them.
         #[command(subcommand)]
         command: SessionsCommand,
     },
     /// The host's cache of installed packages (runtime.install), <state_dir>/packages.
     Packages {
+        /// What to do with it.
         #[command(subcommand)]
         command: PackagesCommand,
     },
 }
 
+/// `packages`: the host's cache of installed packages.
 #[derive(Debug, Subcommand)]
 pub enum PackagesCommand {
     /// List the cached wheels (distribution, size, sha256).
@@ -159,11 +167,13 @@ pub enum PackagesCommand {
     /// Remove cached wheels, least recently used first, down to packages.cache_max_size
     /// (or all of them with --all). Sessions keep what they installed.
     Prune {
+        /// Remove every cached wheel, whatever the cache's size.
         #[arg(long)]
         all: bool,
     },
 }
 
+/// `sessions`: the sessions kept past their bridge.
 #[derive(Debug, Subcommand)]
 pub enum SessionsCommand {
     /// List the sessions' snapshots (identity, name, size, age, time left, what they hold)
@@ -176,6 +186,7 @@ pub enum SessionsCommand {
     /// End parked sessions and remove their snapshots before their time: NAME, or
     /// IDENTITY/NAME for one of `serve`.
     Rm {
+        /// The sessions: NAME, or IDENTITY/NAME.
         #[arg(required = true)]
         names: Vec<String>,
     },
@@ -183,6 +194,7 @@ pub enum SessionsCommand {
     Prune,
 }
 
+/// `skills`: the functions sessions saved.
 #[derive(Debug, Subcommand)]
 pub enum SkillsCommand {
     /// List the saved skills (name, when saved, description) and any that cannot be loaded.
@@ -192,14 +204,19 @@ pub enum SkillsCommand {
         json: bool,
     },
     /// Print a skill's source, its description and save time as comments before it.
-    Show { name: String },
+    Show {
+        /// The skill: its function's name.
+        name: String,
+    },
     /// Remove skills: new sessions no longer define them.
     Rm {
+        /// The skills: their functions' names.
         #[arg(required = true)]
         names: Vec<String>,
     },
 }
 
+/// `image`: the sandbox image.
 #[derive(Debug, Subcommand)]
 pub enum ImageCommand {
     /// Load the image archive into the engine (even if the image is present).
@@ -208,45 +225,6 @@ pub enum ImageCommand {
         #[arg(long)]
         archive: Option<PathBuf>,
     },
-}
-
-/// What a command that failed prints, the one way: `error: ` and what happened, then what to
-/// do on a `hint:` line of its own ([`Hinted::report`]); and its exit status (2 for a set-up
-/// that could not be made, 1 otherwise).
-#[allow(clippy::print_stderr)]
-pub fn fail(e: &dyn Hinted, status: u8) -> ExitCode {
-    eprintln!("error: {}", e.report());
-    ExitCode::from(status)
-}
-
-/// A failure of the command line's own (its flags, what it was given), with what to do.
-#[derive(Debug, thiserror::Error)]
-#[error("{what}")]
-pub struct Usage {
-    what: String,
-    hint: Option<String>,
-}
-
-impl Usage {
-    pub fn new(what: impl Into<String>) -> Usage {
-        Usage {
-            what: what.into(),
-            hint: None,
-        }
-    }
-
-    pub fn hint(mut self, hint: impl Into<String>) -> Usage {
-        self.hint = Some(hint.into());
-        self
-    }
-}
-
-impl Hinted for Usage {
-    fn hint(&self) -> Option<bridge_core::error::Hint> {
-        self.hint
-            .as_ref()
-            .map(|h| bridge_core::error::Hint::line(h.clone()))
-    }
 }
 
 /// The whole program: the command line parsed, then the command run on a runtime of its own
@@ -277,6 +255,8 @@ pub fn entry() -> ExitCode {
     code
 }
 
+/// Run the command `cli` names, on the runtime [`entry`] made: load the configuration (a
+/// refused one exits with 2), start logging, then the command; its exit status.
 pub async fn main(cli: Cli) -> ExitCode {
     let loaded = match config::load(cli.config.as_deref(), &cli.overrides) {
         Ok(l) => l,
@@ -409,55 +389,4 @@ pub async fn main(cli: Cli) -> ExitCode {
             }
         }
     }
-}
-
-/// Colour for a terminal, plain text otherwise.
-struct Paint {
-    on: bool,
-}
-
-impl Paint {
-    fn red(&self, s: &str) -> String {
-        if self.on {
-            format!("\x1b[31m{s}\x1b[0m")
-        } else {
-            s.to_string()
-        }
-    }
-    fn dim(&self, s: &str) -> String {
-        if self.on {
-            format!("\x1b[2m{s}\x1b[0m")
-        } else {
-            s.to_string()
-        }
-    }
-}
-
-/// A progress bar for loading the image archive, on a terminal only.
-fn load_bar(config: &Config) -> Option<(indicatif::ProgressBar, bridge_sandbox::LoadProgress)> {
-    use std::os::unix::fs::PermissionsExt;
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    // A stream script (executable archive) has no size to show: a spinner with bytes then.
-    let total = config
-        .image_archive
-        .as_ref()
-        .and_then(|p| std::fs::metadata(p).ok())
-        .filter(|m| m.permissions().mode() & 0o111 == 0);
-    let style = |t: &str| {
-        indicatif::ProgressStyle::with_template(t)
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-    };
-    let bar = match total {
-        Some(m) => indicatif::ProgressBar::new(m.len()).with_style(style(
-            "loading sandbox image {bar:30} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
-        )),
-        None => indicatif::ProgressBar::new_spinner().with_style(style(
-            "{spinner} loading sandbox image {bytes} ({bytes_per_sec})",
-        )),
-    };
-    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-    let b = bar.clone();
-    Some((bar, Arc::new(move |bytes| b.set_position(bytes))))
 }

@@ -57,7 +57,7 @@ pub(super) fn prune(config: &Config, all: bool) -> ExitCode {
             println!("removed {n} wheel(s), {freed} bytes");
             ExitCode::SUCCESS
         }
-        Ok(None) => super::fail(&bridge_packages::PackageError::CacheBusy, 1),
-        Err(e) => super::fail(&e, 1),
+        Ok(None) => super::term::fail(&bridge_packages::PackageError::CacheBusy, 1),
+        Err(e) => super::term::fail(&e, 1),
     }
 }

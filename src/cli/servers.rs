@@ -41,7 +41,7 @@ pub(super) async fn refresh_catalog(ups: &Upstreams) -> ExitCode {
     ups.shutdown().await;
     let failed = done.iter().filter(|r| r.result.is_err()).count();
     if let Err(e) = flushed {
-        return super::fail(&e, 1);
+        return super::term::fail(&e, 1);
     }
     let path = ups
         .catalog_path()

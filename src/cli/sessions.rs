@@ -242,7 +242,7 @@ pub(super) fn rm(config: &Config, names: &[String]) -> ExitCode {
             ),
             None if removed => {}
             None => {
-                status = super::fail(
+                status = super::term::fail(
                     &NotParked {
                         name: visible(name).into_owned(),
                         state_dir: config.state_dir.clone(),

@@ -177,5 +177,5 @@ pub(super) fn rm(store: &Store, names: &[String]) -> ExitCode {
 
 /// The error, and on its own line what to do next.
 fn report(e: &bridge_skills::SkillError) {
-    let _ = super::fail(e, 1);
+    let _ = super::term::fail(e, 1);
 }

@@ -22,19 +22,29 @@ const MAX_HEADER: usize = 16 << 10;
 /// Why authentication could not be set up at start.
 #[derive(Debug, thiserror::Error)]
 pub enum AuthSetupError {
+    /// `token_file` could not be read.
     #[error("cannot read token_file {path}: {source}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// Why it could not be read.
         source: std::io::Error,
     },
+    /// A line of `token_file` is not a `name:token` this server takes (no `:`, a bad name, a
+    /// short token, a name given twice).
     #[error("token_file {path}, line {line}: {why}")]
     Line {
+        /// The file.
         path: PathBuf,
+        /// The line's number, from 1.
         line: usize,
+        /// What is wrong with it.
         why: String,
     },
+    /// `token_file` has only comments and blank lines; the field is the file.
     #[error("token_file {0} holds no token")]
     Empty(PathBuf),
+    /// `oauth.issuer`'s metadata or keys could not be had.
     #[error("oauth.issuer: {0}")]
     OAuth(#[from] OAuthError),
 }
@@ -71,7 +81,10 @@ pub struct Auth {
 /// A refused request: the status, the `WWW-Authenticate` challenge and what went wrong.
 #[derive(Debug)]
 pub struct Refusal {
+    /// The challenge's `error` (RFC 6750: `invalid_request`, `invalid_token`); none when the
+    /// request sent no credentials.
     pub error: Option<&'static str>,
+    /// What went wrong, for the person reading the client's log.
     pub description: String,
 }
 

@@ -258,7 +258,7 @@ impl Drop for Held {
 /// A refusal of the bounds, logged, in `serve`'s one JSON error shape.
 fn refuse(status: StatusCode, error: &str, why: String) -> Response {
     tracing::info!("refused a request: {why}");
-    super::problem(status, error, why)
+    super::problem::problem(status, error, why)
 }
 
 impl Limits {

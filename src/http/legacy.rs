@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use serde_json::Value;
 
-use super::problem;
+use super::problem::problem;
 use bridge_server::legacy_tasks::Wire;
 
 /// The largest answer translated; an `initialize` or `tools/list` answer is a few KiB.

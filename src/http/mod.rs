@@ -20,6 +20,7 @@ pub mod auth;
 mod conn;
 mod guard;
 mod legacy;
+mod problem;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -39,6 +40,7 @@ use bridge_core::config::{Config, http::parse_listen};
 use bridge_core::error::{Hint, Hinted};
 use bridge_core::identity::Identity;
 use bridge_server::Bridge;
+use problem::problem;
 
 /// Where the MCP endpoint is.
 pub const MCP_PATH: &str = "/mcp";
@@ -50,19 +52,27 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Why `serve` cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// `listen` is not a loopback address and neither `token_file` nor `[oauth]` is set; the
+    /// field is the address.
     #[error(
         "refusing to listen on {0} without authentication: anyone who can reach it could run code"
     )]
     Unauthenticated(SocketAddr),
+    /// The listening socket could not be bound (the port is taken, or not ours to take).
     #[error("cannot listen on {addr}: {source}")]
     Bind {
+        /// The address of `listen`.
         addr: SocketAddr,
+        /// Why the bind failed.
         source: std::io::Error,
     },
+    /// `http.tls_cert` or `http.tls_key` could not be read or is not PEM.
     #[error("cannot read the TLS certificate or key: {0}")]
     Tls(std::io::Error),
+    /// Authentication could not be set up: `token_file` or `oauth.issuer`.
     #[error(transparent)]
     Auth(#[from] auth::AuthSetupError),
+    /// `listen` is not an address to listen on.
     #[error("{0}")]
     Listen(bridge_core::config::InvalidValue),
 }
@@ -272,15 +282,6 @@ async fn not_found() -> Response {
         "not_found",
         format!("nothing here; MCP is served at {MCP_PATH}"),
     )
-}
-
-/// A JSON error body: what went wrong, for a person reading a client's log.
-fn problem(status: StatusCode, error: &str, description: String) -> Response {
-    (
-        status,
-        axum::Json(json!({"error": error, "error_description": description})),
-    )
-        .into_response()
 }
 
 async fn check_host_and_origin(

@@ -108,10 +108,12 @@ fn tail(t: &str, limit: usize, floor: usize) -> usize {
 /// `output_budget`, and how it is shared.
 #[derive(Debug, Clone, Copy)]
 pub struct Budget {
+    /// The whole budget of a result's text, in cl100k tokens.
     pub tokens: usize,
 }
 
 impl Budget {
+    /// A budget of `tokens` (the configuration's `output_budget`).
     pub fn new(tokens: u32) -> Self {
         Budget {
             tokens: tokens as usize,

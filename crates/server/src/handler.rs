@@ -1,4 +1,13 @@
-//! `ServerHandler` for [`Bridge`]: each MCP request rmcp hands over, answered.
+//! `Bridge`, the MCP server: a façade over the parts that own its state, and `ServerHandler`
+//! for it: each MCP request rmcp hands over, answered by the part that owns it.
+//!
+//! - [`Calls`] (`run.rs`): what a call runs on (sandbox, servers, audit log, skills,
+//!   installer) and the one path of a call; the files calls leave; the capability summary.
+//! - [`Tasks`] (`tasks.rs`): calls running as tasks, and whose each is.
+//! - [`Paused`] (`rounds.rs`): 2026-07-28 calls paused on a question, by handle.
+//! - [`Skills`] (`published.rs`): the saved skills served as MCP skills.
+//! - [`Streaming`] (`progress.rs`): what this connection's client asked to be sent while a call
+//!   runs.
 //!
 //! MCP logging is deprecated in the newest protocol revision (SEP-2577) but still what most
 //! clients show: `logging/setLevel` is answered for the legacy revisions, and the items that
@@ -6,7 +15,7 @@
 
 use std::sync::Arc;
 
-#[allow(deprecated)]
+#[allow(deprecated)] // logging/setLevel: see the module docs
 use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CustomRequest, CustomResult, ErrorData,
@@ -21,16 +30,115 @@ use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::json;
 
-use super::link::{ClientApprover, PeerLink};
-use super::replies::{
-    METHODS, REMOVED_IN_2026_07_28, is_2026_07_28, not_implemented, refused, removed_in_2026_07_28,
-};
-use super::tool::{call_args, tool};
-use super::{Bridge, CAPABILITIES_URI, TOOL_NAME, rounds};
+use crate::capabilities::CAPABILITIES_URI;
+use crate::link::{ClientApprover, PeerLink};
+use crate::progress::Streaming;
+use crate::published::{self, Skills};
+use crate::replies::{REMOVED_IN_2026_07_28, is_2026_07_28, refused, removed_in_2026_07_28};
+use crate::rounds::{self, Paused};
+use crate::run::{Calls, SetupFailure};
+use crate::tasks::Tasks;
+use crate::tool::{RunArgs, TOOL_NAME, call_args, tool};
+use bridge_core::audit::Audit;
+use bridge_core::boxed::Boxed;
+use bridge_core::config::Config;
 use bridge_core::identity::{Identity, SessionKey};
 use bridge_core::policy::Approver;
-use bridge_sandbox::files;
-use bridge_upstream::{CallRelay, ClientLink};
+use bridge_sandbox::{ExecOutcome, OutputSink, Sandbox, files};
+use bridge_upstream::{CallRelay, ClientLink, Upstreams};
+
+/// The MCP server of one configuration: `run` serves one over stdio, `serve` one per HTTP
+/// connection ([`Bridge::for_connection`]), `exec` runs a call through one. A clone is the same
+/// bridge.
+#[derive(Clone)]
+pub struct Bridge {
+    calls: Calls,
+    tasks: Tasks,
+    paused: Paused,
+    skills: Skills,
+    streaming: Streaming,
+}
+
+impl Bridge {
+    /// The bridge of `run`; it opens the audit log configured by `[audit]`.
+    pub fn new(config: Arc<Config>, sandbox: Arc<Sandbox>, upstreams: Upstreams) -> Self {
+        let skills = Skills::new(config.clone());
+        Bridge {
+            tasks: Tasks::new(&config),
+            calls: Calls::new(config, sandbox, upstreams, skills.clone()),
+            paused: Paused::default(),
+            skills,
+            streaming: Streaming::default(),
+        }
+    }
+
+    /// The bridge as one HTTP client's connection sees it: shared sessions, servers, audit and
+    /// tasks, and its own `logging/setLevel`.
+    pub fn for_connection(&self) -> Bridge {
+        Bridge {
+            streaming: Streaming::default(),
+            ..self.clone()
+        }
+    }
+
+    /// Start the engine, the image and the pool in the background (see `Sandbox::warm_up`),
+    /// and load the tokenizer the budget counts with (`budget::prepare`) on a blocking thread.
+    pub fn warm_up(&self) {
+        self.calls.warm_up();
+    }
+
+    /// The audit log, for whoever records proxied calls (a clone shares the one writer).
+    pub fn audit(&self) -> &Audit {
+        self.calls.audit()
+    }
+
+    /// The capability summary resource: the tool description, how to load servers, and the
+    /// names of the servers discovered (no schemas).
+    pub fn capabilities_markdown(&self) -> String {
+        self.calls.capabilities_markdown()
+    }
+
+    /// Run one `run_python` call to completion in session `key`: the outcome, or why it could
+    /// not be set up. The one path of a call, from MCP and from `exec`: `Calls::execute` (in
+    /// `run.rs`) says what it does with each argument.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    pub fn execute<'a>(
+        &'a self,
+        key: &'a SessionKey,
+        args: RunArgs,
+        cancel: tokio_util::sync::CancellationToken,
+        on_output: Option<OutputSink>,
+        approver: Option<Arc<dyn Approver>>,
+        relay: CallRelay,
+        budget: Option<crate::budget::Budget>,
+    ) -> Boxed<'a, Result<ExecOutcome, SetupFailure>> {
+        Box::pin(
+            self.calls
+                .execute(key, args, cancel, on_output, approver, relay, budget),
+        )
+    }
+
+    /// Remove every container and stop every server; write the audit records still queued.
+    #[inline(never)]
+    pub fn shutdown(&self) -> Boxed<'_, ()> {
+        Box::pin(self.calls.shutdown())
+    }
+}
+
+/// The methods this server answers, as its "method not found" replies list them.
+const METHODS: &str = "initialize, ping, tools/list, tools/call, resources/list, resources/read, skills/list, skills/get, subscriptions/listen, logging/setLevel";
+
+/// `-32601` for `method`, naming what the server implements instead.
+fn not_implemented(method: &str) -> ErrorData {
+    ErrorData::new(
+        rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+        format!(
+            "this server does not implement {method:?}; it implements {METHODS} (its one tool is {TOOL_NAME:?})"
+        ),
+        None,
+    )
+}
 
 /// How long a client may treat `tools/list` as fresh (SEP-2549): an hour, so that a `serve`
 /// upgraded to another version is seen within one.
@@ -43,7 +151,8 @@ impl ServerHandler for Bridge {
     async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
         self.warm_up();
         // The session's skills (SEP-2640): a change to them is a resource-list change.
-        self.watch_skills(context.peer, &Identity::of_request(&context.extensions));
+        self.skills
+            .watch(context.peer, &Identity::of_request(&context.extensions));
     }
 
     #[allow(deprecated)] // enable_logging
@@ -90,7 +199,7 @@ impl ServerHandler for Bridge {
             .client_capabilities()
             .is_some_and(|c| c.supports_tasks())
         {
-            let task = self.spawn_task(key, args, &context, false)?;
+            let task = self.tasks.spawn(&self.calls, key, args, &context, false)?;
             return Ok(CallToolResponse::Task(CreateTaskResult::new(task)));
         }
         // 2026-07-28 has no server-to-client requests: a client that declared elicitation in
@@ -101,7 +210,10 @@ impl ServerHandler for Bridge {
             let askable = rounds::Askable::of(context.client_capabilities().as_ref());
             if request.request_state.is_some() || askable.any() {
                 return self
-                    .call_in_rounds(
+                    .paused
+                    .call(
+                        &self.calls,
+                        &self.streaming,
                         key,
                         args,
                         request.request_state,
@@ -112,7 +224,7 @@ impl ServerHandler for Bridge {
                     .await;
             }
         }
-        let (forwarder, on_output, progress) = match self.progress(&context) {
+        let (forwarder, on_output, progress) = match self.streaming.start(&context) {
             Some((f, out, up)) => (Some(f), Some(out), Some(up)),
             None => (None, None, None),
         };
@@ -136,6 +248,7 @@ impl ServerHandler for Bridge {
         // in the task and rounds paths above).
         let parent = bridge_core::trace::parent_of(&context.meta);
         let result = self
+            .calls
             .run_for(
                 key,
                 args,
@@ -157,8 +270,8 @@ impl ServerHandler for Bridge {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
-        self.task_visible(&request.task_id, &Identity::of_request(&context.extensions))?;
-        Ok(GetTaskResult::new(self.tasks.get_task(&request.task_id)?))
+        let identity = Identity::of_request(&context.extensions);
+        self.tasks.get(&request.task_id, &identity)
     }
 
     async fn update_task(
@@ -166,9 +279,9 @@ impl ServerHandler for Bridge {
         request: UpdateTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.task_visible(&request.task_id, &Identity::of_request(&context.extensions))?;
+        let identity = Identity::of_request(&context.extensions);
         self.tasks
-            .update_task(&request.task_id, request.input_responses)
+            .update(&request.task_id, &identity, request.input_responses)
     }
 
     async fn cancel_task(
@@ -176,8 +289,8 @@ impl ServerHandler for Bridge {
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.task_visible(&request.task_id, &Identity::of_request(&context.extensions))?;
-        self.tasks.cancel_task(&request.task_id)
+        let identity = Identity::of_request(&context.extensions);
+        self.tasks.cancel(&request.task_id, &identity)
     }
 
     async fn list_resources(
@@ -190,20 +303,8 @@ impl ServerHandler for Bridge {
             .with_description("What run_python offers and how to load MCP servers inside it")
             .with_mime_type("text/markdown");
         let mut all = vec![r];
-        all.extend(self.skill_resources(&identity).await);
-        // The live sessions' files of /workspace/out, until their session is reset or closed.
-        for (key, f) in self.sandbox.files().await {
-            if *key.owner() != identity {
-                continue;
-            }
-            let session = key.name();
-            all.push(
-                Resource::new(f.uri, f.name.clone())
-                    .with_title(format!("{}/{} (session {session})", files::OUT_DIR, f.name))
-                    .with_mime_type(f.mime)
-                    .with_size(f.size),
-            );
-        }
+        all.extend(self.skills.resources(&identity).await);
+        all.extend(self.calls.file_resources(&identity).await);
         let list = ListResourcesResult::with_all_items(all);
         // The files listed are this identity's and change with every call.
         Ok(if is_2026_07_28(&context) {
@@ -223,10 +324,10 @@ impl ServerHandler for Bridge {
             // The URI names a session of the asker's own: another identity's file is as absent
             // as one never written.
             let key = SessionKey::new(Identity::of_request(&context.extensions), session);
-            return self.read_file(&request.uri, &key, &name).await;
+            return self.calls.read_file(&request.uri, &key, &name).await;
         }
         let identity = Identity::of_request(&context.extensions);
-        if let Some(skill) = self.read_skill(&request.uri, &identity).await {
+        if let Some(skill) = self.skills.read(&request.uri, &identity).await {
             return skill;
         }
         if request.uri != CAPABILITIES_URI {
@@ -241,7 +342,7 @@ impl ServerHandler for Bridge {
                 ),
             ));
         }
-        let c = ResourceContents::text(self.capabilities_markdown(), CAPABILITIES_URI)
+        let c = ResourceContents::text(self.calls.capabilities_markdown(), CAPABILITIES_URI)
             .with_mime_type("text/markdown");
         Ok(ReadResourceResult::new(vec![c]).into())
     }
@@ -251,7 +352,7 @@ impl ServerHandler for Bridge {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListSkillsResult, ErrorData> {
-        self.list_served_skills(request, &context).await
+        self.skills.list(request, &context).await
     }
 
     async fn get_skill(
@@ -259,7 +360,7 @@ impl ServerHandler for Bridge {
         request: rmcp::model::GetSkillRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetSkillResult, ErrorData> {
-        self.get_served_skill(&request.uri, &context).await
+        self.skills.get(&request.uri, &context).await
     }
 
     /// 2026-07-28 `subscriptions/listen`: resource-list changes, which the skills make.
@@ -267,17 +368,17 @@ impl ServerHandler for Bridge {
         &self,
         _requested: &rmcp::model::SubscriptionFilter,
     ) -> Option<rmcp::model::SubscriptionFilter> {
-        Some(super::published::subscription_filter())
+        Some(published::subscription_filter())
     }
 
     async fn listen(
         &self,
         subscription: rmcp::service::SubscriptionContext,
     ) -> Result<(), ErrorData> {
-        self.listen_skills(subscription).await
+        self.skills.listen(subscription).await
     }
 
-    #[allow(deprecated)]
+    #[allow(deprecated)] // SetLevelRequestParams and its level
     async fn set_level(
         &self,
         request: SetLevelRequestParams,
@@ -289,7 +390,7 @@ impl ServerHandler for Bridge {
                 removed_in_2026_07_28("logging/setLevel"),
             ));
         }
-        *self.log_level.lock().unwrap() = Some(request.level);
+        self.streaming.set_log_level(request.level);
         Ok(())
     }
 
@@ -321,7 +422,11 @@ impl ServerHandler for Bridge {
         request: CustomRequest,
         context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, ErrorData> {
-        if let Some(answer) = self.legacy_task_request(&request, &context).await {
+        if let Some(answer) = self
+            .tasks
+            .legacy_request(&self.calls, &request, &context)
+            .await
+        {
             return answer;
         }
         let m = request.method;

@@ -2,10 +2,9 @@
 //! elicitation, and the link a proxied call's server questions go through.
 
 use rmcp::RoleServer;
-use rmcp::model::{ElicitRequestParams, ElicitResult};
-use serde_json::json;
+use rmcp::model::{ElicitRequestParams, ElicitResult, ElicitationAction};
+use serde_json::{Value, json};
 
-use super::rounds;
 use bridge_core::identity::Identity;
 use bridge_core::policy::{Approval, ApprovalRequest, Approver};
 use bridge_upstream::ClientLink;
@@ -14,9 +13,12 @@ use bridge_upstream::ClientLink;
 /// request in form mode, one field with the three choices.
 pub(super) struct ClientApprover(pub(super) rmcp::Peer<RoleServer>);
 
-/// The choices of an approval form, as sent (`const`) and shown (`title`).
+/// The approval form's choice that allows this one call (shown as "Allow once").
 pub const APPROVE_ONCE: &str = "allow_once";
+/// The approval form's choice that allows the same tool for the rest of the session (shown as
+/// "Allow for this session").
 pub const APPROVE_SESSION: &str = "allow_session";
+/// The approval form's choice that refuses the call (shown as "Deny").
 pub const APPROVE_DENY: &str = "deny";
 
 /// The approval form: one required field, `decision`, a titled single choice.
@@ -39,6 +41,24 @@ pub fn approval_schema(title: &str) -> rmcp::model::ElicitationSchema {
     .expect("the approval form is a valid elicitation schema")
 }
 
+/// The approval an `ElicitResult` gives (or why none came: the policy's fallback decides).
+pub(crate) fn approval_of(r: Result<ElicitResult, String>) -> Approval {
+    match r {
+        Ok(r) if r.action == ElicitationAction::Accept => match r
+            .content
+            .as_ref()
+            .and_then(|c| c.get("decision"))
+            .and_then(Value::as_str)
+        {
+            Some(APPROVE_ONCE) => Approval::Once,
+            Some(APPROVE_SESSION) => Approval::Session,
+            _ => Approval::Denied,
+        },
+        Ok(_) => Approval::Denied,
+        Err(e) => Approval::Unavailable(e),
+    }
+}
+
 #[async_trait::async_trait]
 impl Approver for ClientApprover {
     fn can_ask(&self) -> bool {
@@ -53,7 +73,7 @@ impl Approver for ClientApprover {
             message: request.message(),
             requested_schema: approval_schema(request.title()),
         };
-        rounds::approval_of(
+        approval_of(
             self.0
                 .create_elicitation(params)
                 .await

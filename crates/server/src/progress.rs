@@ -15,7 +15,7 @@ use std::time::Duration;
 #[allow(deprecated)]
 use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
-use rmcp::service::{Peer, RoleServer};
+use rmcp::service::{Peer, RequestContext, RoleServer};
 use serde_json::json;
 use tokio::sync::Notify;
 
@@ -121,7 +121,7 @@ impl Forwarder {
     }
 
     /// Send what is still buffered, then stop; bounded by [`FLUSH_TIMEOUT`].
-    pub async fn finish(self) {
+    pub(crate) async fn finish(self) {
         self.shared.pending.lock().unwrap().closed = true;
         self.shared.wake.notify_one();
         let mut task = self.task;
@@ -131,6 +131,39 @@ impl Forwarder {
         {
             task.abort();
         }
+    }
+}
+
+/// What one connection's client asked to be sent while its calls run: logging notifications
+/// once it has set a level with `logging/setLevel` (each HTTP connection starts without one);
+/// progress notifications are asked per request, by its progress token.
+#[derive(Clone, Default)]
+pub(crate) struct Streaming {
+    /// The level the client set, if it set one.
+    #[allow(deprecated)] // LoggingLevel (the module's imports say why)
+    log_level: Arc<Mutex<Option<LoggingLevel>>>,
+}
+
+impl Streaming {
+    /// Send the code's output as logging notifications too, from now on (`logging/setLevel`).
+    #[allow(deprecated)] // LoggingLevel (the module's imports say why)
+    pub(crate) fn set_log_level(&self, level: LoggingLevel) {
+        *self.log_level.lock().unwrap() = Some(level);
+    }
+
+    /// Stream output as progress (and logging, when enabled) notifications, when the client
+    /// asked for either: the forwarder, and the sinks of the code's output and of its proxied
+    /// calls' progress.
+    pub(crate) fn start(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Option<(Forwarder, OutputSink, ProgressSink)> {
+        let token = context.meta.get_progress_token();
+        let logging = self.log_level.lock().unwrap().is_some();
+        if token.is_none() && !logging {
+            return None;
+        }
+        Some(Forwarder::start(context.peer.clone(), token, logging))
     }
 }
 

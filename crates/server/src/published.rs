@@ -32,8 +32,8 @@ use rmcp::model::{
 use rmcp::service::{Peer, RequestContext, SubscriptionContext};
 use serde_json::{Value, json};
 
-use super::Bridge;
-use super::replies::{is_2026_07_28, refused};
+use crate::replies::{is_2026_07_28, refused};
+use bridge_core::config::Config;
 use bridge_core::error::Hinted;
 use bridge_core::identity::Identity;
 
@@ -89,12 +89,17 @@ fn uri_name(uri: &str) -> Option<&str> {
 /// One saved skill as an MCP skill: its name, its frontmatter as JSON and its `SKILL.md`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rendered {
+    /// Its Agent Skills name ([`skill_name`]).
     pub name: String,
+    /// Its frontmatter: `name`, `description`, and `metadata` (the function's name, who saved
+    /// it, when, its source's sha256).
     pub frontmatter: SkillFrontmatter,
+    /// The whole `SKILL.md`: the frontmatter as YAML, then how to call it and its source.
     pub text: String,
 }
 
 impl Rendered {
+    /// Its `skill://<name>/SKILL.md`.
     pub fn uri(&self) -> String {
         skill_uri(&self.name)
     }
@@ -281,11 +286,30 @@ fn not_served(method: &str, uri: &str, why: String) -> ErrorData {
     )
 }
 
-impl Bridge {
+/// The saved skills as this server serves them: the stdio user's store and each `serve`
+/// identity's own. Shared by every connection of a bridge, and by the call path, which binds
+/// the caller's store into each exec.
+#[derive(Clone)]
+pub(crate) struct Skills {
+    /// The stdio user's store.
+    local: Arc<bridge_skills::Store>,
+    /// Where each identity's store is (`state_dir`) and the `[skills]` bounds.
+    config: Arc<Config>,
+}
+
+impl Skills {
+    /// The stores `config` places.
+    pub(crate) fn new(config: Arc<Config>) -> Skills {
+        Skills {
+            local: Arc::new(bridge_skills::Store::from_config(&config)),
+            config,
+        }
+    }
+
     /// The store of `identity`: the user's over stdio, its own under `serve`.
-    fn store_of(&self, identity: &Identity) -> Arc<bridge_skills::Store> {
+    pub(crate) fn store_of(&self, identity: &Identity) -> Arc<bridge_skills::Store> {
         match identity {
-            Identity::Local => self.skills.clone(),
+            Identity::Local => self.local.clone(),
             Identity::Named(id) => Arc::new(bridge_skills::Store::for_identity(&self.config, id)),
         }
     }
@@ -343,7 +367,7 @@ impl Bridge {
 
     /// `skills/list`: the asker's skills, [`PAGE`] at a time (the cursor is the index of the
     /// next one).
-    pub(super) async fn list_served_skills(
+    pub(crate) async fn list(
         &self,
         request: Option<PaginatedRequestParams>,
         context: &RequestContext<RoleServer>,
@@ -382,7 +406,7 @@ impl Bridge {
     }
 
     /// `skills/get`: the entry of one of the asker's skills, `-32602` for any other URI.
-    pub(super) async fn get_served_skill(
+    pub(crate) async fn get(
         &self,
         uri: &str,
         context: &RequestContext<RoleServer>,
@@ -399,7 +423,7 @@ impl Bridge {
 
     /// The asker's skills as `resources/list` lists them (none when the store cannot be read:
     /// the listing's other resources are still given).
-    pub(super) async fn skill_resources(&self, identity: &Identity) -> Vec<Resource> {
+    pub(crate) async fn resources(&self, identity: &Identity) -> Vec<Resource> {
         match self.served(identity).await {
             Ok(all) => all.iter().map(Rendered::resource).collect(),
             Err(e) => {
@@ -411,7 +435,7 @@ impl Bridge {
 
     /// `resources/read` of a `skill://` URI: the `SKILL.md` of one of the asker's skills;
     /// `None` for a URI of another scheme.
-    pub(super) async fn read_skill(
+    pub(crate) async fn read(
         &self,
         uri: &str,
         identity: &Identity,
@@ -429,6 +453,7 @@ impl Bridge {
         )
     }
 
+    /// The directory of `identity`'s store, and how many of its files a look at it reads.
     fn watched(&self, identity: &Identity) -> (PathBuf, usize) {
         (
             self.store_of(identity).dir().to_path_buf(),
@@ -438,7 +463,7 @@ impl Bridge {
 
     /// A 2025-11-25 session's: `notifications/resources/list_changed` on every change of its
     /// identity's store, until the session is gone.
-    pub(super) fn watch_skills(&self, peer: Peer<RoleServer>, identity: &Identity) {
+    pub(crate) fn watch(&self, peer: Peer<RoleServer>, identity: &Identity) {
         let (dir, cap) = self.watched(identity);
         tokio::spawn(async move {
             let d = dir.clone();
@@ -465,10 +490,7 @@ impl Bridge {
 
     /// A 2026-07-28 `subscriptions/listen` stream: `notifications/resources/list_changed` on
     /// every change of the asker's store, if the stream asked for them, until it is cancelled.
-    pub(super) async fn listen_skills(
-        &self,
-        subscription: SubscriptionContext,
-    ) -> Result<(), ErrorData> {
+    pub(crate) async fn listen(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
         if subscription.accepted().resources_list_changed != Some(true) {
             subscription.cancelled().await;
             return Ok(());

@@ -28,17 +28,22 @@ pub const PART_META: &str = "mcp-code-bridge/part";
 /// What a result says besides its output, in its `_meta`; empty fields are left out.
 #[derive(Debug, Serialize)]
 pub struct Meta<'a> {
+    /// How the call ended.
     pub status: Outcome,
     /// The interpreter the call ran in, named in every result: the one the call named, else
-    /// the default (`server::Bridge::run_for` says which), so a client that named none learns
+    /// the default (`call_args` in `tool.rs` says which), so a client that named none learns
     /// the name that reaches the same state from elsewhere.
     pub session: &'a str,
+    /// The code's error: its type and message (the traceback is in the `error` part).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorMeta<'a>>,
+    /// Images the code displayed.
     #[serde(skip_serializing_if = "is_zero")]
     pub images: usize,
+    /// Bytes of output the output cap dropped.
     #[serde(skip_serializing_if = "is_zero_u64")]
     pub truncated_bytes: u64,
+    /// The interpreter's state is gone: the next call of the session starts fresh.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub session_reset: bool,
     /// `"live"`: the session was taken, running, from the bridge before this one;
@@ -48,60 +53,85 @@ pub struct Meta<'a> {
     /// With `"snapshot"`: the names that could not be kept, as `name (type)`.
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     pub lost: &'a [String],
+    /// How long the call took, in milliseconds.
     pub duration_ms: u64,
     /// The parts over `output_budget`, kept whole: `{part, uri, path, size}`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kept: Vec<KeptMeta<'a>>,
 }
 
+/// The code's error in [`Meta`]: `{type, message}`.
 #[derive(Debug, Serialize)]
 pub struct ErrorMeta<'a> {
+    /// The exception's type (`ValueError`), or the bridge's name for what ended the code
+    /// (`MemoryLimitExceeded`).
     #[serde(rename = "type")]
     pub kind: &'a str,
+    /// The exception's message, or what the bridge saw; left out when empty.
     #[serde(skip_serializing_if = "str::is_empty")]
     pub message: &'a str,
 }
 
+/// One part kept whole as a file, in [`Meta`]: `{part, uri, path, size}`.
 #[derive(Debug, Serialize)]
 pub struct KeptMeta<'a> {
+    /// Which part: `stdout`, `stderr`, `value` or `error`.
     pub part: &'static str,
+    /// Its resource URI, which `resources/read` reads.
     pub uri: &'a str,
     /// Where the next call's code reads it; absent when it could not be written there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// Its size in bytes.
     pub size: u64,
 }
 
 /// The whole payload of TOON mode's one block: the metadata and every part.
 #[derive(Debug, Serialize)]
 pub struct Payload<'a> {
+    /// How the call ended.
     pub status: Outcome,
+    /// The interpreter the call ran in ([`Meta::session`]).
     pub session: &'a str,
+    /// What the code printed to stdout; left out when empty.
     #[serde(skip_serializing_if = "str::is_empty")]
     pub stdout: &'a str,
+    /// What the code printed to stderr; left out when empty.
     #[serde(skip_serializing_if = "str::is_empty")]
     pub stderr: &'a str,
+    /// The last expression's value, as the notebook would show it, if it had one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<&'a str>,
+    /// The code's error, with its traceback.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorPayload<'a>>,
+    /// Sentences for the model about what the bridge did (interrupts, resets, limits).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notices: &'a Vec<String>,
+    /// Images the code displayed (each is image content beside this block).
     #[serde(skip_serializing_if = "is_zero")]
     pub images: usize,
+    /// Bytes of output the output cap dropped.
     #[serde(skip_serializing_if = "is_zero_u64")]
     pub truncated_bytes: u64,
+    /// The interpreter's state is gone: the next call of the session starts fresh.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub session_reset: bool,
+    /// How long the call took, in milliseconds.
     pub duration_ms: u64,
 }
 
+/// The code's error in a [`Payload`]: `{type, message, traceback}`.
 #[derive(Debug, Serialize)]
 pub struct ErrorPayload<'a> {
+    /// The exception's type (`ValueError`), or the bridge's name for what ended the code
+    /// (`MemoryLimitExceeded`).
     #[serde(rename = "type")]
     pub kind: &'a str,
+    /// The exception's message, or what the bridge saw; left out when empty.
     #[serde(skip_serializing_if = "str::is_empty")]
     pub message: &'a str,
+    /// The Python traceback; left out when empty.
     #[serde(skip_serializing_if = "str::is_empty")]
     pub traceback: &'a str,
 }
@@ -113,6 +143,7 @@ fn is_zero_u64(n: &u64) -> bool {
     *n == 0
 }
 
+/// The result's `_meta` ([`RESULT_META`]) of outcome `o` of a call in `session`.
 pub fn meta<'a>(o: &'a ExecOutcome, session: &'a str) -> Meta<'a> {
     Meta {
         status: o.outcome,
@@ -143,6 +174,7 @@ pub fn meta<'a>(o: &'a ExecOutcome, session: &'a str) -> Meta<'a> {
     }
 }
 
+/// TOON mode's one block of outcome `o` of a call in `session`, before it is encoded.
 pub fn payload<'a>(o: &'a ExecOutcome, session: &'a str) -> Payload<'a> {
     Payload {
         status: o.outcome,

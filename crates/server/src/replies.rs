@@ -1,25 +1,10 @@
-//! Error replies the MCP face gives to requests it does not serve: methods it does not implement,
-//! methods protocol revision 2026-07-28 removed, and the one log line every refusal leaves.
+//! Error replies the MCP face gives to requests it does not serve: methods protocol revision
+//! 2026-07-28 removed, and the one log line every refusal leaves. (Methods it does not implement
+//! are answered by `handler`, which knows the ones it does.)
 
 use rmcp::RoleServer;
 use rmcp::model::ErrorData;
 use rmcp::service::RequestContext;
-
-use super::TOOL_NAME;
-
-/// The methods this server answers, as its "method not found" replies list them.
-pub(super) const METHODS: &str = "initialize, ping, tools/list, tools/call, resources/list, resources/read, skills/list, skills/get, subscriptions/listen, logging/setLevel";
-
-/// `-32601` for `method`, naming what the server implements instead.
-pub(super) fn not_implemented(method: &str) -> ErrorData {
-    ErrorData::new(
-        rmcp::model::ErrorCode::METHOD_NOT_FOUND,
-        format!(
-            "this server does not implement {method:?}; it implements {METHODS} (its one tool is {TOOL_NAME:?})"
-        ),
-        None,
-    )
-}
 
 /// The methods protocol revision 2026-07-28 removed (its lifecycle has no `initialize`, its
 /// requests carry their log level, subscriptions are `subscriptions/listen`): a request of that

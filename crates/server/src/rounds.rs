@@ -19,20 +19,26 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rmcp::RoleServer;
 use rmcp::model::{
     CallToolResponse, CallToolResult, ClientCapabilities, ElicitRequest, ElicitRequestParams,
     ElicitResult, ElicitationAction, ErrorData, InputRequest, InputRequiredResult, InputResponses,
 };
-use serde_json::Value;
+use rmcp::service::RequestContext;
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::link::{approval_of, approval_schema};
+use crate::progress::Streaming;
+use crate::replies::refused;
+use crate::run::Calls;
+use crate::tool::RunArgs;
 use bridge_core::error::{Hint, Hinted};
 use bridge_core::identity::{Identity, SessionKey};
 use bridge_core::policy::{Approval, ApprovalRequest, Approver};
 use bridge_sandbox::OutputSink;
-use bridge_upstream::{ClientLink, ProgressSink, UpstreamProgress};
+use bridge_upstream::{CallRelay, ClientLink, ProgressSink, UpstreamProgress};
 
 /// How long a paused call whose code has ended (its deadline passed, or it finished without
 /// needing the answer) stays claimable by its client's retry, which then gets its result.
@@ -125,7 +131,7 @@ impl Approver for RoundApprover {
         let params = ElicitRequestParams::FormElicitationParams {
             meta: None,
             message: request.message(),
-            requested_schema: super::approval_schema(request.title()),
+            requested_schema: approval_schema(request.title()),
         };
         approval_of(self.0.ask(params).await)
     }
@@ -214,7 +220,7 @@ pub(crate) struct Running {
     next_key: u64,
 }
 
-/// What a new call's run is given: the links to pass to `Bridge::run_for`.
+/// What a new call's run is given: the links to pass to `Calls::run_for`.
 pub(crate) struct Links {
     pub approver: RoundApprover,
     pub client: RoundLink,
@@ -367,6 +373,71 @@ impl ResumeError {
 pub(crate) struct Paused(Arc<Mutex<HashMap<String, (Instant, Running)>>>);
 
 impl Paused {
+    /// A 2026-07-28 `tools/call` whose client can be asked (or that answers a question): a new
+    /// call runs in the background (on `calls`) until it asks or ends; a retry with
+    /// `request_state` resumes the paused call it names with the answers. Each round streams
+    /// the output to its own request's progress token while it lasts (as `streaming` says).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn call(
+        &self,
+        calls: &Calls,
+        streaming: &Streaming,
+        key: SessionKey,
+        args: RunArgs,
+        request_state: Option<String>,
+        responses: Option<InputResponses>,
+        askable: Askable,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let binding = Binding::new(key.clone(), &args.code);
+        let running = match request_state {
+            Some(state) => self
+                .take(&state, &binding, responses)
+                .map_err(|e| refused("tools/call", e.into_error()))?,
+            None => {
+                let (links, questions) = Running::links(askable, key.owner().clone());
+                let Links {
+                    approver,
+                    client,
+                    cancel,
+                    sinks,
+                } = links;
+                let relay = CallRelay {
+                    progress: Some(sinks.progress()),
+                    client: Some(Arc::new(client)),
+                };
+                let calls = calls.clone();
+                let out = sinks.output();
+                let parent = bridge_core::trace::parent_of(&context.meta);
+                let run_cancel = cancel.clone();
+                Running::spawn(binding, cancel, sinks, questions, async move {
+                    calls
+                        .run_for(
+                            key,
+                            args,
+                            run_cancel,
+                            Some(out),
+                            Some(Arc::new(approver)),
+                            relay,
+                            parent,
+                        )
+                        .await
+                })
+            }
+        };
+        let forwarder = streaming.start(context).map(|(f, out, up)| {
+            running.sinks.set(Some((out, up)));
+            f
+        });
+        let sinks = running.sinks.clone();
+        let response = running.drive(&context.ct, self).await;
+        sinks.set(None);
+        if let Some(f) = forwarder {
+            f.finish().await;
+        }
+        Ok(response)
+    }
+
     /// Keep `running` under a new handle, forget it once its code has ended and
     /// [`KEEP_ENDED`] has passed, and keep the owner's count within [`MAX_PAUSED_PER_OWNER`].
     fn insert(&self, running: Running) -> String {
@@ -443,28 +514,10 @@ fn new_handle() -> String {
     hex::encode(bytes)
 }
 
-/// The approval an `ElicitResult` gives (or why none came: the policy's fallback decides).
-pub(super) fn approval_of(r: Result<ElicitResult, String>) -> Approval {
-    match r {
-        Ok(r) if r.action == ElicitationAction::Accept => match r
-            .content
-            .as_ref()
-            .and_then(|c| c.get("decision"))
-            .and_then(Value::as_str)
-        {
-            Some(super::APPROVE_ONCE) => Approval::Once,
-            Some(super::APPROVE_SESSION) => Approval::Session,
-            _ => Approval::Denied,
-        },
-        Ok(_) => Approval::Denied,
-        Err(e) => Approval::Unavailable(e),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn caps(v: Value) -> ClientCapabilities {
         serde_json::from_value(v).unwrap()

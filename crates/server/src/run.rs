@@ -1,41 +1,109 @@
 //! The bridge path of one `run_python` call: load its servers, run its code in its session,
-//! audit it, render its result; and the same call in rounds when a 2026-07-28 client can be asked.
+//! audit it, render its result; what it runs on (sandbox, servers, audit log, skills,
+//! installer), from start to shutdown; and the files a call leaves, as resources.
 
-use bridge_core::boxed::Boxed;
 use std::sync::Arc;
 
-use rmcp::RoleServer;
 use rmcp::model::{
-    CallToolResponse, CallToolResult, ErrorData, ReadResourceResponse, ReadResourceResult,
-    ResourceContents,
+    CallToolResult, ErrorData, ReadResourceResponse, ReadResourceResult, Resource, ResourceContents,
 };
-use rmcp::service::RequestContext;
 use serde_json::json;
 
-use super::budget::Budget;
-use super::link::TracedApprover;
-use super::progress::Forwarder;
-use super::replies::refused;
-use super::{Bridge, RunArgs, render, rounds};
+use crate::budget::{self, Budget};
+use crate::capabilities;
+use crate::link::TracedApprover;
+use crate::published::Skills;
+use crate::render;
+use crate::replies::refused;
+use crate::tool::{RunArgs, TOOL_NAME};
 use base64::Engine as _;
-use bridge_core::audit::{self};
+use bridge_core::audit::{self, Audit};
+use bridge_core::config::Config;
 use bridge_core::error::Hinted as _;
 use bridge_core::identity::{Identity, SessionKey};
 use bridge_core::policy::Approver;
 use bridge_core::trace::{self, Within as _};
 use bridge_sandbox::files;
-use bridge_sandbox::{ExecOutcome, ExecRequest, OutputSink};
-use bridge_upstream::{CallContext, CallRelay, ProgressSink};
+use bridge_sandbox::{ExecOutcome, ExecRequest, OutputSink, Sandbox};
+use bridge_upstream::{CallContext, CallRelay, Upstreams};
 
 /// Why a call's code could not run at all: its servers could not be loaded, or no sandbox
-/// could be had. `kind` is the error type the result and the audit record name.
+/// could be had.
 #[derive(Debug)]
 pub struct SetupFailure {
+    /// The error type the result and the audit record name: the upstream error's kind when the
+    /// servers could not be loaded, `SandboxUnavailable` when no sandbox could be had.
     pub kind: &'static str,
+    /// What went wrong, with what to do about it.
     pub message: String,
 }
 
-impl Bridge {
+/// What a `run_python` call runs on: the sessions (the sandbox), the upstream servers, the
+/// audit log, the saved skills and the installer. Shared by every connection of a bridge, and
+/// by its tasks and paused rounds, whose calls take this path too.
+#[derive(Clone)]
+pub(crate) struct Calls {
+    config: Arc<Config>,
+    sandbox: Arc<Sandbox>,
+    upstreams: Upstreams,
+    audit: Audit,
+    /// The saved skills, whose RPC methods every exec's handler answers first.
+    skills: Skills,
+    /// The installer of `runtime.install`, whose RPC methods every exec's handler answers too.
+    packages: Arc<bridge_packages::Packages>,
+}
+
+impl Calls {
+    /// Open the audit log configured by `[audit]`, and give it to the sandbox and the
+    /// installer; the sandbox preinstalls `[packages] preinstall` through the installer.
+    pub(crate) fn new(
+        config: Arc<Config>,
+        sandbox: Arc<Sandbox>,
+        upstreams: Upstreams,
+        skills: Skills,
+    ) -> Calls {
+        let audit = Audit::open(&config);
+        let packages = bridge_packages::Packages::new(&config, audit.clone());
+        sandbox.set_audit(audit.clone());
+        if !config.packages.preinstall.0.is_empty() {
+            sandbox.set_provision(Arc::new(bridge_packages::Preinstall(packages.clone())));
+        }
+        Calls {
+            config,
+            sandbox,
+            upstreams,
+            audit,
+            skills,
+            packages,
+        }
+    }
+
+    /// Start the engine, the image and the pool in the background (see `Sandbox::warm_up`),
+    /// and load the tokenizer the budget counts with (`budget::prepare`) on a blocking thread.
+    pub(crate) fn warm_up(&self) {
+        self.sandbox.warm_up();
+        tokio::task::spawn_blocking(budget::prepare);
+    }
+
+    /// The audit log (a clone shares the one writer).
+    pub(crate) fn audit(&self) -> &Audit {
+        &self.audit
+    }
+
+    /// Remove every container and stop every server; write the audit records still queued.
+    pub(crate) async fn shutdown(&self) {
+        self.sandbox.shutdown().await;
+        self.upstreams.shutdown().await;
+        let audit = self.audit.clone();
+        let _ = tokio::task::spawn_blocking(move || audit.flush(std::time::Duration::from_secs(5)))
+            .await;
+    }
+
+    /// The capability summary, as it is now ([`capabilities`]).
+    pub(crate) fn capabilities_markdown(&self) -> String {
+        capabilities::markdown(&self.config, &self.sandbox, &self.upstreams)
+    }
+
     /// Run one `run_python` call to completion in session `key`: the outcome, or why it could
     /// not be set up. This is the one path of a call, from MCP and from `exec`: it loads the
     /// call's servers under the policy (asking `approver`, the client of the request, about the
@@ -46,22 +114,7 @@ impl Bridge {
     /// it are kept whole as files (`server::budget`) for a result to preview; without, as for
     /// `exec`, which prints everything, none is.
     #[allow(clippy::too_many_arguments)]
-    #[inline(never)]
-    pub fn execute<'a>(
-        &'a self,
-        key: &'a SessionKey,
-        args: RunArgs,
-        cancel: tokio_util::sync::CancellationToken,
-        on_output: Option<OutputSink>,
-        approver: Option<Arc<dyn Approver>>,
-        relay: CallRelay,
-        budget: Option<Budget>,
-    ) -> Boxed<'a, Result<ExecOutcome, SetupFailure>> {
-        Box::pin(self.execute_here(key, args, cancel, on_output, approver, relay, budget))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn execute_here(
+    pub(crate) async fn execute(
         &self,
         key: &SessionKey,
         args: RunArgs,
@@ -106,14 +159,9 @@ impl Bridge {
             key: key.clone(),
         };
         let binding = match self.upstreams.load_for(&args.servers, call).await {
-            Ok(b) => match key.owner() {
-                Identity::Named(id) => bridge_skills::rpc::SkillRpc::bind(
-                    &Arc::new(bridge_skills::Store::for_identity(&self.config, id)),
-                    b,
-                    gate,
-                ),
-                Identity::Local => bridge_skills::rpc::SkillRpc::bind(&self.skills, b, gate),
-            },
+            Ok(b) => {
+                bridge_skills::rpc::SkillRpc::bind(&self.skills.store_of(key.owner()), b, gate)
+            }
             Err(e) => {
                 record("setup_error", Some(e.kind()));
                 return Err(SetupFailure {
@@ -169,11 +217,11 @@ impl Bridge {
         }
     }
 
-    /// [`Bridge::execute`], its outcome rendered as the result the model sees, under a span of
+    /// [`Calls::execute`], its outcome rendered as the result the model sees, under a span of
     /// its own, child of `parent` (the request's `traceparent`, [`trace::parent_of`]); its
     /// trace id in the result's `_meta` when it has one.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn run_for(
+    pub(crate) async fn run_for(
         &self,
         key: SessionKey,
         args: RunArgs,
@@ -215,7 +263,7 @@ impl Bridge {
         let mut attrs = vec![
             trace::Attr::new("mcp.method.name", "tools/call"),
             trace::Attr::new("gen_ai.operation.name", "execute_tool"),
-            trace::Attr::new("gen_ai.tool.name", super::TOOL_NAME),
+            trace::Attr::new("gen_ai.tool.name", TOOL_NAME),
             trace::Attr::new("mcp_code_bridge.session", key.name().to_string()),
             trace::Attr::new("mcp_code_bridge.reset", args.reset),
         ];
@@ -234,7 +282,7 @@ impl Bridge {
                 trace::content(&args.code),
             ));
         }
-        let name = format!("tools/call {}", super::TOOL_NAME);
+        let name = format!("tools/call {}", TOOL_NAME);
         trace::start(parent, name, trace::SpanKind::Server, attrs)
     }
 
@@ -287,9 +335,28 @@ impl Bridge {
         }
     }
 
+    /// The files copied out of `/workspace/out` of `identity`'s live sessions, as
+    /// `resources/list` lists them, until their session is reset or closed.
+    pub(crate) async fn file_resources(&self, identity: &Identity) -> Vec<Resource> {
+        let mut all = Vec::new();
+        for (key, f) in self.sandbox.files().await {
+            if key.owner() != identity {
+                continue;
+            }
+            let session = key.name();
+            all.push(
+                Resource::new(f.uri, f.name.clone())
+                    .with_title(format!("{}/{} (session {session})", files::OUT_DIR, f.name))
+                    .with_mime_type(f.mime)
+                    .with_size(f.size),
+            );
+        }
+        all
+    }
+
     /// `resources/read` of a file copied out of `/workspace/out`: text when its type is textual
     /// and its bytes UTF-8, else base64. Bounded by `file_cap`, which every kept file is within.
-    pub(super) async fn read_file(
+    pub(crate) async fn read_file(
         &self,
         uri: &str,
         session: &SessionKey,
@@ -339,82 +406,5 @@ impl Bridge {
         }
         .with_mime_type(f.mime);
         Ok(ReadResourceResult::new(vec![c]).into())
-    }
-
-    /// A 2026-07-28 `tools/call` whose client can be asked (or that answers a question): a new
-    /// call runs in the background until it asks or ends; a retry with `request_state` resumes
-    /// the paused call it names with the answers. Each round streams the output to its own
-    /// request's progress token while it lasts.
-    pub(super) async fn call_in_rounds(
-        &self,
-        key: SessionKey,
-        args: RunArgs,
-        request_state: Option<String>,
-        responses: Option<rmcp::model::InputResponses>,
-        askable: rounds::Askable,
-        context: &RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
-        let binding = rounds::Binding::new(key.clone(), &args.code);
-        let running = match request_state {
-            Some(state) => self
-                .paused
-                .take(&state, &binding, responses)
-                .map_err(|e| refused("tools/call", e.into_error()))?,
-            None => {
-                let (links, questions) = rounds::Running::links(askable, key.owner().clone());
-                let rounds::Links {
-                    approver,
-                    client,
-                    cancel,
-                    sinks,
-                } = links;
-                let relay = CallRelay {
-                    progress: Some(sinks.progress()),
-                    client: Some(Arc::new(client)),
-                };
-                let bridge = self.clone();
-                let out = sinks.output();
-                let parent = trace::parent_of(&context.meta);
-                let run_cancel = cancel.clone();
-                rounds::Running::spawn(binding, cancel, sinks, questions, async move {
-                    bridge
-                        .run_for(
-                            key,
-                            args,
-                            run_cancel,
-                            Some(out),
-                            Some(Arc::new(approver)),
-                            relay,
-                            parent,
-                        )
-                        .await
-                })
-            }
-        };
-        let forwarder = self.progress(context).map(|(f, out, up)| {
-            running.sinks.set(Some((out, up)));
-            f
-        });
-        let sinks = running.sinks.clone();
-        let response = running.drive(&context.ct, &self.paused).await;
-        sinks.set(None);
-        if let Some(f) = forwarder {
-            f.finish().await;
-        }
-        Ok(response)
-    }
-
-    /// Stream output as progress (and logging, when enabled) notifications, when the client
-    /// asked for either.
-    pub(super) fn progress(
-        &self,
-        context: &RequestContext<RoleServer>,
-    ) -> Option<(Forwarder, OutputSink, ProgressSink)> {
-        let token = context.meta.get_progress_token();
-        let logging = self.log_level.lock().unwrap().is_some();
-        if token.is_none() && !logging {
-            return None;
-        }
-        Some(Forwarder::start(context.peer.clone(), token, logging))
     }
 }

@@ -50,6 +50,8 @@ impl StdioTransport<tokio::io::BufReader<tokio::io::Stdin>, tokio::io::Stdout> {
 }
 
 impl<R, W> StdioTransport<R, W> {
+    /// Messages read from `input` and written to `output`; a line longer than `max_line` bytes
+    /// is read through and answered `-32600`.
     pub fn new(input: R, output: W, max_line: usize) -> Self {
         StdioTransport {
             input,

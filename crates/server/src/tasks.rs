@@ -3,28 +3,34 @@
 //! tasks extension (SEP-2663) through rmcp's handlers, and 2025-11-25's through the custom
 //! methods [`crate::legacy_tasks`] renames its requests to.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::RoleServer;
 use rmcp::model::{
     CallToolRequestParams, CustomRequest, CustomResult, DetailedTask, ErrorData, GetTaskResult,
-    Task, TaskPayload,
+    InputResponses, Task, TaskPayload,
 };
 use rmcp::service::RequestContext;
-use rmcp::task_manager::{TaskExit, TaskOptions};
+use rmcp::task_manager::{TaskExit, TaskManager, TaskOptions};
 use serde_json::{Value, json};
 
-use super::link::{ClientApprover, PeerLink};
-use super::replies::refused;
-use super::tool::call_args;
-use super::{Bridge, RunArgs, TASK_POLL_MS, TASK_RETENTION};
 use crate::legacy_tasks::PREFIX;
+use crate::link::{ClientApprover, PeerLink};
+use crate::replies::refused;
+use crate::run::Calls;
+use crate::tool::{RunArgs, call_args};
+use bridge_core::config::Config;
 use bridge_core::identity::{Identity, SessionKey};
 use bridge_core::policy::Approver;
 use bridge_upstream::CallRelay;
 
+/// How often a task's client is told to poll it.
+const TASK_POLL_MS: u64 = 500;
+/// How long a task's result is kept for its client after the longest call could have ended.
+const TASK_RETENTION: Duration = Duration::from_secs(300);
 /// How often `tasks/result` looks whether its task has ended.
 const RESULT_POLL: Duration = Duration::from_millis(50);
 /// How long `tasks/cancel` waits for the code to stop before it answers with the task as it is.
@@ -47,7 +53,7 @@ const TASK_BYTES_PER_IDENTITY: usize = 32 << 20;
 
 /// Who started a task, and in which form: its requests are answered in that form (a client on
 /// a 2025-11-25 connection may use either: rmcp's client starts extension tasks there).
-pub(super) struct Owner {
+struct Owner {
     /// Whose session it runs in, and the bytes of its code, for the bounds on tasks not ended.
     key: SessionKey,
     legacy: bool,
@@ -67,11 +73,7 @@ impl Drop for EndsWith {
 
 /// Whether one more task of `bytes` fits beside `owners`' tasks not ended, of `key`'s owner
 /// and of its session; `Err` says which bound it would pass.
-fn room_for(
-    owners: &std::collections::HashMap<String, Owner>,
-    key: &SessionKey,
-    bytes: usize,
-) -> Result<(), String> {
+fn room_for(owners: &HashMap<String, Owner>, key: &SessionKey, bytes: usize) -> Result<(), String> {
     let session = key.name();
     let (mut tasks, mut held, mut session_tasks, mut session_held) = (0, 0, 0, 0);
     for o in owners.values() {
@@ -103,11 +105,38 @@ fn room_for(
     Ok(())
 }
 
-impl Bridge {
+/// `run_python` calls running as tasks, for clients that declared the tasks extension (or
+/// that speak 2025-11-25's form), and whose each is. Shared by every connection of a bridge.
+#[derive(Clone)]
+pub(crate) struct Tasks {
+    /// rmcp's: each task's run, status and result.
+    manager: TaskManager,
+    /// Whose each task is and its form, so one identity cannot read or cancel another's task by
+    /// its id. Pruned of the tasks the manager has let go of.
+    owners: Arc<Mutex<HashMap<String, Owner>>>,
+    /// How long a task may run, and its result then be kept: the longest call and
+    /// [`TASK_RETENTION`].
+    ttl: Duration,
+}
+
+impl Tasks {
+    /// No tasks yet; each will live as long as `config`'s longest call allows, and a while.
+    pub(crate) fn new(config: &Config) -> Tasks {
+        // rmcp fails a task still running at its TTL, and keeps a finished one's result for as
+        // long: longer than the longest call, so only results expire (bounded in count by the
+        // sessions, in size by the output and image caps). A client's own `ttl` is not taken:
+        // a short one would fail a long data job, which is what tasks are for.
+        Tasks {
+            manager: TaskManager::new(),
+            owners: Default::default(),
+            ttl: config.max_timeout.0 + TASK_RETENTION,
+        }
+    }
+
     /// Whether `identity` may see task `id`: its own, or one that is unknown (the manager
     /// answers those with its own error). Also whether it was started in the 2025-11-25 form.
-    pub(super) fn task_visible(&self, id: &str, identity: &Identity) -> Result<bool, ErrorData> {
-        match self.task_owners.lock().unwrap().get(id) {
+    fn visible(&self, id: &str, identity: &Identity) -> Result<bool, ErrorData> {
+        match self.owners.lock().unwrap().get(id) {
             Some(owner) if owner.key.owner() != identity => {
                 Err(ErrorData::invalid_params(format!("no task {id:?}"), None))
             }
@@ -115,19 +144,20 @@ impl Bridge {
         }
     }
 
-    /// Start `args` as a task and return its handle. The task ends like a call: its result is
-    /// the call's result; a cancel interrupts the code as a client's cancellation does; and the
-    /// policy asks, and servers' questions go, through the peer.
+    /// Start `args` as a task (on `calls`) and return its handle. The task ends like a call:
+    /// its result is the call's result; a cancel interrupts the code as a client's cancellation
+    /// does; and the policy asks, and servers' questions go, through the peer.
     /// Refused when the caller's tasks not yet ended are at a bound (`TASKS_PER_SESSION` and
     /// the others above).
-    pub(super) fn spawn_task(
+    pub(crate) fn spawn(
         &self,
+        calls: &Calls,
         key: SessionKey,
         args: RunArgs,
         context: &RequestContext<RoleServer>,
         legacy: bool,
     ) -> Result<Task, ErrorData> {
-        let bridge = self.clone();
+        let calls = calls.clone();
         let peer = context.peer.clone();
         let parent = bridge_core::trace::parent_of(&context.meta);
         let owner = key.clone();
@@ -135,8 +165,8 @@ impl Bridge {
         let ended = Arc::new(AtomicBool::new(false));
         let ends = EndsWith(ended.clone());
         // Held from the count to the record, so two calls at once cannot both take the last place.
-        let mut owners = self.task_owners.lock().unwrap();
-        owners.retain(|id, _| self.tasks.get_task(id).is_ok());
+        let mut owners = self.owners.lock().unwrap();
+        owners.retain(|id, _| self.manager.get_task(id).is_ok());
         if let Err(why) = room_for(&owners, &key, bytes) {
             return Err(refused(
                 "tools/call",
@@ -148,15 +178,10 @@ impl Bridge {
                 ),
             ));
         }
-        // rmcp fails a task still running at its TTL, and keeps a finished one's result for as
-        // long: longer than the longest call, so only results expire (bounded in count by the
-        // sessions, in size by the output and image caps). A client's own `ttl` is not taken:
-        // a short one would fail a long data job, which is what tasks are for.
-        let ttl = self.config.max_timeout.0 + TASK_RETENTION;
-        let task = self.tasks.spawn(
+        let task = self.manager.spawn(
             TaskOptions::new()
                 .with_poll_interval_ms(TASK_POLL_MS)
-                .with_ttl_ms(ttl.as_millis() as u64),
+                .with_ttl_ms(self.ttl.as_millis() as u64),
             move |ctx| {
                 Box::pin(async move {
                     let _ends = ends;
@@ -166,7 +191,7 @@ impl Bridge {
                         progress: None,
                         client: Some(Arc::new(PeerLink::new(peer, key.owner().clone()))),
                     };
-                    let run = bridge.run_for(
+                    let run = calls.run_for(
                         key,
                         args,
                         cancel.clone(),
@@ -200,10 +225,34 @@ impl Bridge {
         Ok(task)
     }
 
-    /// A 2025-11-25 task request, renamed by [`crate::legacy_tasks`]; `None` for any other
-    /// custom method.
-    pub(super) async fn legacy_task_request(
+    /// `tasks/get` of the extension: the caller's own task.
+    pub(crate) fn get(&self, id: &str, identity: &Identity) -> Result<GetTaskResult, ErrorData> {
+        self.visible(id, identity)?;
+        Ok(GetTaskResult::new(self.manager.get_task(id)?))
+    }
+
+    /// `tasks/update` of the extension: answers to the caller's own task's questions.
+    pub(crate) fn update(
         &self,
+        id: &str,
+        identity: &Identity,
+        responses: InputResponses,
+    ) -> Result<(), ErrorData> {
+        self.visible(id, identity)?;
+        self.manager.update_task(id, responses)
+    }
+
+    /// `tasks/cancel` of the extension: the caller's own task interrupted.
+    pub(crate) fn cancel(&self, id: &str, identity: &Identity) -> Result<(), ErrorData> {
+        self.visible(id, identity)?;
+        self.manager.cancel_task(id)
+    }
+
+    /// A 2025-11-25 task request, renamed by [`crate::legacy_tasks`]; `None` for any other
+    /// custom method. A `tools/call` starts its task on `calls`.
+    pub(crate) async fn legacy_request(
+        &self,
+        calls: &Calls,
         request: &CustomRequest,
         context: &RequestContext<RoleServer>,
     ) -> Option<Result<CustomResult, ErrorData>> {
@@ -226,10 +275,10 @@ impl Bridge {
                 })
         };
         let answer = match method {
-            "tools/call" => self.legacy_call(params.clone(), context),
+            "tools/call" => self.legacy_call(calls, params.clone(), context),
             "tasks/get" => task_id().and_then(|id| {
-                let legacy = self.task_visible(&id, &identity)?;
-                let t = self.tasks.get_task(&id)?;
+                let legacy = self.visible(&id, &identity)?;
+                let t = self.manager.get_task(&id)?;
                 Ok(if legacy {
                     legacy_task(&t.task)
                 } else {
@@ -250,8 +299,10 @@ impl Bridge {
         Some(answer.map(CustomResult::new))
     }
 
+    /// `tools/call` as a 2025-11-25 task: started on `calls`, answered with its handle.
     fn legacy_call(
         &self,
+        calls: &Calls,
         params: Value,
         context: &RequestContext<RoleServer>,
     ) -> Result<Value, ErrorData> {
@@ -265,7 +316,7 @@ impl Bridge {
             )
         })?;
         let (args, key) = call_args(request.name, request.arguments, &context.extensions)?;
-        Ok(json!({"task": legacy_task(&self.spawn_task(key, args, context, true)?)}))
+        Ok(json!({"task": legacy_task(&self.spawn(calls, key, args, context, true)?)}))
     }
 
     /// `tasks/result`: wait for the task to end (it does, by its TTL at the latest), then
@@ -276,9 +327,9 @@ impl Bridge {
         identity: &Identity,
         context: &RequestContext<RoleServer>,
     ) -> Result<Value, ErrorData> {
-        self.task_visible(id, identity)?;
+        self.visible(id, identity)?;
         let task = loop {
-            let t = self.tasks.get_task(id)?;
+            let t = self.manager.get_task(id)?;
             if t.task.status.is_terminal() {
                 break t;
             }
@@ -309,21 +360,21 @@ impl Bridge {
     /// `tasks/cancel`: interrupt the code, and answer with the task once it has stopped (or as
     /// it is after [`CANCEL_WAIT`]).
     async fn legacy_cancel(&self, id: &str, identity: &Identity) -> Result<Value, ErrorData> {
-        if !self.task_visible(id, identity)? {
+        if !self.visible(id, identity)? {
             // An extension task: its cancel answers at once, with nothing.
-            self.tasks.cancel_task(id)?;
+            self.manager.cancel_task(id)?;
             return Ok(json!({}));
         }
-        if self.tasks.get_task(id)?.task.status.is_terminal() {
+        if self.manager.get_task(id)?.task.status.is_terminal() {
             return Err(ErrorData::invalid_params(
                 format!("task {id} has already ended; only a running task can be cancelled"),
                 None,
             ));
         }
-        self.tasks.cancel_task(id)?;
+        self.manager.cancel_task(id)?;
         let deadline = tokio::time::Instant::now() + CANCEL_WAIT;
         loop {
-            let t = self.tasks.get_task(id)?;
+            let t = self.manager.get_task(id)?;
             if t.task.status.is_terminal() || tokio::time::Instant::now() >= deadline {
                 return Ok(legacy_task(&t.task));
             }
@@ -346,7 +397,7 @@ impl Bridge {
                 })?,
         };
         let ids: Vec<String> = self
-            .task_owners
+            .owners
             .lock()
             .unwrap()
             .iter()
@@ -355,7 +406,7 @@ impl Bridge {
             .collect();
         let mut tasks: Vec<DetailedTask> = ids
             .iter()
-            .filter_map(|id| self.tasks.get_task(id).ok())
+            .filter_map(|id| self.manager.get_task(id).ok())
             .collect();
         tasks.sort_by(|a, b| {
             (&a.task.created_at, &a.task.task_id).cmp(&(&b.task.created_at, &b.task.task_id))

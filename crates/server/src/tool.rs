@@ -7,10 +7,12 @@ use rmcp::model::{ErrorData, Tool};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::TOOL_NAME;
-use super::replies::refused;
+use crate::replies::refused;
 use bridge_core::identity::{self, Identity, SessionKey};
 use bridge_sandbox::DEFAULT_SESSION;
+
+/// The one tool's name, which `tools/call` names.
+pub const TOOL_NAME: &str = "run_python";
 
 /// The tool description: how to start, in as few tokens as possible, since it is paid for on
 /// every request. `tools/list` must stay within 250 cl100k tokens (the bench's section 1, and
@@ -77,13 +79,18 @@ pub fn tool() -> Tool {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunArgs {
+    /// The Python to run; at most [`MAX_CODE_BYTES`].
     pub code: String,
+    /// The upstream servers to load for this call, by name (none: discovery only).
     #[serde(default)]
     pub servers: Vec<String>,
+    /// The time limit in seconds, capped at `max_timeout` (none: the configured `timeout`).
     #[serde(default)]
     pub timeout: Option<f64>,
+    /// The interpreter to run in (none: the connection's default).
     #[serde(default)]
     pub session: Option<String>,
+    /// Restart the session's interpreter first, forgetting its state.
     #[serde(default)]
     pub reset: bool,
 }
@@ -119,6 +126,8 @@ pub enum BadArguments {
 }
 
 impl RunArgs {
+    /// The arguments of a `tools/call`, checked: the object's shape, a positive `timeout`
+    /// (above 1e9 seconds it is 1e9), the size of `code` and the session's name.
     pub fn parse(args: Option<serde_json::Map<String, Value>>) -> Result<RunArgs, BadArguments> {
         let v = Value::Object(args.unwrap_or_default());
         let mut a: RunArgs = serde_json::from_value(v).map_err(BadArguments::Malformed)?;
