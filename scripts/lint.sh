@@ -4,7 +4,8 @@
 #   scripts/lint.sh --self-test  the same, then a copy of the workspace with planted violations
 #                                must fail, each by its lint's name: a print in the sandbox crate
 #                                (stdout is the MCP channel of `run`), an unsafe block without its
-#                                SAFETY comment, a `pub` item no other crate can reach.
+#                                SAFETY comment, a `pub` item no other crate can reach, a public
+#                                item without documentation.
 # CI (.ci/run) runs it with --self-test before the README's commands.
 set -euo pipefail
 cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.."
@@ -32,6 +33,8 @@ trap 'rm -rf -- "$copy"' EXIT
 git ls-files -z -c -o --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$copy"
 cat >> "$copy/crates/sandbox/src/lib.rs" <<'EOF'
 
+pub fn planted_undocumented() {}
+
 mod planted {
     pub fn planted_unreachable() {}
     pub(crate) fn planted_print() {
@@ -47,7 +50,7 @@ status=0
 out=$(cd "$copy" && cargo clippy --locked -p mcp-code-bridge-sandbox --lib -- -D warnings 2>&1 < /dev/null) || status=$?
 [[ $status -ne 0 ]] || die "self-test: clippy passed planted violations"
 failed=0
-for lint in clippy::print_stdout clippy::undocumented_unsafe_blocks unreachable_pub; do
+for lint in clippy::print_stdout clippy::undocumented_unsafe_blocks unreachable_pub missing_docs; do
     if grep -q -- "$lint" <<<"$out"; then
         printf '[lint] self-test: %s fails as it should\n' "$lint" >&2
     else
@@ -56,4 +59,4 @@ for lint in clippy::print_stdout clippy::undocumented_unsafe_blocks unreachable_
     fi
 done
 [[ $failed -eq 0 ]] || { printf '%s\n' "$out" >&2; die "self-test failed (above)"; }
-printf '[lint] self-test: 3 planted violations, 3 failures\n' >&2
+printf '[lint] self-test: 4 planted violations, 4 failures\n' >&2

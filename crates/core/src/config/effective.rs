@@ -84,7 +84,7 @@ pub struct Config {
     /// one to find; 0 stops it with the bridge.
     pub engine_linger: Secs,
     /// How long a session that ran code stays parked, running, after its bridge exits, for the
-    /// next bridge on the same `state_dir` to resume (`sandbox::park`, `sandbox::resume`).
+    /// next bridge on the same `state_dir` to resume (`sandbox::park`, `sandbox::parking`).
     pub session_linger: Secs,
     /// Largest snapshot of one session's state (`sandbox::snapshots`); 0: no snapshots.
     pub snapshot_max_size: Size,
