@@ -800,14 +800,7 @@ fn is_string(ty: &syn::Type) -> bool {
                 syn::PathArguments::AngleBracketed(a)
                     if ["Box", "Arc", "Rc", "Cow"].iter().any(|w| last.ident == w) =>
                 {
-                    let tys: Vec<&syn::Type> = a
-                        .args
-                        .iter()
-                        .filter_map(|g| match g {
-                            syn::GenericArgument::Type(t) => Some(t),
-                            _ => None,
-                        })
-                        .collect();
+                    let tys = type_args(a);
                     tys.len() == 1 && is_str(tys[0])
                 }
                 _ => false,
@@ -815,6 +808,17 @@ fn is_string(ty: &syn::Type) -> bool {
         }
         _ => false,
     }
+}
+
+/// The types among a path segment's generic arguments (lifetimes and constants left out).
+fn type_args(a: &syn::AngleBracketedGenericArguments) -> Vec<&syn::Type> {
+    a.args
+        .iter()
+        .filter_map(|g| match g {
+            syn::GenericArgument::Type(t) => Some(t),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Whether a `Result<_, E>` whose `E` is a string appears anywhere in a node (nested in
@@ -827,14 +831,7 @@ impl<'ast> Visit<'ast> for StringResult {
         if s.ident == "Result"
             && let syn::PathArguments::AngleBracketed(a) = &s.arguments
         {
-            let tys: Vec<&syn::Type> = a
-                .args
-                .iter()
-                .filter_map(|g| match g {
-                    syn::GenericArgument::Type(t) => Some(t),
-                    _ => None,
-                })
-                .collect();
+            let tys = type_args(a);
             self.0 |= tys.len() == 2 && is_string(tys[1]);
         }
         syn::visit::visit_path_segment(self, s);
