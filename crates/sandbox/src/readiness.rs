@@ -225,16 +225,18 @@ impl Readiness {
                     return None;
                 }
             };
-        kept.keep(&now).await;
         if now == used {
+            kept.keep(&now).await;
             tracing::debug!("the engine's answer, asked again, is the one kept");
             return None;
         }
+        // Said before the new answer is kept: whoever sees it kept finds it said.
         tracing::warn!(
             kept = ?used,
             now = ?now,
             "the engine's answer changed though nothing it is computed from did"
         );
+        kept.keep(&now).await;
         let e = judge(&self.config, &now).err()?;
         let why = format!(
             "{} (the engine said so when asked again; the answer an earlier bridge kept had allowed it, and the sandboxes started since were closed)",
