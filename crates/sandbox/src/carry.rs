@@ -3,12 +3,11 @@
 //! bridge's exit, before it is parked), restored into a new sandbox by the next call that names
 //! it (`"resumed": "snapshot"`), and copied into another session by `runtime.fork()`.
 //!
-//! Only under `run` and `serve` ([`Carry::keep_at_exit`]: their clients come back; `exec`
+//! Only under `run` and `serve` (`Parking::clients_come_back`: their clients come back; `exec`
 //! expects a fresh interpreter), with `snapshot_max_size` above 0. A snapshot is only
 //! ever restored into a sandbox of its own key (identity and name): the store finds it by the
 //! key and checks the key it lists. Each step is an audit record (`snapshot`, `restore`, `fork`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -17,6 +16,7 @@ use bridge_core::config::Config;
 use bridge_core::identity::SessionKey;
 
 use crate::name::shown;
+use crate::parking::Parking;
 use crate::session::Session;
 use crate::snapshots::{self, Listing};
 
@@ -74,17 +74,17 @@ pub(crate) struct Carry {
     config: Arc<Config>,
     /// Where the records of sessions' snapshots, restores and forks go.
     audit: OnceLock<Audit>,
-    /// Whether this bridge's clients come back (`keep_at_exit`).
-    keeps: AtomicBool,
+    /// Whose `clients_come_back` says whether states are written at all.
+    parking: Arc<Parking>,
 }
 
 impl Carry {
-    /// Nothing kept until `keep_at_exit`.
-    pub(crate) fn new(config: Arc<Config>) -> Carry {
+    /// Nothing kept until `parking` says this bridge's clients come back.
+    pub(crate) fn new(config: Arc<Config>, parking: Arc<Parking>) -> Carry {
         Carry {
             config,
             audit: OnceLock::new(),
-            keeps: AtomicBool::new(false),
+            parking,
         }
     }
 
@@ -100,15 +100,9 @@ impl Carry {
         }
     }
 
-    /// Sessions' states are written and restored from now on (the bridge's clients come back:
-    /// `run`, `serve`), with `snapshot_max_size` above 0.
-    pub(crate) fn keep_at_exit(&self) {
-        self.keeps.store(true, Ordering::SeqCst);
-    }
-
     /// Whether sessions' states are written and restored (see the module's text).
     pub(crate) fn keeps_snapshots(&self) -> bool {
-        self.keeps.load(Ordering::SeqCst) && self.config.snapshot_max_size.0 > 0
+        self.parking.clients_come_back() && self.config.snapshot_max_size.0 > 0
     }
 
     /// The largest snapshot kept, in bytes (`snapshot_max_size`; 0: snapshots are off).

@@ -103,7 +103,7 @@ impl Sandbox {
                 Arc::clone(&ready),
                 Arc::clone(&pool),
             ));
-            let carry = Arc::new(Carry::new(Arc::clone(&config)));
+            let carry = Arc::new(Carry::new(Arc::clone(&config), Arc::clone(&parking)));
             let table = Arc::new(Table::new(
                 Arc::clone(&config),
                 Arc::clone(&ready),
@@ -181,7 +181,6 @@ impl Sandbox {
     /// without a caller (`run`, `serve`: their clients come back; not `exec`).
     pub fn park_sessions_at_exit(&self) {
         self.parking.park_sessions_at_exit();
-        self.carry.keep_at_exit();
     }
 
     /// The engine, connected at first use. A failure is not cached: the next call tries again.

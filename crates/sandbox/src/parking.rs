@@ -127,7 +127,14 @@ impl Parking {
     /// Whether this bridge's sessions are parked when it exits: `run` or `serve`, with
     /// `park::sessions_eligible`. Sessions are then attached on connections of their own.
     pub(crate) fn parks_sessions(&self) -> bool {
-        self.parks_sessions.load(Ordering::SeqCst) && park::sessions_eligible(&self.config)
+        self.clients_come_back() && park::sessions_eligible(&self.config)
+    }
+
+    /// Whether this bridge's clients come back (`park_sessions_at_exit` was called: `run`,
+    /// `serve`): its sessions are parked where they may be, and their states written
+    /// (`Carry`).
+    pub(crate) fn clients_come_back(&self) -> bool {
+        self.parks_sessions.load(Ordering::SeqCst)
     }
 
     /// At shutdown, when [`Parking::parks_sessions`]: hand each of `candidates` (the live
