@@ -3,6 +3,7 @@
 
 use std::process::ExitCode;
 
+use bridge_core::error::Hinted as _;
 use bridge_upstream::Upstreams;
 
 /// `servers`: each configured server, where it came from, and what is known of its tools.
@@ -32,7 +33,11 @@ pub(super) async fn refresh_catalog(ups: &Upstreams) -> ExitCode {
                     r.server,
                     r.took.as_secs_f64()
                 )),
-                Err(e) => line(format!("[{n}/{total}] {}: failed: {e}", r.server)),
+                Err(e) => line(format!(
+                    "[{n}/{total}] {}: failed: {}",
+                    r.server,
+                    e.message()
+                )),
             }
         })
         .await;

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use bridge_core::identity::Identity;
 use bridge_core::policy::{Approval, ApprovalRequest, Approver};
-use bridge_upstream::ClientLink;
+use bridge_upstream::{ClientLink, NoAnswer};
 
 /// Asks the human through the MCP client of a `run_python` request: an `elicitation/create`
 /// request in form mode, one field with the three choices.
@@ -42,7 +42,7 @@ pub fn approval_schema(title: &str) -> rmcp::model::ElicitationSchema {
 }
 
 /// The approval an `ElicitResult` gives (or why none came: the policy's fallback decides).
-pub(crate) fn approval_of(r: Result<ElicitResult, String>) -> Approval {
+pub(crate) fn approval_of(r: Result<ElicitResult, NoAnswer>) -> Approval {
     match r {
         Ok(r) if r.action == ElicitationAction::Accept => match r
             .content
@@ -55,7 +55,7 @@ pub(crate) fn approval_of(r: Result<ElicitResult, String>) -> Approval {
             _ => Approval::Denied,
         },
         Ok(_) => Approval::Denied,
-        Err(e) => Approval::Unavailable(e),
+        Err(e) => Approval::Unavailable(e.to_string()),
     }
 }
 
@@ -77,7 +77,7 @@ impl Approver for ClientApprover {
             self.0
                 .create_elicitation(params)
                 .await
-                .map_err(|e| e.to_string()),
+                .map_err(NoAnswer::from),
         )
     }
 }
@@ -113,11 +113,8 @@ impl ClientLink for PeerLink {
         }
     }
 
-    async fn elicit(&self, request: ElicitRequestParams) -> Result<ElicitResult, String> {
-        self.0
-            .create_elicitation(request)
-            .await
-            .map_err(|e| e.to_string())
+    async fn elicit(&self, request: ElicitRequestParams) -> Result<ElicitResult, NoAnswer> {
+        Ok(self.0.create_elicitation(request).await?)
     }
 }
 

@@ -38,7 +38,7 @@ use bridge_core::error::{Hint, Hinted};
 use bridge_core::identity::{Identity, SessionKey};
 use bridge_core::policy::{Approval, ApprovalRequest, Approver};
 use bridge_sandbox::OutputSink;
-use bridge_upstream::{CallRelay, ClientLink, ProgressSink, UpstreamProgress};
+use bridge_upstream::{CallRelay, ClientLink, NoAnswer, ProgressSink, UpstreamProgress};
 
 /// How long a paused call whose code has ended (its deadline passed, or it finished without
 /// needing the answer) stays claimable by its client's retry, which then gets its result.
@@ -91,7 +91,7 @@ impl Askable {
 /// One question of the running code, waiting for its round.
 pub(crate) struct Question {
     request: ElicitRequestParams,
-    answer: oneshot::Sender<Result<ElicitResult, String>>,
+    answer: oneshot::Sender<Result<ElicitResult, NoAnswer>>,
 }
 
 /// The code's side of the rounds: where its questions go. Cloned into the approver and the
@@ -103,14 +103,13 @@ struct Asker {
 }
 
 impl Asker {
-    async fn ask(&self, request: ElicitRequestParams) -> Result<ElicitResult, String> {
+    async fn ask(&self, request: ElicitRequestParams) -> Result<ElicitResult, NoAnswer> {
         let (answer, rx) = oneshot::channel();
         self.tx
             .send(Question { request, answer })
             .await
-            .map_err(|_| "the call's client is gone".to_string())?;
-        rx.await
-            .map_err(|_| "the client did not answer before the call ended".to_string())?
+            .map_err(|_| NoAnswer::ClientGone)?;
+        rx.await.map_err(|_| NoAnswer::CallEnded)?
     }
 }
 
@@ -154,7 +153,7 @@ impl ClientLink for RoundLink {
         self.asker.askable.allows(request)
     }
 
-    async fn elicit(&self, request: ElicitRequestParams) -> Result<ElicitResult, String> {
+    async fn elicit(&self, request: ElicitRequestParams) -> Result<ElicitResult, NoAnswer> {
         self.asker.ask(request).await
     }
 }
@@ -216,7 +215,7 @@ pub(crate) struct Running {
     ended: CancellationToken,
     pub sinks: Sinks,
     /// The questions of the last round, by key, waiting for the client's answers.
-    pending: BTreeMap<String, oneshot::Sender<Result<ElicitResult, String>>>,
+    pending: BTreeMap<String, oneshot::Sender<Result<ElicitResult, NoAnswer>>>,
     next_key: u64,
 }
 
@@ -273,8 +272,11 @@ impl Running {
         let mut responses = responses.unwrap_or_default();
         for (key, tx) in std::mem::take(&mut self.pending) {
             let result = match responses.remove(&key) {
-                Some(v) => serde_json::from_value::<ElicitResult>(v).map_err(|e| {
-                    format!("the client's answer to {key:?} is not an elicitation result: {e}")
+                Some(v) => serde_json::from_value::<ElicitResult>(v).map_err(|source| {
+                    NoAnswer::BadAnswer {
+                        key: key.clone(),
+                        source,
+                    }
                 }),
                 None => Ok(ElicitResult::new(ElicitationAction::Decline)),
             };

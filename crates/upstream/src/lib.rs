@@ -40,7 +40,7 @@ pub use discovery::{
     SkippedEntry, SourceKind, SourceSpec, discover,
 };
 pub use pool::{CallError, CatalogMeta, Pool, SEARCH_WAIT, UpstreamSettings};
-pub use relay::{CallRelay, ClientLink, ProgressSink, UpstreamProgress};
+pub use relay::{CallRelay, ClientLink, NoAnswer, ProgressSink, UpstreamProgress};
 pub use report::{BindError, Refreshed, ServerSource, SkippedServer, SourcesReport};
 pub use rpc::RpcError;
 pub use upstreams::{CallContext, Upstreams, hydrate_concurrency};

@@ -44,7 +44,31 @@ pub trait ClientLink: Send + Sync {
     /// Whether the client declared it can answer questions of this kind.
     fn can_elicit(&self, request: &ElicitRequestParams) -> bool;
     /// Ask the client's user; `Err` says why no answer came.
-    async fn elicit(&self, request: ElicitRequestParams) -> Result<ElicitResult, String>;
+    async fn elicit(&self, request: ElicitRequestParams) -> Result<ElicitResult, NoAnswer>;
+}
+
+/// Why a client's user gave no answer to a question (the question is then declined, or the
+/// policy's fallback decides an approval).
+#[derive(Debug, thiserror::Error)]
+pub enum NoAnswer {
+    /// The request to the client failed: the connection closed, it timed out, or the client
+    /// answered with an error.
+    #[error(transparent)]
+    Request(#[from] rmcp::service::ServiceError),
+    /// The `run_python` call's client is gone: nobody takes the call's questions any more.
+    #[error("the call's client is gone")]
+    ClientGone,
+    /// The call ended (or was resumed without this answer) before the client answered.
+    #[error("the client did not answer before the call ended")]
+    CallEnded,
+    /// What the client sent for this question is not an elicitation result.
+    #[error("the client's answer to {key:?} is not an elicitation result: {source}")]
+    BadAnswer {
+        /// The question's key in its round.
+        key: String,
+        /// What was wrong with the answer.
+        source: serde_json::Error,
+    },
 }
 
 /// What one exec's proxied calls relay to its `run_python` call; empty when nobody listens.
@@ -185,7 +209,7 @@ mod tests {
         fn can_elicit(&self, r: &ElicitRequestParams) -> bool {
             self.form && matches!(r, ElicitRequestParams::FormElicitationParams { .. })
         }
-        async fn elicit(&self, r: ElicitRequestParams) -> Result<ElicitResult, String> {
+        async fn elicit(&self, r: ElicitRequestParams) -> Result<ElicitResult, NoAnswer> {
             if let ElicitRequestParams::FormElicitationParams { message, .. } = r {
                 *self.last.lock().unwrap() = Some(message);
             }
@@ -264,7 +288,7 @@ mod tests {
         fn can_elicit(&self, _: &ElicitRequestParams) -> bool {
             true
         }
-        async fn elicit(&self, _: ElicitRequestParams) -> Result<ElicitResult, String> {
+        async fn elicit(&self, _: ElicitRequestParams) -> Result<ElicitResult, NoAnswer> {
             std::future::pending().await
         }
     }

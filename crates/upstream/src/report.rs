@@ -25,7 +25,7 @@ pub struct Refreshed {
     /// The server's name.
     pub server: String,
     /// How many tools it listed, or why it could not.
-    pub result: Result<usize, String>,
+    pub result: Result<usize, CallError>,
     /// How long starting it (if needed) and listing took.
     pub took: Duration,
 }

@@ -38,7 +38,19 @@ pub fn hydrate_concurrency() -> usize {
 }
 
 /// A hydration in progress, shared by every search that waits for it.
-type Hydration = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), String>>>;
+type Hydration = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), Unlisted>>>;
+
+/// Why a search's hydration of one server listed no tools (shared by every search waiting for
+/// it, so cloned).
+#[derive(Debug, Clone, thiserror::Error)]
+enum Unlisted {
+    /// Starting or listing the server failed.
+    #[error("{}", .0.message())]
+    Failed(Arc<CallError>),
+    /// The task listing it ended without an answer (it panicked or was cancelled).
+    #[error("listing its tools failed: {0}")]
+    Aborted(Arc<tokio::task::JoinError>),
+}
 
 /// The upstream side of the bridge. Cheap to clone; clones share the warm pool.
 #[derive(Clone)]
@@ -377,7 +389,7 @@ impl Upstreams {
             let slot = &slots[i];
             let reason = match outcome {
                 Ok(Ok(())) => continue,
-                Ok(Err(why)) => why,
+                Ok(Err(why)) => why.to_string(),
                 // Listed between the deadline and here: it is searched.
                 Err(_) if slot.cached_tools().is_some() => continue,
                 Err(_) => format!(
@@ -431,13 +443,13 @@ impl Upstreams {
                 Err(e) => {
                     let why = e.message();
                     tracing::warn!(server = %slot.name(), "skipped in search_tool_docs: {why}");
-                    *slot.search_failed.lock().unwrap() = Some((Instant::now(), why.clone()));
-                    Err(why)
+                    *slot.search_failed.lock().unwrap() = Some((Instant::now(), why));
+                    Err(Unlisted::Failed(Arc::new(e)))
                 }
             }
         });
         let h: Hydration = task
-            .map(|r| r.unwrap_or_else(|e| Err(format!("listing its tools failed: {e}"))))
+            .map(|r| r.unwrap_or_else(|e| Err(Unlisted::Aborted(Arc::new(e)))))
             .boxed()
             .shared();
         map.insert(name, h.clone());
@@ -470,8 +482,7 @@ impl Upstreams {
                     .pool
                     .hydrate(&slot, true)
                     .await
-                    .map(|tools| tools.len())
-                    .map_err(|e| e.message());
+                    .map(|tools| tools.len());
                 Refreshed {
                     server: slot.name().to_string(),
                     result,

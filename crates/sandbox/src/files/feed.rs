@@ -2,7 +2,13 @@
 //! engine cannot read): `tar` frames fed to the same judge, within the same bytes and a bound on
 //! the number of frames.
 
-use super::*;
+use std::io;
+use std::sync::Arc;
+
+use futures::StreamExt;
+
+use super::judge::{Report, judge};
+use super::store::{COPY_TIMEOUT, Caps, OUT_DIR, OutStore};
 
 /// What the host asks the runtime for when it copies `/workspace/out` through the channel: at
 /// most this many bytes of tar (the read limit, so an honest runtime stops where the host

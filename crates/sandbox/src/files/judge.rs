@@ -2,7 +2,18 @@
 //! before a byte of it lands, only regular files with safe names, within the caps, kept under a
 //! number the bridge chose in the session's own directory.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{self, Read};
+use std::sync::Arc;
+
+use bollard::Docker;
+use bollard::query_parameters::DownloadFromContainerOptionsBuilder;
+use futures::StreamExt;
+
+use super::store::{
+    COPY_TIMEOUT, Caps, KeepError, MAX_ENTRIES, OUT_DIR, OutFile, OutStore, sha256_of,
+};
 
 /// What one copy brought: the files new or changed in this call, and what was skipped and why.
 #[derive(Debug, Default)]
@@ -106,22 +117,6 @@ pub(super) fn kind_reason(t: tar::EntryType) -> &'static str {
     }
 }
 
-pub(super) fn sha256_of(mut r: impl Read, mut sink: impl Write) -> io::Result<(u64, [u8; 32])> {
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut n = 0u64;
-    loop {
-        let k = r.read(&mut buf)?;
-        if k == 0 {
-            break;
-        }
-        h.update(&buf[..k]);
-        sink.write_all(&buf[..k])?;
-        n += k as u64;
-    }
-    Ok((n, h.finalize().into()))
-}
-
 /// Read one archive of `/workspace/out` into `store`, for session `session`. Synchronous (the
 /// `tar` crate is): the caller runs it on a blocking thread and bounds `tar`'s bytes.
 pub fn extract<R: Read>(tar: R, store: &OutStore, session: &str, caps: &Caps) -> Report {
@@ -180,14 +175,8 @@ pub fn extract<R: Read>(tar: R, store: &OutStore, session: &str, caps: &Caps) ->
             skips.add(format!("files larger than file_cap = {file_cap}"), &raw);
             continue;
         }
-        let (prev_size, prev_sha) = {
-            let inner = store.inner.lock().unwrap();
-            match inner.files.get(&name) {
-                Some(k) => (k.file.size, Some(k.sha256)),
-                None => (0, None),
-            }
-        };
-        let total_after = store.inner.lock().unwrap().total - prev_size + size;
+        let (prev_size, prev_sha) = store.held(&name);
+        let total_after = store.total() - prev_size + size;
         let over_count = report.new.len() >= caps.per_call;
         let over_total = total_after > caps.total;
         if over_count || over_total {
@@ -220,7 +209,7 @@ pub fn extract<R: Read>(tar: R, store: &OutStore, session: &str, caps: &Caps) ->
             }
             continue;
         }
-        match keep(store, &mut entry, &name, size, prev_sha, session) {
+        match store.keep(&mut entry, &name, size, prev_sha, session) {
             Ok(Some(f)) => report.new.push(f),
             Ok(None) => {}
             Err(KeepError::Short) => skips.add(
@@ -228,7 +217,7 @@ pub fn extract<R: Read>(tar: R, store: &OutStore, session: &str, caps: &Caps) ->
                 &raw,
             ),
             Err(KeepError::Io(e)) => {
-                tracing::warn!(dir = %store.dir.display(), "could not keep a file of {OUT_DIR}: {e}");
+                tracing::warn!(dir = %store.dir().display(), "could not keep a file of {OUT_DIR}: {e}");
                 report.notices.push(format!(
                     "the copy of {OUT_DIR} stopped early ({e}); files after that point were not copied"
                 ));
@@ -238,82 +227,6 @@ pub fn extract<R: Read>(tar: R, store: &OutStore, session: &str, caps: &Caps) ->
     }
     report.notices.extend(skips.into_notices());
     report
-}
-
-pub(super) enum KeepError {
-    /// The entry gave fewer bytes than its header said.
-    Short,
-    Io(io::Error),
-}
-
-/// Write one entry to a fresh file of the store; `None` when it equals the kept copy.
-pub(super) fn keep(
-    store: &OutStore,
-    entry: &mut impl Read,
-    name: &str,
-    size: u64,
-    prev_sha: Option<[u8; 32]>,
-    session: &str,
-) -> Result<Option<OutFile>, KeepError> {
-    store.ensure_dir().map_err(KeepError::Io)?;
-    let n = {
-        let mut inner = store.inner.lock().unwrap();
-        inner.next += 1;
-        inner.next
-    };
-    let path = store.dir.join(n.to_string());
-    // A number the bridge chose, created new (never an existing file or link), owner-only.
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(KeepError::Io)?;
-    let result = sha256_of(entry.take(size), &mut f);
-    drop(f);
-    let (written, sha) = match result {
-        Ok(v) => v,
-        Err(e) => {
-            let _ = std::fs::remove_file(&path);
-            return Err(if e.kind() == io::ErrorKind::UnexpectedEof {
-                KeepError::Short
-            } else {
-                KeepError::Io(e)
-            });
-        }
-    };
-    if written != size {
-        let _ = std::fs::remove_file(&path);
-        return Err(KeepError::Short);
-    }
-    if Some(sha) == prev_sha {
-        let _ = std::fs::remove_file(&path);
-        return Ok(None);
-    }
-    let file = OutFile {
-        name: name.to_string(),
-        mime: mime_guess::from_path(name)
-            .first_or_octet_stream()
-            .essence_str()
-            .to_string(),
-        size,
-        uri: uri(session, name),
-    };
-    let mut inner = store.inner.lock().unwrap();
-    if let Some(old) = inner.files.remove(name) {
-        inner.total -= old.file.size;
-        let _ = std::fs::remove_file(&old.path);
-    }
-    inner.total += size;
-    inner.files.insert(
-        name.to_string(),
-        Kept {
-            file: file.clone(),
-            sha256: sha,
-            path,
-        },
-    );
-    Ok(Some(file))
 }
 
 /// Copy `/workspace/out` of `container` into `store`: the archive streamed from the engine, at

@@ -17,282 +17,18 @@
 //! and a file whose bytes (sha256) equal the kept copy's is not announced again. A lying digest
 //! only withholds the sandbox's own files.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use bollard::Docker;
-use bollard::query_parameters::DownloadFromContainerOptionsBuilder;
-use futures::StreamExt;
-use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
-use sha2::{Digest, Sha256};
-
-use bridge_core::config::Config;
-
 mod feed;
 mod judge;
+mod store;
 
 pub use feed::*;
 pub use judge::*;
-
-/// The directory the code writes its results to.
-pub const OUT_DIR: &str = "/workspace/out";
-/// Where, under [`OUT_DIR`], the parts of an exec's output too long for its result are kept
-/// whole (`<exec>.<part>.txt`).
-pub const KEPT_DIR: &str = ".outputs";
-/// The URI of a kept file is this, the session's name and the file's name (both
-/// percent-encoded). The name only, not its owner: whoever reads the URI is the owner, so under
-/// `serve` the reader's identity completes the key, and another identity's URI names nothing.
-pub const URI_PREFIX: &str = "resource://mcp-code-bridge/files/";
-/// Entries read from one archive at most (directories and skipped ones included): bounds the
-/// work of a directory of many tiny files, whose bytes alone the read limit would let through.
-pub const MAX_ENTRIES: usize = 20_000;
-/// How long one copy may take; what was not read by then is named in a notice.
-pub const COPY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// What is escaped in a URI's parts: controls, space and the characters URIs reserve; `/` is
-/// escaped in the session, kept in a file's name (its subdirectories).
-const SEGMENT: &AsciiSet = &CONTROLS
-    .add(b' ')
-    .add(b'"')
-    .add(b'#')
-    .add(b'%')
-    .add(b'<')
-    .add(b'>')
-    .add(b'?')
-    .add(b'[')
-    .add(b']')
-    .add(b'\\')
-    .add(b'^')
-    .add(b'`')
-    .add(b'{')
-    .add(b'|')
-    .add(b'}');
-const SESSION_SEGMENT: &AsciiSet = &SEGMENT.add(b'/');
-
-/// One file copied out, as the client sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutFile {
-    /// Path under `/workspace/out`, e.g. `plots/trend.png`.
-    pub name: String,
-    /// Its media type, guessed from its name.
-    pub mime: String,
-    /// Its size in bytes.
-    pub size: u64,
-    /// The resource URI a client reads it by (`resources/read`).
-    pub uri: String,
-}
-
-/// The file's URI in session `session`.
-pub fn uri(session: &str, name: &str) -> String {
-    format!(
-        "{URI_PREFIX}{}/{}",
-        utf8_percent_encode(session, SESSION_SEGMENT),
-        utf8_percent_encode(name, SEGMENT)
-    )
-}
-
-/// `(session, name)` of a file URI; `None` when `uri` is not one.
-pub fn parse_uri(uri: &str) -> Option<(String, String)> {
-    let rest = uri.strip_prefix(URI_PREFIX)?;
-    let (session, name) = rest.split_once('/')?;
-    let session = percent_decode_str(session).decode_utf8().ok()?.into_owned();
-    let name = percent_decode_str(name).decode_utf8().ok()?.into_owned();
-    Some((session, name))
-}
-
-/// The three bounds of copying out.
-#[derive(Debug, Clone, Copy)]
-pub struct Caps {
-    /// Largest file kept (`file_cap`).
-    pub file: u64,
-    /// New or changed files kept per call (`files_per_call`).
-    pub per_call: usize,
-    /// Bytes kept per session (`files_total`).
-    pub total: u64,
-}
-
-impl Caps {
-    /// The bounds `c` sets (`file_cap`, `files_total`).
-    pub fn from_config(c: &Config) -> Self {
-        Caps {
-            file: c.file_cap.0,
-            per_call: c.files_per_call as usize,
-            total: c.files_total.0,
-        }
-    }
-
-    /// Bytes read from one archive at most: every kept byte can be replaced once (the old copy
-    /// stays until the new one is whole), plus a header and padding per entry.
-    fn read_limit(&self) -> u64 {
-        self.total
-            .saturating_add(self.file)
-            .saturating_add(MAX_ENTRIES as u64 * 1024)
-    }
-}
-
-struct Kept {
-    file: OutFile,
-    sha256: [u8; 32],
-    path: PathBuf,
-}
-
-#[derive(Default)]
-struct Inner {
-    files: BTreeMap<String, Kept>,
-    total: u64,
-    next: u64,
-}
-
-/// Why a file could not be kept on the host (its size, the session's total, the disk).
-#[derive(Debug, thiserror::Error)]
-pub enum KeepFailed {
-    /// The file alone is larger than `file_cap`.
-    #[error("it is {size} bytes, over the {cap} bytes of `file_cap`")]
-    TooLarge {
-        /// The file's size in bytes.
-        size: u64,
-        /// `file_cap`, in bytes.
-        cap: u64,
-    },
-    /// With it, the session's kept files would pass `files_total`.
-    #[error("the session's kept files would pass `files_total` ({total} bytes)")]
-    OverTotal {
-        /// `files_total`, in bytes.
-        total: u64,
-    },
-    /// Fewer bytes were written than were given.
-    #[error("it could not be written whole")]
-    Short,
-    /// The disk refused it.
-    #[error("{0}")]
-    Io(#[source] io::Error),
-}
-
-/// A session's kept files: their directory on the host and what each is.
-pub struct OutStore {
-    dir: PathBuf,
-    inner: Mutex<Inner>,
-}
-
-impl OutStore {
-    /// The store of container `container_id`; its directory is made at the first kept file.
-    pub fn new(state_dir: &Path, container_id: &str) -> Self {
-        let short: String = container_id.chars().take(16).collect();
-        OutStore {
-            dir: state_dir
-                .join("files")
-                .join(format!("{}-{short}", std::process::id())),
-            inner: Mutex::new(Inner::default()),
-        }
-    }
-
-    /// Every kept file, by name.
-    pub fn list(&self) -> Vec<OutFile> {
-        let inner = self.inner.lock().unwrap();
-        inner.files.values().map(|k| k.file.clone()).collect()
-    }
-
-    /// A kept file and its bytes.
-    pub fn read(&self, name: &str) -> io::Result<Option<(OutFile, Vec<u8>)>> {
-        let (file, path) = {
-            let inner = self.inner.lock().unwrap();
-            match inner.files.get(name) {
-                Some(k) => (k.file.clone(), k.path.clone()),
-                None => return Ok(None),
-            }
-        };
-        // Bounded by what was kept (at most file_cap): never more than the recorded size.
-        let mut bytes = Vec::with_capacity(file.size as usize);
-        std::fs::File::open(&path)?
-            .take(file.size)
-            .read_to_end(&mut bytes)?;
-        Ok(Some((file, bytes)))
-    }
-
-    /// Keep `data` as file `name` (a part of an exec's output the bridge keeps whole, see
-    /// `sandbox::output::Fit`), within the same caps as a file copied out. The runtime writes
-    /// the same bytes under `/workspace/out`, so the next copy finds them equal and does not
-    /// announce them again.
-    pub fn put(
-        &self,
-        name: &str,
-        data: &[u8],
-        session: &str,
-        caps: &Caps,
-    ) -> Result<OutFile, KeepFailed> {
-        let size = data.len() as u64;
-        if size > caps.file {
-            return Err(KeepFailed::TooLarge {
-                size,
-                cap: caps.file,
-            });
-        }
-        let total = {
-            let inner = self.inner.lock().unwrap();
-            inner.total - inner.files.get(name).map_or(0, |k| k.file.size)
-        };
-        if total + size > caps.total {
-            return Err(KeepFailed::OverTotal { total: caps.total });
-        }
-        match keep(self, &mut &data[..], name, size, None, session) {
-            Ok(Some(file)) => Ok(file),
-            Ok(None) => unreachable!("nothing to compare with"),
-            Err(KeepError::Short) => Err(KeepFailed::Short),
-            Err(KeepError::Io(e)) => Err(KeepFailed::Io(e)),
-        }
-    }
-
-    /// Forget every file and remove the directory.
-    pub fn clear(&self) {
-        let mut inner = self.inner.lock().unwrap();
-        *inner = Inner::default();
-        if let Err(e) = std::fs::remove_dir_all(&self.dir)
-            && e.kind() != io::ErrorKind::NotFound
-        {
-            tracing::warn!(dir = %self.dir.display(), "could not remove a session's files: {e}");
-        }
-    }
-
-    fn ensure_dir(&self) -> io::Result<()> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)
-    }
-}
-
-impl Drop for OutStore {
-    fn drop(&mut self) {
-        self.clear();
-    }
-}
-
-/// Remove the kept files of bridges that are gone (killed before they could clean up): the
-/// directories under `<state_dir>/files/` whose `<pid>-` prefix names no running process.
-/// Another live bridge's are left alone.
-pub fn reap_orphans(state_dir: &Path) {
-    let Ok(dirs) = std::fs::read_dir(state_dir.join("files")) else {
-        return;
-    };
-    for d in dirs.flatten() {
-        let name = d.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if pid != std::process::id() && bridge_core::procfs::running_since(pid).is_none() {
-            tracing::info!(dir = %d.path().display(), "removing files out of a bridge that is gone");
-            let _ = std::fs::remove_dir_all(d.path());
-        }
-    }
-}
+pub use store::*;
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     fn caps() -> Caps {
@@ -342,7 +78,7 @@ mod tests {
     }
 
     fn host_files(s: &OutStore) -> Vec<String> {
-        let mut v: Vec<String> = match std::fs::read_dir(&s.dir) {
+        let mut v: Vec<String> = match std::fs::read_dir(s.dir()) {
             Ok(rd) => rd
                 .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
                 .collect(),
@@ -600,8 +336,8 @@ mod tests {
         let (_d, s) = store();
         let t = archive(&[(b"out/a", tar::EntryType::Regular, b"1")]);
         extract(&t[..], &s, "s", &caps());
-        assert!(s.dir.exists());
-        let dir = s.dir.clone();
+        assert!(s.dir().exists());
+        let dir = s.dir().to_path_buf();
         drop(s);
         assert!(!dir.exists());
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use super::{LISTING_BUDGET, Listing, MAX_LISTING, MAX_SNAPSHOTS, STALE_TMP, dir, remove};
+use super::listing::{LISTING_BUDGET, Listing, MAX_LISTING, MAX_SNAPSHOTS, STALE_TMP, dir, remove};
 use bridge_core::clock::now_secs;
 use bridge_core::config::Config;
 use bridge_core::identity::{Identity, SessionKey};
@@ -236,7 +236,7 @@ pub fn scan(state_dir: &Path, ttl: Duration) -> Store {
             None => Err("its listing is larger than the store reads, or not a file of this user's"),
             Some(t) => match serde_json::from_str::<Listing>(&t) {
                 Err(_) => Err("its listing is not one this version reads"),
-                Ok(l) if stem != super::stem(&l.key()) => {
+                Ok(l) if stem != super::listing::stem(&l.key()) => {
                     Err("its listing names another session than its file name")
                 }
                 Ok(l) if crate::name::check_session_name(&l.session).is_err() => {
