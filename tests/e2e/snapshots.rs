@@ -37,12 +37,26 @@ async fn run_in(b: &Bridge, session: &str, code: &str) -> Outcome {
     Outcome(b.call(json!({"code": code, "session": session})).await)
 }
 
-/// Wait until the bridge's log says `what` `n` times.
+/// Wait until the bridge's log says `what` `n` times; on a timeout, fail with what the log
+/// says of the sessions (their closes, snapshots and restores) and its last lines.
 async fn logged(home: &Home, what: &str, n: usize) {
-    common::wait_until(what, Duration::from_secs(60), async || {
-        home.log().matches(what).count() >= n
-    })
-    .await;
+    let start = std::time::Instant::now();
+    while home.log().matches(what).count() < n {
+        if start.elapsed() > Duration::from_secs(60) {
+            let log = home.log_if_any();
+            let about: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("snapshot") || l.contains("idle") || l.contains("restor"))
+                .collect();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            panic!(
+                "timed out after 60s waiting for {what:?} {n} time(s)\nsessions:\n{}\nlast lines:\n{}",
+                about.join("\n"),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 fn audit_records(state: &Path) -> Vec<Value> {

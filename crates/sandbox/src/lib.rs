@@ -120,14 +120,24 @@ impl Sandbox {
                 table,
             }
         });
-        let table = Arc::downgrade(&sb.table);
+        // Two loops: idle sessions are closed on time even while the engine is slow to list
+        // containers for the strays' sweep (a listing waits on every container's lock, other
+        // tenants' included).
         let idle = sb.config.runtime_idle_timeout.0;
+        let tick = (idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(15));
+        let table = Arc::downgrade(&sb.table);
         tokio::spawn(async move {
-            let tick = (idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(15));
             loop {
                 tokio::time::sleep(tick).await;
                 let Some(table) = table.upgrade() else { return };
                 table.reap_idle(idle).await;
+            }
+        });
+        let table = Arc::downgrade(&sb.table);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(tick).await;
+                let Some(table) = table.upgrade() else { return };
                 table.reap_strays(false).await;
             }
         });

@@ -86,6 +86,20 @@ impl Table {
         let Some(engine) = self.ready.connected() else {
             return;
         };
+        // Listed before anything is held: the engine's listing waits for every container's
+        // lock, and another tenant's container being removed (one that held thousands of tasks
+        // under gVisor) can hold one for as long as the listing's 30 s. Meanwhile sessions
+        // start and close as usual. Comparing a listing older than the table is safe: a
+        // container listed was made before the listing, so at the comparison below it is in
+        // the table, the pool or `busy`, still being started (then nothing is removed this
+        // time), or already being removed (removed twice: harmless).
+        let ids = match container::owned_by(engine, self.ready.owner()).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::debug!("could not list this bridge's containers: {e}");
+                return;
+            }
+        };
         // No session is counted or closed while we compare...
         let _starting = self.starting.lock().await;
         // ... and no pooled one or session's either (each is created before the pool or the
@@ -105,13 +119,6 @@ impl Table {
             );
             live.extend(self.pool.ready_ids());
         }
-        let ids = match container::owned_by(engine, self.ready.owner()).await {
-            Ok(ids) => ids,
-            Err(e) => {
-                tracing::debug!("could not list this bridge's containers: {e}");
-                return;
-            }
-        };
         live.extend(self.parking.parked_ids());
         if !all {
             // Sessions being closed or restored without `starting` still use theirs (held
