@@ -6,6 +6,7 @@
 //!   variables;
 //! - [`values`]: value types and their lenient spellings ([`Secs`], [`Size`], [`Runtime`], ...);
 //! - [`servers`]: the `[servers.<name>]` schema ([`ServerEntry`]);
+//! - [`flows`]: the `[policy.flows]` section ([`FlowsConfig`]);
 //! - [`audit`]: the `[audit]` section ([`AuditConfig`]);
 //! - [`skills`]: the `[skills]` section ([`SkillsConfig`]);
 //! - [`oauth`]: the `[oauth]` section ([`OAuthConfig`]), the issuer `serve` accepts tokens of;
@@ -32,6 +33,7 @@
 pub mod audit;
 pub mod effective;
 pub mod error;
+pub mod flows;
 pub mod http;
 pub mod inputs;
 pub mod keys;
@@ -50,6 +52,7 @@ pub use effective::{
     Overrides,
 };
 pub use error::{ConfigError, InvalidValue, Problem, RequirementFault};
+pub use flows::{FlowsConfig, OnSuspect};
 pub use http::HttpConfig;
 pub use inputs::InputEntry;
 pub use keys::{ENV_PREFIX, KEYS, Key, closest_key, env_name};

@@ -7,6 +7,7 @@
 //! is two rules.
 
 use super::InvalidValue;
+use super::flows::FlowsConfig;
 use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -161,6 +162,8 @@ pub struct PolicyConfig {
     pub destructive: Destructive,
     /// What `ask` means when the client cannot be asked (no elicitation, no `input_required`).
     pub ask_fallback: Fallback,
+    /// `[policy.flows]`: where a guarded argument's value may come from (off by default).
+    pub flows: FlowsConfig,
 }
 
 impl Default for PolicyConfig {
@@ -172,6 +175,7 @@ impl Default for PolicyConfig {
             deny: Patterns::default(),
             destructive: Destructive::Unset,
             ask_fallback: Fallback::Deny,
+            flows: FlowsConfig::default(),
         }
     }
 }
@@ -193,7 +197,7 @@ impl PolicyConfig {
                 Patterns::check(p).map_err(|why| (key, why.to_string()))?;
             }
         }
-        Ok(())
+        self.flows.validate()
     }
 }
 
