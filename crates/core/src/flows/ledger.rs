@@ -97,6 +97,8 @@ struct Corpus {
     spans: Vec<(usize, Arc<str>)>,
     numbers: HashMap<String, Arc<str>>,
     prints: HashMap<u64, Arc<str>>,
+    /// Digests of the leaves kept: a result read again costs nothing more.
+    seen: HashSet<u64>,
 }
 
 impl Corpus {
@@ -118,7 +120,7 @@ impl Corpus {
             for n in nums {
                 self.numbers.entry(n).or_insert_with(|| tool.clone());
             }
-            if skel.is_empty() {
+            if skel.is_empty() || !self.seen.insert(digest(&skel)) {
                 continue;
             }
             text::fingerprints(&skel, &mut prints);
@@ -198,6 +200,14 @@ impl Corpus {
         }
         text::grams(v).iter().find_map(|h| self.prints.get(h))
     }
+}
+
+/// A leaf's digest, for [`Corpus::seen`].
+fn digest(skel: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    skel.hash(&mut h);
+    h.finish()
 }
 
 /// A string or number leaf of a value, as the checks read it (a number canonical).

@@ -344,6 +344,18 @@ fn past_its_bounds_the_record_is_conservative_and_says_so() {
 }
 
 #[test]
+fn a_result_read_again_costs_the_record_nothing() {
+    let f = flows();
+    let me = Identity::Local;
+    let big = "y".repeat(64 * 1024);
+    let labels = f.rules().labels("web", "get_page", None);
+    for _ in 0..=(MAX_LEDGER_BYTES / big.len()) + 1 {
+        f.record_result(&me, "web", "get_page", &labels, &text_result(&big));
+    }
+    assert!(send(&f, &me, json!("GB33BUKB20201555555555"), json!(1)).is_empty());
+}
+
+#[test]
 fn a_grant_names_one_flow() {
     let f = flows();
     let me = Identity::Local;
