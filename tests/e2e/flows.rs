@@ -75,7 +75,6 @@ fn transfers(path: &std::path::Path) -> Vec<Value> {
 async fn deny_stops_the_injected_iban_in_every_placement_and_lets_the_users_through() {
     let home = Home::new();
     let path = write_config(&home, &format!("{FLOWS}on_suspect = \"deny\"\n"));
-    let audit = home.path().join(".local/state/mcp-code-bridge/audit.jsonl");
     let b = Bridge::start_with(home, &[], None).await;
 
     // The model is told which tools are guarded.
@@ -151,13 +150,21 @@ async fn deny_stops_the_injected_iban_in_every_placement_and_lets_the_users_thro
     );
 
     // The audit log says what the flow check found, without a value.
-    b.shutdown().await;
-    let records: Vec<Value> = std::fs::read_to_string(&audit)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|r: &Value| r["tool"] == "send_money")
-        .collect();
+    let home = b.shutdown_clean().await;
+    let audit = home.path().join(".local/state/mcp-code-bridge/audit.jsonl");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let records = loop {
+        let records: Vec<Value> = std::fs::read_to_string(&audit)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .filter(|r: &Value| r["tool"] == "send_money")
+            .collect();
+        if records.len() >= 6 || std::time::Instant::now() > deadline {
+            break records;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
     assert_eq!(records.len(), 6, "{records:?}");
     assert_eq!(records[0]["flow"]["decision"], "clean");
     assert_eq!(records[1]["flow"]["decision"], "suspect:deny");

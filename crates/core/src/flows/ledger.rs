@@ -15,9 +15,14 @@ use super::text::{self, RUN};
 use super::{FlowRules, Labels};
 use crate::identity::Identity;
 
-/// Bytes of text (untrusted, private, code, trusted values) one identity's record keeps; past
-/// it, the record is full and every guarded argument is suspect.
+/// Bytes of untrusted and private text one identity's record keeps; past it, the record is full
+/// and every guarded argument is suspect.
 pub const MAX_LEDGER_BYTES: usize = 2 << 20;
+/// Bytes of a clean model's code kept as intent: past it the oldest is forgotten (fewer
+/// literals count: conservative).
+pub const MAX_INTENT_BYTES: usize = 1 << 20;
+/// Trusted values and code numbers kept as intent: past it they are forgotten (conservative).
+const MAX_EXEMPTIONS: usize = 65_536;
 /// Identities with a record of their own; more share one full record.
 pub const MAX_IDENTITIES: usize = 256;
 /// A string shorter than this many letters and digits is matched only as a number.
@@ -348,14 +353,30 @@ impl Flows {
         if l.steered.is_some() || l.full.is_some() {
             return;
         }
-        let skel = text::skeleton(code);
+        let mut skel = text::skeleton(code);
+        if skel.len() >= MAX_INTENT_BYTES {
+            let mut cut = skel.len() - MAX_INTENT_BYTES / 2;
+            while !skel.is_char_boundary(cut) {
+                cut += 1;
+            }
+            skel.drain(..cut);
+        }
         let mut nums = HashSet::new();
         text::numbers(code, &mut nums);
-        let n = skel.len() + 1 + nums.iter().map(String::len).sum::<usize>();
+        if l.intent.len() + skel.len() + 1 > MAX_INTENT_BYTES {
+            // The oldest code is forgotten: its literals no longer count (conservative).
+            let mut cut = l.intent.len() + skel.len() + 1 - MAX_INTENT_BYTES;
+            cut = l.intent[cut..]
+                .find('|')
+                .map_or(l.intent.len(), |i| cut + i + 1);
+            l.intent.drain(..cut);
+        }
         l.intent.push_str(&skel);
         l.intent.push('|');
+        if l.intent_numbers.len() + nums.len() > MAX_EXEMPTIONS {
+            l.intent_numbers.clear();
+        }
         l.intent_numbers.extend(nums);
-        l.charge(n);
     }
 
     /// A proxied call's result (as the sandbox gets it) of `server.tool`, labelled `labels`:
@@ -389,13 +410,17 @@ impl Flows {
             n += l.private.add(&name, &leaves);
         }
         if !labels.recorded() {
+            if l.trusted.len() + leaves.len() > MAX_EXEMPTIONS {
+                // Forgotten exemptions make the check stricter, never looser.
+                l.trusted.clear();
+            }
             for leaf in &leaves {
                 let v = match leaf {
                     Leaf::Str(s) => text::skeleton(s),
                     Leaf::Num(c) => format!("#{c}"),
                 };
-                if v.len() <= MAX_TRUSTED_VALUE && !v.is_empty() && l.trusted.insert(v.clone()) {
-                    n += v.len() + 16;
+                if v.len() <= MAX_TRUSTED_VALUE && !v.is_empty() {
+                    l.trusted.insert(v);
                 }
             }
         }

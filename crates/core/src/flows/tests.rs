@@ -356,6 +356,22 @@ fn a_result_read_again_costs_the_record_nothing() {
 }
 
 #[test]
+fn a_long_clean_session_forgets_old_literals_but_never_fills_the_record() {
+    let f = flows();
+    let me = Identity::Local;
+    f.begin_exec(&me, &format!("first = {IBAN:?}"));
+    let code = "z = 1\n".repeat(50_000);
+    for _ in 0..((2 * super::ledger::MAX_INTENT_BYTES) / skeleton(&code).len() + 2) {
+        f.begin_exec(&me, &code);
+    }
+    read_mail(&f, &me);
+    // The oldest literal no longer counts (stricter), and the record is not full.
+    let s = send(&f, &me, json!(IBAN), json!(3));
+    assert_eq!(s.len(), 1, "{s:?}");
+    assert_eq!(s[0].kind, SuspectKind::Untrusted);
+}
+
+#[test]
 fn a_grant_names_one_flow() {
     let f = flows();
     let me = Identity::Local;
