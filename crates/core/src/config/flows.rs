@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::policy::Patterns;
+use super::globs::Patterns;
 use super::values::flexible_bool;
 
 /// `on_suspect`: what a suspect flow gets.

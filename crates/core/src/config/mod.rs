@@ -6,7 +6,8 @@
 //!   variables;
 //! - [`values`]: value types and their lenient spellings ([`Secs`], [`Size`], [`Runtime`], ...);
 //! - [`servers`]: the `[servers.<name>]` schema ([`ServerEntry`]);
-//! - [`flows`]: the `[policy.flows]` section ([`FlowsConfig`]);
+//! - [`flows`]: the `[policy.flows]` section ([`FlowsConfig`]); [`globs`]: the
+//!   `"server.tool"` glob lists both sections write;
 //! - [`audit`]: the `[audit]` section ([`AuditConfig`]);
 //! - [`skills`]: the `[skills]` section ([`SkillsConfig`]);
 //! - [`oauth`]: the `[oauth]` section ([`OAuthConfig`]), the issuer `serve` accepts tokens of;
@@ -34,6 +35,7 @@ pub mod audit;
 pub mod effective;
 pub mod error;
 pub mod flows;
+pub mod globs;
 pub mod http;
 pub mod inputs;
 pub mod keys;

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value};
 
+use super::labels::{FlowRules, Labels};
 use super::text::{self, RUN};
-use super::{FlowRules, Labels};
 use crate::identity::Identity;
 
 /// Bytes of untrusted and private text one identity's record keeps; past it, the record is full
