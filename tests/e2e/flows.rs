@@ -90,6 +90,21 @@ async fn deny_stops_the_injected_iban_in_every_placement_and_lets_the_users_thro
         o.text()
     );
 
+    let r = b
+        .client
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(
+            "resource://mcp-code-bridge/capabilities",
+        ))
+        .await
+        .unwrap();
+    let caps = serde_json::to_string(&r.contents).unwrap();
+    assert!(
+        caps.contains("## Flows")
+            && caps.contains("- acting: `bank.send_money`")
+            && caps.contains("refused"),
+        "{caps}"
+    );
+
     // (b) A literal the user gave, written by a clean model, runs unasked, mail read or not.
     let o = py(
         &b,
@@ -281,4 +296,57 @@ except PermissionError as e:
     assert!(asked(3)[0].as_str().unwrap().contains("\"amount\""));
     assert!(text(3).contains("DENIED"), "{}", text(3));
     assert_eq!(transfers(&path).len(), 2);
+}
+
+/// The same question under 2026-07-28 (the Python SDK's default `Client`): an `input_required`
+/// round, answered by the retry; the audit log says which path decided and what the flow was.
+#[test]
+fn ask_travels_as_input_required_under_2026_07_28() {
+    let home = Home::new();
+    let path = write_config(&home, FLOWS);
+    let steps = json!([
+        {"code": SAME_SCRIPT, "servers": ["bank"], "answers": ["deny"]},
+        {"code": SAME_SCRIPT, "servers": ["bank"], "answers": ["allow_once"]},
+    ]);
+    let got = crate::approvals::python(&home, "auto", common::BIN, steps, &[]);
+    assert_eq!(got.len(), 2, "{got:?}");
+    for (step, want) in got.iter().zip(["DENIED ToolDenied", "SENT"]) {
+        let asked = step["asked"].as_array().unwrap();
+        assert_eq!(asked.len(), 1, "{step}");
+        let q = asked[0]["message"].as_str().unwrap();
+        assert!(
+            q.contains("\"recipient\"")
+                && q.contains(&format!("\"{ATTACKER}\""))
+                && q.contains("\"bank.read_mail\""),
+            "{q}"
+        );
+        assert!(step["text"].as_str().unwrap().contains(want), "{step}");
+    }
+    assert_eq!(transfers(&path).len(), 1);
+    let audit = home.path().join(".local/state/mcp-code-bridge/audit.jsonl");
+    let flows: Vec<(String, String)> = std::fs::read_to_string(audit)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["tool"] == "send_money")
+        .map(|r| {
+            (
+                r["flow"]["decision"].as_str().unwrap_or("").to_string(),
+                r["ask"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        flows,
+        [
+            (
+                "suspect:ask:denied".to_string(),
+                "input_required".to_string()
+            ),
+            (
+                "suspect:ask:allowed".to_string(),
+                "input_required".to_string()
+            ),
+        ]
+    );
 }

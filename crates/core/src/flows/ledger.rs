@@ -109,7 +109,9 @@ struct Corpus {
 impl Corpus {
     fn add(&mut self, tool: &Arc<str>, leaves: &[Leaf]) -> usize {
         let before = self.text.len();
-        let mut prints = Vec::new();
+        // The result's new leaves in order, joined: fingerprinted as one text, so a run across
+        // short leaves (words of a list, fields of a record) is found too.
+        let mut joined = String::new();
         for leaf in leaves {
             let (skel, nums) = match leaf {
                 Leaf::Str(s) => {
@@ -128,10 +130,12 @@ impl Corpus {
             if skel.is_empty() || !self.seen.insert(digest(&skel)) {
                 continue;
             }
-            text::fingerprints(&skel, &mut prints);
+            joined.push_str(&skel);
             self.text.push_str(&skel);
             self.text.push('|');
         }
+        let mut prints = Vec::new();
+        text::fingerprints(&joined, &mut prints);
         for p in prints {
             self.prints.entry(p).or_insert_with(|| tool.clone());
         }
