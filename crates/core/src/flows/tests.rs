@@ -400,3 +400,23 @@ fn a_grant_names_one_flow() {
     assert_ne!(a, s[0].grant_key("bank", "pay"));
     assert!(a.contains("recipient") && a.contains("mail.read_mail"));
 }
+
+/// SECURITY.md's limits, as they are: a value the script encodes beyond case, spacing and
+/// punctuation, or computes, is not found; a short string is compared only as a number.
+#[test]
+fn documented_limits_are_not_caught() {
+    let f = flows();
+    let me = Identity::Local;
+    read_mail(&f, &me);
+    let reversed: String = "DE89370400440532013000".chars().rev().collect();
+    let as_words = "dee eight nine three seven zero four";
+    // base64 of the IBAN, written out: the check does not decode.
+    let encoded = "REU4OTM3MDQwMDQ0MDUzMjAxMzAwMA==";
+    for v in [reversed.as_str(), as_words, encoded] {
+        assert!(send(&f, &me, json!(v), json!(7)).is_empty(), "{v}");
+    }
+    // Arithmetic on the injected amount (1250 + 1).
+    assert!(send(&f, &me, json!("someone"), json!(1251)).is_empty());
+    // "EUR" is three letters: below MIN_MATCH as text, and no number.
+    assert!(send(&f, &me, json!("EUR"), json!(7)).is_empty());
+}
