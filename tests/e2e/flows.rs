@@ -80,12 +80,12 @@ async fn deny_stops_the_injected_iban_in_every_placement_and_lets_the_users_thro
     // The model is told which tools are guarded.
     let o = py(
         &b,
-        "from mcp import runtime\nprint(sorted((t['name'], t['flows']['labels'], t['flows']['guarded']) for t in runtime.describe_server('bank')['tools']))",
+        "from mcp import runtime\nprint(sorted((t['name'], t['flows']['labels'], t['flows']['guarded']) for t in runtime.describe_server('bank')['tools'] if 'flows' in t))",
     )
     .await;
     assert_eq!(
         o.stdout().trim(),
-        "[('read_mail', ['untrusted'], None), ('send_money', ['acting'], ['recipient', 'amount'])]",
+        "[('post_review', ['untrusted', 'acting', 'open'], 'all'), ('read_mail', ['untrusted'], None), ('send_money', ['acting'], ['recipient', 'amount'])]",
         "{}",
         o.text()
     );
@@ -349,4 +349,62 @@ fn ask_travels_as_input_required_under_2026_07_28() {
             ),
         ]
     );
+}
+
+/// With only `enabled` and `private` written, the servers' annotations label the rest, and say
+/// so; private notes do not leave through an open tool unasked, and a review the model wrote
+/// does.
+#[tokio::test(flavor = "multi_thread")]
+async fn annotations_label_tools_and_private_text_does_not_leave_through_an_open_tool() {
+    let home = Home::new();
+    let path = write_config(
+        &home,
+        "[policy.flows]\nenabled = true\nprivate = [\"bank.read_notes\"]\non_suspect = \"deny\"\n",
+    );
+    let b = Bridge::start_with(home, &[], None).await;
+    let o = py(
+        &b,
+        "from mcp import runtime\nf = {t['name']: t.get('flows') for t in runtime.describe_server('bank')['tools']}\nprint(f['send_money']['labels'], f['send_money']['guarded'], f['send_money']['from']['acting'])\nprint(f['read_mail']['from']['untrusted'])\nprint(f['read_notes']['labels'], f['read_notes']['from']['private'].startswith('policy.flows.private \"bank.read_notes\" ('))",
+    )
+    .await;
+    assert_eq!(
+        o.stdout().trim(),
+        "['acting'] all annotation destructiveHint\nannotation openWorldHint\n['private'] True",
+        "{}",
+        o.text()
+    );
+    let o = py(&b, SAME_SCRIPT).await;
+    let out = o.stdout().trim().to_string();
+    assert!(
+        out.starts_with("DENIED ToolDenied")
+            && out.contains("bank.read_mail")
+            && out.contains("acting by annotation destructiveHint"),
+        "{}",
+        o.text()
+    );
+    let o = py(
+        &b,
+        "n = str(await mcp_bank.read_notes())\ntry:\n    await mcp_bank.post_review(text='Great bank! ' + n.upper())\n    print('POSTED')\nexcept PermissionError as e:\n    print('DENIED', str(e).replace('\\n', ' '))",
+    )
+    .await;
+    let out = o.stdout().trim().to_string();
+    assert!(
+        out.starts_with("DENIED")
+            && out.contains("bank.read_notes (private)")
+            && out.contains("open by annotations"),
+        "{}",
+        o.text()
+    );
+    assert!(!out.contains("hunter2"), "{out}");
+    let o = py(
+        &b,
+        "await mcp_bank.post_review(text='Great service, fast transfers.')\nprint('POSTED')",
+    )
+    .await;
+    assert_eq!(o.stdout().trim(), "POSTED", "{}", o.text());
+    assert_eq!(
+        transfers(&path),
+        [json!({"review": "Great service, fast transfers."})]
+    );
+    b.shutdown().await;
 }

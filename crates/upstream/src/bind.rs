@@ -115,9 +115,20 @@ impl Upstreams {
                     (Some(args), true) => serde_json::json!(args),
                     (None, true) => serde_json::json!("all"),
                 };
+                // Where each label came from: a glob (and its file) or an annotation.
+                let from: serde_json::Map<String, serde_json::Value> = [
+                    ("untrusted", &labels.untrusted),
+                    ("private", &labels.private),
+                    ("acting", &labels.acting),
+                    ("open", &labels.open),
+                ]
+                .into_iter()
+                .filter_map(|(k, why)| Some((k.to_string(), serde_json::json!(why.as_ref()?))))
+                .collect();
                 t.flows = Some(serde_json::json!({
                     "labels": labels.names(),
                     "guarded": guarded,
+                    "from": from,
                 }));
             }
         }

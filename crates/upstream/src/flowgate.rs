@@ -52,8 +52,20 @@ impl ExecRpc {
             };
         }
         let (on_suspect, origin) = flows.rules().on_suspect();
+        // Where the label that made the call checked came from (a glob and its file, or an
+        // annotation).
+        // (Private text is suspect for an open tool: its open label says why.)
+        let private = suspects
+            .iter()
+            .any(|s| s.kind == bridge_core::flows::SuspectKind::Private);
+        let checked_as = match (&labels.acting, &labels.open) {
+            (_, Some(why)) if private => format!("open by {why}"),
+            (Some(why), _) => format!("acting by {why}"),
+            (None, Some(why)) => format!("open by {why}"),
+            (None, None) => String::new(),
+        };
         let rule = format!(
-            "policy.flows.on_suspect = {:?} ({})",
+            "policy.flows.on_suspect = {:?} ({}; the tool is {checked_as})",
             on_suspect.as_str(),
             suspects
                 .iter()
