@@ -18,6 +18,7 @@
 //! BENCH_ONLY=isolation cargo bench --bench bridge                 # section 14: runc and gVisor side by side (needs runsc)
 //! BENCH_ONLY=snapshots cargo bench --bench bridge                 # section 15: snapshot and restore, empty and a 1M-row DataFrame
 //! BENCH_ONLY=tracing cargo bench --bench bridge                   # section 16: calls with traces on and off
+//! BENCH_ONLY=flows cargo bench --bench bridge                     # section 17: a proxied call's flow work, on and off
 //! BENCH_ONLY=capacity cargo bench --bench bridge                  # section 11: sandboxes' memory and idle CPU, serve at 1/5/20 identities (~8 min)
 //! BENCH_ONLY=capacity-sandboxes cargo bench --bench bridge        # section 11's sandbox rows alone (memory, idle CPU)
 //! BENCH_ONLY=capacity-bounds cargo bench --bench bridge           # section 11's bounds alone: max_sessions, a busy session, 429
@@ -52,6 +53,7 @@ mod catalog;
 #[path = "../../tests/e2e/common/mod.rs"]
 mod common;
 mod execution;
+mod flows;
 mod footprint;
 mod harness;
 mod hostile;
@@ -93,6 +95,7 @@ use audit::*;
 use capacity::*;
 use catalog::*;
 use execution::*;
+use flows::*;
 use footprint::*;
 use harness::*;
 use hostile::*;
@@ -240,6 +243,10 @@ async fn main() {
     if o.wants("tracing") {
         eprintln!("bench: traces on and off…");
         tracing_section(&o, &mut t).await;
+    }
+    if o.wants("flows") {
+        eprintln!("bench: flows on and off…");
+        flows_section(&o, &mut t).await;
     }
     println!();
     println!(

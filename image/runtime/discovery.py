@@ -132,6 +132,8 @@ def public_tool(tool, full=True):
            "description": tool.get("description") or ""}
     if tool.get("policy") in ("ask", "deny"):
         out["policy"] = tool["policy"]  # the user's policy asks before calling it, or refuses it
+    if isinstance(tool.get("flows"), dict):
+        out["flows"] = copy.deepcopy(tool["flows"])  # [policy.flows]: its labels, guarded arguments
     if full:
         out["input_schema"] = copy.deepcopy(tool.get("input_schema") or {})
         if tool.get("output_schema"):

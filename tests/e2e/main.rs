@@ -28,6 +28,7 @@ mod docs;
 mod faults;
 mod faults_lifecycle;
 mod files;
+mod flows;
 mod hostile;
 mod http;
 mod inputs;

@@ -9,6 +9,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod flock;
+pub mod flows;
 pub mod identity;
 pub mod logging;
 pub mod policy;

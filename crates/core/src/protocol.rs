@@ -225,6 +225,11 @@ pub struct ToolMeta {
     /// when calls are allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
+    /// With `[policy.flows]` on, the tool's flow labels and guarded arguments:
+    /// `{"labels": ["acting"], "guarded": ["recipient"] | "all"}`; left out for a tool with
+    /// no label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flows: Option<Value>,
     /// The input schema rendered for the model (the upstream crate's `schema::Rendering`): the
     /// runtime builds the tool function's signature and `help()` from it. Shared with the
     /// catalog, which makes it once per tool list: a call that loads servers does not copy it.

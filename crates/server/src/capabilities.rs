@@ -93,5 +93,10 @@ pub(crate) fn markdown(config: &Config, sandbox: &Sandbox, upstreams: &Upstreams
     }
     s.push_str("\n## Tool policy\n\nThe user decides which tool calls run (`server.tool` globs on real names):\n");
     s.push_str(&upstreams.policy().markdown());
+    let flows = upstreams.flows().rules().markdown();
+    if !flows.is_empty() {
+        s.push_str("\n## Flows\n\n");
+        s.push_str(&flows);
+    }
     s
 }

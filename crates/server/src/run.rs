@@ -128,6 +128,8 @@ impl Calls {
         if args.reset {
             self.upstreams.forget_session(key);
         }
+        // The code's literals are the user's intent while its model has seen no untrusted text.
+        self.upstreams.flows().begin_exec(key.owner(), &args.code);
         // The code goes to the sandbox; the log needs it after (its digest, or all of it).
         let code = self.audit.is_on().then(|| args.code.clone());
         let record = |status: &str, error_type: Option<&str>| {
@@ -242,6 +244,7 @@ impl Calls {
         let trace_id = trace::trace_id(&span);
         let mut result = match outcome {
             Ok(outcome) => {
+                self.reply_shown(&key, &outcome);
                 render::tool_result(outcome, self.config.output_mode, key.name(), &budget)
             }
             Err(e) => render::setup_error(e.kind, &e.message, key.name()),
@@ -250,6 +253,27 @@ impl Calls {
             render::add_trace_id(&mut result, &id);
         }
         result
+    }
+
+    /// With flows on, whether what this reply shows the client (its whole output, value and
+    /// error, streamed or kept as files too) carries untrusted text: then the identity's model
+    /// is steered from now on (`bridge_core::flows`).
+    fn reply_shown(&self, key: &SessionKey, o: &ExecOutcome) {
+        let flows = self.upstreams.flows();
+        if !flows.is_on() {
+            return;
+        }
+        let mut texts = vec![o.stdout.as_str(), o.stderr.as_str()];
+        texts.extend(o.value.as_deref());
+        if let Some(e) = &o.error {
+            texts.extend([e.message.as_str(), e.traceback.as_str()]);
+        }
+        if let Some(tool) = flows.reply_shown(key.owner(), &texts) {
+            tracing::info!(
+                session = key.name(),
+                "a reply showed the client text of {tool}'s result: literals of later code no longer count as the user's intent"
+            );
+        }
     }
 
     /// The span of one `run_python` call (OpenTelemetry's MCP conventions, and the bridge's
@@ -385,6 +409,16 @@ impl Calls {
                 ),
             ));
         };
+        let flows = self.upstreams.flows();
+        if flows.is_on()
+            && let Some(tool) =
+                flows.reply_shown(session.owner(), &[&String::from_utf8_lossy(&bytes)])
+        {
+            tracing::info!(
+                session = session.name(),
+                "a file read by the client showed text of {tool}'s result: literals of later code no longer count as the user's intent"
+            );
+        }
         let textual = f.mime.starts_with("text/")
             || matches!(
                 f.mime.as_str(),

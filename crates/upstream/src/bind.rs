@@ -86,25 +86,51 @@ impl Upstreams {
     }
 
     /// Set each tool's `policy` to `ask` or `deny` when the policy says so (before any grant:
-    /// what the model plans with is the rule, not a session's answers).
+    /// what the model plans with is the rule, not a session's answers), and, with flows on, its
+    /// `flows` labels and guarded arguments.
     fn mark_policy(
         &self,
         slot: &Slot,
         mut tools: Vec<bridge_core::protocol::ToolMeta>,
     ) -> Vec<bridge_core::protocol::ToolMeta> {
         let policy = self.policy();
-        if policy.allows_everything() {
+        let flows = self.flows().rules();
+        if policy.allows_everything() && !flows.is_on() {
             return tools;
         }
         let listed = slot.cached_tools();
         for t in &mut tools {
-            let destructive = listed
+            let annotations = listed
                 .as_ref()
                 .and_then(|l| l.iter().find(|x| x.name == t.name))
-                .is_some_and(bridge_core::policy::is_destructive);
+                .and_then(|x| x.annotations.as_ref());
+            let destructive = bridge_core::policy::annotated_destructive(annotations);
             let action = policy.rule_for(slot.name(), &t.name, destructive).action;
             t.policy = (action != bridge_core::config::policy::Action::Allow)
                 .then(|| action.as_str().to_string());
+            let labels = flows.labels(slot.name(), &t.name, annotations);
+            if !labels.names().is_empty() {
+                let guarded = match (&labels.guarded, labels.checked()) {
+                    (_, false) => serde_json::Value::Null,
+                    (Some(args), true) => serde_json::json!(args),
+                    (None, true) => serde_json::json!("all"),
+                };
+                // Where each label came from: a glob (and its file) or an annotation.
+                let from: serde_json::Map<String, serde_json::Value> = [
+                    ("untrusted", &labels.untrusted),
+                    ("private", &labels.private),
+                    ("acting", &labels.acting),
+                    ("open", &labels.open),
+                ]
+                .into_iter()
+                .filter_map(|(k, why)| Some((k.to_string(), serde_json::json!(why.as_ref()?))))
+                .collect();
+                t.flows = Some(serde_json::json!({
+                    "labels": labels.names(),
+                    "guarded": guarded,
+                    "from": from,
+                }));
+            }
         }
         tools
     }

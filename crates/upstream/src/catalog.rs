@@ -213,6 +213,7 @@ impl ServerTools {
                 input_schema: t.input_schema.clone(),
                 output_schema: t.output_schema.clone(),
                 policy: None,
+                flows: None,
                 rendering: t.rendering_json(),
             })
             .collect()
@@ -232,6 +233,7 @@ impl ServerTools {
                 input_schema: t.input_schema,
                 output_schema: t.output_schema,
                 policy: None,
+                flows: None,
             })
             .collect()
     }

@@ -23,6 +23,7 @@ mod bind;
 pub mod catalog;
 pub mod connection;
 pub mod discovery;
+mod flowgate;
 mod info;
 pub mod pool;
 mod record;

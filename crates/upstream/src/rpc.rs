@@ -17,9 +17,10 @@ use super::pool::{CallError, Slot};
 use super::record::{RecordOnDrop, audit_decision, rule_text};
 use super::report::known_servers;
 use super::upstreams::{CallContext, Upstreams};
-use bridge_core::audit::{Decision as AuditDecision, ToolCallRecord, ToolStatus};
+use bridge_core::audit::{Decision as AuditDecision, FlowRecord, ToolCallRecord, ToolStatus};
 use bridge_core::config::policy::Action;
 use bridge_core::error::{Hint, Hinted};
+use bridge_core::flows::Labels;
 use bridge_core::policy::{Approval, ApprovalRequest, Decision, Verdict};
 use bridge_core::protocol::{RPC_DENIED, RpcFailure, RpcHandler};
 use bridge_core::trace::{self, Within as _};
@@ -154,17 +155,17 @@ impl Hinted for RpcError {
 
 /// The RPC handler of one exec.
 pub(super) struct ExecRpc {
-    up: Upstreams,
+    pub(super) up: Upstreams,
     /// The servers loaded for this exec.
     loaded: Vec<Arc<Slot>>,
     /// The session and the client to ask.
-    call: CallContext,
+    pub(super) call: CallContext,
     /// The interpreter the exec runs in (see `RpcHandler::on_interpreter`): "allow for this
     /// session" holds for it only.
-    interpreter: OnceLock<String>,
+    pub(super) interpreter: OnceLock<String>,
     /// One question to the user at a time: the code may send many calls at once, and the
     /// answer to the first ("for this session") may settle the others.
-    asking: tokio::sync::Mutex<()>,
+    pub(super) asking: tokio::sync::Mutex<()>,
 }
 
 fn param_str<'a>(params: &'a Value, key: &'static str, method: &str) -> Result<&'a str, RpcError> {
@@ -285,7 +286,7 @@ impl ExecRpc {
                 });
             }
         };
-        let (tool_name, destructive, check) = match self.listed_tool(slot, tool).await {
+        let (tool_name, annotations, check) = match self.listed_tool(slot, tool).await {
             Ok(found) => found,
             Err(e) => {
                 self.record_unlisted(slot.name(), tool, arguments.as_ref(), &e);
@@ -310,7 +311,7 @@ impl ExecRpc {
             ],
         ));
         let outcome = self
-            .decided_call(slot, tool_name, arguments, destructive, problems)
+            .decided_call(slot, tool_name, arguments, annotations, problems)
             .within(span.context().clone())
             .await;
         // Measured only for a span that is sent: a result can be megabytes.
@@ -329,13 +330,23 @@ impl ExecRpc {
             Err(RpcError::InvalidArguments(_)) => (0, Some("InvalidArguments")),
             Err(_) => (0, Some("BadCall")),
         };
-        trace::set(
-            span.context(),
-            vec![
-                trace::Attr::new("mcp_code_bridge.decision", outcome.1.verdict.as_str()),
-                trace::Attr::new("mcp_code_bridge.result_bytes", bytes as i64),
-            ],
-        );
+        let mut attrs = vec![
+            trace::Attr::new("mcp_code_bridge.decision", outcome.1.verdict.as_str()),
+            trace::Attr::new("mcp_code_bridge.result_bytes", bytes as i64),
+        ];
+        if let Some(flow) = &outcome.2 {
+            attrs.push(trace::Attr::new(
+                "mcp_code_bridge.flow",
+                flow.decision.clone(),
+            ));
+            if !flow.sources.is_empty() {
+                attrs.push(trace::Attr::new(
+                    "mcp_code_bridge.flow_sources",
+                    flow.sources.join(", "),
+                ));
+            }
+        }
+        trace::set(span.context(), attrs);
         span.end(error);
         outcome.0
     }
@@ -347,10 +358,21 @@ impl ExecRpc {
         slot: &Slot,
         tool_name: String,
         arguments: Option<Map<String, Value>>,
-        destructive: bool,
+        annotations: Option<rmcp::model::ToolAnnotations>,
         problems: Vec<String>,
-    ) -> (Result<Value, RpcError>, Decision) {
+    ) -> (Result<Value, RpcError>, Decision, Option<FlowRecord>) {
         let started = Instant::now();
+        let destructive = bridge_core::policy::annotated_destructive(annotations.as_ref());
+        // Labelled only with flows on: with them off, a call costs nothing more.
+        let flows_on = self.up.flows().is_on();
+        let labels = if flows_on {
+            self.up
+                .flows()
+                .rules()
+                .labels(slot.name(), &tool_name, annotations.as_ref())
+        } else {
+            Labels::default()
+        };
         // A call whose exec ends while the human is still being asked (a client that never
         // answers: its deadline) is recorded as denied, unanswered.
         let mut unanswered = RecordOnDrop {
@@ -374,6 +396,16 @@ impl ExecRpc {
         let decision = self
             .decide(slot.name(), &tool_name, arguments.as_ref(), destructive)
             .await;
+        let flow = self
+            .flow_gate(
+                slot.name(),
+                &tool_name,
+                &labels,
+                arguments.as_ref(),
+                decision,
+            )
+            .await;
+        let (decision, flow) = (flow.decision, flow.record);
         unanswered.record = None;
         // Written however the call ends: a call dropped with its exec (timeout, cancellation)
         // is recorded as failed by the guard.
@@ -381,7 +413,12 @@ impl ExecRpc {
             audit: &self.call.audit,
             trace: trace::Context::current(),
             started,
-            record: Some(self.record(slot.name(), &tool_name, arguments.as_ref(), &decision)),
+            record: Some(match &flow {
+                Some(f) => self
+                    .record(slot.name(), &tool_name, arguments.as_ref(), &decision)
+                    .with_flow(f.clone()),
+                None => self.record(slot.name(), &tool_name, arguments.as_ref(), &decision),
+            }),
             dropped: (ToolStatus::Failed, "cancelled"),
         };
         // A call the policy refuses is refused as such, whatever its arguments; one it allows
@@ -402,6 +439,13 @@ impl ExecRpc {
                 .call_tool(slot, &tool_name, arguments.clone(), &self.call.relay)
                 .await
                 .map(|r| call_result_json(&r))
+                .inspect(|v| {
+                    if flows_on {
+                        let who = self.call.session.owner();
+                        let flows = self.up.flows();
+                        flows.record_result(who, slot.name(), &tool_name, &labels, v);
+                    }
+                })
                 .map_err(RpcError::from)
         } else {
             Err(RpcError::Denied(Box::new(Denied {
@@ -429,7 +473,7 @@ impl ExecRpc {
             duration_ms = started.elapsed().as_millis() as u64,
             "proxied tool call"
         );
-        (outcome, decision)
+        (outcome, decision, flow)
     }
 
     /// The `tool_call` record of a decided call.
@@ -468,11 +512,7 @@ impl ExecRpc {
     /// one without annotations.
     ///
     /// [`Pool::fresh_tools`]: super::pool::Pool::fresh_tools
-    async fn listed_tool(
-        &self,
-        slot: &Slot,
-        tool: &str,
-    ) -> Result<(String, bool, Option<Arc<crate::schema::Check>>), RpcError> {
+    async fn listed_tool(&self, slot: &Slot, tool: &str) -> Result<ListedTool, RpcError> {
         let asked = Instant::now();
         let cached = slot.cached_tools().filter(|_| !slot.catalog.is_from_file());
         let mut found = cached.and_then(|tools| {
@@ -487,14 +527,14 @@ impl ExecRpc {
             };
         }
         let (tools, name) = found.expect("set above");
-        let destructive = tools
+        let annotations = tools
             .iter()
             .find(|t| t.name == name)
-            .is_some_and(bridge_core::policy::is_destructive);
+            .and_then(|t| t.annotations.clone());
         let check = crate::schema::Schemas::of(&slot.schemas, slot.name(), &tools)
             .check_of(&name)
             .cloned();
-        Ok((name, destructive, check))
+        Ok((name, annotations, check))
     }
 
     /// The `tool_call` record of a call refused before any rule was asked: its tool is not
@@ -593,6 +633,13 @@ impl ExecRpc {
         }
     }
 }
+
+/// A listed tool: its name, its annotations, its arguments' check.
+type ListedTool = (
+    String,
+    Option<rmcp::model::ToolAnnotations>,
+    Option<Arc<crate::schema::Check>>,
+);
 
 /// The listed name `tool` stands for in `tools`: itself, or the tool whose alias, lower-case
 /// name or identifier spelling it is (as [`ServerTools::find`] resolves it).

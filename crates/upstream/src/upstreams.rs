@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use bridge_core::boxed::Boxed;
 use bridge_core::error::Hinted as _;
+use bridge_core::flows::{FlowRules, Flows};
 use bridge_core::identity::SessionKey;
 use bridge_core::policy::{Approver, Grants, Policy};
 use bridge_core::protocol::DiscoveredServer;
@@ -74,6 +75,9 @@ struct Inner {
     policy: Arc<Policy>,
     /// "Allow for this session" answers, by session and interpreter.
     grants: Grants,
+    /// `[policy.flows]` and what each identity's calls saw (`rpc::ExecRpc::call_tool` checks
+    /// and records; `server` records each call's code and what its reply showed).
+    flows: Arc<Flows>,
 }
 
 /// Who a `run_python` call is for, as its proxied calls' policy needs it: the session (what
@@ -133,6 +137,7 @@ impl Upstreams {
                 searched,
                 policy: Arc::new(Policy::default()),
                 grants: Grants::default(),
+                flows: Arc::new(Flows::default()),
             }),
         }
     }
@@ -143,6 +148,19 @@ impl Upstreams {
             inner.policy = Arc::new(policy);
         }
         self
+    }
+
+    /// The same upstream side with `flows` checked. Call before the first clone.
+    pub fn with_flows(mut self, flows: Flows) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.flows = Arc::new(flows);
+        }
+        self
+    }
+
+    /// The flow rules and records (`[policy.flows]`).
+    pub fn flows(&self) -> &Flows {
+        &self.inner.flows
     }
 
     /// The policy in force.
@@ -180,6 +198,7 @@ impl Upstreams {
         let store = Arc::new(Store::open(&config.state_dir));
         Upstreams::with_store(discover(&ctx), UpstreamSettings::from(config), Some(store))
             .with_policy(Policy::from_loaded(loaded))
+            .with_flows(Flows::new(FlowRules::from_loaded(loaded)))
     }
 
     /// Every server, sorted by name.

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 pub use error::AuditError;
 pub use record::{
-    Decision, ExecRecord, InstallRecord, MAX_NAME, ResolvedDist, SessionStateRecord,
+    Decision, ExecRecord, FlowRecord, InstallRecord, MAX_NAME, ResolvedDist, SessionStateRecord,
     SkillSaveRecord, ToolCallRecord, ToolStatus, arguments_sha256, code_sha256,
 };
 pub use writer::rotated_files;

@@ -111,6 +111,22 @@ pub struct ToolCallRecord {
     pub error_type: Option<String>,
     /// Milliseconds from the decision to the end of the call (waiting for a human included).
     pub duration_ms: u64,
+    /// For a call whose guarded arguments `[policy.flows]` checked: what it found. Absent when
+    /// flows are off or the tool is neither acting nor open.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flow: Option<FlowRecord>,
+}
+
+/// What the flow check of one proxied call found: never a value, only argument names and the
+/// tools their values came from.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FlowRecord {
+    /// `clean`, or `suspect:` and how it was decided (`suspect:deny`, `suspect:ask:allowed`,
+    /// `suspect:ask:denied`, `suspect:ask:unavailable`).
+    pub decision: String,
+    /// Each suspect argument as `argument<-server.tool (untrusted|private|unknown)`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<String>,
 }
 
 impl ToolCallRecord {
@@ -140,6 +156,7 @@ impl ToolCallRecord {
             status,
             error_type: None,
             duration_ms: 0,
+            flow: None,
         }
     }
 
@@ -161,6 +178,15 @@ impl ToolCallRecord {
     /// `session_grant`, `fallback`).
     pub fn with_ask(mut self, path: &str) -> ToolCallRecord {
         self.ask = Some(cap(path));
+        self
+    }
+
+    /// What the flow check found.
+    pub fn with_flow(mut self, flow: FlowRecord) -> ToolCallRecord {
+        self.flow = Some(FlowRecord {
+            decision: cap(&flow.decision),
+            sources: flow.sources.iter().take(16).map(|s| cap(s)).collect(),
+        });
         self
     }
 

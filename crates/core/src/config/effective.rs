@@ -198,6 +198,7 @@ impl Key {
         {
             Some(serde_json::Value::String(s)) => s,
             Some(serde_json::Value::Null) | None => String::new(),
+            Some(serde_json::Value::Object(o)) if o.is_empty() => String::new(),
             Some(serde_json::Value::Array(items)) => items
                 .iter()
                 .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_string))

@@ -235,6 +235,38 @@ pub const KEYS: &[Key] = &[
         doc: "allow or deny: what ask means when the client cannot be asked (no elicitation).",
     },
     Key {
+        name: "policy.flows.enabled",
+        doc: "Check where the guarded arguments of acting and open tools come from (docs/policy.md, Flows); off by default.",
+    },
+    Key {
+        name: "policy.flows.untrusted",
+        doc: "\"server.tool\" globs of tools whose results carry someone else's words (mail, web pages, reviews); a list, or comma-separated in the environment.",
+    },
+    Key {
+        name: "policy.flows.private",
+        doc: "\"server.tool\" globs of tools whose results are private: an open tool's argument may not carry a run of their text unasked.",
+    },
+    Key {
+        name: "policy.flows.acting",
+        doc: "\"server.tool\" globs of tools that act on the world: their guarded arguments must be the user's intent, not text of an untrusted result.",
+    },
+    Key {
+        name: "policy.flows.open",
+        doc: "\"server.tool\" globs of tools that send their arguments to others: checked as acting tools are, and for private text.",
+    },
+    Key {
+        name: "policy.flows.guard",
+        doc: "The arguments that must be the user's intent, per \"server.tool\" glob (a table of lists; in the environment glob=arg+arg entries split at ;); a tool no glob names has every argument guarded.",
+    },
+    Key {
+        name: "policy.flows.on_suspect",
+        doc: "ask or deny: what a call gets whose guarded argument came from untrusted content or carries private text.",
+    },
+    Key {
+        name: "policy.flows.annotations",
+        doc: "Label tools by their MCP annotations too, where a server sets them: openWorldHint untrusted, readOnlyHint false or destructiveHint acting, both open.",
+    },
+    Key {
         name: "audit.path",
         doc: "The audit log (JSON lines, mode 0600): one record per run_python call and per proxied tool call. An absolute path, or off.",
     },
@@ -403,13 +435,20 @@ mod tests {
         let v = serde_json::to_value(Config::default()).unwrap();
         // A section (an object) contributes its keys as `section.key`.
         let mut fields: Vec<String> = Vec::new();
-        for (k, v) in v.as_object().unwrap() {
-            match v.as_object() {
-                _ if k == "servers" || k == "inputs" => {}
-                Some(section) => fields.extend(section.keys().map(|s| format!("{k}.{s}"))),
-                None => fields.push(k.clone()),
+        // A section within a section (`[policy.flows]`) contributes `policy.flows.key`; a
+        // table value (`policy.flows.guard`) is one key.
+        fn walk(prefix: &str, v: &serde_json::Value, fields: &mut Vec<String>) {
+            for (k, v) in v.as_object().unwrap() {
+                let name = format!("{prefix}{k}");
+                match v.as_object() {
+                    _ if name == "servers" || name == "inputs" => {}
+                    Some(_) if name == "policy.flows.guard" => fields.push(name),
+                    Some(_) => walk(&format!("{name}."), v, fields),
+                    None => fields.push(name),
+                }
             }
         }
+        walk("", &v, &mut fields);
         fields.sort();
         let mut keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
         keys.sort();

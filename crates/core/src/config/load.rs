@@ -614,4 +614,39 @@ mod tests {
             Ok(())
         });
     }
+
+    #[test]
+    fn flows_are_a_section_in_policy_and_variables_and_their_errors_name_key_and_origin() {
+        figment::Jail::expect_with(|jail| {
+            isolate(jail);
+            jail.create_file(
+                "c.toml",
+                "[policy.flows]\nenabled = true\nacting = [\"bank.*\"]\nguard = { \"bank.send_money\" = [\"recipient\", \"amount\"] }\n",
+            )?;
+            let l = load_c()?;
+            let f = &l.config.policy.flows;
+            assert!(f.enabled && f.annotations);
+            assert_eq!(f.acting.0, ["bank.*"]);
+            assert_eq!(f.guard.0["bank.send_money"], ["recipient", "amount"]);
+            assert!(l.source_of("policy.flows.acting").ends_with("c.toml"));
+            jail.set_env("MCP_BRIDGE_POLICY_FLOWS_UNTRUSTED", "mail.read_*, web.*");
+            jail.set_env("MCP_BRIDGE_POLICY_FLOWS_GUARD", "mail.send=to+cc");
+            jail.set_env("MCP_BRIDGE_POLICY_FLOWS_ON_SUSPECT", "deny");
+            let l = load_c()?;
+            let f = &l.config.policy.flows;
+            assert_eq!(f.untrusted.0, ["mail.read_*", "web.*"]);
+            assert_eq!(f.guard.0["mail.send"], ["to", "cc"]);
+            assert_eq!(f.on_suspect, crate::config::flows::OnSuspect::Deny);
+            jail.set_env("MCP_BRIDGE_POLICY_FLOWS_OPEN", "web");
+            assert_load_c_names(&[
+                "`policy.flows.open`",
+                "environment variable MCP_BRIDGE_POLICY_FLOWS_OPEN",
+                "has no '.'",
+            ]);
+            jail.set_env("MCP_BRIDGE_POLICY_FLOWS_OPEN", "");
+            jail.set_env("MCP_BRIDGE_POLICY_FLOWS_ON_SUSPECT", "maybe");
+            assert_load_c_names(&["policy.flows.on_suspect", "maybe"]);
+            Ok(())
+        });
+    }
 }

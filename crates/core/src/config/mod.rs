@@ -6,6 +6,8 @@
 //!   variables;
 //! - [`values`]: value types and their lenient spellings ([`Secs`], [`Size`], [`Runtime`], ...);
 //! - [`servers`]: the `[servers.<name>]` schema ([`ServerEntry`]);
+//! - [`flows`]: the `[policy.flows]` section ([`FlowsConfig`]); [`globs`]: the
+//!   `"server.tool"` glob lists both sections write;
 //! - [`audit`]: the `[audit]` section ([`AuditConfig`]);
 //! - [`skills`]: the `[skills]` section ([`SkillsConfig`]);
 //! - [`oauth`]: the `[oauth]` section ([`OAuthConfig`]), the issuer `serve` accepts tokens of;
@@ -32,6 +34,8 @@
 pub mod audit;
 pub mod effective;
 pub mod error;
+pub mod flows;
+pub mod globs;
 pub mod http;
 pub mod inputs;
 pub mod keys;
@@ -50,6 +54,7 @@ pub use effective::{
     Overrides,
 };
 pub use error::{ConfigError, InvalidValue, Problem, RequirementFault};
+pub use flows::{FlowsConfig, OnSuspect};
 pub use http::HttpConfig;
 pub use inputs::InputEntry;
 pub use keys::{ENV_PREFIX, KEYS, Key, closest_key, env_name};

@@ -45,7 +45,7 @@ impl Serialize for NameGlobs {
 
 impl<'de> Deserialize<'de> for NameGlobs {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        list_or_string(d, super::policy::Patterns::split).map(NameGlobs)
+        list_or_string(d, super::globs::Patterns::split).map(NameGlobs)
     }
 }
 

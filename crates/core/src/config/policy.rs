@@ -6,10 +6,11 @@
 //! split at the commas outside `{…}`, so `MCP_BRIDGE_POLICY_DENY="github.{delete,drop}_*,*.rm"`
 //! is two rules.
 
-use super::InvalidValue;
+use super::flows::FlowsConfig;
+pub use super::globs::Patterns;
 use std::fmt;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 /// What a rule, the default or the destructive-tools setting does to a call. Ordered least to
 /// most restrictive: the most restrictive matching rule wins.
@@ -91,56 +92,6 @@ impl Fallback {
     }
 }
 
-/// A list of `"server.tool"` globs: a TOML list, or one comma-separated string (environment).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Patterns(pub Vec<String>);
-
-impl Patterns {
-    /// Split `s` at the commas outside `{…}` (globset's alternation uses commas too).
-    pub(super) fn split(s: &str) -> Vec<String> {
-        let (mut out, mut cur, mut depth) = (Vec::new(), String::new(), 0usize);
-        for c in s.chars() {
-            match c {
-                '{' => depth += 1,
-                '}' => depth = depth.saturating_sub(1),
-                ',' if depth == 0 => {
-                    out.push(std::mem::take(&mut cur));
-                    continue;
-                }
-                _ => {}
-            }
-            cur.push(c);
-        }
-        out.push(cur);
-        out
-    }
-
-    /// Why `pattern` is not a rule, if it is not one.
-    pub fn check(pattern: &str) -> Result<globset::Glob, InvalidValue> {
-        if !pattern.contains('.') {
-            return Err(InvalidValue::Rule {
-                pattern: pattern.into(),
-            });
-        }
-        globset::Glob::new(pattern).map_err(|error| InvalidValue::Glob {
-            pattern: pattern.into(),
-            error,
-        })
-    }
-}
-
-impl Serialize for Patterns {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for Patterns {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        super::values::list_or_string(d, Patterns::split).map(Patterns)
-    }
-}
-
 /// The `[policy]` section. With none written, every call is allowed, as before there was a
 /// policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -161,6 +112,8 @@ pub struct PolicyConfig {
     pub destructive: Destructive,
     /// What `ask` means when the client cannot be asked (no elicitation, no `input_required`).
     pub ask_fallback: Fallback,
+    /// `[policy.flows]`: where a guarded argument's value may come from (off by default).
+    pub flows: FlowsConfig,
 }
 
 impl Default for PolicyConfig {
@@ -172,6 +125,7 @@ impl Default for PolicyConfig {
             deny: Patterns::default(),
             destructive: Destructive::Unset,
             ask_fallback: Fallback::Deny,
+            flows: FlowsConfig::default(),
         }
     }
 }
@@ -193,7 +147,7 @@ impl PolicyConfig {
                 Patterns::check(p).map_err(|why| (key, why.to_string()))?;
             }
         }
-        Ok(())
+        self.flows.validate()
     }
 }
 

@@ -279,9 +279,12 @@ impl Policy {
 /// `readOnlyHint: true`. Only what the server says: an unannotated tool is not (the MCP default
 /// of `destructiveHint` would make nearly every tool ask).
 pub fn is_destructive(tool: &rmcp::model::Tool) -> bool {
-    tool.annotations
-        .as_ref()
-        .is_some_and(|a| a.destructive_hint == Some(true) && a.read_only_hint != Some(true))
+    annotated_destructive(tool.annotations.as_ref())
+}
+
+/// [`is_destructive`] of a tool's annotations.
+pub fn annotated_destructive(annotations: Option<&rmcp::model::ToolAnnotations>) -> bool {
+    annotations.is_some_and(|a| a.destructive_hint == Some(true) && a.read_only_hint != Some(true))
 }
 
 /// What the human is asked about.
