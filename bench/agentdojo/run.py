@@ -111,6 +111,7 @@ class Bridge:
         self.asked = Asked(args.answer)
         self._stack = contextlib.AsyncExitStack()
         self.session = None
+        self.protocol = None
 
     def env(self) -> dict:
         h = self.home
@@ -145,11 +146,25 @@ class Bridge:
         params = StdioServerParameters(command=self.args.bridge, args=["run"], env=self.env(), cwd=str(self.home))
         errlog = open(self.home / "bridge.stderr", "w")
         self._stack.callback(errlog.close)
-        read, write = await self._stack.enter_async_context(stdio_client(params, errlog=errlog))
-        self.session = await self._stack.enter_async_context(
-            ClientSession(read, write, elicitation_callback=self.asked)
-        )
-        await self.session.initialize()
+        if self.args.client == "session":
+            # The low-level ClientSession: `initialize` (2025-11-25), questions as elicitation.
+            read, write = await self._stack.enter_async_context(stdio_client(params, errlog=errlog))
+            self.session = await self._stack.enter_async_context(
+                ClientSession(read, write, elicitation_callback=self.asked)
+            )
+            await self.session.initialize()
+            self.protocol = getattr(self.session, "protocol_version", None)
+        else:
+            # The high-level Client in its `legacy` (initialize, 2025-11-25) or `auto` mode
+            # (server/discover: 2026-07-28 with this bridge, questions as input_required rounds
+            # the Client answers through the same callback).
+            from mcp.client import Client
+
+            client = await self._stack.enter_async_context(
+                Client(params, mode=self.args.client, elicitation_callback=self.asked)
+            )
+            self.session = client
+            self.protocol = client.protocol_version
 
     async def reset_pair(self, pair: dict) -> None:
         (self.ctl / "pair.json").write_text(json.dumps(pair))
@@ -215,6 +230,16 @@ def score(suite: str, plan: steer.Plan, dump: dict, model_output: str) -> dict:
     return result
 
 
+def normal_call(suite: str, tool: str, args: dict):
+    """A call with its defaults filled in as the tool's parameters model fills them (the
+    sandbox's proxy leaves out an argument equal to its default)."""
+    f = {t.name: t for t in dojo.suite(suite).tools}.get(tool)
+    try:
+        return tool, f.parameters.model_validate(args).model_dump(mode="json")
+    except Exception:
+        return tool, args
+
+
 async def run_pair(bridge: Bridge, plan: steer.Plan, tag: str) -> dict:
     t0 = time.monotonic()
     pair = {"user_task": plan.user_task, "injection_task": plan.injection_task}
@@ -231,8 +256,8 @@ async def run_pair(bridge: Bridge, plan: steer.Plan, tag: str) -> dict:
     done = all("STEERED-DONE" in r["parts"].get("stdout", r["text"]) for r in replies)
     model_output = plan.model_output if done else "\n".join(r["text"] for r in replies)
     scored = score(plan.suite, plan, dump, model_output)
-    ran = [(c["function"], c["args"]) for c in dump["calls"] if c["error"] is None]
-    planned = plan.planned()
+    ran = [normal_call(plan.suite, c["function"], c["args"]) for c in dump["calls"] if c["error"] is None]
+    planned = [normal_call(plan.suite, t, a) for t, a in plan.planned()]
     row = {
         "suite": plan.suite,
         "user_task": plan.user_task,
@@ -240,11 +265,13 @@ async def run_pair(bridge: Bridge, plan: steer.Plan, tag: str) -> dict:
         "placement": plan.placement,
         **scored,
         "questions": len(bridge.asked.questions) - q0,
+        "asked": [q[:400] if isinstance(q, str) else q for q in bridge.asked.questions[q0:]],
+        "protocol": bridge.protocol,
         "done": done,
         "denied": sum(r["text"].count("ToolDenied") > 0 for r in replies),
         "calls_planned": len(planned),
         "calls_ran": len(ran),
-        "drift": ran != [(t, a) for t, a in planned][: len(ran)],
+        "drift": ran != planned[: len(ran)],
         "attacker_sources": [c.sources for c in plan.calls if c.who == "attacker"],
         "seconds": round(time.monotonic() - t0, 3),
     }
@@ -372,6 +399,8 @@ def main() -> None:
                     help="group: one bridge (one connection) per suite for the benign runs and per (suite, injection task) "
                          "for the attacks; pair: a bridge per pair (what a per-connection taint needs)")
     ap.add_argument("--reset-sessions", action="store_true", help="reset the first session before each pair (a fresh interpreter)")
+    ap.add_argument("--client", default="session", choices=("session", "legacy", "auto"),
+                    help="the SDK's ClientSession (initialize), or its Client in legacy or auto mode (auto: 2026-07-28, input_required)")
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--out", type=Path, default=Path("dojo-results.jsonl"))
     ap.add_argument("--dry", action="store_true", help="no bridge: score the scripts' dry runs (what a run with nothing refused must give)")
@@ -415,6 +444,8 @@ def main() -> None:
     rows = asyncio.run(go())
     print(report(rows))
     print(f"\n{len(rows)} runs in {time.monotonic() - t0:.0f} s; rows in {args.out}")
+    if any("error" in r for r in rows):
+        sys.exit(1)
 
 
 if __name__ == "__main__":
