@@ -127,6 +127,8 @@ class Bridge:
             "MCP_BRIDGE_SNAPSHOT_MAX_SIZE": "0",
             "MCP_BRIDGE_UPSTREAM_IDLE_TIMEOUT": "3600s",
         }
+        if self.args.client != "session":
+            env["MCP_BRIDGE_LOG_LEVEL"] = "warning"  # the SDK's Client passes the bridge's stderr through
         if self.args.image_archive:
             env["MCP_BRIDGE_IMAGE_ARCHIVE"] = self.args.image_archive
         for kv in self.args.bridge_env:
@@ -200,6 +202,13 @@ class Bridge:
         text = "\n".join(getattr(c, "text", "") for c in res.content)
         meta = getattr(res, "meta", None) or {}
         return {"text": text, "parts": parts, "status": meta.get("status"), "is_error": bool(res.is_error)}
+
+    def stderr_tail(self, n: int = 6) -> str:
+        try:
+            lines = (self.home / "bridge.stderr").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no bridge stderr)"
+        return " | ".join(lines[-n:])
 
     async def close(self) -> None:
         try:
@@ -317,7 +326,19 @@ async def run_suite(args, suite: str, policy: str, out) -> list[dict]:
             b = Bridge(args, suite, policy)
             t0 = time.monotonic()
             try:
-                await b.start({"user_task": first.user_task, "injection_task": first.injection_task})
+                try:
+                    await b.start({"user_task": first.user_task, "injection_task": first.injection_task})
+                except Exception as e:
+                    why = f"the bridge did not start ({type(e).__name__}: {e}): {b.stderr_tail()}"
+                    print(f"[dojo] {why}", file=sys.stderr)
+                    for plan, _ in chunk:
+                        row = {"suite": suite, "user_task": plan.user_task, "injection_task": plan.injection_task,
+                               "placement": plan.placement, "error": why}
+                        rows.append(row)
+                        out.write(json.dumps(row) + "\n")
+                    if "unknown key" in why or "configuration" in why:
+                        return rows  # the same config fails every bridge of the suite
+                    continue
                 start_s = time.monotonic() - t0
                 for plan, tag in chunk:
                     try:
