@@ -424,7 +424,8 @@ def main() -> None:
                     help="the SDK's ClientSession (initialize), or its Client in legacy or auto mode (auto: 2026-07-28, input_required)")
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--out", type=Path, default=Path("dojo-results.jsonl"))
-    ap.add_argument("--dry", action="store_true", help="no bridge: score the scripts' dry runs (what a run with nothing refused must give)")
+    ap.add_argument("--dry", action="store_true", help="no bridge: run the scripts here over the suite's functions and score them "
+                    "(what a run with nothing refused must give; a drift is a script that does not read what it was made for)")
     ap.add_argument("--report-only", action="store_true", help="print the report of --out and stop")
     ap.add_argument("--keep-homes", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -439,9 +440,12 @@ def main() -> None:
         for s in args.suite or list(dojo.SUITES):
             for _, plans in plans_for(args, s):
                 for plan, _ in plans:
+                    dump = steer.execute_locally(plan)
+                    ran = [normal_call(s, c["function"], c["args"]) for c in dump["calls"]]
+                    planned = [normal_call(s, t, a) for t, a in plan.planned()]
                     rows.append({"suite": s, "user_task": plan.user_task, "injection_task": plan.injection_task,
-                                 "placement": plan.placement, **score(s, plan, plan.dry, plan.model_output),
-                                 "questions": 0, "denied": 0, "seconds": 0.0})
+                                 "placement": plan.placement, **score(s, plan, dump, plan.model_output),
+                                 "questions": 0, "denied": 0, "seconds": 0.0, "drift": ran != planned})
         print(report(rows))
         return
     if not args.bridge or not Path(args.bridge).exists():

@@ -9,6 +9,8 @@ Each argument value of each call becomes, in this order of preference:
   (`result`): `r2[0]["recipient"]`, or a slice of a text field, `r0[131:154]`, with `float(...)`
   or `int(...)` around a number read from text. Provenance is real: the value is read out of the
   result at run time, not written in the code;
+- a text built from pieces of results and literals (`composed`), when the ground truth composed
+  it (a concatenation of messages, a body quoting a result): `(r1[0]['body'] + ', ' + ...)`;
 - otherwise a literal (`literal`): what the steered model writes itself (a value the task
   leaves to it, or, after a reply showed it the injection, the attacker's value it was told).
 
@@ -119,12 +121,46 @@ class Resolver:
         found = self._from_results(value)
         if found is not None:
             return found, "result"
+        if isinstance(value, str) and len(value) >= 8:
+            composed = self._compose(value)
+            if composed is not None:
+                return composed, "composed"
         if isinstance(value, list) and value:
             parts = [self.resolve(v) for v in value]
             if any(s == "result" for _, s in parts):
                 srcs = {s for _, s in parts}
                 return "[" + ", ".join(e for e, _ in parts) + "]", "result" if srcs == {"result"} else "mixed"
         return repr(value), "literal"
+
+    def _compose(self, value: str) -> str | None:
+        """A text the ground truth built from pieces (a concatenation of messages, an email's
+        body quoting a result): each stretch a result's text field gives, read from it, the rest
+        literal. None when no piece of 4 characters or more comes from a result."""
+        pieces: dict[str, str] = {}
+        for var, res in reversed(self.results):
+            for path, leaf in _leaves(res):
+                if isinstance(leaf, str) and len(leaf) >= 4 and leaf not in pieces and leaf in value:
+                    pieces[leaf] = var + path
+        if not pieces:
+            return None
+        by_len = sorted(pieces, key=len, reverse=True)
+        out: list[str] = []
+        lit = ""
+        i = 0
+        while i < len(value):
+            hit = next((p for p in by_len if value.startswith(p, i)), None)
+            if hit is None:
+                lit += value[i]
+                i += 1
+                continue
+            if lit:
+                out.append(repr(lit))
+                lit = ""
+            out.append(pieces[hit])
+            i += len(hit)
+        if lit:
+            out.append(repr(lit))
+        return "(" + " + ".join(out) + ")"
 
     def _from_results(self, value: Any) -> str | None:
         if value is None or isinstance(value, bool) or value == "" or value == [] or value == {}:
@@ -260,6 +296,42 @@ def make_plan(suite: str, user_task: str, injection_task: str | None = None, pla
             "calls": [{"function": c.tool, "args": c.args, "error": None} for c in calls],
         },
     )
+
+
+def execute_locally(plan: Plan) -> dict:
+    """Run the plan's scripts here, without a bridge: the suite's tools as an object whose
+    methods run AgentDojo's functions over a fresh environment of the pair and return the JSON
+    a server would send. Proves each expression of the scripts reads the value it was made for.
+    Returns what the server's dump gives: {"pair", "env", "calls"}."""
+    import ast
+    import asyncio
+
+    env = dojo.environment(plan.suite, plan.user_task, plan.injection_task)
+    calls: list[dict] = []
+
+    class Tools:
+        def __getattr__(self, tool):
+            async def call(**kw):
+                result, error = dojo.run_tool(env, plan.suite, tool, copy.deepcopy(kw))
+                calls.append({"function": tool, "args": kw, "error": error})
+                if error is not None:
+                    raise RuntimeError(error)
+                return result
+
+            return call
+
+    ns = {f"mcp_{plan.suite}": Tools(), "print": lambda *a, **k: None, "ToolDenied": PermissionError}
+
+    async def go():
+        for step in plan.steps:
+            code = step["code"].replace("from mcp import ToolDenied\n", "")
+            compiled = compile(code, "<steered>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+            result = eval(compiled, ns)
+            if asyncio.iscoroutine(result):
+                await result
+
+    asyncio.run(go())
+    return {"pair": plan.dry["pair"], "env": dojo.env_to_text(env), "calls": calls}
 
 
 if __name__ == "__main__":
