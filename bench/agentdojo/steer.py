@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dojo
+import ground_truths
 
 PLACEMENTS = ("data", "reply", "session")
 MARK = "<INFORMATION>"
@@ -170,7 +171,8 @@ class Resolver:
         for var, res in reversed(self.results):
             # A whole field first.
             for path, leaf in _leaves(res):
-                if type(leaf) is type(value) and leaf == value and not (isinstance(value, str) and len(value) < 3):
+                short = isinstance(value, str) and len(value) < 3 and not path.endswith(("['id_']", "['id']"))
+                if type(leaf) is type(value) and leaf == value and not short:
                     return var + path
                 if _is_num(value) and _is_num(leaf) and leaf == value:
                     return f"{type(value).__name__}({var}{path})"
@@ -226,7 +228,7 @@ def make_plan(suite: str, user_task: str, injection_task: str | None = None, pla
     it = None
     if placement != "benign":
         it = dojo.injection_task(suite, injection_task)
-        attacker_calls = list(it.ground_truth(run.pre.model_copy(deep=True)))
+        attacker_calls = ground_truths.ground_truth(suite, it, run.pre)
 
     calls: list[Call] = []
     counter = [0]
@@ -326,9 +328,12 @@ def execute_locally(plan: Plan) -> dict:
         for step in plan.steps:
             code = step["code"].replace("from mcp import ToolDenied\n", "")
             compiled = compile(code, "<steered>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-            result = eval(compiled, ns)
-            if asyncio.iscoroutine(result):
-                await result
+            try:
+                result = eval(compiled, ns)
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:  # as in the sandbox: the step stops there, the next one runs
+                pass
 
     asyncio.run(go())
     return {"pair": plan.dry["pair"], "env": dojo.env_to_text(env), "calls": calls}
