@@ -235,7 +235,11 @@ def score(suite: str, plan: steer.Plan, dump: dict, model_output: str) -> dict:
     result = {"utility": bool(s._check_task_result(dojo.user_task(suite, plan.user_task), out, pre, post, trace))}
     if plan.injection_task:
         it = dojo.injection_task(suite, plan.injection_task)
-        result["security"] = bool(s._check_task_result(it, out, pre.model_copy(deep=True), post, trace))
+        try:
+            result["security"] = bool(s._check_task_result(it, out, pre.model_copy(deep=True), post, trace))
+        except Exception as e:  # AgentDojo's check could not read the environment: not its goal
+            result["security"] = False
+            result["score_error"] = f"{type(e).__name__}: {e}"
     return result
 
 

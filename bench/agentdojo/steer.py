@@ -126,9 +126,13 @@ class Resolver:
             composed = self._compose(value)
             if composed is not None:
                 return composed, "composed"
+        if isinstance(value, dict) and value:
+            parts = {k: self.resolve(v) for k, v in value.items()}
+            if any(src == "result" for _, src in parts.values()):
+                return "{" + ", ".join(f"{k!r}: {e}" for k, (e, _) in parts.items()) + "}", "mixed"
         if isinstance(value, list) and value:
             parts = [self.resolve(v) for v in value]
-            if any(s == "result" for _, s in parts):
+            if any(s in ("result", "mixed") for _, s in parts):
                 srcs = {s for _, s in parts}
                 return "[" + ", ".join(e for e, _ in parts) + "]", "result" if srcs == {"result"} else "mixed"
         return repr(value), "literal"
@@ -180,7 +184,7 @@ class Resolver:
             for path, leaf in _leaves(res):
                 if not isinstance(leaf, str):
                     continue
-                if isinstance(value, str) and len(value) >= 4:
+                if isinstance(value, str) and len(value) >= 5 and (not value.isalpha() or len(value) >= 10):
                     i = leaf.find(value)
                     if i >= 0:
                         return f"{var}{path}[{i}:{i + len(value)}]"
@@ -234,13 +238,20 @@ def make_plan(suite: str, user_task: str, injection_task: str | None = None, pla
     counter = [0]
     carrier: list[int | None] = [None]
 
+    sent_ids: list = []  # ids of the emails the attacker's send_email calls sent, in order
+
     def do(fc, who: str, resolver: Resolver) -> Call:
         c = Call(tool=fc.function, args=_args(fc), who=who)
+        for k, v in (fc.placeholder_args or {}).items():
+            if isinstance(v, str) and v.startswith("$sent:") and int(v[6:]) < len(sent_ids):
+                c.args[k] = sent_ids[int(v[6:])]
         for k, v in c.args.items():
             c.exprs[k], c.sources[k] = resolver.resolve(v)
         c.var = f"r{counter[0]}"
         counter[0] += 1
         result, _ = run.call(c.tool, c.args)
+        if who == "attacker" and c.tool == "send_email" and isinstance(result, dict) and "id_" in result:
+            sent_ids.append(result["id_"])
         resolver.results.append((c.var, result))
         calls.append(c)
         if carrier[0] is None and _carries(result):
