@@ -29,6 +29,27 @@ impl Patterns {
         out
     }
 
+    /// The globs compiled into one set, and those kept. Each was checked at load; one that
+    /// still does not compile is left out with a warning naming `key` (what it was written
+    /// for), rather than taking the bridge down.
+    pub fn compile(&self, key: &str) -> (globset::GlobSet, Vec<String>) {
+        let mut b = globset::GlobSetBuilder::new();
+        let mut kept = Vec::new();
+        for p in &self.0 {
+            match Patterns::check(p) {
+                Ok(g) => {
+                    b.add(g);
+                    kept.push(p.clone());
+                }
+                Err(why) => tracing::warn!("{key}: {why}; glob ignored"),
+            }
+        }
+        (
+            b.build().unwrap_or_else(|_| globset::GlobSet::empty()),
+            kept,
+        )
+    }
+
     /// Why `pattern` is not a rule, if it is not one.
     pub fn check(pattern: &str) -> Result<globset::Glob, InvalidValue> {
         if !pattern.contains('.') {

@@ -1,6 +1,6 @@
 //! A tool's labels under `[policy.flows]` and the rules they come from, compiled once.
 
-use globset::{GlobSet, GlobSetBuilder};
+use globset::GlobSet;
 
 use crate::config::Loaded;
 use crate::config::flows::{FlowsConfig, OnSuspect};
@@ -121,22 +121,12 @@ impl FlowRules {
             .into_iter()
             .zip(labels)
             .map(|((key, patterns), label)| {
-                let mut b = GlobSetBuilder::new();
-                let mut kept = Vec::new();
-                for p in &patterns.0 {
-                    match Patterns::check(p) {
-                        Ok(g) => {
-                            b.add(g);
-                            kept.push(p.clone());
-                        }
-                        Err(why) => tracing::warn!("{key}: {why}; glob ignored"),
-                    }
-                }
+                let (set, patterns) = patterns.compile(key);
                 LabelList {
                     label,
                     key,
-                    set: b.build().unwrap_or_else(|_| GlobSet::empty()),
-                    patterns: kept,
+                    set,
+                    patterns,
                     origin: origin(key),
                 }
             })

@@ -11,11 +11,11 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
-use globset::{GlobSet, GlobSetBuilder};
+use globset::GlobSet;
 use serde_json::{Map, Value};
 
 use crate::config::Loaded;
-use crate::config::policy::{Action, Patterns, PolicyConfig};
+use crate::config::policy::{Action, PolicyConfig};
 use crate::identity::SessionKey;
 
 /// What happened to one proxied call, as the audit log spells it ([`Verdict::as_str`]).
@@ -144,22 +144,12 @@ impl Policy {
             .lists()
             .into_iter()
             .map(|(key, action, patterns)| {
-                let mut b = GlobSetBuilder::new();
-                let mut kept = Vec::new();
-                for p in &patterns.0 {
-                    match Patterns::check(p) {
-                        Ok(g) => {
-                            b.add(g);
-                            kept.push(p.clone());
-                        }
-                        Err(why) => tracing::warn!("{key}: {why}; rule ignored"),
-                    }
-                }
+                let (set, patterns) = patterns.compile(key);
                 RuleList {
                     key,
                     action,
-                    set: b.build().unwrap_or_else(|_| GlobSet::empty()),
-                    patterns: kept,
+                    set,
+                    patterns,
                     origin: origin(key),
                 }
             })
@@ -538,7 +528,7 @@ impl Grants {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::policy::{Destructive, Fallback};
+    use crate::config::policy::{Destructive, Fallback, Patterns};
 
     fn pats(p: &[&str]) -> Patterns {
         Patterns(p.iter().map(|s| s.to_string()).collect())
