@@ -33,10 +33,11 @@ pub(super) async fn refresh_catalog(ups: &Upstreams) -> ExitCode {
                     r.server,
                     r.took.as_secs_f64()
                 )),
+                // The server's own words are in the error: shown escaped.
                 Err(e) => line(format!(
                     "[{n}/{total}] {}: failed: {}",
                     r.server,
-                    e.message()
+                    bridge_core::text::visible(&e.message())
                 )),
             }
         })

@@ -259,8 +259,7 @@ impl Calls {
     /// error, streamed or kept as files too) carries untrusted text: then the identity's model
     /// is steered from now on (`bridge_core::flows`).
     fn reply_shown(&self, key: &SessionKey, o: &ExecOutcome) {
-        let flows = self.upstreams.flows();
-        if !flows.is_on() {
+        if !self.upstreams.flows().is_on() {
             return;
         }
         let mut texts = vec![o.stdout.as_str(), o.stderr.as_str()];
@@ -268,10 +267,16 @@ impl Calls {
         if let Some(e) = &o.error {
             texts.extend([e.message.as_str(), e.traceback.as_str()]);
         }
-        if let Some(tool) = flows.reply_shown(key.owner(), &texts) {
+        self.shown(key, "a reply showed the client", &texts);
+    }
+
+    /// `texts` reached `key`'s client (`what` says how, as the log line begins): the identity's model is steered when they
+    /// carry untrusted text (`bridge_core::flows`), and the log says so once.
+    fn shown(&self, key: &SessionKey, what: &str, texts: &[&str]) {
+        if let Some(tool) = self.upstreams.flows().reply_shown(key.owner(), texts) {
             tracing::info!(
                 session = key.name(),
-                "a reply showed the client text of {tool}'s result: literals of later code no longer count as the user's intent"
+                "{what} text of {tool}'s result: literals of later code no longer count as the user's intent"
             );
         }
     }
@@ -409,14 +414,11 @@ impl Calls {
                 ),
             ));
         };
-        let flows = self.upstreams.flows();
-        if flows.is_on()
-            && let Some(tool) =
-                flows.reply_shown(session.owner(), &[&String::from_utf8_lossy(&bytes)])
-        {
-            tracing::info!(
-                session = session.name(),
-                "a file read by the client showed text of {tool}'s result: literals of later code no longer count as the user's intent"
+        if self.upstreams.flows().is_on() {
+            self.shown(
+                session,
+                "a file read by the client showed",
+                &[&String::from_utf8_lossy(&bytes)],
             );
         }
         let textual = f.mime.starts_with("text/")

@@ -501,7 +501,8 @@ impl Flows {
     }
 
     /// The untrusted tool whose text a reply showed `who`'s client, once one did.
-    pub fn steered(&self, who: &Identity) -> Option<String> {
+    #[cfg(test)]
+    pub(crate) fn steered(&self, who: &Identity) -> Option<String> {
         let l = self.ledger(who);
         let l = l.lock().unwrap();
         l.steered.as_deref().map(str::to_string)
