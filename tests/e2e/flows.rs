@@ -408,3 +408,155 @@ async fn annotations_label_tools_and_private_text_does_not_leave_through_an_open
     );
     b.shutdown().await;
 }
+
+/// `[policy] ask` on the paying tool beside the flows (`on_suspect` given).
+fn policy_and_flows(on_suspect: &str) -> String {
+    format!("[policy]\nask = [\"bank.send_money\"]\n\n{FLOWS}on_suspect = \"{on_suspect}\"\n")
+}
+
+/// The `send_money` records of the audit log: `(decision, ask, flow decision)`.
+fn send_records(home: &Home) -> Vec<(String, String, String)> {
+    let audit = home.path().join(".local/state/mcp-code-bridge/audit.jsonl");
+    std::fs::read_to_string(audit)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["tool"] == "send_money")
+        .map(|r| {
+            let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+            (s(&r["decision"]), s(&r["ask"]), s(&r["flow"]["decision"]))
+        })
+        .collect()
+}
+
+fn messages(step: &Value) -> Vec<String> {
+    step["asked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["message"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// A call the policy asks about whose flow is suspect is one question, in each revision: it
+/// names the policy's rule and the suspect argument, its value and source, and its session
+/// grant covers the tool and that flow. With `on_suspect = "deny"` the user is not asked about
+/// a call the flow refuses anyway; a clean call still gets the policy's own question.
+#[test]
+fn a_policy_ask_and_a_suspect_flow_are_one_question_and_a_refused_flow_none() {
+    let joined = "The policy asks about every call of this tool too";
+    for mode in ["auto", "legacy"] {
+        let home = Home::new();
+        let path = write_config(&home, &policy_and_flows("ask"));
+        let steps = json!([
+            {"code": SAME_SCRIPT, "servers": ["bank"], "answers": ["allow_session"]},
+            {"code": SAME_SCRIPT, "servers": ["bank"], "answers": []},
+            {"code": send_literal(USERS), "servers": ["bank"], "answers": []},
+        ]);
+        let got = crate::approvals::python(&home, mode, common::BIN, steps, &[]);
+        assert_eq!(got.len(), 3, "{mode}: {got:?}");
+        let first = messages(&got[0]);
+        assert_eq!(first.len(), 1, "{mode}: one question: {first:?}");
+        for part in [
+            joined,
+            "policy.ask \"bank.send_money\"",
+            "\"recipient\"",
+            &format!("\"{ATTACKER}\""),
+            "\"bank.read_mail\"",
+            "(end of arguments)",
+        ] {
+            assert!(
+                first[0].contains(part),
+                "{mode}: {part:?} not in {}",
+                first[0]
+            );
+        }
+        for (i, step) in got.iter().enumerate() {
+            assert!(
+                step["text"].as_str().unwrap().contains("SENT"),
+                "{mode} step {i}: {step}"
+            );
+        }
+        assert!(messages(&got[1]).is_empty(), "{mode}: {:?}", got[1]);
+        assert!(messages(&got[2]).is_empty(), "{mode}: {:?}", got[2]);
+        assert_eq!(transfers(&path).len(), 3, "{mode}");
+        let how = if mode == "auto" {
+            "input_required"
+        } else {
+            "elicitation"
+        };
+        let r = send_records(&home);
+        assert_eq!(r.len(), 3, "{mode}: {r:?}");
+        assert_eq!(
+            r[0],
+            (
+                "ask:allowed".into(),
+                how.into(),
+                "suspect:ask:allowed".into()
+            ),
+            "{mode}"
+        );
+        assert_eq!(r[1].2, "suspect:session_grant", "{mode}: {r:?}");
+        assert_eq!(r[2].2, "clean", "{mode}: {r:?}");
+
+        // deny: the injected IBAN is refused unasked; the user's own is asked about by the
+        // policy alone.
+        let home = Home::new();
+        let path = write_config(&home, &policy_and_flows("deny"));
+        let steps = json!([
+            {"code": SAME_SCRIPT, "servers": ["bank"], "answers": ["allow_once"]},
+            {"code": send_literal(USERS), "servers": ["bank"], "answers": ["allow_once"]},
+        ]);
+        let got = crate::approvals::python(&home, mode, common::BIN, steps, &[]);
+        assert_eq!(got.len(), 2, "{mode}: {got:?}");
+        assert!(messages(&got[0]).is_empty(), "{mode}: {:?}", got[0]);
+        let text = got[0]["text"].as_str().unwrap();
+        assert!(text.contains("DENIED ToolDenied"), "{mode}: {text}");
+        assert!(!text.contains(ATTACKER), "{mode}: {text}");
+        let second = messages(&got[1]);
+        assert_eq!(second.len(), 1, "{mode}: {second:?}");
+        assert!(!second[0].contains(joined), "{mode}: {}", second[0]);
+        assert!(got[1]["text"].as_str().unwrap().contains("SENT"), "{mode}");
+        let sent = transfers(&path);
+        assert_eq!(sent.len(), 1, "{mode}: {sent:?}");
+        assert_eq!(sent[0]["recipient"], USERS, "{mode}");
+    }
+}
+
+/// Over Streamable HTTP (`serve`, an identity by bearer token), with the Python SDK's default
+/// client: the flows' question travels as `input_required` and its answer decides.
+#[test]
+fn ask_about_a_flow_travels_over_http() {
+    let home = Home::new();
+    let path = write_config(&home, FLOWS);
+    let token = "carol-0123456789abcdef0123";
+    let tokens = home.path().join("tokens");
+    std::fs::write(&tokens, format!("carol:{token}\n")).unwrap();
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let tokens = tokens.display().to_string();
+    let served = common::served::Served::start(home, &[("MCP_BRIDGE_TOKEN_FILE", &tokens)], &[]);
+    let url = served.url.clone();
+    let got = crate::approvals::python(
+        &served.home,
+        "auto",
+        &url,
+        json!([
+            {"code": SAME_SCRIPT, "servers": ["bank"], "answers": ["deny"]},
+            {"code": SAME_SCRIPT, "servers": ["bank"], "answers": ["allow_once"]},
+        ]),
+        &["--token", token],
+    );
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0]["protocol"], "2026-07-28", "{:#}", got[0]);
+    for (step, want) in got.iter().zip(["DENIED ToolDenied", "SENT"]) {
+        let q = messages(step);
+        assert_eq!(q.len(), 1, "{step}");
+        assert!(
+            q[0].contains("\"recipient\"") && q[0].contains(&format!("\"{ATTACKER}\"")),
+            "{}",
+            q[0]
+        );
+        assert!(step["text"].as_str().unwrap().contains(want), "{step}");
+    }
+    assert_eq!(transfers(&path).len(), 1);
+}

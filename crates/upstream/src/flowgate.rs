@@ -10,7 +10,7 @@ use bridge_core::audit::FlowRecord;
 use bridge_core::config::OnSuspect;
 use bridge_core::config::policy::Action;
 use bridge_core::flows::{Labels, Suspect};
-use bridge_core::policy::{Approval, ApprovalRequest, Decision, Verdict, shown_name};
+use bridge_core::policy::{Approval, ApprovalRequest, Decision, Ruling, Verdict, shown_name};
 
 /// Most suspect arguments a question lists (each names its argument, value and source).
 const MAX_SHOWN: usize = 12;
@@ -22,39 +22,79 @@ pub(super) struct FlowOutcome {
     pub(super) record: Option<FlowRecord>,
 }
 
+/// What `[policy.flows]` found of one checked call (an acting or open tool, flows on) before
+/// anyone is asked.
+pub(super) struct FlowCheck {
+    suspects: Vec<Suspect>,
+    on_suspect: OnSuspect,
+    /// The rule a suspect flow is decided by, as people read it: `on_suspect`, each suspect
+    /// argument and its source, and the label that made the call checked.
+    rule: String,
+    /// Where `on_suspect` is set.
+    origin: String,
+    /// The session grants that cover these flows (tool, argument and source).
+    keys: Vec<String>,
+}
+
+impl FlowCheck {
+    /// The session grants that would cover these flows.
+    pub(super) fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    fn suspect(&self) -> bool {
+        !self.suspects.is_empty()
+    }
+
+    fn made(&self, verdict: Verdict, allowed: bool, ask: Option<&'static str>) -> Decision {
+        Decision {
+            verdict,
+            allowed,
+            rule: Some(self.rule.clone()),
+            origin: Some(self.origin.clone()),
+            ask,
+        }
+    }
+
+    /// The audit record of the flow, once `decision` (the flow's own, or the one question that
+    /// covered the policy and the flow) is known.
+    fn record(&self, decision: &Decision) -> FlowRecord {
+        if !self.suspect() {
+            return FlowRecord {
+                decision: "clean".into(),
+                sources: Vec::new(),
+            };
+        }
+        let how = match (self.on_suspect, decision.ask) {
+            (OnSuspect::Deny, _) => "suspect:deny".to_string(),
+            (OnSuspect::Ask, Some("session_grant")) => "suspect:session_grant".to_string(),
+            (OnSuspect::Ask, _) => format!("suspect:{}", decision.verdict.as_str()),
+        };
+        FlowRecord {
+            decision: how,
+            sources: self.suspects.iter().map(Suspect::summary).collect(),
+        }
+    }
+}
+
 impl ExecRpc {
-    /// Check a call of `server.tool` the policy decided as `decision`: unchanged when flows are
-    /// off, the tool is neither acting nor open, the policy refused it, or no guarded argument
-    /// is suspect; otherwise refused or asked about.
-    pub(super) async fn flow_gate(
+    /// The flows' check of a call of `server.tool`: `None` when flows are off or the tool is
+    /// neither acting nor open.
+    pub(super) fn flow_check(
         &self,
         server: &str,
         tool: &str,
         labels: &Labels,
         arguments: Option<&Map<String, Value>>,
-        decision: Decision,
-    ) -> FlowOutcome {
+    ) -> Option<FlowCheck> {
         let flows = self.up.flows();
-        if !decision.allowed || !labels.checked() {
-            return FlowOutcome {
-                decision,
-                record: None,
-            };
+        if !flows.is_on() || !labels.checked() {
+            return None;
         }
         let suspects = flows.check(self.call.session.owner(), labels, arguments);
-        if suspects.is_empty() {
-            return FlowOutcome {
-                decision,
-                record: Some(FlowRecord {
-                    decision: "clean".into(),
-                    sources: Vec::new(),
-                }),
-            };
-        }
         let (on_suspect, origin) = flows.rules().on_suspect();
         // Where the label that made the call checked came from (a glob and its file, or an
-        // annotation).
-        // (Private text is suspect for an open tool: its open label says why.)
+        // annotation). Private text is suspect for an open tool: its open label says why.
         let private = suspects
             .iter()
             .any(|s| s.kind == bridge_core::flows::SuspectKind::Private);
@@ -78,62 +118,90 @@ impl ExecRpc {
                 .collect::<Vec<_>>()
                 .join("; ")
         );
-        let made = |verdict: Verdict, allowed: bool, ask: Option<&'static str>| Decision {
-            verdict,
-            allowed,
-            rule: Some(rule.clone()),
-            origin: Some(origin.to_string()),
-            ask,
-        };
-        let sources: Vec<String> = suspects.iter().map(Suspect::summary).collect();
-        let (decision, how) = match on_suspect {
-            OnSuspect::Deny => (made(Verdict::Deny, false, None), "suspect:deny".to_string()),
-            OnSuspect::Ask => {
-                let d = self
-                    .ask_flow(server, tool, &suspects, &rule, origin, &made)
-                    .await;
-                let how = format!(
-                    "suspect:{}",
-                    match d.ask {
-                        Some("session_grant") => "session_grant",
-                        _ => d.verdict.as_str(),
-                    }
-                );
-                (d, how)
-            }
-        };
-        FlowOutcome {
-            decision,
-            record: Some(FlowRecord {
-                decision: how,
-                sources,
-            }),
-        }
+        let keys = suspects.iter().map(|s| s.grant_key(server, tool)).collect();
+        Some(FlowCheck {
+            suspects,
+            on_suspect,
+            rule,
+            origin: origin.to_string(),
+            keys,
+        })
     }
 
-    /// Ask the user about the suspect flows of one call (unless this session allowed each of
-    /// them already); the client that cannot be asked gets `policy.ask_fallback`.
-    async fn ask_flow(
+    /// The decision on a call of `server.tool`: the policy's, then, for a call it lets through,
+    /// the flows' (`check`). The user is asked one question at most: a call the policy asks
+    /// about and whose flow is suspect gets one question naming both, whose answer (and session
+    /// grant) covers both; a suspect flow that `deny` refuses is refused without asking about
+    /// the policy.
+    pub(super) async fn judge(
         &self,
         server: &str,
         tool: &str,
-        suspects: &[Suspect],
-        rule: &str,
-        origin: &str,
-        made: &(dyn Fn(Verdict, bool, Option<&'static str>) -> Decision + Sync),
-    ) -> Decision {
-        let session = &self.call.session;
-        let interpreter = self.interpreter.get().map_or("", String::as_str);
-        let keys: Vec<String> = suspects.iter().map(|s| s.grant_key(server, tool)).collect();
-        let granted = || {
-            keys.iter()
-                .all(|k| self.up.grants().has(session, interpreter, k))
+        arguments: Option<&Map<String, Value>>,
+        destructive: bool,
+        check: Option<FlowCheck>,
+    ) -> FlowOutcome {
+        let ruling = self.up.policy().rule_for(server, tool, destructive);
+        let Some(check) = check else {
+            let decision = self.decide(server, tool, arguments, &ruling, None).await;
+            return FlowOutcome {
+                decision,
+                record: None,
+            };
         };
-        if granted() {
-            return made(Verdict::AskAllowed, true, Some("session_grant"));
+        if ruling.action == Action::Deny {
+            return FlowOutcome {
+                decision: ruling.decided(Verdict::Deny, false),
+                record: None,
+            };
+        }
+        let decision = match check.on_suspect {
+            _ if !check.suspect() => self.decide(server, tool, arguments, &ruling, None).await,
+            OnSuspect::Deny => check.made(Verdict::Deny, false, None),
+            OnSuspect::Ask => {
+                let tool_granted =
+                    ruling.action == Action::Allow || self.granted(&policy_key(server, tool));
+                if !tool_granted && !self.all_granted(&check.keys) {
+                    // One question for both; its answer decides both.
+                    self.decide(server, tool, arguments, &ruling, Some(&check))
+                        .await
+                } else {
+                    let policy = self.decide(server, tool, arguments, &ruling, None).await;
+                    if !policy.allowed {
+                        return FlowOutcome {
+                            decision: policy,
+                            record: None,
+                        };
+                    }
+                    self.ask_flow(server, tool, &check).await
+                }
+            }
+        };
+        // A call the policy refused (its question denied, or its fallback) says nothing of
+        // the flow unless the question was the flow's too.
+        let record = (decision.allowed || check.suspect()).then(|| check.record(&decision));
+        FlowOutcome { decision, record }
+    }
+
+    /// Whether this session allowed `key` (a tool, or a flow) already.
+    pub(super) fn granted(&self, key: &str) -> bool {
+        let interpreter = self.interpreter.get().map_or("", String::as_str);
+        self.up.grants().has(&self.call.session, interpreter, key)
+    }
+
+    fn all_granted(&self, keys: &[String]) -> bool {
+        keys.iter().all(|k| self.granted(k))
+    }
+
+    /// Ask the user about the suspect flows of one call the policy let through (unless this
+    /// session allowed each of them already); the client that cannot be asked gets
+    /// `policy.ask_fallback`.
+    async fn ask_flow(&self, server: &str, tool: &str, check: &FlowCheck) -> Decision {
+        if self.all_granted(&check.keys) {
+            return check.made(Verdict::AskAllowed, true, Some("session_grant"));
         }
         let fallback = || {
-            made(
+            check.made(
                 Verdict::AskUnavailable,
                 self.up.policy().fallback().0 == Action::Allow,
                 Some("fallback"),
@@ -143,25 +211,23 @@ impl ExecRpc {
             return fallback();
         };
         let _one = self.asking.lock().await;
-        if granted() {
-            return made(Verdict::AskAllowed, true, Some("session_grant"));
+        if self.all_granted(&check.keys) {
+            return check.made(Verdict::AskAllowed, true, Some("session_grant"));
         }
         let request = ApprovalRequest::other(
             "Allow this flow?",
-            question(server, tool, suspects),
-            rule.to_string(),
-            origin.to_string(),
+            question(server, tool, &check.suspects, None),
+            check.rule.clone(),
+            check.origin.clone(),
         );
         let path = approver.path();
         match approver.ask(&request).await {
-            Approval::Once => made(Verdict::AskAllowed, true, Some(path)),
+            Approval::Once => check.made(Verdict::AskAllowed, true, Some(path)),
             Approval::Session => {
-                for k in &keys {
-                    self.up.grants().grant(session, interpreter, k);
-                }
-                made(Verdict::AskAllowed, true, Some(path))
+                self.grant(&check.keys);
+                check.made(Verdict::AskAllowed, true, Some(path))
             }
-            Approval::Denied => made(Verdict::AskDenied, false, Some(path)),
+            Approval::Denied => check.made(Verdict::AskDenied, false, Some(path)),
             Approval::Unavailable(why) => {
                 tracing::warn!(
                     server,
@@ -172,22 +238,66 @@ impl ExecRpc {
             }
         }
     }
+
+    /// Allow `keys` for the rest of this session.
+    pub(super) fn grant(&self, keys: &[String]) {
+        let interpreter = self.interpreter.get().map_or("", String::as_str);
+        for k in keys {
+            self.up.grants().grant(&self.call.session, interpreter, k);
+        }
+    }
 }
 
-/// The question: the bridge's words first (the tool and server quoted), then a counted block
-/// of one line per suspect argument, each name, value and source quoted and escaped as the
-/// policy's questions show arguments, closed by an end line.
-pub(super) fn question(server: &str, tool: &str, suspects: &[Suspect]) -> String {
-    let mut shown = Map::new();
-    for s in suspects.iter().take(MAX_SHOWN) {
-        let v = serde_json::from_str(&s.value).unwrap_or(Value::String(s.value.clone()));
-        shown.insert(s.argument.clone(), v);
-    }
+/// The session grant's key of the tool `server.tool` (the policy's `ask`).
+pub(super) fn policy_key(server: &str, tool: &str) -> String {
+    format!("{server}.{tool}")
+}
+
+/// One question about the policy's `ask` of a call (`policy`'s rule) and the suspect flows of
+/// `check`.
+pub(super) fn joined_question(
+    server: &str,
+    tool: &str,
+    arguments: Option<&Map<String, Value>>,
+    check: &FlowCheck,
+    policy: &Ruling,
+) -> ApprovalRequest {
+    ApprovalRequest::other(
+        "Allow this tool call?",
+        question(
+            server,
+            tool,
+            &check.suspects,
+            Some((&policy.rule, &policy.origin, arguments)),
+        ),
+        check.rule.clone(),
+        check.origin.clone(),
+    )
+}
+
+/// The question: the bridge's words first (the tool and server quoted; with `policy`, the
+/// policy's `ask` rule of the same call and where it is set, which are the user's words), then
+/// one line per suspect argument (its name and source quoted), then a counted block of the
+/// values, escaped as the policy's questions show arguments and closed by an end line: the
+/// suspect arguments' values, or with `policy` every argument of the call (what the policy's
+/// own question would have shown).
+pub(super) fn question(
+    server: &str,
+    tool: &str,
+    suspects: &[Suspect],
+    policy: Option<(&str, &str, Option<&Map<String, Value>>)>,
+) -> String {
     let mut out = format!(
-        "Code running in run_python wants to call the tool {} of the MCP server {} with arguments that may not be your intent: their values came from tool results that are someone else's words, or they carry private data to a tool that sends it on.\nWhere each came from:\n",
+        "Code running in run_python wants to call the tool {} of the MCP server {} with arguments that may not be your intent: their values came from tool results that are someone else's words, or they carry private data to a tool that sends it on.\n",
         shown_name(tool),
         shown_name(server),
     );
+    if let Some((rule, origin, _)) = policy {
+        out.push_str(&format!(
+            "The policy asks about every call of this tool too ({rule} in {origin}): this one answer decides both.\n"
+        ));
+    }
+    out.push_str("Where each came from:\n");
     for s in suspects.iter().take(MAX_SHOWN) {
         let what = match s.kind {
             bridge_core::flows::SuspectKind::Untrusted => "its value occurs in the result of",
@@ -201,7 +311,18 @@ pub(super) fn question(server: &str, tool: &str, suspects: &[Suspect]) -> String
         ));
     }
     out.push('\n');
-    out.push_str(&bridge_core::policy::summarize_arguments(Some(&shown)));
+    let arguments = match policy {
+        Some((_, _, arguments)) => bridge_core::policy::summarize_arguments(arguments),
+        None => {
+            let mut shown = Map::new();
+            for s in suspects.iter().take(MAX_SHOWN) {
+                let v = serde_json::from_str(&s.value).unwrap_or(Value::String(s.value.clone()));
+                shown.insert(s.argument.clone(), v);
+            }
+            bridge_core::policy::summarize_arguments(Some(&shown))
+        }
+    };
+    out.push_str(&arguments);
     out
 }
 
@@ -218,7 +339,7 @@ mod tests {
             kind: SuspectKind::Untrusted,
             source: "mail.read_mail".into(),
         }];
-        let q = question("bank", "send_money", &s);
+        let q = question("bank", "send_money", &s, None);
         assert!(
             q.contains("the tool \"send_money\" of the MCP server \"bank\""),
             "{q}"

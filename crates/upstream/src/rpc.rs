@@ -13,6 +13,7 @@ use std::time::Instant;
 use serde_json::{Map, Value, json};
 
 use super::catalog::{self, Detail, ServerTools, UnknownTool, Unlisted};
+use super::flowgate::{FlowCheck, joined_question, policy_key};
 use super::pool::{CallError, Slot};
 use super::record::{RecordOnDrop, audit_decision, rule_text};
 use super::report::known_servers;
@@ -21,7 +22,7 @@ use bridge_core::audit::{Decision as AuditDecision, FlowRecord, ToolCallRecord, 
 use bridge_core::config::policy::Action;
 use bridge_core::error::{Hint, Hinted};
 use bridge_core::flows::Labels;
-use bridge_core::policy::{Approval, ApprovalRequest, Decision, Verdict};
+use bridge_core::policy::{Approval, ApprovalRequest, Decision, Ruling, Verdict};
 use bridge_core::protocol::{RPC_DENIED, RpcFailure, RpcHandler};
 use bridge_core::trace::{self, Within as _};
 
@@ -393,16 +394,14 @@ impl ExecRpc {
             )),
             dropped: (ToolStatus::Denied, "unanswered"),
         };
-        let decision = self
-            .decide(slot.name(), &tool_name, arguments.as_ref(), destructive)
-            .await;
+        let flow_check = self.flow_check(slot.name(), &tool_name, &labels, arguments.as_ref());
         let flow = self
-            .flow_gate(
+            .judge(
                 slot.name(),
                 &tool_name,
-                &labels,
                 arguments.as_ref(),
-                decision,
+                destructive,
+                flow_check,
             )
             .await;
         let (decision, flow) = (flow.decision, flow.record);
@@ -569,26 +568,26 @@ impl ExecRpc {
         self.call.audit.tool_call(r);
     }
 
-    /// The policy's decision about `server.tool`, asking the user when a rule says `ask` and
-    /// the session has not allowed the tool already.
-    async fn decide(
+    /// The decision of `ruling` (the policy's rule for `server.tool`), asking the user when it
+    /// says `ask` and the session has not allowed the tool already. With `flows` (the call's
+    /// suspect flows, `on_suspect = "ask"`), the question names them too and its answer covers
+    /// them: a session grant allows the tool and those flows.
+    pub(super) async fn decide(
         &self,
         server: &str,
         tool: &str,
         arguments: Option<&Map<String, Value>>,
-        destructive: bool,
+        ruling: &Ruling,
+        flows: Option<&FlowCheck>,
     ) -> Decision {
-        let policy = self.up.policy();
-        let ruling = policy.rule_for(server, tool, destructive);
         match ruling.action {
             Action::Allow => return ruling.decided(Verdict::Allow, true),
             Action::Deny => return ruling.decided(Verdict::Deny, false),
             Action::Ask => {}
         }
-        let key = format!("{server}.{tool}");
-        let session = &self.call.session;
-        let interpreter = self.interpreter.get().map_or("", String::as_str);
-        let granted = || self.up.grants().has(session, interpreter, &key);
+        let policy = self.up.policy();
+        let key = policy_key(server, tool);
+        let granted = || self.granted(&key);
         let fallback = || {
             ruling.asked(
                 Verdict::AskUnavailable,
@@ -606,19 +605,25 @@ impl ExecRpc {
         if granted() {
             return ruling.asked(Verdict::AskAllowed, true, "session_grant");
         }
-        let request = ApprovalRequest {
-            server: server.to_string(),
-            tool: tool.to_string(),
-            arguments: bridge_core::policy::summarize_arguments(arguments),
-            rule: ruling.rule.clone(),
-            origin: ruling.origin.clone(),
-            asked: bridge_core::policy::Asked::ToolCall,
+        let request = match flows {
+            Some(check) => joined_question(server, tool, arguments, check, ruling),
+            None => ApprovalRequest {
+                server: server.to_string(),
+                tool: tool.to_string(),
+                arguments: bridge_core::policy::summarize_arguments(arguments),
+                rule: ruling.rule.clone(),
+                origin: ruling.origin.clone(),
+                asked: bridge_core::policy::Asked::ToolCall,
+            },
         };
         let path = approver.path();
         match approver.ask(&request).await {
             Approval::Once => ruling.asked(Verdict::AskAllowed, true, path),
             Approval::Session => {
-                self.up.grants().grant(session, interpreter, &key);
+                self.grant(&[key]);
+                if let Some(check) = flows {
+                    self.grant(check.keys());
+                }
                 ruling.asked(Verdict::AskAllowed, true, path)
             }
             Approval::Denied => ruling.asked(Verdict::AskDenied, false, path),
