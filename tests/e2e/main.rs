@@ -29,6 +29,7 @@ mod faults;
 mod faults_lifecycle;
 mod files;
 mod flows;
+mod flows_adaptive;
 mod hostile;
 mod http;
 mod inputs;

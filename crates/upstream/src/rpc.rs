@@ -442,7 +442,8 @@ impl ExecRpc {
                     if flows_on {
                         let who = self.call.session.owner();
                         let flows = self.up.flows();
-                        flows.record_result(who, slot.name(), &tool_name, &labels, v);
+                        let args = arguments.as_ref();
+                        flows.record_call(who, slot.name(), &tool_name, &labels, args, v);
                     }
                 })
                 .map_err(RpcError::from)

@@ -244,6 +244,33 @@ fn leaves_of(name: &str, v: &Value, out: &mut Vec<(String, Value)>) {
     }
 }
 
+/// A call's argument values as trusted values are kept (skeletons, numbers as `#n`): what a
+/// trusted result merely echoes is not its own.
+fn argument_values(arguments: Option<&Map<String, Value>>) -> HashSet<String> {
+    let mut raw = Vec::new();
+    for (k, v) in arguments.into_iter().flatten() {
+        leaves_of(k, v, &mut raw);
+    }
+    let mut out = HashSet::new();
+    for (_, v) in raw {
+        match v {
+            Value::String(s) => {
+                for c in text::as_number(&s).into_iter().flatten() {
+                    out.insert(format!("#{c}"));
+                }
+                out.insert(text::skeleton(&s));
+            }
+            Value::Number(n) => {
+                if let Some(c) = n.as_f64().and_then(text::canonical_number) {
+                    out.insert(format!("#{c}"));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 /// The leaves of a tool result as the sandbox gets it: `structuredContent`, and the text of
 /// each content block (a JSON text read as its leaves).
 fn result_leaves(result: &Value) -> Vec<Leaf> {
@@ -385,12 +412,29 @@ impl Flows {
 
     /// A proxied call's result (as the sandbox gets it) of `server.tool`, labelled `labels`:
     /// an untrusted or private result's text is kept; a trusted one's values are exemptions.
+    /// [`Flows::record_call`] with the call's arguments unknown.
     pub fn record_result(
         &self,
         who: &Identity,
         server: &str,
         tool: &str,
         labels: &Labels,
+        result: &Value,
+    ) {
+        self.record_call(who, server, tool, labels, None, result);
+    }
+
+    /// A proxied call of `server.tool` (labelled `labels`) with `arguments`, and its result:
+    /// as [`Flows::record_result`], except that a trusted result's value that is one of the
+    /// call's arguments is no exemption (a tool that echoes what it was given, an IBAN check,
+    /// would otherwise make any value the user's).
+    pub fn record_call(
+        &self,
+        who: &Identity,
+        server: &str,
+        tool: &str,
+        labels: &Labels,
+        arguments: Option<&Map<String, Value>>,
         result: &Value,
     ) {
         if !self.is_on() {
@@ -418,12 +462,13 @@ impl Flows {
                 // Forgotten exemptions make the check stricter, never looser.
                 l.trusted.clear();
             }
+            let given = argument_values(arguments);
             for leaf in &leaves {
                 let v = match leaf {
                     Leaf::Str(s) => text::skeleton(s),
                     Leaf::Num(c) => format!("#{c}"),
                 };
-                if v.len() <= MAX_TRUSTED_VALUE && !v.is_empty() {
+                if v.len() <= MAX_TRUSTED_VALUE && !v.is_empty() && !given.contains(&v) {
                     l.trusted.insert(v);
                 }
             }

@@ -235,6 +235,40 @@ fn a_literal_of_a_clean_model_or_a_trusted_value_is_intent() {
 }
 
 #[test]
+fn a_value_a_trusted_tool_echoes_from_its_arguments_is_no_exemption() {
+    let f = flows();
+    let me = Identity::Local;
+    f.begin_exec(&me, "i = parse(mail); check_iban(iban=i); amount(x=a)");
+    read_mail(&f, &me);
+    let labels = f.rules().labels("contacts", "check_iban", None);
+    assert!(!labels.recorded() && !labels.checked());
+    // The attacker's IBAN, given to a read tool that echoes it (spelt otherwise), and the
+    // amount, given as a string and echoed as a number.
+    f.record_call(
+        &me,
+        "contacts",
+        "check_iban",
+        &labels,
+        Some(&args(
+            json!({"iban": "de89370400440532013000", "amount": "1,250.00"}),
+        )),
+        &json!({"content": [], "structuredContent": {"iban": IBAN, "valid": true, "amount": 1250}}),
+    );
+    let s = send(&f, &me, json!("DE89370400440532013000"), json!(1250));
+    assert_eq!(s.len(), 2, "{s:?}");
+    // What the tool returned of its own is still an exemption.
+    f.record_call(
+        &me,
+        "contacts",
+        "lookup",
+        &labels,
+        Some(&args(json!({"name": "landlord"}))),
+        &json!({"content": [], "structuredContent": {"name": "Landlord", "iban": IBAN}}),
+    );
+    assert!(send(&f, &me, json!(IBAN), json!(5)).is_empty());
+}
+
+#[test]
 fn a_reply_showing_untrusted_text_steers_the_model_and_a_count_does_not() {
     let f = flows();
     let me = Identity::Local;
