@@ -273,6 +273,21 @@ fn row(r: &Value) -> String {
     if let Some(rule) = r["rule"].as_str() {
         line.push_str(&format!("  rule {}", visible(rule)));
     }
+    // What `[policy.flows]` found: its decision and each suspect argument's source (never a
+    // value; argument names are the code's choice, shown visible).
+    if let Some(flow) = r["flow"]["decision"].as_str() {
+        line.push_str(&format!("  flow {}", visible(flow)));
+        let sources: Vec<String> = r["flow"]["sources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(|v| visible(v).into_owned())
+            .collect();
+        if !sources.is_empty() {
+            line.push_str(&format!(" ({})", sources.join("; ")));
+        }
+    }
     if let Some(n) = r["dropped_before"].as_u64() {
         line.push_str(&format!("  ({n} records lost before this one)"));
     }
@@ -310,6 +325,30 @@ mod tests {
         assert!(r.contains("deny → denied"), "{r}");
         assert!(r.contains("rule github.delete_*"), "{r}");
         assert!(r.contains("3 records lost"), "{r}");
+    }
+
+    #[test]
+    fn rows_show_the_flow_decision_and_its_sources() {
+        let r = serde_json::json!({"ts": "2026-12-06T07:00:00Z", "kind": "tool_call", "session": "default",
+            "server": "bank", "tool": "send_money", "decision": "deny", "status": "denied",
+            "rule": "policy.flows.on_suspect = \"deny\"", "duration_ms": 0,
+            "flow": {"decision": "suspect:deny",
+                     "sources": ["recipient<-bank.read_mail (untrusted)", "x\u{1b}[2J<-a.b (untrusted)"]}});
+        let row = row(&r);
+        assert!(
+            row.contains("flow suspect:deny (recipient<-bank.read_mail (untrusted); x\\x1b[2J<-a.b (untrusted))"),
+            "{row}"
+        );
+        let clean = serde_json::json!({"kind": "tool_call", "server": "bank", "tool": "send_money",
+            "decision": "allow", "status": "ok", "flow": {"decision": "clean", "sources": []}});
+        assert!(row_of(&clean).ends_with("flow clean"), "{}", row_of(&clean));
+        let none = serde_json::json!({"kind": "tool_call", "server": "bank", "tool": "send_money",
+            "decision": "allow", "status": "ok"});
+        assert!(!row_of(&none).contains("flow"), "{}", row_of(&none));
+    }
+
+    fn row_of(r: &Value) -> String {
+        row(r).trim_end().to_string()
     }
 
     #[test]
