@@ -261,6 +261,7 @@ pub(super) async fn doctor(config: Arc<Config>, loaded: &config::Loaded, quick: 
         c.note(&format!("warning: {w}"));
     }
     c.note(&format!("policy: {}", ups.policy().summary()));
+    c.note(&format!("flows: {}", ups.flows().rules().summary()));
     if engine.is_some() && c.failed == 0 && !quick {
         let req = ExecRequest {
             code: "import sys, os, platform\nprint(sys.version.split()[0], os.getuid(), platform.release())"

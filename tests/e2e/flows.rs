@@ -560,3 +560,22 @@ fn ask_about_a_flow_travels_over_http() {
     }
     assert_eq!(transfers(&path).len(), 1);
 }
+
+/// `doctor` says whether flows are checked, and by which labels.
+#[test]
+fn doctor_says_what_flows_check() {
+    let home = Home::new();
+    let _ = write_config(&home, &format!("{FLOWS}on_suspect = \"deny\"\n"));
+    let out = home.command().args(["doctor", "--quick"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "flows: on_suspect deny; untrusted bank.read_mail; acting bank.send_money; 1 guard rule(s); annotations on"
+        ),
+        "{text}"
+    );
+    let off = Home::new();
+    let out = off.command().args(["doctor", "--quick"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("flows: off"), "{text}");
+}

@@ -216,6 +216,26 @@ impl FlowRules {
         l
     }
 
+    /// The rules in one line, as `doctor` prints them.
+    pub fn summary(&self) -> String {
+        if !self.enabled {
+            return "off (no [policy.flows] enabled = true): calls are decided by name alone"
+                .into();
+        }
+        let mut parts = vec![format!("on_suspect {}", self.on_suspect.as_str())];
+        for l in &self.lists {
+            if !l.patterns.is_empty() {
+                parts.push(format!("{} {}", l.label.as_str(), l.patterns.join(",")));
+            }
+        }
+        parts.push(format!("{} guard rule(s)", self.guards.len()));
+        parts.push(format!(
+            "annotations {}",
+            if self.annotations { "on" } else { "off" }
+        ));
+        parts.join("; ")
+    }
+
     /// The rules as markdown lines for the model (the capabilities resource); empty when off.
     pub fn markdown(&self) -> String {
         if !self.enabled {

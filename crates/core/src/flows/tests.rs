@@ -454,3 +454,22 @@ fn documented_limits_are_not_caught() {
     // "EUR" is three letters: below MIN_MATCH as text, and no number.
     assert!(send(&f, &me, json!("EUR"), json!(7)).is_empty());
 }
+
+#[test]
+fn the_summary_names_what_is_on_and_says_when_flows_are_off() {
+    let s = flows().rules().summary();
+    for part in [
+        "on_suspect deny",
+        "acting bank.*",
+        "untrusted mail.read_*,web.*",
+        "1 guard rule(s)",
+        "annotations on",
+    ] {
+        assert!(s.contains(part), "{part:?} not in {s}");
+    }
+    assert!(
+        Flows::default().rules().summary().starts_with("off "),
+        "{}",
+        Flows::default().rules().summary()
+    );
+}
