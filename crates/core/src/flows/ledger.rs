@@ -458,20 +458,27 @@ impl Flows {
             n += l.private.add(&name, &leaves);
         }
         if !labels.recorded() {
-            if l.trusted.len() + leaves.len() > MAX_EXEMPTIONS {
+            let given = argument_values(arguments);
+            let mut values = Vec::new();
+            for leaf in &leaves {
+                match leaf {
+                    // A string that is a number (`"26"`, an id) is kept as that number as well:
+                    // the check compares such a string by its numbers.
+                    Leaf::Str(s) => {
+                        for c in text::as_number(s).into_iter().flatten() {
+                            values.push(format!("#{c}"));
+                        }
+                        values.push(text::skeleton(s));
+                    }
+                    Leaf::Num(c) => values.push(format!("#{c}")),
+                }
+            }
+            values.retain(|v| !v.is_empty() && v.len() <= MAX_TRUSTED_VALUE && !given.contains(v));
+            if l.trusted.len() + values.len() > MAX_EXEMPTIONS {
                 // Forgotten exemptions make the check stricter, never looser.
                 l.trusted.clear();
             }
-            let given = argument_values(arguments);
-            for leaf in &leaves {
-                let v = match leaf {
-                    Leaf::Str(s) => text::skeleton(s),
-                    Leaf::Num(c) => format!("#{c}"),
-                };
-                if v.len() <= MAX_TRUSTED_VALUE && !v.is_empty() && !given.contains(&v) {
-                    l.trusted.insert(v);
-                }
-            }
+            l.trusted.extend(values);
         }
         l.charge(n);
     }
@@ -582,20 +589,25 @@ impl Ledger {
                 return Some((SuspectKind::Untrusted, tool));
             }
         }
-        if skel.chars().count() >= MIN_MATCH {
-            let intent = (clean && self.intent.contains(&skel)) || self.trusted.contains(&skel);
-            if !intent
-                && let Some(tool) = self
-                    .untrusted
-                    .holding(&skel)
-                    .or_else(|| self.untrusted.covering(&skel))
-                    .or_else(|| self.untrusted.sharing_run(&skel))
-            {
-                return Some((SuspectKind::Untrusted, tool));
-            }
-            if open && let Some(tool) = self.private.sharing_run(&skel) {
-                return Some((SuspectKind::Private, tool));
-            }
+        if skel.chars().count() < MIN_MATCH {
+            return None;
+        }
+        // The user's intent (a clean model's literal, a trusted tool's own value) is neither
+        // steered nor a leak: the user's own IBAN, given in the prompt, may be sent even when a
+        // private result holds it too.
+        if (clean && self.intent.contains(&skel)) || self.trusted.contains(&skel) {
+            return None;
+        }
+        if let Some(tool) = self
+            .untrusted
+            .holding(&skel)
+            .or_else(|| self.untrusted.covering(&skel))
+            .or_else(|| self.untrusted.sharing_run(&skel))
+        {
+            return Some((SuspectKind::Untrusted, tool));
+        }
+        if open && let Some(tool) = self.private.sharing_run(&skel) {
+            return Some((SuspectKind::Private, tool));
         }
         None
     }
