@@ -268,11 +268,23 @@ pub(super) fn joined_question(
             server,
             tool,
             &check.suspects,
-            Some((&policy.rule, &policy.origin, arguments)),
+            Some(PolicyAsk {
+                rule: &policy.rule,
+                origin: &policy.origin,
+                arguments,
+            }),
         ),
         check.rule.clone(),
         check.origin.clone(),
     )
+}
+
+/// The policy's `ask` of the same call, joined to a flow's question: its rule, where the rule
+/// is set, and the call's arguments.
+pub(super) struct PolicyAsk<'a> {
+    rule: &'a str,
+    origin: &'a str,
+    arguments: Option<&'a Map<String, Value>>,
 }
 
 /// The question: the bridge's words first (the tool and server quoted; with `policy`, the
@@ -285,16 +297,17 @@ pub(super) fn question(
     server: &str,
     tool: &str,
     suspects: &[Suspect],
-    policy: Option<(&str, &str, Option<&Map<String, Value>>)>,
+    policy: Option<PolicyAsk<'_>>,
 ) -> String {
     let mut out = format!(
         "Code running in run_python wants to call the tool {} of the MCP server {} with arguments that may not be your intent: their values came from tool results that are someone else's words, or they carry private data to a tool that sends it on.\n",
         shown_name(tool),
         shown_name(server),
     );
-    if let Some((rule, origin, _)) = policy {
+    if let Some(p) = &policy {
         out.push_str(&format!(
-            "The policy asks about every call of this tool too ({rule} in {origin}): this one answer decides both.\n"
+            "The policy asks about every call of this tool too ({} in {}): this one answer decides both.\n",
+            p.rule, p.origin
         ));
     }
     out.push_str("Where each came from:\n");
@@ -312,7 +325,7 @@ pub(super) fn question(
     }
     out.push('\n');
     let arguments = match policy {
-        Some((_, _, arguments)) => bridge_core::policy::summarize_arguments(arguments),
+        Some(p) => bridge_core::policy::summarize_arguments(p.arguments),
         None => {
             let mut shown = Map::new();
             for s in suspects.iter().take(MAX_SHOWN) {
