@@ -78,6 +78,76 @@ impl FlowCheck {
 }
 
 impl ExecRpc {
+    /// The decision of `ruling` (the policy's rule for `server.tool`), asking the user when it
+    /// says `ask` and the session has not allowed the tool already. With `flows` (the call's
+    /// suspect flows, `on_suspect = "ask"`), the question names them too and its answer covers
+    /// them: a session grant allows the tool and those flows.
+    pub(super) async fn decide(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<&Map<String, Value>>,
+        ruling: &Ruling,
+        flows: Option<&FlowCheck>,
+    ) -> Decision {
+        match ruling.action {
+            Action::Allow => return ruling.decided(Verdict::Allow, true),
+            Action::Deny => return ruling.decided(Verdict::Deny, false),
+            Action::Ask => {}
+        }
+        let policy = self.up.policy();
+        let key = policy_key(server, tool);
+        let granted = || self.granted(&key);
+        let fallback = || {
+            ruling.asked(
+                Verdict::AskUnavailable,
+                policy.fallback().0 == Action::Allow,
+                "fallback",
+            )
+        };
+        if granted() {
+            return ruling.asked(Verdict::AskAllowed, true, "session_grant");
+        }
+        let Some(approver) = self.call.approver.as_ref().filter(|a| a.can_ask()) else {
+            return fallback();
+        };
+        let _one = self.asking.lock().await;
+        if granted() {
+            return ruling.asked(Verdict::AskAllowed, true, "session_grant");
+        }
+        let request = match flows {
+            Some(check) => joined_question(server, tool, arguments, check, ruling),
+            None => ApprovalRequest {
+                server: server.to_string(),
+                tool: tool.to_string(),
+                arguments: bridge_core::policy::summarize_arguments(arguments),
+                rule: ruling.rule.clone(),
+                origin: ruling.origin.clone(),
+                asked: bridge_core::policy::Asked::ToolCall,
+            },
+        };
+        let path = approver.path();
+        match approver.ask(&request).await {
+            Approval::Once => ruling.asked(Verdict::AskAllowed, true, path),
+            Approval::Session => {
+                self.grant(&[key]);
+                if let Some(check) = flows {
+                    self.grant(check.keys());
+                }
+                ruling.asked(Verdict::AskAllowed, true, path)
+            }
+            Approval::Denied => ruling.asked(Verdict::AskDenied, false, path),
+            Approval::Unavailable(why) => {
+                tracing::warn!(
+                    server,
+                    tool,
+                    "could not ask the client about a tool call: {why}; ask_fallback decides"
+                );
+                fallback()
+            }
+        }
+    }
+
     /// The flows' check of a call of `server.tool`: `None` when flows are off or the tool is
     /// neither acting nor open.
     pub(super) fn flow_check(
