@@ -370,7 +370,7 @@ async fn values_kept_on_disk_outlive_the_record_as_documented() {
     sent(&o);
     assert_eq!(transfers(&path), vec![(ATTACKER.to_string(), 5.0); 2]);
     documented(
-        "The record is kept in the bridge's memory: a skill saved, or a session's snapshot written (a fork, a session closed idle or at exit), while the attacker's value was in it carries that value into a later connection",
+        "The record is kept in the bridge's memory: a skill saved, a session's snapshot written (a fork, a session closed idle or at exit), or a session parked for the next bridge (`session_linger`), while the attacker's value was in it, carries that value into a later connection",
     );
     b.shutdown().await;
 }
