@@ -393,7 +393,7 @@ impl Flows {
             skel.drain(..cut);
         }
         let mut nums = HashSet::new();
-        text::numbers(code, &mut nums);
+        text::literal_numbers(code, &mut nums);
         if l.intent.len() + skel.len() + 1 > MAX_INTENT_BYTES {
             // The oldest code is forgotten: its literals no longer count (conservative).
             let mut cut = l.intent.len() + skel.len() + 1 - MAX_INTENT_BYTES;

@@ -1,7 +1,7 @@
 use serde_json::{Map, Value, json};
 
 use super::ledger::{MAX_IDENTITIES, MAX_LEDGER_BYTES};
-use super::text::{RUN, as_number, canonical_number, numbers, skeleton};
+use super::text::{RUN, as_number, canonical_number, literal_numbers, numbers, skeleton};
 use super::*;
 use crate::config::flows::{FlowsConfig, Guards, OnSuspect};
 use crate::config::policy::Patterns;
@@ -71,6 +71,10 @@ fn text_is_compared_by_skeleton_and_numbers_canonically() {
     assert!(as_number(" 1 250,00 ").unwrap().contains("1250"));
     assert!(as_number("1250.0").unwrap().contains("1250"));
     assert!(as_number("DE89").is_none());
+    // A date or a phone number is a text, not a number.
+    assert!(as_number("2024-05-13").is_none());
+    assert!(as_number("555-0123").is_none());
+    assert!(as_number("1e-3").unwrap().contains("0.001"));
 }
 
 #[test]
@@ -232,6 +236,40 @@ fn a_literal_of_a_clean_model_or_a_trusted_value_is_intent() {
         &json!({"content": [{"type": "text", "text": "{\"iban\": \"DE89370400440532013000\"}"}]}),
     );
     assert!(send(&g, &me, json!("DE89370400440532013000"), json!(3)).is_empty());
+}
+
+#[test]
+fn only_a_number_the_code_writes_as_a_literal_is_intent() {
+    let me = Identity::Local;
+    let iban = "'DE89 3704 0044 0532 0130 00'";
+    // 1250 is in the code only inside a longer text, a name and a comment: the amount the mail
+    // asks for is not the user's.
+    let f = flows();
+    f.begin_exec(
+        &me,
+        &format!("r1250 = note('at 1250 Main St')  # then pay 1250\nto = {iban}"),
+    );
+    read_mail(&f, &me);
+    let s = send(&f, &me, json!(IBAN), json!(1250));
+    assert_eq!(s.len(), 1, "{s:?}");
+    assert_eq!((s[0].argument.as_str(), s[0].source.as_str()), ("amount", "mail.read_mail"));
+    let s = send(&f, &me, json!(IBAN), json!("1250"));
+    assert_eq!(s.len(), 1, "{s:?}");
+    // Written as a number, or as a string that is the number, it is.
+    for code in ["amount = 1_250", "amount = 1250.0", "amount = float('1,250.00')"] {
+        let g = flows();
+        g.begin_exec(&me, &format!("{code}\nto = {iban}"));
+        read_mail(&g, &me);
+        assert!(send(&g, &me, json!(IBAN), json!(1250)).is_empty(), "{code}");
+    }
+    let mut n = std::collections::HashSet::new();
+    literal_numbers(
+        "x = r13 + 7 # 99\ny = 'at 13:00' + \"\"\"12\"\"\" + '\\'42' + f(0x1F, 2.5e-1)",
+        &mut n,
+    );
+    let mut n: Vec<_> = n.into_iter().collect();
+    n.sort();
+    assert_eq!(n, ["0.25", "12", "31", "7"]);
 }
 
 #[test]

@@ -106,9 +106,14 @@ pub fn as_number(s: &str) -> Option<HashSet<String>> {
     let t = s.trim();
     let t: String = t.chars().filter(|c| !c.is_whitespace()).collect();
     let t = t.trim_start_matches(['+', '-']);
+    // A sign inside is an exponent's (`1e-3`) or none: `2024-05-13` (a date) and `555-0123`
+    // (a phone number) are texts, compared by their skeletons.
+    let signed_exponent = |i: usize| i > 0 && matches!(t.as_bytes()[i - 1], b'e' | b'E');
     if t.is_empty()
-        || !t.chars().all(|c| {
-            c.is_ascii_digit() || matches!(c, '.' | ',' | '_' | '\'' | 'e' | 'E' | '-' | '+')
+        || !t.char_indices().all(|(i, c)| {
+            c.is_ascii_digit()
+                || matches!(c, '.' | ',' | '_' | '\'' | 'e' | 'E')
+                || (matches!(c, '-' | '+') && signed_exponent(i))
         })
         || !t.starts_with(|c: char| c.is_ascii_digit())
     {
@@ -122,6 +127,85 @@ pub fn as_number(s: &str) -> Option<HashSet<String>> {
         out.insert(c);
     }
     (!out.is_empty()).then_some(out)
+}
+
+/// The numbers Python code `code` writes as literals: a number token (`1250`, `12.5`, `1_000`,
+/// `1e3`; not the digits of a name such as `r13`), and a string literal that is one number as
+/// a whole (`'1,250.00'`, as [`as_number`] reads it). Digits inside a longer string (`'13:00'`,
+/// `'2024-05-13'`) and in comments are not literals of a number: a value a script slices out of
+/// an untrusted text is not the user's because the code mentions the same digits elsewhere.
+pub fn literal_numbers(code: &str, out: &mut HashSet<String>) {
+    let b = code.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c == b'#' {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
+            }
+            continue;
+        }
+        if c == b'\'' || c == b'"' {
+            // A string's prefix letters (r, b, f, u) were passed over as a name.
+            let triple = b.get(i..i + 3) == Some(&[c, c, c][..]);
+            let q = if triple { 3 } else { 1 };
+            let start = i + q;
+            let mut j = start;
+            let end = loop {
+                if j >= b.len() {
+                    break b.len();
+                }
+                // A backslash keeps the next character in the string, a raw string's too.
+                if b[j] == b'\\' {
+                    j += 2;
+                    continue;
+                }
+                if b[j] == c && (!triple || b.get(j..j + 3) == Some(&[c, c, c][..])) {
+                    break j;
+                }
+                if b[j] == b'\n' && !triple {
+                    break j;
+                }
+                j += 1;
+            };
+            if let Some(nums) = code.get(start..end).and_then(as_number) {
+                out.extend(nums);
+            }
+            i = (end + q).min(b.len());
+            continue;
+        }
+        if c.is_ascii_alphabetic() || c == b'_' || !c.is_ascii() {
+            // A name (its digits are not a number), or a string's prefix.
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || !b[i].is_ascii()) {
+                i += 1;
+            }
+            continue;
+        }
+        if c.is_ascii_digit() || (c == b'.' && b.get(i + 1).is_some_and(u8::is_ascii_digit)) {
+            let start = i;
+            while i < b.len()
+                && (b[i].is_ascii_alphanumeric()
+                    || matches!(b[i], b'_' | b'.')
+                    || (matches!(b[i], b'+' | b'-') && matches!(b[i - 1], b'e' | b'E')))
+            {
+                i += 1;
+            }
+            let token = code[start..i].replace('_', "");
+            if let Ok(n) = token.parse::<f64>()
+                && let Some(c) = canonical_number(n)
+            {
+                out.insert(c);
+            } else if let Some(v) = token
+                .strip_prefix("0x")
+                .or_else(|| token.strip_prefix("0X"))
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+            {
+                out.insert(v.to_string());
+            }
+            continue;
+        }
+        i += 1;
+    }
 }
 
 /// FNV-1a of one gram.
