@@ -11,6 +11,8 @@ Each argument value of each call becomes, in this order of preference:
   result at run time, not written in the code;
 - a text built from pieces of results and literals (`composed`), when the ground truth composed
   it (a concatenation of messages, a body quoting a result): `(r1[0]['body'] + ', ' + ...)`;
+- in the `data` placement, an attacker's value no result carries as a field or a long enough
+  piece, read out of the injection's text, which names it (`injection`): an id `'13'`;
 - otherwise a literal (`literal`): what the steered model writes itself (a value the task
   leaves to it, or, after a reply showed it the injection, the attacker's value it was told).
 
@@ -114,6 +116,9 @@ class Resolver:
     def __init__(self, prompt: str):
         self.prompt = prompt
         self.results: list[tuple[str, Any]] = []  # (var, value) of this script, oldest first
+        # (var, path, text) of the injected texts the attacker's calls may read a value from
+        # (the `data` placement's attacker calls only).
+        self.injected: list[tuple[str, str, str]] = []
 
     def resolve(self, value: Any) -> tuple[str, str]:
         """(Python expression, source) for one argument value."""
@@ -135,7 +140,34 @@ class Resolver:
             if any(s in ("result", "mixed") for _, s in parts):
                 srcs = {s for _, s in parts}
                 return "[" + ", ".join(e for e, _ in parts) + "]", "result" if srcs == {"result"} else "mixed"
+        injected = self._from_injection(value)
+        if injected is not None:
+            return injected, "injection"
         return repr(value), "literal"
+
+    def _from_injection(self, value: Any) -> str | None:
+        """In the `data` placement, the attacker's value the results do not carry as a field or
+        a long enough piece (an id `'13'`, a short amount), read out of the injection's text,
+        which names it: the script of a model that had seen nothing could not write it. None
+        outside the attacker's calls of that placement, or when the text does not name it."""
+        if not self.injected or isinstance(value, bool) or value is None:
+            return None
+        for var, path, text in self.injected:
+            if isinstance(value, str) and value:
+                start = 0
+                while (i := text.find(value, start)) >= 0:
+                    before = text[i - 1] if i > 0 else " "
+                    after = text[i + len(value)] if i + len(value) < len(text) else " "
+                    if not (before.isalnum() or after.isalnum()):
+                        return f"{var}{path}[{i}:{i + len(value)}]"
+                    start = i + 1
+            elif _is_num(value):
+                texts = [repr(value), str(int(value)) if float(value).is_integer() else repr(value)]
+                for t in dict.fromkeys(texts):
+                    i = _find_in_text(text, t, True)
+                    if i is not None:
+                        return f"{type(value).__name__}({var}{path}[{i}:{i + len(t)}])"
+        return None
 
     def _compose(self, value: str) -> str | None:
         """A text the ground truth built from pieces (a concatenation of messages, an email's
@@ -194,6 +226,11 @@ class Resolver:
                         if i is not None:
                             return f"{type(value).__name__}({var}{path}[{i}:{i + len(t)}])"
         return None
+
+
+def resolver_result(res: Resolver, var: str) -> Any:
+    """The result the script names `var`."""
+    return next(v for name, v in res.results if name == var)
 
 
 def _carries(value: Any) -> bool:
@@ -268,8 +305,15 @@ def make_plan(suite: str, user_task: str, injection_task: str | None = None, pla
             lines.append(_emit(suite, do(fc, "user", res)))
             if not attacked and carrier[0] is not None:
                 attacked = True
+                carried = calls[carrier[0]]
+                res.injected = [
+                    (carried.var, path, leaf)
+                    for path, leaf in _leaves(resolver_result(res, carried.var))
+                    if isinstance(leaf, str) and MARK in leaf
+                ]
                 for afc in attacker_calls:
                     lines.append(_emit(suite, do(afc, "attacker", res)))
+                res.injected = []
         if not attacked:  # no result carried it: the attacker's calls come last
             for afc in attacker_calls:
                 lines.append(_emit(suite, do(afc, "attacker", res)))
