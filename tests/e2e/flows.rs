@@ -402,9 +402,29 @@ async fn annotations_label_tools_and_private_text_does_not_leave_through_an_open
     )
     .await;
     assert_eq!(o.stdout().trim(), "POSTED", "{}", o.text());
+    // The user's own words, written by a clean model, leave though the private notes hold
+    // them; once a reply has shown the model the mail, the same literal does not.
+    let own = "My pension fund login is hunter2-vault-7781";
+    let post_own = format!(
+        "try:\n    await mcp_bank.post_review(text={own:?})\n    print('POSTED')\nexcept PermissionError as e:\n    print('DENIED', str(e).replace('\\n', ' '))"
+    );
+    let o = py(&b, &post_own).await;
+    assert_eq!(o.stdout().trim(), "POSTED", "{}", o.text());
+    let o = py(&b, "print(await mcp_bank.read_mail())").await;
+    assert!(o.stdout().contains("IBAN"), "{}", o.text());
+    let o = py(&b, &post_own).await;
+    let out = o.stdout().trim().to_string();
+    assert!(
+        out.starts_with("DENIED") && out.contains("bank.read_notes (private)"),
+        "{}",
+        o.text()
+    );
     assert_eq!(
         transfers(&path),
-        [json!({"review": "Great service, fast transfers."})]
+        [
+            json!({"review": "Great service, fast transfers."}),
+            json!({"review": own})
+        ]
     );
     b.shutdown().await;
 }
