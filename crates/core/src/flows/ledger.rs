@@ -572,10 +572,21 @@ impl Ledger {
                     .and_then(text::canonical_number)
                     .map(|c| std::iter::once(c).collect()),
             ),
-            Value::String(s) => (text::skeleton(s), text::as_number(s)),
+            Value::String(s) => {
+                let skel = text::skeleton(s);
+                if text::as_number(s).is_none()
+                    && skel.chars().count() >= MIN_MATCH
+                    && ((clean && self.intent.contains(&skel)) || self.trusted.contains(&skel))
+                {
+                    // A text the user gave whole (a date a clean model wrote, one a trusted tool
+                    // returned) is the user's, whatever numbers it holds.
+                    return None;
+                }
+                (skel, text::numeric_parts(s))
+            }
             _ => return None,
         };
-        // Numbers: compared as numbers, however written.
+        // Numbers: compared as numbers, however written (a date by its parts).
         if let Some(nums) = &numbers {
             let intent = |c: &String| {
                 (clean && self.intent_numbers.contains(c))

@@ -101,19 +101,30 @@ fn readings(token: &str, exp: &str, out: &mut HashSet<String>) {
     }
 }
 
-/// A string that is one number as a whole (`" 1 000,50 "`, `"1e3"`): its canonical forms.
+/// A string that is one number as a whole (`" 1 000,50 "`, `"1e3"`): its canonical forms. A
+/// sign inside is an exponent's (`1e-3`) or none: `2024-05-13` (a date) and `555-0123` (a phone
+/// number) are not one number ([`numeric_parts`] reads their numbers).
 pub fn as_number(s: &str) -> Option<HashSet<String>> {
+    numbers_of(s, false)
+}
+
+/// The numbers of a string made of digits and number separators only, dashes included: one
+/// number as [`as_number`] reads it, or the parts of a date or a phone number (`2024-05-13` is
+/// 2024, 5 and 13). What a guarded argument of that form is checked as.
+pub fn numeric_parts(s: &str) -> Option<HashSet<String>> {
+    numbers_of(s, true)
+}
+
+fn numbers_of(s: &str, dashes: bool) -> Option<HashSet<String>> {
     let t = s.trim();
     let t: String = t.chars().filter(|c| !c.is_whitespace()).collect();
     let t = t.trim_start_matches(['+', '-']);
-    // A sign inside is an exponent's (`1e-3`) or none: `2024-05-13` (a date) and `555-0123`
-    // (a phone number) are texts, compared by their skeletons.
     let signed_exponent = |i: usize| i > 0 && matches!(t.as_bytes()[i - 1], b'e' | b'E');
     if t.is_empty()
         || !t.char_indices().all(|(i, c)| {
             c.is_ascii_digit()
                 || matches!(c, '.' | ',' | '_' | '\'' | 'e' | 'E')
-                || (matches!(c, '-' | '+') && signed_exponent(i))
+                || (matches!(c, '-' | '+') && (dashes || signed_exponent(i)))
         })
         || !t.starts_with(|c: char| c.is_ascii_digit())
     {
@@ -176,7 +187,8 @@ pub fn literal_numbers(code: &str, out: &mut HashSet<String>) {
         }
         if c.is_ascii_alphabetic() || c == b'_' || !c.is_ascii() {
             // A name (its digits are not a number), or a string's prefix.
-            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || !b[i].is_ascii()) {
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || !b[i].is_ascii())
+            {
                 i += 1;
             }
             continue;
