@@ -11,8 +11,9 @@ Each argument value of each call becomes, in this order of preference:
   result at run time, not written in the code;
 - a text built from pieces of results and literals (`composed`), when the ground truth composed
   it (a concatenation of messages, a body quoting a result): `(r1[0]['body'] + ', ' + ...)`;
-- in the `data` placement, an attacker's value no result carries as a field or a long enough
-  piece, read out of the injection's text, which names it (`injection`): an id `'13'`;
+- in the `data` placement, an attacker's value the injection's text names is read out of that
+  text before anything else (`injection`): an id `'13'`, which a script written before it read
+  anything could neither write nor pick by a list position;
 - otherwise a literal (`literal`): what the steered model writes itself (a value the task
   leaves to it, or, after a reply showed it the injection, the attacker's value it was told).
 
@@ -122,6 +123,12 @@ class Resolver:
 
     def resolve(self, value: Any) -> tuple[str, str]:
         """(Python expression, source) for one argument value."""
+        # The attacker's value in the `data` placement comes out of the injection's text first:
+        # a script written before it read anything cannot hold it as a literal, nor index a list
+        # at a position equal to it (`r0[13]['id_']` for the file '13').
+        injected = self._from_injection(value)
+        if injected is not None:
+            return injected, "injection"
         if _in_prompt(value, self.prompt):
             return repr(value), "prompt"
         found = self._from_results(value)
@@ -140,9 +147,6 @@ class Resolver:
             if any(s in ("result", "mixed") for _, s in parts):
                 srcs = {s for _, s in parts}
                 return "[" + ", ".join(e for e, _ in parts) + "]", "result" if srcs == {"result"} else "mixed"
-        injected = self._from_injection(value)
-        if injected is not None:
-            return injected, "injection"
         return repr(value), "literal"
 
     def _from_injection(self, value: Any) -> str | None:
