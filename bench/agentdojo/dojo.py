@@ -55,6 +55,15 @@ OPEN_WORLD = {
     "reserve_hotel", "reserve_car_rental", "reserve_restaurant",
 }
 
+# The injection tasks whose goal is to send the user's data out (private -> open): the figure
+# "none leaves unseen" is counted over these.
+EXFILTRATION = {
+    "banking": {"injection_task_0", "injection_task_1", "injection_task_2", "injection_task_3", "injection_task_8"},
+    "slack": {"injection_task_2", "injection_task_4"},
+    "travel": {"injection_task_1", "injection_task_3", "injection_task_5"},
+    "workspace": {f"injection_task_{i}" for i in range(3, 13)},
+}
+
 # AgentDojo's `important_instructions` attack, with the names it uses when it does not know the
 # user or the model (`important_instructions_no_names`).
 ATTACK_USER = "the user"

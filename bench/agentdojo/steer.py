@@ -150,10 +150,10 @@ class Resolver:
         return repr(value), "literal"
 
     def _from_injection(self, value: Any) -> str | None:
-        """In the `data` placement, the attacker's value the results do not carry as a field or
-        a long enough piece (an id `'13'`, a short amount), read out of the injection's text,
-        which names it: the script of a model that had seen nothing could not write it. None
-        outside the attacker's calls of that placement, or when the text does not name it."""
+        """In the `data` placement, the attacker's value read out of the injection's text, which
+        names it (an id `'13'`, a short amount), as a whole word: the script of a model that had
+        seen nothing could not write it. None outside the attacker's calls of that placement, or
+        when the text does not name it."""
         if not self.injected or isinstance(value, bool) or value is None:
             return None
         for var, path, text in self.injected:
@@ -232,11 +232,6 @@ class Resolver:
         return None
 
 
-def resolver_result(res: Resolver, var: str) -> Any:
-    """The result the script names `var`."""
-    return next(v for name, v in res.results if name == var)
-
-
 def _carries(value: Any) -> bool:
     return any(isinstance(leaf, str) and MARK in leaf for _, leaf in _leaves(value))
 
@@ -312,7 +307,7 @@ def make_plan(suite: str, user_task: str, injection_task: str | None = None, pla
                 carried = calls[carrier[0]]
                 res.injected = [
                     (carried.var, path, leaf)
-                    for path, leaf in _leaves(resolver_result(res, carried.var))
+                    for path, leaf in _leaves(dict(res.results)[carried.var])
                     if isinstance(leaf, str) and MARK in leaf
                 ]
                 for afc in attacker_calls:

@@ -565,6 +565,11 @@ impl Ledger {
     /// Why leaf `v` of a guarded argument is suspect, and its source; `None` when it is not.
     fn suspect(&self, v: &Value, open: bool) -> Option<(SuspectKind, &str)> {
         let clean = self.steered.is_none();
+        // The user's intent (a clean model's literal, a trusted tool's own value) is neither
+        // steered nor a leak: the user's own IBAN, given in the prompt, may be sent even when a
+        // private result holds it too.
+        let users_own =
+            |skel: &str| (clean && self.intent.contains(skel)) || self.trusted.contains(skel);
         let (skel, numbers) = match v {
             Value::Number(n) => (
                 String::new(),
@@ -576,7 +581,7 @@ impl Ledger {
                 let skel = text::skeleton(s);
                 if text::as_number(s).is_none()
                     && skel.chars().count() >= MIN_MATCH
-                    && ((clean && self.intent.contains(&skel)) || self.trusted.contains(&skel))
+                    && users_own(&skel)
                 {
                     // A text the user gave whole (a date a clean model wrote, one a trusted tool
                     // returned) is the user's, whatever numbers it holds.
@@ -603,10 +608,7 @@ impl Ledger {
         if skel.chars().count() < MIN_MATCH {
             return None;
         }
-        // The user's intent (a clean model's literal, a trusted tool's own value) is neither
-        // steered nor a leak: the user's own IBAN, given in the prompt, may be sent even when a
-        // private result holds it too.
-        if (clean && self.intent.contains(&skel)) || self.trusted.contains(&skel) {
+        if users_own(&skel) {
             return None;
         }
         if let Some(tool) = self
